@@ -1,0 +1,148 @@
+//! Argument parsing and the pure subcommands (`hash`, `selector`).
+
+use std::io::{self, Write};
+
+use clap::{Args, Parser, Subcommand};
+use kube_shard::{
+    fnv1a64, SelectorError, ShardCount, ShardError, ShardKey, ShardSelector, ShardSet,
+};
+
+/// kube-shard: active-active sharding for kube-rs operators.
+#[derive(Debug, Parser)]
+#[command(name = "kshard", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the FNV-1a 64 hash and logical shard of each value, as the apiserver computes them.
+    Hash(HashArgs),
+    /// Print the canonical KEP-5866 selector for a set of owned shards, or check an expression.
+    Selector(SelectorArgs),
+}
+
+#[derive(Debug, Args)]
+struct KeyArgs {
+    /// The shard key: `uid` (object.metadata.uid) or `namespace` (object.metadata.namespace).
+    #[arg(long, default_value = "uid", value_parser = parse_key)]
+    key: ShardKey,
+    /// The number of logical shards S: a power of two from 1 to 65536.
+    #[arg(long, default_value = "256", value_parser = parse_count)]
+    shards: ShardCount,
+}
+
+#[derive(Debug, Args)]
+struct HashArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Print a JSON array of {"value","hash","shard"} instead of tab-separated lines.
+    #[arg(long)]
+    json: bool,
+    /// The field values to hash (uids or namespaces), exactly as stored.
+    #[arg(required = true)]
+    values: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct SelectorArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// The owned logical shards, like `0-63,128,130-131`.
+    #[arg(long, required_unless_present = "check", conflicts_with = "check")]
+    owned: Option<String>,
+    /// Check a selector expression: print its canonical form (exit 0) or the reason it is refused (exit 2).
+    #[arg(long, value_name = "EXPR")]
+    check: Option<String>,
+}
+
+fn parse_key(s: &str) -> Result<ShardKey, String> {
+    s.parse().map_err(|e: kube_shard::KeyError| e.to_string())
+}
+
+fn parse_count(s: &str) -> Result<ShardCount, String> {
+    s.parse().map_err(|e: ShardError| e.to_string())
+}
+
+/// A failure of a subcommand, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    #[error("{0}")]
+    Selector(#[from] SelectorError),
+    #[error("{0}")]
+    Shard(#[from] ShardError),
+    #[error(
+        "owning no shards means sending no request: there is no selector for an empty shard set"
+    )]
+    NothingOwned,
+    #[error("cannot write output: {0}")]
+    Io(#[from] io::Error),
+    #[error("cannot encode JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl CliError {
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Io(_) | CliError::Json(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    match cli.command {
+        Command::Hash(args) => hash(&args, &mut out),
+        Command::Selector(args) => selector(&args, &mut out),
+    }
+}
+
+#[derive(serde::Serialize)]
+struct HashRow<'a> {
+    value: &'a str,
+    hash: String,
+    shard: u32,
+}
+
+fn hash(args: &HashArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let rows: Vec<HashRow<'_>> = args
+        .values
+        .iter()
+        .map(|v| {
+            let h = fnv1a64(v.as_bytes());
+            HashRow {
+                value: v,
+                hash: format!("{h:016x}"),
+                shard: args.key.shards.shard_of(h),
+            }
+        })
+        .collect();
+    if args.json {
+        serde_json::to_writer(&mut *out, &rows)?;
+        writeln!(out)?;
+    } else {
+        for row in rows {
+            writeln!(out, "{}\t{}\t{}", row.value, row.hash, row.shard)?;
+        }
+    }
+    Ok(())
+}
+
+fn selector(args: &SelectorArgs, out: &mut impl Write) -> Result<(), CliError> {
+    if let Some(expr) = &args.check {
+        let sel: ShardSelector = expr.parse()?;
+        writeln!(out, "{sel}")?;
+        return Ok(());
+    }
+    let owned = args.owned.as_deref().unwrap_or_default();
+    let shards = ShardSet::parse(owned, args.key.shards)?;
+    if shards.is_empty() {
+        return Err(CliError::NothingOwned);
+    }
+    let sel = ShardSelector::for_shards(args.key.key, args.key.shards, &shards)?;
+    writeln!(out, "{sel}")?;
+    Ok(())
+}

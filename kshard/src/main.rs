@@ -1,0 +1,27 @@
+//! `kshard`: the kube-shard command-line tool.
+//!
+//! Output contract (other tools parse it):
+//! - `kshard hash [--key uid|namespace] [--shards S] [--json] VALUE...` prints `VALUE<TAB>hash<TAB>shard`
+//!   per value (16 lowercase hex digits, no `0x`), or a JSON array of `{"value","hash","shard"}`.
+//! - `kshard selector [--key uid|namespace] [--shards S] --owned LIST` prints the canonical selector for
+//!   the owned shards; owning nothing exits 2.
+//! - `kshard selector --check EXPR` prints the canonical form of an accepted expression, or exits 2 with
+//!   the reason on stderr.
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("kshard: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
