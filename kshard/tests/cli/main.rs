@@ -1,0 +1,3 @@
+//! Tests that run the built `kshard` binary (one integration-test binary for the crate).
+
+mod hash_selector;
