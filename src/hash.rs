@@ -80,7 +80,7 @@ impl ShardKey {
     /// Cluster-scoped objects (and any object without a namespace) hash the empty namespace `""`, as the
     /// server does. An object without a uid cannot be placed under the `uid` key: that is an error, never
     /// a zero hash.
-    pub fn value_of<'a>(self, meta: &'a ObjectMeta) -> Result<&'a str, KeyError> {
+    pub fn value_of(self, meta: &ObjectMeta) -> Result<&str, KeyError> {
         match self {
             ShardKey::Uid => meta
                 .uid

@@ -19,6 +19,9 @@
 //!
 //! Everything listed so far is pure: no I/O, no async.
 //!
+//! - [`ownership`]: the per-member ownership state machine (pure core, model-checked), permits and fences
+//!   on two clocks, re-enqueue signals, the reconcile wrapper for `Controller::run`, fenced writes, static mode.
+//!
 //! ```
 //! use kube_shard::{hash::{fnv1a64, ShardKey}, selector::ShardSelector, shard::{ShardCount, ShardSet}};
 //!
@@ -48,8 +51,12 @@ pub mod selector;
 pub mod shard;
 pub mod token;
 
+pub mod ownership;
+
 pub use hash::{fnv1a64, KeyError, ShardKey};
 pub use range::{HashRange, RangeError, RangeSet};
 pub use selector::{SelectorError, ShardSelector};
 pub use shard::{ShardCount, ShardError, ShardSet};
 pub use token::{FenceToken, TokenError};
+
+pub use ownership::{Fence, Ownership, OwnershipConfig, Permit};

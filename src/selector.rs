@@ -405,13 +405,15 @@ fn lex(text: &str) -> Result<Vec<(usize, Tok<'_>)>, SelectorError> {
             }
             let word = &text[start..i];
             // r'...', b"..." etc: prefixed string literals
-            if i < b.len() && (b[i] == b'\'' || b[i] == b'"') && word.len() <= 2 {
-                if word.chars().all(|ch| matches!(ch, 'r' | 'R' | 'b' | 'B')) {
-                    return Err(SelectorError::NotAccepted {
-                        form: UnacceptedForm::PrefixedString,
-                        pos: start,
-                    });
-                }
+            if i < b.len()
+                && (b[i] == b'\'' || b[i] == b'"')
+                && word.len() <= 2
+                && word.chars().all(|ch| matches!(ch, 'r' | 'R' | 'b' | 'B'))
+            {
+                return Err(SelectorError::NotAccepted {
+                    form: UnacceptedForm::PrefixedString,
+                    pos: start,
+                });
             }
             if word == "in" {
                 out.push((start, Tok::Op("in")));
@@ -896,6 +898,7 @@ mod tests {
     #[test]
     fn rejection_rules() {
         use SelectorError as E;
+        #[allow(clippy::type_complexity)]
         let cases: Vec<(&str, fn(&SelectorError) -> bool)> = vec![
             ("", |e| matches!(e, E::Empty)),
             ("   \t\n", |e| matches!(e, E::Empty)),

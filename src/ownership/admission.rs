@@ -1,0 +1,222 @@
+//! Admission: permits, in-flight counts and drains.
+//!
+//! Each held shard has a [`Gate`]: one atomic word holding the in-flight count (permits *and* live fences)
+//! and a closed bit. Admission increments first and then checks (the closed bit in the same word, then the
+//! ownership snapshot again), so there is no check-then-act race: once a drain has closed the gate and seen
+//! the count at zero, no permit for that shard can ever be issued again. A shard that becomes Owned again
+//! (cancel-back, new epoch) gets a fresh gate.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use tokio::sync::Notify;
+
+use super::{
+    fence::{Fence, FenceError},
+    handle::Inner,
+    state::ShardState,
+};
+
+const CLOSED: u64 = 1 << 63;
+
+/// The in-flight count and closed bit of one shard at one holding.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    word: AtomicU64,
+    zero: Notify,
+}
+
+impl Gate {
+    /// Enter unless closed.
+    pub(crate) fn try_enter(&self) -> bool {
+        let prev = self.word.fetch_add(1, Ordering::SeqCst);
+        if prev & CLOSED != 0 {
+            self.leave();
+            return false;
+        }
+        true
+    }
+
+    /// Enter even if closed (a fence taken under a live permit: the count is already above zero).
+    pub(crate) fn enter_held(&self) {
+        self.word.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn leave(&self) {
+        let prev = self.word.fetch_sub(1, Ordering::SeqCst);
+        if prev & !CLOSED == 1 {
+            self.zero.notify_waiters();
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        self.word.fetch_or(CLOSED, Ordering::SeqCst);
+    }
+
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.word.load(Ordering::SeqCst) & !CLOSED
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.word.load(Ordering::SeqCst) & CLOSED != 0
+    }
+
+    /// Close and wait until nothing is in flight.
+    pub(crate) async fn drained(&self) {
+        self.close();
+        loop {
+            let notified = self.zero.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Proof that the member admitted work on one shard: Owned, unfenced, at an epoch.
+///
+/// Hold it for the whole reconcile; dropping it ends the in-flight count a drain waits for. Take a
+/// [`Fence`] from it right before each side effect.
+#[must_use = "a permit admits work only while it is held"]
+pub struct Permit {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) shard: u32,
+    pub(crate) epoch: u64,
+    pub(crate) gate: Arc<Gate>,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("shard", &self.shard)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.gate.leave();
+    }
+}
+
+impl Permit {
+    /// The shard.
+    #[must_use]
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The epoch the shard was owned at when admitted.
+    #[must_use]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// A fence for a side effect now: valid only while the shard is still Owned at this epoch (or Outgoing,
+    /// before the drain deadline) and the member's last renewal is recent enough, on both clocks.
+    pub fn fence(&self) -> Result<Fence, FenceError> {
+        Fence::issue(&self.inner, self.shard, self.epoch, &self.gate)
+    }
+}
+
+/// Why admission was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmitError {
+    /// Another member owns the shard (or nobody does): leave the object to it.
+    #[error("shard {shard} is not owned by this member")]
+    NotOwned {
+        /// The shard.
+        shard: u32,
+    },
+    /// This member holds the shard but may not act on it now (Incoming, Activating, Outgoing): retry soon.
+    #[error("shard {shard} is held but not admitted now ({state:?})")]
+    NotAdmitted {
+        /// The shard.
+        shard: u32,
+        /// Its local state.
+        state: ShardState,
+    },
+    /// The member is self-fenced (its last renewal is too old): retry soon.
+    #[error("member is self-fenced: shard {shard} is not admitted until it renews")]
+    SelfFenced {
+        /// The shard.
+        shard: u32,
+    },
+    /// The object cannot be placed in a shard (for example it has no uid under the `uid` key).
+    #[error("object cannot be placed in a shard: {0}")]
+    Key(#[from] crate::hash::KeyError),
+}
+
+impl AdmitError {
+    /// Whether the member holds the shard and should retry soon (requeue) rather than leave it to another.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            AdmitError::NotAdmitted { .. } | AdmitError::SelfFenced { .. }
+        )
+    }
+}
+
+/// Admission on one shard: the race-free sequence. `Ok` holds one count on the gate.
+pub(crate) fn admit(inner: &Arc<Inner>, shard: u32) -> Result<Permit, AdmitError> {
+    let snap = inner.snapshot();
+    let (epoch, gate) = precheck(inner, &snap, shard)?;
+    if !gate.try_enter() {
+        return Err(refusal(&inner.snapshot(), shard));
+    }
+    // Re-check after the increment: a drain that closed the gate later waits for us; one that changed the
+    // state earlier is visible now.
+    let snap = inner.snapshot();
+    match precheck(inner, &snap, shard) {
+        Ok((e, g)) if e == epoch && Arc::ptr_eq(&g, &gate) => Ok(Permit {
+            inner: inner.clone(),
+            shard,
+            epoch,
+            gate,
+        }),
+        Ok(_) => {
+            gate.leave();
+            Err(refusal(&snap, shard))
+        }
+        Err(e) => {
+            gate.leave();
+            Err(e)
+        }
+    }
+}
+
+fn precheck(
+    inner: &Inner,
+    snap: &super::handle::Snapshot,
+    shard: u32,
+) -> Result<(u64, Arc<Gate>), AdmitError> {
+    match snap.state.shard(shard) {
+        Some(ShardState::Owned { epoch }) => {
+            if snap.state.is_fenced() || !inner.renewal_valid(snap) {
+                return Err(AdmitError::SelfFenced { shard });
+            }
+            let gate = snap.gate(shard).ok_or(AdmitError::NotOwned { shard })?;
+            Ok((epoch, gate))
+        }
+        _ => Err(refusal(snap, shard)),
+    }
+}
+
+fn refusal(snap: &super::handle::Snapshot, shard: u32) -> AdmitError {
+    match snap.state.shard(shard) {
+        None => AdmitError::NotOwned { shard },
+        Some(ShardState::Owned { .. }) => AdmitError::SelfFenced { shard },
+        Some(state) => AdmitError::NotAdmitted { shard, state },
+    }
+}

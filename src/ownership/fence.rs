@@ -1,0 +1,172 @@
+//! Fences: proof, taken right before a side effect, that this member may act on a shard.
+//!
+//! A [`Fence`] is `(shard, epoch, valid_until)`. It is issued only while the shard is Owned at the permit's
+//! epoch (or Outgoing at it, before the drain deadline) and the member is not self-fenced; `valid_until` is the
+//! earliest of the last renewal start + `renew_deadline` − margin and, while Outgoing, the drain deadline, on
+//! both the runtime and the boot clock. [`Fence::check`] re-checks all of it at send time.
+//!
+//! # What a fence does not guarantee
+//! A fence says the member *may* act until `valid_until` under the stated assumptions (bounded stalls, the
+//! boot clock counts suspend). A request sent in time can still be committed after it: Kubernetes writes are
+//! kept in fence order by the uid and resourceVersion preconditions of fenced writes, and external systems
+//! must reject a `(shard, epoch)` lower than one they have seen. See `docs/protocol.md`.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use super::{
+    admission::Gate,
+    clock::Deadline,
+    handle::{Inner, Snapshot},
+    state::ShardState,
+};
+use crate::token::FenceToken;
+
+/// A fence: `(shard, epoch, valid_until)`. While it lives it counts as an outstanding fenced request, so a
+/// drain of the shard waits for it (or for the drain deadline).
+pub struct Fence {
+    inner: Arc<Inner>,
+    gate: Arc<Gate>,
+    token: FenceToken,
+    valid_until: Deadline,
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fence")
+            .field("token", &self.token)
+            .field("valid_until", &self.valid_until)
+            .finish()
+    }
+}
+
+impl Clone for Fence {
+    fn clone(&self) -> Self {
+        self.gate.enter_held();
+        Fence {
+            inner: self.inner.clone(),
+            gate: self.gate.clone(),
+            token: self.token,
+            valid_until: self.valid_until,
+        }
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        self.gate.leave();
+    }
+}
+
+impl Fence {
+    pub(crate) fn issue(
+        inner: &Arc<Inner>,
+        shard: u32,
+        epoch: u64,
+        gate: &Arc<Gate>,
+    ) -> Result<Fence, FenceError> {
+        let snap = inner.snapshot();
+        let valid_until = valid_until(inner, &snap, shard, epoch)?;
+        if valid_until.remaining(inner.clock.now()).is_zero() {
+            return Err(FenceError::Expired { shard, epoch });
+        }
+        gate.enter_held();
+        Ok(Fence {
+            inner: inner.clone(),
+            gate: gate.clone(),
+            token: FenceToken { shard, epoch },
+            valid_until,
+        })
+    }
+
+    /// The shard.
+    #[must_use]
+    pub fn shard(&self) -> u32 {
+        self.token.shard
+    }
+
+    /// The epoch.
+    #[must_use]
+    pub fn epoch(&self) -> u64 {
+        self.token.epoch
+    }
+
+    /// The wire token `"<shard>/<epoch>"`.
+    #[must_use]
+    pub fn token(&self) -> FenceToken {
+        self.token
+    }
+
+    /// The deadline on both clocks, as issued (the state may have ended the fence earlier: use
+    /// [`Fence::check`]).
+    #[must_use]
+    pub fn valid_until(&self) -> Deadline {
+        self.valid_until
+    }
+
+    /// Re-check at send time: the time left (on the earlier of both clocks) if the fence is still valid.
+    ///
+    /// The shard must still be held at this epoch (Owned, or Outgoing before the drain deadline) and the
+    /// renewal deadline not passed; the result is never more than what was issued.
+    pub fn check(&self) -> Result<Duration, FenceError> {
+        let snap = self.inner.snapshot();
+        let (shard, epoch) = (self.token.shard, self.token.epoch);
+        let now_valid = valid_until(&self.inner, &snap, shard, epoch)?.min(self.valid_until);
+        let left = now_valid.remaining(self.inner.clock.now());
+        if left.is_zero() {
+            return Err(FenceError::Expired { shard, epoch });
+        }
+        Ok(left)
+    }
+}
+
+fn valid_until(
+    inner: &Inner,
+    snap: &Snapshot,
+    shard: u32,
+    epoch: u64,
+) -> Result<Deadline, FenceError> {
+    if snap.state.is_fenced() {
+        return Err(FenceError::SelfFenced { shard });
+    }
+    let renewal = snap.renewal.ok_or(FenceError::SelfFenced { shard })?;
+    let until = match snap.state.shard(shard) {
+        Some(ShardState::Owned { epoch: e }) if e == epoch => renewal,
+        Some(ShardState::Outgoing { epoch: e, .. }) if e == epoch => {
+            match snap.drain_deadline(shard) {
+                Some(d) => renewal.min(d),
+                None => return Err(FenceError::NotHeld { shard, epoch }),
+            }
+        }
+        _ => return Err(FenceError::NotHeld { shard, epoch }),
+    };
+    let _ = inner;
+    Ok(until)
+}
+
+/// Why a fence was refused or is no longer valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The shard is no longer held at this epoch (released, taken over, re-granted at a newer epoch).
+    #[error("shard {shard} is no longer held at epoch {epoch}")]
+    NotHeld {
+        /// The shard.
+        shard: u32,
+        /// The epoch.
+        epoch: u64,
+    },
+    /// The member is self-fenced.
+    #[error("member is self-fenced: no fence for shard {shard}")]
+    SelfFenced {
+        /// The shard.
+        shard: u32,
+    },
+    /// The renewal deadline or the drain deadline passed on one of the clocks.
+    #[error("fence {shard}/{epoch} expired")]
+    Expired {
+        /// The shard.
+        shard: u32,
+        /// The epoch.
+        epoch: u64,
+    },
+}

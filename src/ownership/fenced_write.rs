@@ -1,0 +1,346 @@
+//! Fenced writes: a wrapper around [`kube::Api`] whose every write carries the fence.
+//!
+//! Each write
+//!
+//! 1. checks the [`Fence`] at send time (an expired or revoked fence sends nothing),
+//! 2. sets the request timeout to the fence's remaining validity (kube's client has no read timeout by default),
+//! 3. carries the object's **uid and resourceVersion preconditions** — in the body for replace and patch
+//!    (`metadata.uid`, `metadata.resourceVersion`), as `Preconditions` for delete. They are what keep the
+//!    committed order equal to the fence order: a client timeout does not stop the server from committing,
+//!    but a late commit of an old write fails its resourceVersion precondition once anything newer landed,
+//! 4. stamps the annotation [`FENCE_ANNOTATION`] `"<shard>/<epoch>"` on main-resource writes, and
+//! 5. sends the header [`FENCE_HEADER`] on every write, `/status` included (a CRD's status subresource
+//!    ignores metadata changes, so the annotation cannot carry the fence there).
+//!
+//! The fence is held for the duration of the request, so a drain of its shard waits for it.
+
+use std::{fmt, time::Duration};
+
+use kube::{
+    api::{DeleteParams, PatchParams, PostParams, Preconditions},
+    core::{Request, Status},
+    Api, Client, Resource,
+};
+use serde::{de::DeserializeOwned, Serialize};
+use serde_json::Value;
+use tracing::{debug, info_span, Instrument};
+
+use super::{Fence, FenceError};
+use crate::token::{FENCE_ANNOTATION, FENCE_HEADER};
+
+/// Why a fenced write was not done.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The fence was no longer valid at send time: nothing was sent.
+    #[error("fence invalid at send time")]
+    Fence(#[source] FenceError),
+    /// The fence expired while the request was in flight: the client gave up (the server may still commit;
+    /// the preconditions keep that safe).
+    #[error("request outlived its fence ({0:?})")]
+    Timeout(Duration),
+    /// The object lacks a uid or resourceVersion: fenced writes always carry both preconditions.
+    #[error("fenced write of {name:?} needs metadata.{field}")]
+    MissingPrecondition {
+        /// The object's name.
+        name: String,
+        /// `uid` or `resourceVersion`.
+        field: &'static str,
+    },
+    /// The object or patch could not be encoded, or the patch is not a JSON object.
+    #[error("cannot encode the write body")]
+    Encode(#[source] serde_json::Error),
+    /// The patch is not a JSON object (a JSON merge patch).
+    #[error("a fenced patch must be a JSON object")]
+    PatchNotObject,
+    /// The request was refused or failed (a 409 Conflict means a precondition failed: re-read and retry).
+    #[error("fenced write failed")]
+    Api(#[source] kube::Error),
+}
+
+/// The result of a fenced delete.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Deleted<K> {
+    /// Deletion started; the object still exists (finalizers).
+    Pending(K),
+    /// The object is gone.
+    Gone(Box<Status>),
+}
+
+/// A wrapper around [`Api`] that fences every write.
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{Api, Client};
+/// use kube_shard::ownership::{fenced_write::FencedApi, Permit};
+///
+/// # async fn doc(client: Client, permit: Permit, mut cm: ConfigMap) -> Result<(), Box<dyn std::error::Error>> {
+/// let api = FencedApi::new(Api::<ConfigMap>::namespaced(client, "default"));
+/// let fence = permit.fence()?;
+/// cm.data.get_or_insert_with(Default::default).insert("k".into(), "v".into());
+/// let name = cm.metadata.name.clone().unwrap();
+/// let cm = api.replace(&fence, &name, &cm).await?; // uid + resourceVersion from cm.metadata
+/// # Ok(()) }
+/// ```
+pub struct FencedApi<K> {
+    api: Api<K>,
+    client: Client,
+    max_timeout: Duration,
+}
+
+impl<K> fmt::Debug for FencedApi<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FencedApi")
+            .field("max_timeout", &self.max_timeout)
+            .finish()
+    }
+}
+
+impl<K> Clone for FencedApi<K>
+where
+    Api<K>: Clone,
+{
+    fn clone(&self) -> Self {
+        FencedApi {
+            api: self.api.clone(),
+            client: self.client.clone(),
+            max_timeout: self.max_timeout,
+        }
+    }
+}
+
+impl<K> FencedApi<K>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + fmt::Debug,
+{
+    /// Wrap `api`. Request timeouts are the fence's remaining validity, capped at 60 s.
+    pub fn new(api: Api<K>) -> Self {
+        let client = api.clone().into_client();
+        FencedApi {
+            api,
+            client,
+            max_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Cap request timeouts at `max` (static-mode fences last practically forever).
+    #[must_use]
+    pub fn max_timeout(mut self, max: Duration) -> Self {
+        self.max_timeout = max;
+        self
+    }
+
+    /// The wrapped [`Api`] (for reads).
+    pub fn api(&self) -> &Api<K> {
+        &self.api
+    }
+
+    fn request(&self) -> Request {
+        Request::new(self.api.resource_url())
+    }
+
+    /// Replace the object (PUT) with its `metadata.uid` and `metadata.resourceVersion` as preconditions; the
+    /// fence annotation is stamped.
+    pub async fn replace(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
+        let mut obj = obj.clone();
+        preconditions(name, obj.meta())?;
+        obj.meta_mut()
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(FENCE_ANNOTATION.to_owned(), fence.token().to_string());
+        let body = serde_json::to_vec(&obj).map_err(Error::Encode)?;
+        let req = self
+            .request()
+            .replace(name, &PostParams::default(), body)
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.send(fence, req, "replace").await
+    }
+
+    /// Replace the `/status` subresource, with uid and resourceVersion preconditions in the body; the fence
+    /// travels in the header only (status writes ignore metadata).
+    pub async fn replace_status(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
+        preconditions(name, obj.meta())?;
+        let body = serde_json::to_vec(obj).map_err(Error::Encode)?;
+        let req = self
+            .request()
+            .replace_subresource("status", name, &PostParams::default(), body)
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.send(fence, req, "replace_status").await
+    }
+
+    /// A JSON merge patch of the object, made conditional on `uid` and `resource_version` (added to the patch
+    /// as `metadata.uid` / `metadata.resourceVersion`); the fence annotation is stamped.
+    pub async fn patch(
+        &self,
+        fence: &Fence,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<K, Error> {
+        let body = conditional_patch(patch, uid, resource_version, Some(fence))?;
+        let req = self
+            .request()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.send(fence, req, "patch").await
+    }
+
+    /// A JSON merge patch of `/status`, conditional on `uid` and `resource_version`.
+    pub async fn patch_status(
+        &self,
+        fence: &Fence,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<K, Error> {
+        let body = conditional_patch(patch, uid, resource_version, None)?;
+        let req = self
+            .request()
+            .patch_subresource(
+                "status",
+                name,
+                &PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.send(fence, req, "patch_status").await
+    }
+
+    /// Create an object (a child, typically) stamped with the fence annotation. A create has no uid or
+    /// resourceVersion to be conditional on: the name makes it exclusive.
+    pub async fn create(&self, fence: &Fence, obj: &K) -> Result<K, Error> {
+        let mut obj = obj.clone();
+        obj.meta_mut()
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(FENCE_ANNOTATION.to_owned(), fence.token().to_string());
+        let body = serde_json::to_vec(&obj).map_err(Error::Encode)?;
+        let req = self
+            .request()
+            .create(&PostParams::default(), body)
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        self.send(fence, req, "create").await
+    }
+
+    /// Delete with uid and resourceVersion `Preconditions`.
+    pub async fn delete(
+        &self,
+        fence: &Fence,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<Deleted<K>, Error> {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+            }),
+            ..DeleteParams::default()
+        };
+        let req = self
+            .request()
+            .delete(name, &dp)
+            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
+        let text: String = self.send_text(fence, req, "delete").await?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
+        if v["kind"] == "Status" {
+            let status =
+                serde_json::from_value(v).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
+            Ok(Deleted::Gone(Box::new(status)))
+        } else {
+            let obj =
+                serde_json::from_value(v).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
+            Ok(Deleted::Pending(obj))
+        }
+    }
+
+    async fn send(
+        &self,
+        fence: &Fence,
+        req: http::Request<Vec<u8>>,
+        verb: &'static str,
+    ) -> Result<K, Error> {
+        let text = self.send_text(fence, req, verb).await?;
+        serde_json::from_str(&text).map_err(|e| Error::Api(kube::Error::SerdeError(e)))
+    }
+
+    async fn send_text(
+        &self,
+        fence: &Fence,
+        mut req: http::Request<Vec<u8>>,
+        verb: &'static str,
+    ) -> Result<String, Error> {
+        let span = info_span!("fenced_write", verb, fence = %fence.token(), uri = %req.uri());
+        async {
+            // Held for the whole request: a drain of the shard waits for it (or for the drain deadline).
+            let held = fence.clone();
+            let left = held.check().map_err(Error::Fence)?;
+            let timeout = left.min(self.max_timeout);
+            let value = http::HeaderValue::from_str(&held.token().to_string())
+                .expect("a fence token is ASCII digits and a slash");
+            req.headers_mut().insert(FENCE_HEADER, value);
+            req.extensions_mut().insert(verb);
+            debug!(?timeout, "sending fenced write");
+            match tokio::time::timeout(timeout, self.client.request_text(req)).await {
+                Ok(res) => res.map_err(Error::Api),
+                Err(_) => Err(Error::Timeout(timeout)),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn preconditions(name: &str, meta: &kube::api::ObjectMeta) -> Result<(), Error> {
+    let missing = |field| Error::MissingPrecondition {
+        name: name.to_owned(),
+        field,
+    };
+    meta.uid
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| missing("uid"))?;
+    meta.resource_version
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| missing("resourceVersion"))?;
+    Ok(())
+}
+
+fn conditional_patch(
+    patch: &Value,
+    uid: &str,
+    resource_version: &str,
+    stamp: Option<&Fence>,
+) -> Result<Value, Error> {
+    let mut body = patch.clone();
+    let obj = body.as_object_mut().ok_or(Error::PatchNotObject)?;
+    let meta = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let meta = meta.as_object_mut().ok_or(Error::PatchNotObject)?;
+    meta.insert("uid".into(), Value::String(uid.to_owned()));
+    meta.insert(
+        "resourceVersion".into(),
+        Value::String(resource_version.to_owned()),
+    );
+    if let Some(fence) = stamp {
+        let ann = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        let ann = ann.as_object_mut().ok_or(Error::PatchNotObject)?;
+        ann.insert(
+            FENCE_ANNOTATION.into(),
+            Value::String(fence.token().to_string()),
+        );
+    }
+    Ok(body)
+}

@@ -1,0 +1,427 @@
+//! [`Ownership`]: the cheap-to-clone handle over the member's ownership state.
+//!
+//! Readers load an immutable [`Snapshot`] (arc-swap: no locks on the admission path). Writers — the control
+//! plane, or the `test-util` driver — are serialised by a mutex, step the pure [`MemberState`], publish a new
+//! snapshot, then notify: the change counter ([`Ownership::changed`]) and every [`Transitions`] stream.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
+use futures::Stream;
+use kube::Resource;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, info_span, warn};
+
+use super::{
+    admission::{self, AdmitError, Gate, Permit},
+    clock::{Clock, Deadline, Now},
+    state::{Applied, AssignmentView, Event, MemberId, MemberState, ShardState, ShardTransition},
+    OwnershipConfig,
+};
+
+/// An immutable view of the member's ownership at one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub(crate) state: MemberState,
+    gates: BTreeMap<u32, Arc<Gate>>,
+    pub(crate) renewal: Option<Deadline>,
+    drains: BTreeMap<u32, Deadline>,
+}
+
+impl Snapshot {
+    /// The pure state.
+    #[must_use]
+    pub fn state(&self) -> &MemberState {
+        &self.state
+    }
+
+    pub(crate) fn gate(&self, shard: u32) -> Option<Arc<Gate>> {
+        self.gates.get(&shard).cloned()
+    }
+
+    pub(crate) fn drain_deadline(&self, shard: u32) -> Option<Deadline> {
+        self.drains.get(&shard).copied()
+    }
+
+    /// The fence deadline of the last renewal (`None`: never renewed, or self-fenced by a takeover).
+    #[must_use]
+    pub fn renewal_deadline(&self) -> Option<Deadline> {
+        self.renewal
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: OwnershipConfig,
+    pub(crate) clock: Clock,
+    snapshot: ArcSwap<Snapshot>,
+    writer: Mutex<Vec<mpsc::UnboundedSender<ShardTransition>>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Inner {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Whether the last renewal still covers now on both clocks (`false` if never renewed).
+    pub(crate) fn renewal_valid(&self, snap: &Snapshot) -> bool {
+        snap.renewal
+            .is_some_and(|d| !d.remaining(self.clock.now()).is_zero())
+    }
+}
+
+/// The member's ownership: which logical shards it holds in which state, admission, fences, and the stream
+/// of shard transitions (re-enqueue signals).
+///
+/// Cheap to clone. There is no public way to grant shards: the control plane drives it (and, for tests, the
+/// `test-util` feature's [`testing`](super::testing) driver).
+///
+/// ```no_run
+/// # async fn doc(ownership: kube_shard::ownership::Ownership, cm: k8s_openapi::api::core::v1::ConfigMap) {
+/// match ownership.admit(&cm) {
+///     Ok(permit) => {
+///         let fence = permit.fence().expect("fresh fence");
+///         println!("acting on shard {} as {}", permit.shard(), fence.token());
+///     }
+///     Err(e) if e.is_retryable() => { /* requeue soon */ }
+///     Err(_) => { /* another member owns it */ }
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Ownership {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Ownership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let snap = self.inner.snapshot();
+        f.debug_struct("Ownership")
+            .field("me", snap.state.me())
+            .field("generation", &snap.state.generation())
+            .field("fenced", &snap.state.is_fenced())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ownership {
+    /// A fresh member state: nothing held, self-fenced until the first renewal. Crate-internal: the control
+    /// plane owns it.
+    pub(crate) fn new(config: OwnershipConfig, me: MemberId, clock: Clock) -> Self {
+        let (changed, _) = watch::channel(0);
+        Ownership {
+            inner: Arc::new(Inner {
+                config,
+                clock,
+                snapshot: ArcSwap::from_pointee(Snapshot {
+                    state: MemberState::new(me),
+                    gates: BTreeMap::new(),
+                    renewal: None,
+                    drains: BTreeMap::new(),
+                }),
+                writer: Mutex::new(Vec::new()),
+                changed,
+            }),
+        }
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &OwnershipConfig {
+        &self.inner.config
+    }
+
+    /// The current snapshot.
+    #[must_use]
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.snapshot()
+    }
+
+    /// The local state of `shard` (`None` = not held in any way).
+    #[must_use]
+    pub fn shard_state(&self, shard: u32) -> Option<ShardState> {
+        self.inner.snapshot().state.shard(shard)
+    }
+
+    /// Whether the member is self-fenced now (on either clock), or was fenced by a takeover.
+    #[must_use]
+    pub fn is_self_fenced(&self) -> bool {
+        let snap = self.inner.snapshot();
+        snap.state.is_fenced() || !self.inner.renewal_valid(&snap)
+    }
+
+    /// The logical shard of an object under the group's key.
+    pub fn shard_of<K: Resource>(&self, obj: &K) -> Result<u32, crate::hash::KeyError> {
+        let hash = self.inner.config.key.hash_object(obj)?;
+        Ok(self.inner.config.shards.shard_of(hash))
+    }
+
+    /// A permit for work on `obj`: only for an Owned shard of an unfenced member.
+    pub fn admit<K: Resource>(&self, obj: &K) -> Result<Permit, AdmitError> {
+        let shard = self.shard_of(obj)?;
+        self.admit_shard(shard)
+    }
+
+    /// A permit for work keyed by `key` (work that is not a Kubernetes object): the key is hashed like an
+    /// object's key field.
+    pub fn admit_key(&self, key: &str) -> Result<Permit, AdmitError> {
+        let shard = self
+            .inner
+            .config
+            .shards
+            .shard_of(crate::hash::fnv1a64(key.as_bytes()));
+        self.admit_shard(shard)
+    }
+
+    /// A permit for work on logical shard `shard`.
+    pub fn admit_shard(&self, shard: u32) -> Result<Permit, AdmitError> {
+        let res = admission::admit(&self.inner, shard);
+        if let Err(AdmitError::SelfFenced { .. }) = res {
+            // Record the missed deadline so that the next renewal emits re-enqueue signals (un-fencing).
+            if !self.inner.snapshot().state.is_fenced() {
+                self.mark_self_fenced();
+            }
+        }
+        res
+    }
+
+    /// A counter bumped at every published change.
+    #[must_use]
+    pub fn changed(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    /// Every shard transition from now on, in order, never dropped (unbounded: transitions are per shard and
+    /// rare). A transition with `admitted` set is a re-enqueue signal: the read path turns it into
+    /// `ObjectRef`s for `Controller::reconcile_on` once its store holds that shard's objects.
+    pub fn transitions(&self) -> Transitions {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        Transitions { rx }
+    }
+
+    // === crate-internal driver API (the control plane; the `test-util` driver) ===
+
+    /// Apply an assignment view (ignored unless newer than every applied generation).
+    pub(crate) fn apply_view(&self, view: &AssignmentView) -> Applied {
+        let span = info_span!("ownership.apply_view", generation = view.generation);
+        let _g = span.enter();
+        let applied = self.step(|st| st.apply_view(view));
+        if applied.ignored {
+            debug!(
+                generation = view.generation,
+                "ignored an assignment view that is not newer"
+            );
+        }
+        applied
+    }
+
+    /// Apply a local event.
+    pub(crate) fn apply_event(&self, event: Event) -> Applied {
+        self.step(|st| st.apply_event(event))
+    }
+
+    /// Record a successful renewal whose request started at `start`. If the member was self-fenced, it is
+    /// admitted again and every Owned shard is re-enqueued.
+    pub(crate) fn record_renewal(&self, start: Now) -> Applied {
+        let deadline = start.plus(
+            self.inner
+                .config
+                .renew_deadline
+                .saturating_sub(self.inner.config.fence_margin),
+        );
+        let expired = !self.inner.renewal_valid(&self.inner.snapshot());
+        self.step_with(|st, snap| {
+            snap.renewal = Some(deadline);
+            let mut out = Applied::default();
+            if expired && !st.is_fenced() {
+                st.apply_event(Event::SelfFenced);
+            }
+            if st.is_fenced() {
+                out = st.apply_event(Event::Unfenced);
+            }
+            out
+        })
+    }
+
+    /// Fence the member now (its lease was taken over, or it missed its deadline).
+    pub(crate) fn mark_self_fenced(&self) -> Applied {
+        warn!("member self-fenced: admitting nothing until it renews");
+        self.step_with(|st, _| st.apply_event(Event::SelfFenced))
+    }
+
+    /// Fence the member for good until a renewal (a takeover of its lease).
+    pub(crate) fn revoke_renewal(&self) -> Applied {
+        self.step_with(|st, snap| {
+            snap.renewal = None;
+            st.apply_event(Event::SelfFenced)
+        })
+    }
+
+    /// Install a static-mode state: every held shard Owned with a fresh gate, renewed for `valid`.
+    pub(crate) fn install_static(&self, state: MemberState, valid: Duration) {
+        let gates = state
+            .shards()
+            .map(|(s, _)| (s, Arc::new(Gate::default())))
+            .collect();
+        let renewal = Some(self.inner.clock.now().plus(valid));
+        self.inner.snapshot.store(Arc::new(Snapshot {
+            state,
+            gates,
+            renewal,
+            drains: BTreeMap::new(),
+        }));
+        self.inner.changed.send_modify(|v| *v += 1);
+    }
+
+    fn step(&self, f: impl FnOnce(&mut MemberState) -> Applied) -> Applied {
+        self.step_with(|st, _| f(st))
+    }
+
+    fn step_with(&self, f: impl FnOnce(&mut MemberState, &mut Snapshot) -> Applied) -> Applied {
+        let mut subs = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.inner.snapshot();
+        let mut snap = Snapshot::clone(&old);
+        let mut state = snap.state.clone();
+        let applied = f(&mut state, &mut snap);
+        snap.state = state;
+        let mut drains = Vec::new();
+        for t in &applied.transitions {
+            self.update_gates(&mut snap, t, &mut drains);
+            info!(shard = t.shard, from = ?t.from, to = ?t.to, admitted = ?t.admitted, "shard transition");
+        }
+        let snap = Arc::new(snap);
+        self.inner.snapshot.store(snap.clone());
+        subs.retain(|tx| applied.transitions.iter().all(|t| tx.send(*t).is_ok()));
+        drop(subs);
+        self.inner.changed.send_modify(|v| *v += 1);
+        for (shard, move_id, gate, deadline) in drains {
+            self.spawn_drain(shard, move_id, gate, deadline);
+        }
+        applied
+    }
+
+    fn update_gates(
+        &self,
+        snap: &mut Snapshot,
+        t: &ShardTransition,
+        drains: &mut Vec<(u32, u64, Arc<Gate>, Deadline)>,
+    ) {
+        match t.to {
+            Some(ShardState::Owned { .. }) => {
+                let reuse = matches!(t.from, Some(ShardState::Owned { .. }))
+                    && snap.gates.get(&t.shard).is_some_and(|g| !g.is_closed());
+                if !reuse {
+                    if let Some(old) = snap.gates.get(&t.shard) {
+                        old.close();
+                    }
+                    snap.gates.insert(t.shard, Arc::new(Gate::default()));
+                }
+                snap.drains.remove(&t.shard);
+            }
+            Some(ShardState::Outgoing { move_id, .. }) => {
+                let gate = snap
+                    .gates
+                    .entry(t.shard)
+                    .or_insert_with(|| Arc::new(Gate::default()))
+                    .clone();
+                gate.close();
+                let deadline = match snap.drains.get(&t.shard) {
+                    Some(d) => *d,
+                    None => {
+                        let d = self.inner.clock.now().plus(self.inner.config.drain_timeout);
+                        snap.drains.insert(t.shard, d);
+                        d
+                    }
+                };
+                drains.push((t.shard, move_id, gate, deadline));
+            }
+            _ => {
+                if let Some(old) = snap.gates.remove(&t.shard) {
+                    old.close();
+                }
+                snap.drains.remove(&t.shard);
+            }
+        }
+    }
+
+    /// Wait until the shard's gate drains (or the drain deadline passes), then release it.
+    fn spawn_drain(&self, shard: u32, move_id: u64, gate: Arc<Gate>, deadline: Deadline) {
+        let this = self.clone();
+        let fut = async move {
+            let left = deadline.remaining(this.inner.clock.now());
+            let timed_out = tokio::time::timeout(left, gate.drained()).await.is_err();
+            if timed_out {
+                warn!(
+                    shard,
+                    move_id, "drain deadline passed: every fence for the shard has expired"
+                );
+            }
+            this.finish_drain(shard, move_id, &gate);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(fut);
+            }
+            Err(_) => warn!(
+                shard,
+                "no tokio runtime: the drain must be completed by the caller"
+            ),
+        }
+    }
+
+    fn finish_drain(&self, shard: u32, move_id: u64, gate: &Arc<Gate>) {
+        let still = self
+            .inner
+            .snapshot()
+            .gate(shard)
+            .is_some_and(|g| Arc::ptr_eq(&g, gate));
+        if still {
+            self.apply_event(Event::Drained { shard, move_id });
+        }
+    }
+
+    /// The time a refused-but-held object should wait before it is retried.
+    #[must_use]
+    pub fn requeue_delay(&self) -> Duration {
+        super::jitter(self.inner.config.not_admitted_requeue)
+    }
+}
+
+/// The stream of [`ShardTransition`]s from [`Ownership::transitions`].
+#[derive(Debug)]
+#[must_use = "streams do nothing unless polled"]
+pub struct Transitions {
+    rx: mpsc::UnboundedReceiver<ShardTransition>,
+}
+
+impl Transitions {
+    /// The next transition (`None` only if every `Ownership` handle was dropped).
+    pub async fn next_transition(&mut self) -> Option<ShardTransition> {
+        self.rx.recv().await
+    }
+
+    /// The next transition if one is ready.
+    pub fn try_next_transition(&mut self) -> Option<ShardTransition> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Stream for Transitions {
+    type Item = ShardTransition;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}

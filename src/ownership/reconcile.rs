@@ -1,0 +1,93 @@
+//! The reconcile wrapper for `Controller::run`.
+//!
+//! - An object another member owns (or nobody): [`Action::await_change`], *without* calling the user's
+//!   reconciler — its owner reconciles it.
+//! - An object this member holds but may not admit now (Incoming, Activating, Outgoing, self-fenced):
+//!   [`Action::requeue`] after a short jittered delay ([`OwnershipConfig::not_admitted_requeue`]), so nothing is
+//!   lost if the shard comes back. (Transitions into admitted also re-enqueue the shard through
+//!   `Controller::reconcile_on`: see [`Ownership::transitions`].)
+//! - Admitted: the user's reconciler runs with the [`Permit`] as its third argument. Keep it for the whole
+//!   reconcile and take a fence from it right before every side effect.
+//!
+//! Admission is checked here, inside the reconcile, not at trigger time: kube does not cancel a reconcile
+//! when its object leaves the store.
+//!
+//! [`OwnershipConfig::not_admitted_requeue`]: super::OwnershipConfig::not_admitted_requeue
+
+use std::{future::Future, sync::Arc};
+
+use futures::future::{self, Either, Ready};
+use kube::{runtime::controller::Action, Resource};
+use tracing::{debug, warn};
+
+use super::{AdmitError, Ownership, Permit};
+
+/// The future [`wrap`] returns: the user's reconcile, or an immediate [`Action`] when not admitted.
+pub type Wrapped<Fut, E> = Either<Ready<Result<Action, E>>, Fut>;
+
+/// Wrap `reconcile(obj, ctx, permit)` into a reconciler for `Controller::run`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use futures::StreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{runtime::{controller::{Action, Controller}, watcher}, Api, Client};
+/// use kube_shard::ownership::{reconcile, Ownership, Permit};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("reconcile failed")]
+/// struct Error;
+///
+/// async fn apply(cm: Arc<ConfigMap>, _ctx: Arc<()>, permit: Permit) -> Result<Action, Error> {
+///     let _fence = permit.fence().map_err(|_| Error)?;
+///     // ... fenced writes ...
+///     Ok(Action::await_change())
+/// }
+///
+/// # async fn doc(client: Client, ownership: Ownership) {
+/// let api: Api<ConfigMap> = Api::all(client);
+/// Controller::new(api, watcher::Config::default())
+///     .run(
+///         reconcile::wrap(ownership, apply),
+///         |_, _, _| Action::requeue(std::time::Duration::from_secs(5)),
+///         Arc::new(()),
+///     )
+///     .for_each(|_| async {})
+///     .await;
+/// # }
+/// ```
+pub fn wrap<K, Ctx, F, Fut, E>(
+    ownership: Ownership,
+    reconcile: F,
+) -> impl FnMut(Arc<K>, Arc<Ctx>) -> Wrapped<Fut, E>
+where
+    K: Resource,
+    F: FnMut(Arc<K>, Arc<Ctx>, Permit) -> Fut,
+    Fut: Future<Output = Result<Action, E>>,
+{
+    let mut reconcile = reconcile;
+    move |obj, ctx| match admit(&ownership, obj.as_ref()) {
+        Ok(permit) => Either::Right(reconcile(obj, ctx, permit)),
+        Err(action) => Either::Left(future::ready(Ok(action))),
+    }
+}
+
+/// The admission decision the wrapper makes, for callers that write their own wrapper: a permit, or the
+/// [`Action`] to return without reconciling.
+pub fn admit<K: Resource>(ownership: &Ownership, obj: &K) -> Result<Permit, Action> {
+    match ownership.admit(obj) {
+        Ok(permit) => Ok(permit),
+        Err(e @ (AdmitError::NotAdmitted { .. } | AdmitError::SelfFenced { .. })) => {
+            debug!(error = %e, "held but not admitted: requeue");
+            Err(Action::requeue(ownership.requeue_delay()))
+        }
+        Err(AdmitError::NotOwned { shard }) => {
+            debug!(shard, "not owned: left to its owner");
+            Err(Action::await_change())
+        }
+        Err(e) => {
+            warn!(error = %e, "object cannot be placed in a shard: not reconciled");
+            Err(Action::await_change())
+        }
+    }
+}
