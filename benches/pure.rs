@@ -12,7 +12,14 @@ fn uids(n: usize) -> Vec<String> {
         .map(|i| {
             let h = fnv1a64(&i.to_le_bytes());
             let x = format!("{h:016x}{:016x}", h.rotate_left(17) ^ i);
-            format!("{}-{}-4{}-a{}-{}", &x[0..8], &x[8..12], &x[13..16], &x[17..20], &x[20..32])
+            format!(
+                "{}-{}-4{}-a{}-{}",
+                &x[0..8],
+                &x[8..12],
+                &x[13..16],
+                &x[17..20],
+                &x[20..32]
+            )
         })
         .collect()
 }
@@ -33,7 +40,11 @@ fn hash(c: &mut Criterion) {
     });
     let s = ShardCount::DEFAULT;
     g.bench_function("shard_of_uid36_x1024", |b| {
-        b.iter(|| uids.iter().map(|u| s.shard_of(fnv1a64(u.as_bytes())) as u64).sum::<u64>())
+        b.iter(|| {
+            uids.iter()
+                .map(|u| s.shard_of(fnv1a64(u.as_bytes())) as u64)
+                .sum::<u64>()
+        })
     });
     g.finish();
 }

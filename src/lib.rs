@@ -52,6 +52,7 @@ pub mod shard;
 pub mod token;
 
 pub mod ownership;
+mod watcher;
 
 pub use hash::{fnv1a64, KeyError, ShardKey};
 pub use range::{HashRange, RangeError, RangeSet};

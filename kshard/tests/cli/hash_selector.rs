@@ -19,7 +19,12 @@ fn stderr(o: &Output) -> &str {
 
 #[test]
 fn hash_prints_value_hash_shard() {
-    let o = kshard(&["hash", "f47ac10b-58cc-4372-a567-0e02b2c3d479", "default", ""]);
+    let o = kshard(&[
+        "hash",
+        "f47ac10b-58cc-4372-a567-0e02b2c3d479",
+        "default",
+        "",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
@@ -31,7 +36,15 @@ fn hash_prints_value_hash_shard() {
 
 #[test]
 fn hash_with_shards_and_key() {
-    let o = kshard(&["hash", "--key", "namespace", "--shards", "4", "kube-node-lease", "kube-system"]);
+    let o = kshard(&[
+        "hash",
+        "--key",
+        "namespace",
+        "--shards",
+        "4",
+        "kube-node-lease",
+        "kube-system",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(
         stdout(&o),
@@ -80,7 +93,15 @@ fn selector_for_owned_shards() {
          shardRange(object.metadata.uid, '0x8000000000000000', '0x8100000000000000') || \
          shardRange(object.metadata.uid, '0x8200000000000000', '0x8400000000000000')\n"
     );
-    let o = kshard(&["selector", "--key", "namespace", "--shards", "2", "--owned", "1"]);
+    let o = kshard(&[
+        "selector",
+        "--key",
+        "namespace",
+        "--shards",
+        "2",
+        "--owned",
+        "1",
+    ]);
     assert_eq!(
         stdout(&o),
         "shardRange(object.metadata.namespace, '0x8000000000000000', '0x10000000000000000')\n"
@@ -117,7 +138,11 @@ fn selector_rejects_bad_lists() {
         assert!(stdout(&o).is_empty());
     }
     let o = kshard(&["selector", "--owned", "0-256"]);
-    assert!(stderr(&o).contains("shard 256 does not exist"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("shard 256 does not exist"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -138,8 +163,14 @@ fn selector_check_prints_canonical_form_in_given_order() {
 #[test]
 fn selector_check_refuses_with_reason() {
     let cases = [
-        ("shardRange(object.metadata.uid, '0x0', '0x8000000000000000')", "16 lowercase hex digits"),
-        ("shardRange(object.metadata.name, '0x0000000000000000', '0x8000000000000000')", "unsupported field"),
+        (
+            "shardRange(object.metadata.uid, '0x0', '0x8000000000000000')",
+            "16 lowercase hex digits",
+        ),
+        (
+            "shardRange(object.metadata.name, '0x0000000000000000', '0x8000000000000000')",
+            "unsupported field",
+        ),
         ("   ", "empty"),
         (
             "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000') // c",

@@ -1,0 +1,591 @@
+//! The uid-keyed index of what the sub-watches read, and the owned projection the consumer sees.
+//!
+//! - Entries are keyed by **uid**: a delete-and-recreate under one name is two objects, possibly in two
+//!   shards. Each entry keeps the newest resourceVersion seen for its uid; an older event never overwrites
+//!   a newer read, and a deleted uid leaves a tombstone so a replayed older event cannot resurrect it.
+//! - The **projection** is the subset of entries whose shard is projected (for primaries: the shards the
+//!   member serves). It is what the consumer's store holds, keyed like kube's store by `ObjectRef`
+//!   (namespace, name). Per name it arbitrates between uids: the live uid with the newest resourceVersion
+//!   wins, and a `Delete` of an old uid is never emitted while a newer uid of that name is live — the
+//!   newer one is applied instead.
+//! - Output is `watcher::Event`s: one `Init … InitDone` for the first sync, then `Apply`/`Delete`.
+//!
+//! Pure: no I/O, no async.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use kube::runtime::watcher::Event;
+use kube::Resource;
+
+use crate::hash::ShardKey;
+use crate::range::RangeSet;
+use crate::shard::ShardCount;
+
+/// `(namespace, name)`: what kube's store keys by (within one resource type).
+pub(crate) type RefKey = (Option<String>, String);
+
+/// A parsed resourceVersion. Kubernetes calls them opaque, but kube-apiserver's are etcd revisions; a
+/// non-numeric one is treated as "unknown" and never wins a comparison against a known one.
+pub(crate) fn parse_rv(rv: Option<&str>) -> Option<u64> {
+    rv.and_then(|s| s.parse().ok())
+}
+
+struct Entry<K> {
+    obj: K,
+    rv: Option<u64>,
+    hash: u64,
+    shard: u32,
+    key: RefKey,
+}
+
+/// What a sub-watch relist delivered for its ranges.
+pub(crate) struct Relist<K> {
+    pub(crate) ranges: RangeSet,
+    pub(crate) objects: Vec<K>,
+    pub(crate) rv: Option<u64>,
+}
+
+/// The index and its projection.
+pub(crate) struct Index<K> {
+    key: ShardKey,
+    count: ShardCount,
+    entries: HashMap<Arc<str>, Entry<K>>,
+    by_ref: HashMap<RefKey, Vec<Arc<str>>>,
+    by_shard: HashMap<u32, HashSet<Arc<str>>>,
+    tombstones: HashMap<Arc<str>, Option<u64>>,
+    projected: Vec<bool>,
+    /// What the consumer holds per name: the uid and the resourceVersion last emitted.
+    emitted: HashMap<RefKey, (Arc<str>, Option<u64>)>,
+    initialized: bool,
+    out: VecDeque<Event<K>>,
+    /// Objects dropped because their key could not be computed (no uid under the uid key).
+    pub(crate) unplaceable: u64,
+}
+
+impl<K: Resource + Clone> Index<K> {
+    pub(crate) fn new(key: ShardKey, count: ShardCount) -> Self {
+        Index {
+            key,
+            count,
+            entries: HashMap::new(),
+            by_ref: HashMap::new(),
+            by_shard: HashMap::new(),
+            tombstones: HashMap::new(),
+            projected: vec![false; count.get() as usize],
+            emitted: HashMap::new(),
+            initialized: false,
+            out: VecDeque::new(),
+            unplaceable: 0,
+        }
+    }
+
+    /// Number of uids held (what the member read, projected or not).
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Number of objects in the consumer's view.
+    pub(crate) fn projected_len(&self) -> usize {
+        self.emitted.len()
+    }
+
+    /// The hash of an object under the group key, or `None` if it cannot be placed.
+    pub(crate) fn hash_of(&self, obj: &K) -> Option<u64> {
+        self.key.hash_object(obj).ok()
+    }
+
+    /// Uids currently indexed in `shard`.
+    pub(crate) fn shard_len(&self, shard: u32) -> usize {
+        self.by_shard.get(&shard).map_or(0, HashSet::len)
+    }
+
+    /// The names (`ObjectRef` keys) the consumer holds for `shard`.
+    pub(crate) fn projected_refs_of(&self, shard: u32) -> Vec<RefKey> {
+        let Some(uids) = self.by_shard.get(&shard) else {
+            return Vec::new();
+        };
+        uids.iter()
+            .filter_map(|u| self.entries.get(u))
+            .filter(|e| {
+                self.emitted
+                    .get(&e.key)
+                    .is_some_and(|(uid, _)| self.entries.get(uid).is_some_and(|w| w.shard == shard))
+            })
+            .map(|e| e.key.clone())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// The newest resourceVersion held for a uid.
+    pub(crate) fn rv_of(&self, uid: &str) -> Option<u64> {
+        self.entries.get(uid).and_then(|e| e.rv)
+    }
+
+    fn uid_of(obj: &K) -> Option<Arc<str>> {
+        let meta = obj.meta();
+        match meta.uid.as_deref() {
+            Some(uid) if !uid.is_empty() => Some(Arc::from(uid)),
+            _ => None,
+        }
+    }
+
+    fn ref_of(obj: &K) -> RefKey {
+        let meta = obj.meta();
+        (
+            meta.namespace.clone(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// Apply an added or modified object. Older than what is held (or than its tombstone): ignored.
+    pub(crate) fn upsert(&mut self, obj: K) {
+        let Some(uid) = Self::uid_of(&obj) else {
+            self.unplaceable += 1;
+            return;
+        };
+        let Some(hash) = self.hash_of(&obj) else {
+            self.unplaceable += 1;
+            return;
+        };
+        let rv = parse_rv(obj.meta().resource_version.as_deref());
+        if let Some(dead) = self.tombstones.get(&uid) {
+            if newer_or_equal(*dead, rv) {
+                return;
+            }
+            self.tombstones.remove(&uid);
+        }
+        if let Some(held) = self.entries.get(&uid) {
+            if newer(held.rv, rv) {
+                return;
+            }
+        }
+        let key = Self::ref_of(&obj);
+        let shard = self.count.shard_of(hash);
+        let fresh = !self.entries.contains_key(&uid);
+        self.entries.insert(
+            uid.clone(),
+            Entry {
+                obj,
+                rv,
+                hash,
+                shard,
+                key: key.clone(),
+            },
+        );
+        if fresh {
+            self.by_ref
+                .entry(key.clone())
+                .or_default()
+                .push(uid.clone());
+            self.by_shard.entry(shard).or_default().insert(uid);
+        }
+        self.reproject(&key, None);
+    }
+
+    /// Apply a deletion observed by a watch (leaves a tombstone).
+    pub(crate) fn delete(&mut self, obj: K) {
+        let Some(uid) = Self::uid_of(&obj) else {
+            self.unplaceable += 1;
+            return;
+        };
+        let rv = parse_rv(obj.meta().resource_version.as_deref());
+        if let Some(held) = self.entries.get(&uid) {
+            if newer(held.rv, rv) {
+                return;
+            }
+        }
+        self.tombstones.insert(uid.clone(), rv);
+        self.forget(&uid, Some(obj));
+    }
+
+    /// Remove a uid without a tombstone (its range is no longer read), emitting what the projection needs.
+    fn forget(&mut self, uid: &Arc<str>, last: Option<K>) {
+        let Some(entry) = self.entries.remove(uid) else {
+            return;
+        };
+        if let Some(uids) = self.by_ref.get_mut(&entry.key) {
+            uids.retain(|u| u != uid);
+            if uids.is_empty() {
+                self.by_ref.remove(&entry.key);
+            }
+        }
+        if let Some(set) = self.by_shard.get_mut(&entry.shard) {
+            set.remove(uid);
+            if set.is_empty() {
+                self.by_shard.remove(&entry.shard);
+            }
+        }
+        let key = entry.key.clone();
+        self.reproject(&key, Some(last.unwrap_or(entry.obj)));
+    }
+
+    /// A sub-watch relisted `ranges`: apply what is present, delete what vanished (unless it is newer than
+    /// the relist, i.e. was seen after the snapshot was taken).
+    pub(crate) fn relist(&mut self, relist: Relist<K>) {
+        let mut present: HashSet<Arc<str>> = HashSet::with_capacity(relist.objects.len());
+        for obj in relist.objects {
+            if let Some(uid) = Self::uid_of(&obj) {
+                present.insert(uid);
+            }
+            self.upsert(obj);
+        }
+        let vanished: Vec<Arc<str>> = self
+            .entries
+            .iter()
+            .filter(|(uid, e)| {
+                relist.ranges.contains(e.hash) && !present.contains(*uid) && !newer(e.rv, relist.rv)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in vanished {
+            let rv = relist.rv;
+            self.tombstones.insert(uid.clone(), rv);
+            self.forget(&uid, None);
+        }
+    }
+
+    /// Stop holding everything in `ranges` (no sub-watch reads them any more). Not a deletion: no
+    /// tombstones; projected objects among them are deleted from the consumer's view.
+    pub(crate) fn drop_ranges(&mut self, ranges: &RangeSet) {
+        let gone: Vec<Arc<str>> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| ranges.contains(e.hash))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            self.forget(&uid, None);
+        }
+    }
+
+    /// Forget tombstones no older than `rv`: every reader has passed them, so no replay can bring them back.
+    pub(crate) fn prune_tombstones(&mut self, passed: Option<u64>) {
+        if let Some(passed) = passed {
+            self.tombstones
+                .retain(|_, rv| rv.is_none_or(|rv| rv > passed));
+        }
+    }
+
+    /// Change which shards are projected; emits `Apply` for gained objects and `Delete` for lost ones.
+    pub(crate) fn set_projected(&mut self, shards: impl IntoIterator<Item = u32>) {
+        let mut next = vec![false; self.projected.len()];
+        for s in shards {
+            if let Some(slot) = next.get_mut(s as usize) {
+                *slot = true;
+            }
+        }
+        let changed: Vec<u32> = (0..next.len() as u32)
+            .filter(|s| next[*s as usize] != self.projected[*s as usize])
+            .collect();
+        self.projected = next;
+        let mut keys: Vec<RefKey> = Vec::new();
+        for s in changed {
+            if let Some(uids) = self.by_shard.get(&s) {
+                keys.extend(
+                    uids.iter()
+                        .filter_map(|u| self.entries.get(u))
+                        .map(|e| e.key.clone()),
+                );
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            self.reproject(&k, None);
+        }
+    }
+
+    /// Whether `shard` is projected.
+    pub(crate) fn is_projected(&self, shard: u32) -> bool {
+        self.projected.get(shard as usize).copied().unwrap_or(false)
+    }
+
+    /// Emit the initial sync: `Init`, one `InitApply` per projected name, `InitDone`. Only once.
+    pub(crate) fn initialize(&mut self) {
+        if self.initialized {
+            return;
+        }
+        self.initialized = true;
+        self.out.clear();
+        self.emitted.clear();
+        self.out.push_back(Event::Init);
+        let keys: Vec<RefKey> = self.by_ref.keys().cloned().collect();
+        for key in keys {
+            if let Some(uid) = self.winner(&key) {
+                let e = &self.entries[&uid];
+                self.emitted.insert(key, (uid.clone(), e.rv));
+                self.out.push_back(Event::InitApply(e.obj.clone()));
+            }
+        }
+        self.out.push_back(Event::InitDone);
+    }
+
+    /// Whether the initial sync was emitted.
+    pub(crate) fn is_initialized(&self) -> bool {
+        self.initialized
+    }
+
+    /// The next output event.
+    pub(crate) fn pop(&mut self) -> Option<Event<K>> {
+        self.out.pop_front()
+    }
+
+    /// Number of output events waiting.
+    pub(crate) fn pending(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The live, projected uid of `key` with the newest resourceVersion.
+    fn winner(&self, key: &RefKey) -> Option<Arc<str>> {
+        self.by_ref
+            .get(key)?
+            .iter()
+            .filter_map(|u| self.entries.get(u).map(|e| (u, e)))
+            .filter(|(_, e)| self.is_projected(e.shard))
+            .max_by(|(ua, a), (ub, b)| a.rv.cmp(&b.rv).then_with(|| ua.cmp(ub)))
+            .map(|(u, _)| u.clone())
+    }
+
+    /// Bring the consumer's view of `key` in line with the index. `last` is the object to name in a
+    /// `Delete` when the index no longer holds it.
+    fn reproject(&mut self, key: &RefKey, last: Option<K>) {
+        if !self.initialized {
+            return;
+        }
+        let want = self.winner(key);
+        let have = self.emitted.get(key).cloned();
+        match (want, have) {
+            (Some(uid), have) => {
+                let e = &self.entries[&uid];
+                if have.as_ref() != Some(&(uid.clone(), e.rv)) {
+                    self.emitted.insert(key.clone(), (uid.clone(), e.rv));
+                    self.out.push_back(Event::Apply(e.obj.clone()));
+                }
+            }
+            (None, Some((uid, _))) => {
+                self.emitted.remove(key);
+                let obj = self.entries.get(&uid).map(|e| e.obj.clone()).or(last);
+                if let Some(obj) = obj {
+                    self.out.push_back(Event::Delete(obj));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+/// `held` is strictly newer than `incoming` (unknown versions never win).
+fn newer(held: Option<u64>, incoming: Option<u64>) -> bool {
+    matches!((held, incoming), (Some(h), Some(i)) if h > i)
+}
+
+fn newer_or_equal(held: Option<u64>, incoming: Option<u64>) -> bool {
+    match (held, incoming) {
+        (Some(h), Some(i)) => h >= i,
+        // a tombstone of unknown version blocks only unknown-version replays
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    fn cm(name: &str, uid: &str, rv: u64) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                resource_version: Some(rv.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn shard_of(uid: &str, s: ShardCount) -> u32 {
+        s.shard_of(crate::fnv1a64(uid.as_bytes()))
+    }
+
+    fn drain(ix: &mut Index<ConfigMap>) -> Vec<String> {
+        std::iter::from_fn(|| ix.pop())
+            .map(|e| match e {
+                Event::Init => "init".to_owned(),
+                Event::InitApply(o) => format!(
+                    "initapply {}@{}",
+                    o.metadata.uid.unwrap(),
+                    o.metadata.resource_version.unwrap()
+                ),
+                Event::InitDone => "initdone".to_owned(),
+                Event::Apply(o) => format!(
+                    "apply {}@{}",
+                    o.metadata.uid.unwrap(),
+                    o.metadata.resource_version.unwrap()
+                ),
+                Event::Delete(o) => format!("delete {}", o.metadata.uid.unwrap()),
+            })
+            .collect()
+    }
+
+    fn all(s: ShardCount) -> Vec<u32> {
+        (0..s.get()).collect()
+    }
+
+    #[test]
+    fn initial_sync_then_incremental() {
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected(all(s));
+        ix.upsert(cm("a", "u1", 5));
+        ix.upsert(cm("b", "u2", 6));
+        assert!(drain(&mut ix).is_empty(), "nothing before the initial sync");
+        ix.initialize();
+        let mut ev = drain(&mut ix);
+        ev[1..3].sort();
+        assert_eq!(ev, ["init", "initapply u1@5", "initapply u2@6", "initdone"]);
+        ix.upsert(cm("a", "u1", 7));
+        ix.upsert(cm("a", "u1", 6)); // older: ignored
+        ix.delete(cm("b", "u2", 8));
+        ix.upsert(cm("b", "u2", 6)); // replay of an older event: no resurrection
+        assert_eq!(drain(&mut ix), ["apply u1@7", "delete u2"]);
+    }
+
+    #[test]
+    fn empty_initial_sync_still_emits_init_and_done() {
+        let mut ix: Index<ConfigMap> = Index::new(ShardKey::Uid, ShardCount::DEFAULT);
+        ix.initialize();
+        assert_eq!(drain(&mut ix), ["init", "initdone"]);
+        ix.initialize();
+        assert!(drain(&mut ix).is_empty(), "only once");
+    }
+
+    #[test]
+    fn projection_follows_shards() {
+        let s = ShardCount::new(2).unwrap();
+        // find two uids in different shards
+        let uids: Vec<String> = (0..64).map(|i| format!("{i}-uid")).collect();
+        let u0 = uids.iter().find(|u| shard_of(u, s) == 0).unwrap().clone();
+        let u1 = uids.iter().find(|u| shard_of(u, s) == 1).unwrap().clone();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected([0]);
+        ix.upsert(cm("a", &u0, 1));
+        ix.upsert(cm("b", &u1, 2));
+        ix.initialize();
+        assert_eq!(
+            drain(&mut ix),
+            [
+                "init".to_owned(),
+                format!("initapply {u0}@1"),
+                "initdone".into()
+            ]
+        );
+        ix.set_projected([1]);
+        assert_eq!(
+            drain(&mut ix),
+            [format!("delete {u0}"), format!("apply {u1}@2")]
+        );
+        assert_eq!(ix.projected_len(), 1);
+        assert_eq!(ix.len(), 2);
+    }
+
+    #[test]
+    fn recreate_under_one_name_never_deletes_the_live_object() {
+        let s = ShardCount::new(2).unwrap();
+        let uids: Vec<String> = (0..64).map(|i| format!("{i}-uid")).collect();
+        let old = uids.iter().find(|u| shard_of(u, s) == 0).unwrap().clone();
+        let new = uids.iter().find(|u| shard_of(u, s) == 1).unwrap().clone();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected([0, 1]);
+        ix.upsert(cm("x", &old, 1));
+        ix.initialize();
+        drain(&mut ix);
+        // the new object is read (by another sub-watch) before the old one's deletion arrives
+        ix.upsert(cm("x", &new, 10));
+        ix.delete(cm("x", &old, 9));
+        assert_eq!(
+            drain(&mut ix),
+            [format!("apply {new}@10")],
+            "no Delete(x) while the new uid lives"
+        );
+        // the other order: the old deletion first
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected([0, 1]);
+        ix.upsert(cm("x", &old, 1));
+        ix.initialize();
+        drain(&mut ix);
+        ix.delete(cm("x", &old, 9));
+        ix.upsert(cm("x", &new, 10));
+        assert_eq!(
+            drain(&mut ix),
+            [format!("delete {old}"), format!("apply {new}@10")]
+        );
+        // the store ends with the live object
+    }
+
+    #[test]
+    fn relist_applies_present_and_deletes_vanished() {
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected([0]);
+        ix.upsert(cm("a", "u1", 1));
+        ix.upsert(cm("b", "u2", 2));
+        ix.upsert(cm("c", "u3", 30));
+        ix.initialize();
+        drain(&mut ix);
+        ix.relist(Relist {
+            ranges: RangeSet::full(),
+            objects: vec![cm("a", "u1", 3)],
+            rv: Some(20),
+        });
+        let mut ev = drain(&mut ix);
+        ev.sort();
+        // u3 was read at rv 30, after the snapshot at 20: kept
+        assert_eq!(ev, ["apply u1@3", "delete u2"]);
+        assert_eq!(ix.len(), 2);
+    }
+
+    #[test]
+    fn dropping_ranges_is_not_a_deletion() {
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.upsert(cm("a", "u1", 1));
+        ix.initialize();
+        drain(&mut ix);
+        ix.drop_ranges(&RangeSet::full());
+        assert_eq!(ix.len(), 0);
+        assert!(
+            drain(&mut ix).is_empty(),
+            "not projected: nothing to tell the consumer"
+        );
+        ix.upsert(cm("a", "u1", 1));
+        assert_eq!(ix.len(), 1, "no tombstone: it can be read again");
+    }
+
+    #[test]
+    fn tombstones_are_pruned_once_passed() {
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.upsert(cm("a", "u1", 1));
+        ix.delete(cm("a", "u1", 5));
+        ix.upsert(cm("a", "u1", 4));
+        assert_eq!(ix.len(), 0);
+        ix.prune_tombstones(Some(5));
+        ix.upsert(cm("a", "u1", 4));
+        assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn objects_without_uid_are_counted_not_indexed() {
+        let mut ix = Index::new(ShardKey::Uid, ShardCount::DEFAULT);
+        let mut o = cm("a", "", 1);
+        o.metadata.uid = None;
+        ix.upsert(o);
+        assert_eq!((ix.len(), ix.unplaceable), (0, 1));
+    }
+}
