@@ -24,6 +24,11 @@ pub mod reconcile;
 pub mod state;
 pub mod static_mode;
 
+#[cfg(test)]
+mod handle_tests;
+#[cfg(test)]
+mod state_tests;
+
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;

@@ -1,0 +1,613 @@
+//! Tests of the handle: fences on both clocks with paused time, self-fencing, drains, re-enqueue signals,
+//! admission against a concurrent drain, the reconcile wrapper and fenced writes against a mock client.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{api::ObjectMeta, runtime::controller::Action};
+
+use super::{
+    admission::Gate,
+    clock::Clock,
+    state::*,
+    testing::{self, TestDriver},
+    AdmitError, FenceError, Ownership, OwnershipConfig,
+};
+
+fn me() -> MemberId {
+    MemberId::new("a", "1")
+}
+fn other() -> MemberId {
+    MemberId::new("b", "1")
+}
+
+/// A boot clock the test moves by hand (milliseconds).
+fn manual_clock() -> (Clock, Arc<AtomicU64>) {
+    let ms = Arc::new(AtomicU64::new(1_000_000));
+    let m = ms.clone();
+    (
+        Clock::with_boot(move || Duration::from_millis(m.load(Ordering::SeqCst))),
+        ms,
+    )
+}
+
+fn config() -> OwnershipConfig {
+    OwnershipConfig {
+        renew_deadline: Duration::from_secs(10),
+        fence_margin: Duration::from_secs(1),
+        drain_timeout: Duration::from_secs(5),
+        ..OwnershipConfig::default()
+    }
+}
+
+/// A member owning shard 0 at epoch 1, renewed now.
+fn owning() -> (Ownership, TestDriver, Arc<AtomicU64>) {
+    let (clock, boot) = manual_clock();
+    let (own, drv) = testing::driver_with_clock(config(), me(), clock);
+    drv.renew();
+    drv.apply(&AssignmentView::new(1).with(0, ShardAssignment::owned(me(), 1)));
+    drv.activate(0, 1);
+    (own, drv, boot)
+}
+
+fn draining_view(generation: u64) -> AssignmentView {
+    AssignmentView::new(generation).with(
+        0,
+        ShardAssignment::owned(me(), 1).with_handoff(Handoff::Draining { id: 9, to: other() }),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn fence_lasts_until_renewal_start_plus_deadline_minus_margin() {
+    let (own, _drv, _) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    assert_eq!(fence.token().to_string(), "0/1");
+    assert_eq!(fence.check().unwrap(), Duration::from_secs(9));
+    tokio::time::advance(Duration::from_millis(8_999)).await;
+    assert_eq!(fence.check().unwrap(), Duration::from_millis(1));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        fence.check(),
+        Err(FenceError::Expired { shard: 0, epoch: 1 })
+    );
+    assert!(matches!(permit.fence(), Err(FenceError::Expired { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suspend_seen_only_by_the_boot_clock_expires_fences() {
+    let (own, _drv, boot) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    boot.fetch_add(9_000, Ordering::SeqCst); // suspended 9 s; the runtime clock saw nothing
+    assert!(fence.check().is_err());
+    assert!(permit.fence().is_err());
+    assert!(matches!(
+        own.admit_shard(0),
+        Err(AdmitError::SelfFenced { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn self_fencing_and_unfencing_with_reenqueue() {
+    let (own, drv, _) = owning();
+    let mut tr = own.transitions();
+    tokio::time::advance(Duration::from_secs(9)).await;
+    assert!(own.is_self_fenced());
+    assert!(matches!(
+        own.admit_shard(0),
+        Err(AdmitError::SelfFenced { shard: 0 })
+    ));
+    assert!(own.snapshot().state().is_fenced());
+    // a renewal that started now un-fences and re-enqueues the owned shard
+    drv.renew();
+    assert!(!own.is_self_fenced());
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));
+    assert!(own.admit_shard(0).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_renewal_unfences_even_if_nobody_tried_to_admit() {
+    let (own, drv, _) = owning();
+    let mut tr = own.transitions();
+    tokio::time::advance(Duration::from_secs(30)).await;
+    drv.renew();
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!(t.admitted, Some(AdmitCause::Unfenced));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_whose_request_started_long_ago_does_not_extend() {
+    let (own, drv, _) = owning();
+    let started = own.inner.clock.now();
+    tokio::time::advance(Duration::from_secs(9)).await;
+    drv.renew_at(started); // the request took 9 s
+    assert!(own.admit_shard(0).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn takeover_fences_at_once() {
+    let (own, drv, _) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    drv.taken_over();
+    assert!(matches!(fence.check(), Err(FenceError::SelfFenced { .. })));
+    assert!(own.admit_shard(0).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn activation_emits_a_reenqueue_and_requeue_states_refuse() {
+    let (clock, _) = manual_clock();
+    let (own, drv) = testing::driver_with_clock(config(), me(), clock);
+    drv.renew();
+    let mut tr = own.transitions();
+    drv.apply(&AssignmentView::new(1).with(0, ShardAssignment::owned(me(), 1)));
+    assert!(matches!(
+        own.admit_shard(0),
+        Err(AdmitError::NotAdmitted {
+            state: ShardState::Activating { epoch: 1 },
+            ..
+        })
+    ));
+    assert!(!tr.next_transition().await.unwrap().is_reenqueue());
+    drv.activate(0, 1);
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!(t.admitted, Some(AdmitCause::Activation));
+    assert!(matches!(
+        own.admit_shard(1),
+        Err(AdmitError::NotOwned { shard: 1 })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn outgoing_fences_end_at_the_drain_deadline_and_cancel_back_reenqueues() {
+    let (own, drv, _) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    let mut tr = own.transitions();
+    drv.apply(&draining_view(2));
+    assert!(matches!(
+        own.admit_shard(0),
+        Err(AdmitError::NotAdmitted {
+            state: ShardState::Outgoing { .. },
+            ..
+        })
+    ));
+    // a fence taken while Outgoing lasts only until the drain deadline (5 s < 9 s)
+    let fence = permit.fence().unwrap();
+    assert_eq!(fence.check().unwrap(), Duration::from_secs(5));
+    let _ = tr.next_transition().await.unwrap(); // Owned -> Outgoing
+                                                 // cancel before release
+    drv.apply(&AssignmentView::new(3).with(0, ShardAssignment::owned(me(), 1)));
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!(t.admitted, Some(AdmitCause::CancelBack));
+    assert!(own.admit_shard(0).is_ok());
+    drop((fence, permit));
+    // the old drain task must not release the shard it no longer drains
+    tokio::time::advance(Duration::from_secs(6)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(own.shard_state(0), Some(ShardState::Owned { epoch: 1 }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_waits_for_permits_and_fences_then_releases() {
+    let (own, drv, _) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    drop(permit);
+    drv.apply(&draining_view(2));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    tokio::task::yield_now().await;
+    assert!(matches!(
+        own.shard_state(0),
+        Some(ShardState::Outgoing { .. })
+    ));
+    drop(fence); // the last outstanding fenced request completes
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(own.shard_state(0), None);
+    assert_eq!(
+        own.snapshot().state().acks(),
+        vec![Ack::Released {
+            shard: 0,
+            move_id: 9
+        }]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_releases_at_the_deadline_and_old_fences_are_dead() {
+    let (own, drv, _) = owning();
+    let permit = own.admit_shard(0).unwrap();
+    drv.apply(&draining_view(2));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(own.shard_state(0), None);
+    assert!(matches!(permit.fence(), Err(FenceError::NotHeld { .. })));
+}
+
+/// The gate itself: once a drain has seen zero in flight, no entry ever succeeds (real threads).
+#[test]
+fn gate_never_admits_after_a_drain_saw_zero() {
+    for _round in 0..200 {
+        let gate = Arc::new(Gate::default());
+        let observed_zero = Arc::new(AtomicBool::new(false));
+        let violations = Arc::new(AtomicUsize::new(0));
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let (gate, seen, bad, ok) = (
+                    gate.clone(),
+                    observed_zero.clone(),
+                    violations.clone(),
+                    admitted.clone(),
+                );
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        if gate.try_enter() {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                            if seen.load(Ordering::SeqCst) {
+                                bad.fetch_add(1, Ordering::SeqCst);
+                            }
+                            std::hint::spin_loop();
+                            gate.leave();
+                        }
+                    }
+                })
+            })
+            .collect();
+        gate.close();
+        while gate.in_flight() != 0 {
+            std::hint::spin_loop();
+        }
+        observed_zero.store(true, Ordering::SeqCst);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(violations.load(Ordering::SeqCst), 0);
+        assert!(!gate.try_enter());
+    }
+}
+
+/// Admission through `Ownership` against a concurrent drain: after the shard is released no permit is ever
+/// issued, and no permit issued before was alive when the drain completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_against_a_concurrent_drain() {
+    for round in 0..30u64 {
+        let (own, drv) = testing::driver(config(), me());
+        drv.renew();
+        let g = round * 10 + 1;
+        drv.apply(&AssignmentView::new(g).with(0, ShardAssignment::owned(me(), g)));
+        drv.activate(0, g);
+        let stop = Arc::new(AtomicBool::new(false));
+        let live = Arc::new(AtomicUsize::new(0));
+        let bad = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let (own, stop, live, bad) = (own.clone(), stop.clone(), live.clone(), bad.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        if let Ok(p) = own.admit_shard(0) {
+                            live.fetch_add(1, Ordering::SeqCst);
+                            if own.shard_state(0).is_none() {
+                                bad.fetch_add(1, Ordering::SeqCst);
+                            }
+                            live.fetch_sub(1, Ordering::SeqCst);
+                            drop(p);
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut tr = own.transitions();
+        drv.apply(&AssignmentView::new(g + 1).with(
+            0,
+            ShardAssignment::owned(me(), g).with_handoff(Handoff::Draining { id: g, to: other() }),
+        ));
+        // wait for the release
+        loop {
+            let t = tr.next().await.unwrap();
+            if t.to.is_none() {
+                break;
+            }
+        }
+        // the drain saw zero: nothing admitted can be live now
+        assert_eq!(live.load(Ordering::SeqCst), 0, "round {round}");
+        std::thread::sleep(Duration::from_millis(2));
+        stop.store(true, Ordering::SeqCst);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(bad.load(Ordering::SeqCst), 0, "round {round}");
+        assert!(own.admit_shard(0).is_err());
+    }
+}
+
+// === static mode ===
+
+#[tokio::test]
+async fn static_mode_fences_at_epoch_zero() {
+    let own = Ownership::new_static(OwnershipConfig::default(), 1, 4).unwrap();
+    for s in 64..128 {
+        assert_eq!(own.admit_shard(s).unwrap().fence().unwrap().epoch(), 0);
+    }
+    assert!(matches!(
+        own.admit_shard(0),
+        Err(AdmitError::NotOwned { .. })
+    ));
+    assert!(Ownership::new_static(OwnershipConfig::default(), 4, 4).is_err());
+    assert!(Ownership::new_static(OwnershipConfig::default(), 0, 0).is_err());
+    assert!(Ownership::new_static(OwnershipConfig::default(), 0, 257).is_err());
+}
+
+// === the reconcile wrapper ===
+
+fn cm(uid: &str) -> Arc<ConfigMap> {
+    Arc::new(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("x".into()),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            resource_version: Some("5".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    })
+}
+
+/// A uid that lands in shard `want` of 256.
+fn uid_in(own: &Ownership, want: u32) -> String {
+    (0..1_000_000u64)
+        .map(|i| format!("{:016x}-uid", crate::hash::fnv1a64(&i.to_le_bytes())))
+        .find(|u| own.shard_of(cm(u).as_ref()).unwrap() == want)
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
+    let (own, drv, _) = owning();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let mut reconcile = super::reconcile::wrap(
+        own.clone(),
+        move |_obj: Arc<ConfigMap>, _ctx: Arc<()>, p| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                assert!(p.fence().is_ok());
+                Ok::<_, std::convert::Infallible>(Action::requeue(Duration::from_secs(300)))
+            }
+        },
+    );
+    let ctx = Arc::new(());
+    // unowned: await_change, no call
+    let unowned = cm(&uid_in(&own, 5));
+    assert_eq!(
+        reconcile(unowned.clone(), ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // owned and admitted: the user fn runs with a permit
+    let mine = cm(&uid_in(&own, 0));
+    assert_eq!(
+        reconcile(mine.clone(), ctx.clone()).await.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // held but not admitted (Outgoing): a short requeue, no call
+    drv.apply(&draining_view(2));
+    let action = reconcile(mine.clone(), ctx.clone()).await.unwrap();
+    assert_ne!(action, Action::await_change());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // self-fenced: requeue, no call
+    drv.apply(&AssignmentView::new(3).with(0, ShardAssignment::owned(me(), 1)));
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let action = reconcile(mine, ctx.clone()).await.unwrap();
+    assert_ne!(action, Action::await_change());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Incoming: requeue, no call
+    let incoming = cm(&uid_in(&own, 7));
+    drv.renew();
+    drv.apply(
+        &AssignmentView::new(4)
+            .with(0, ShardAssignment::owned(me(), 1))
+            .with(
+                7,
+                ShardAssignment::owned(other(), 1)
+                    .with_handoff(Handoff::Moving { id: 3, to: me() }),
+            ),
+    );
+    let action = reconcile(incoming, ctx).await.unwrap();
+    assert_ne!(action, Action::await_change());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+// === fenced writes against a tower-test mock ===
+
+mod fenced {
+    use super::*;
+    use crate::{
+        ownership::fenced_write::{Deleted, Error, FencedApi},
+        token::{FENCE_ANNOTATION, FENCE_HEADER},
+    };
+    use http::{Request, Response};
+    use kube::{client::Body, Api, Client};
+    use serde_json::{json, Value};
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn api() -> (FencedApi<ConfigMap>, Handle) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        (FencedApi::new(Api::namespaced(client, "default")), handle)
+    }
+
+    async fn next(handle: &mut Handle, reply: Value) -> (http::request::Parts, Value) {
+        let (req, send) = handle.next_request().await.expect("a request");
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect_bytes().await.unwrap();
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        (parts, v)
+    }
+
+    fn reply() -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default", "uid": "u1", "resourceVersion": "6"}})
+    }
+
+    #[tokio::test]
+    async fn replace_sends_preconditions_annotation_and_header() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        let obj = cm("u1");
+        let server = tokio::spawn(async move { next(&mut handle, reply()).await });
+        let out = api.replace(&fence, "x", &obj).await.unwrap();
+        assert_eq!(out.metadata.resource_version.as_deref(), Some("6"));
+        let (parts, body) = server.await.unwrap();
+        assert_eq!(parts.method, http::Method::PUT);
+        assert_eq!(parts.uri.path(), "/api/v1/namespaces/default/configmaps/x");
+        assert_eq!(parts.headers[FENCE_HEADER], "0/1");
+        assert_eq!(body["metadata"]["uid"], "u1");
+        assert_eq!(body["metadata"]["resourceVersion"], "5");
+        assert_eq!(body["metadata"]["annotations"][FENCE_ANNOTATION], "0/1");
+    }
+
+    #[tokio::test]
+    async fn status_and_patch_writes_carry_the_header_and_preconditions() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            let a = next(&mut handle, reply()).await;
+            let b = next(&mut handle, reply()).await;
+            let c = next(&mut handle, reply()).await;
+            (a, b, c)
+        });
+        api.replace_status(&fence, "x", &cm("u1")).await.unwrap();
+        api.patch(&fence, "x", "u1", "5", &json!({"data": {"k": "v"}}))
+            .await
+            .unwrap();
+        api.patch_status(&fence, "x", "u1", "5", &json!({"status": {"ok": true}}))
+            .await
+            .unwrap();
+        let ((p1, b1), (p2, b2), (p3, b3)) = server.await.unwrap();
+        assert_eq!(
+            p1.uri.path(),
+            "/api/v1/namespaces/default/configmaps/x/status"
+        );
+        assert_eq!(p1.headers[FENCE_HEADER], "0/1");
+        assert_eq!(b1["metadata"]["resourceVersion"], "5");
+        assert_eq!(p2.method, http::Method::PATCH);
+        assert_eq!(p2.headers["content-type"], "application/merge-patch+json");
+        assert_eq!(p2.headers[FENCE_HEADER], "0/1");
+        assert_eq!(b2["metadata"]["uid"], "u1");
+        assert_eq!(b2["metadata"]["resourceVersion"], "5");
+        assert_eq!(b2["metadata"]["annotations"][FENCE_ANNOTATION], "0/1");
+        assert_eq!(b2["data"]["k"], "v");
+        assert_eq!(
+            p3.uri.path(),
+            "/api/v1/namespaces/default/configmaps/x/status"
+        );
+        assert_eq!(p3.headers[FENCE_HEADER], "0/1");
+        assert_eq!(b3["metadata"]["resourceVersion"], "5");
+        assert!(b3["metadata"].get("annotations").is_none());
+    }
+
+    #[tokio::test]
+    async fn delete_sends_preconditions() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            next(
+                &mut handle,
+                json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+            )
+            .await
+        });
+        let out = api.delete(&fence, "x", "u1", "5").await.unwrap();
+        assert!(matches!(out, Deleted::Gone(_)));
+        let (parts, body) = server.await.unwrap();
+        assert_eq!(parts.method, http::Method::DELETE);
+        assert_eq!(parts.headers[FENCE_HEADER], "0/1");
+        assert_eq!(body["preconditions"]["uid"], "u1");
+        assert_eq!(body["preconditions"]["resourceVersion"], "5");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_fence_sends_nothing() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        tokio::time::advance(Duration::from_secs(9)).await;
+        let err = api.replace(&fence, "x", &cm("u1")).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Fence(FenceError::Expired { .. })),
+            "{err:?}"
+        );
+        drop(api);
+        assert!(handle.next_request().await.is_none(), "nothing may be sent");
+    }
+
+    #[tokio::test]
+    async fn a_write_without_preconditions_is_refused_before_sending() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        let mut obj = (*cm("u1")).clone();
+        obj.metadata.resource_version = None;
+        let err = api.replace(&fence, "x", &obj).await.unwrap_err();
+        assert!(matches!(
+            err,
+            Error::MissingPrecondition {
+                field: "resourceVersion",
+                ..
+            }
+        ));
+        drop(api);
+        assert!(handle.next_request().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_request_times_out_with_the_fence() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            let (_req, _send) = handle.next_request().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        let err = api.replace(&fence, "x", &cm("u1")).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout(d) if d == Duration::from_secs(9)),
+            "{err:?}"
+        );
+        server.abort();
+    }
+}
