@@ -7,3 +7,4 @@
 
 pub(crate) mod index;
 pub(crate) mod request;
+pub(crate) mod subwatch;

@@ -1,0 +1,449 @@
+//! One sub-watch: LIST + WATCH of one selector (or of everything, in fallback mode), in its own task with
+//! its own backoff, reporting to the manager over a channel.
+//!
+//! Recovery follows `kube_runtime::watcher`, with one deliberate difference:
+//! - LIST pages follow `continue` (the selector is resent on every page: the token does not carry it);
+//!   a list error backs off and lists again;
+//! - a watch-start error backs off and retries from the same resourceVersion — except an HTTP 410, which
+//!   relists (kube retries the expired version forever);
+//! - an in-stream `ERROR` 410 relists; any other in-stream error backs off and re-watches;
+//! - the end of a watch stream, or no event for `timeout + 5 s` (a connection frozen open), re-watches from
+//!   the last resourceVersion seen (bookmarks advance it);
+//! - `StreamingList`: the initial sync is a watch with `sendInitialEvents=true` that ends at the
+//!   `k8s.io/initial-events-end` bookmark.
+//!
+//! An HTTP 500 `invalid shard selector` is reported as such (the manager switches the resource to fallback)
+//! and is never retried with the same selector.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::StreamExt;
+use kube::api::WatchEvent;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tracing::{debug, info_span, warn, Instrument};
+
+use super::request::{ListFrom, Requests};
+use crate::selector::ShardSelector;
+
+/// Identifies a sub-watch for the lifetime of the watcher (never reused).
+pub(crate) type SubId = u64;
+
+/// How a sub-watch starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// LIST (or streaming list) then WATCH: for ranges not read before.
+    List,
+    /// WATCH from a resourceVersion: for a narrowed or merged selector whose ranges were all read.
+    Watch(String),
+}
+
+/// What a sub-watch reports.
+#[derive(Debug)]
+pub(crate) enum SubMsg<V> {
+    /// A complete (re)list of the sub-watch's ranges.
+    Listed {
+        id: SubId,
+        objects: Vec<V>,
+        rv: Option<String>,
+        /// `metadata.shardInfo.selector` of the LIST, when the server echoed one.
+        shard_info: Option<String>,
+    },
+    /// An added or modified object.
+    Applied {
+        id: SubId,
+        obj: V,
+        rv: Option<String>,
+    },
+    /// A deleted object.
+    Deleted {
+        id: SubId,
+        obj: V,
+        rv: Option<String>,
+    },
+    /// A bookmark: the watch has passed `rv`.
+    Progress { id: SubId, rv: String },
+    /// A request failed (it is being retried with backoff).
+    Failed {
+        id: SubId,
+        error: Arc<kube::Error>,
+        invalid_selector: bool,
+    },
+}
+
+/// One sub-watch's parameters.
+pub(crate) struct SubWatch<V> {
+    pub(crate) id: SubId,
+    pub(crate) selector: Option<ShardSelector>,
+    pub(crate) start: Start,
+    pub(crate) requests: Arc<Requests>,
+    pub(crate) client: Client,
+    pub(crate) tx: mpsc::Sender<SubMsg<V>>,
+    pub(crate) _marker: std::marker::PhantomData<fn() -> V>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawList<V> {
+    #[serde(default)]
+    metadata: RawListMeta,
+    #[serde(default = "Vec::new")]
+    items: Vec<V>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RawListMeta {
+    resource_version: Option<String>,
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
+    shard_info: Option<RawShardInfo>,
+}
+
+#[derive(Deserialize)]
+struct RawShardInfo {
+    selector: Option<String>,
+}
+
+enum Next {
+    List,
+    Watch { rv: String, initial: bool },
+}
+
+enum WatchEnd {
+    /// Stream ended or went idle: watch again from the last rv.
+    Resume(String),
+    /// 410: list again.
+    Relist,
+    /// Some other failure: back off, watch again from the last rv.
+    Failed(String, kube::Error),
+    /// The manager went away.
+    Closed,
+}
+
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// kube-runtime's `DefaultBackoff`: exponential 800 ms → 30 s, factor 2, with jitter, never giving up.
+pub(crate) fn default_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+fn is_invalid_selector(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 500 && s.message.contains("invalid shard selector"))
+}
+
+fn is_gone(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 410)
+}
+
+impl<V> SubWatch<V>
+where
+    V: Resource + DeserializeOwned + Clone + Debug + Send + 'static,
+{
+    /// Run until the manager drops its receiver (or aborts the task).
+    pub(crate) async fn run(self) {
+        let span = info_span!(
+            "subwatch",
+            id = self.id,
+            selector = self
+                .selector
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        );
+        self.run_inner().instrument(span).await;
+    }
+
+    async fn run_inner(self) {
+        let mut backoff = default_backoff();
+        let mut next = match &self.start {
+            Start::List if self.requests.streaming_list() => Next::Watch {
+                rv: "0".into(),
+                initial: true,
+            },
+            Start::List => Next::List,
+            Start::Watch(rv) => Next::Watch {
+                rv: rv.clone(),
+                initial: false,
+            },
+        };
+        loop {
+            if self.tx.is_closed() {
+                return;
+            }
+            next = match next {
+                Next::List => match self.list_all().await {
+                    Ok((objects, rv, shard_info)) => {
+                        backoff = default_backoff();
+                        let Some(rv_s) = rv.clone() else {
+                            // kube's NoResourceVersion: relist after a pause
+                            self.sleep(&mut backoff).await;
+                            continue;
+                        };
+                        let msg = SubMsg::Listed {
+                            id: self.id,
+                            objects,
+                            rv,
+                            shard_info,
+                        };
+                        if self.tx.send(msg).await.is_err() {
+                            return;
+                        }
+                        Next::Watch {
+                            rv: rv_s,
+                            initial: false,
+                        }
+                    }
+                    Err(err) => {
+                        let invalid = is_invalid_selector(&err);
+                        self.report(err, invalid).await;
+                        if invalid {
+                            // never hot-loop on a selector the server refuses; the manager replaces us
+                            futures::future::pending::<()>().await;
+                        }
+                        self.sleep(&mut backoff).await;
+                        Next::List
+                    }
+                },
+                Next::Watch { rv, initial } => match self.watch(&rv, initial, &mut backoff).await {
+                    WatchEnd::Resume(rv) => Next::Watch { rv, initial: false },
+                    WatchEnd::Relist => {
+                        if self.requests.streaming_list() {
+                            Next::Watch {
+                                rv: "0".into(),
+                                initial: true,
+                            }
+                        } else {
+                            Next::List
+                        }
+                    }
+                    WatchEnd::Failed(rv, err) => {
+                        let invalid = is_invalid_selector(&err);
+                        self.report(err, invalid).await;
+                        if invalid {
+                            futures::future::pending::<()>().await;
+                        }
+                        self.sleep(&mut backoff).await;
+                        // a streaming initial sync that failed before its end starts over
+                        if initial {
+                            Next::Watch {
+                                rv: "0".into(),
+                                initial: true,
+                            }
+                        } else {
+                            Next::Watch { rv, initial: false }
+                        }
+                    }
+                    WatchEnd::Closed => return,
+                },
+            };
+        }
+    }
+
+    async fn sleep(&self, backoff: &mut ExponentialBackoff) {
+        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+        tokio::time::sleep(delay).await;
+    }
+
+    async fn report(&self, err: kube::Error, invalid_selector: bool) {
+        if matches!(&err, kube::Error::Api(s) if s.code == 403) {
+            warn!(error = %err, "sub-watch request forbidden");
+        } else {
+            debug!(error = %err, "sub-watch request failed");
+        }
+        let _ = self
+            .tx
+            .send(SubMsg::Failed {
+                id: self.id,
+                error: Arc::new(err),
+                invalid_selector,
+            })
+            .await;
+    }
+
+    async fn list_all(&self) -> Result<(Vec<V>, Option<String>, Option<String>), kube::Error> {
+        let mut objects = Vec::new();
+        let mut continue_token: Option<String> = None;
+        let mut shard_info = None;
+        loop {
+            let req = self
+                .requests
+                .list(
+                    self.selector.as_ref(),
+                    &ListFrom::Configured,
+                    None,
+                    continue_token.as_deref(),
+                )
+                .map_err(|e| kube::Error::Service(Box::new(e)))?;
+            let text = self.client.request_text(req).await?;
+            let page: RawList<V> = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
+            objects.extend(page.items);
+            if shard_info.is_none() {
+                shard_info = page.metadata.shard_info.and_then(|i| i.selector);
+            }
+            match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+                Some(token) => continue_token = Some(token),
+                None => return Ok((objects, page.metadata.resource_version, shard_info)),
+            }
+        }
+    }
+
+    async fn watch(&self, rv: &str, initial: bool, backoff: &mut ExponentialBackoff) -> WatchEnd {
+        let req = match self.requests.watch(self.selector.as_ref(), rv, initial) {
+            Ok(req) => req,
+            Err(e) => return WatchEnd::Failed(rv.to_owned(), kube::Error::Service(Box::new(e))),
+        };
+        let stream = match self.client.request_events::<V>(req).await {
+            Ok(s) => s,
+            Err(err) if is_gone(&err) => return WatchEnd::Relist,
+            Err(err) => return WatchEnd::Failed(rv.to_owned(), err),
+        };
+        let mut stream = std::pin::pin!(stream);
+        let idle = match self.requests.config().timeout {
+            Some(0) => None,
+            t => Some(Duration::from_secs(u64::from(t.unwrap_or(290)) + 5)),
+        };
+        let mut last_rv = rv.to_owned();
+        let mut buffered: Option<Vec<V>> = initial.then(Vec::new);
+        loop {
+            let item = match idle {
+                Some(d) => match tokio::time::timeout(d, stream.next()).await {
+                    Ok(item) => item,
+                    Err(_) => {
+                        debug!("watch idle past its timeout: re-watching");
+                        return if buffered.is_some() {
+                            WatchEnd::Failed(
+                                last_rv,
+                                kube::Error::Service("streaming list went idle".into()),
+                            )
+                        } else {
+                            WatchEnd::Resume(last_rv)
+                        };
+                    }
+                },
+                None => stream.next().await,
+            };
+            let event = match item {
+                Some(Ok(ev)) => ev,
+                None => {
+                    return if buffered.is_some() {
+                        WatchEnd::Failed(
+                            last_rv,
+                            kube::Error::Service(
+                                "streaming list ended before its last bookmark".into(),
+                            ),
+                        )
+                    } else {
+                        WatchEnd::Resume(last_rv)
+                    }
+                }
+                Some(Err(err)) => return WatchEnd::Failed(last_rv, err),
+            };
+            // any successful event resets the backoff, as kube's StreamBackoff does
+            *backoff = default_backoff();
+            let sent = match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                    let obj_rv = resource_version_of(&obj);
+                    if let Some(r) = &obj_rv {
+                        last_rv.clone_from(r);
+                    }
+                    if let Some(buf) = buffered.as_mut() {
+                        buf.push(obj);
+                        Ok(())
+                    } else {
+                        self.tx
+                            .send(SubMsg::Applied {
+                                id: self.id,
+                                obj,
+                                rv: obj_rv,
+                            })
+                            .await
+                    }
+                    .map_err(|_| ())
+                }
+                WatchEvent::Deleted(obj) => {
+                    let obj_rv = resource_version_of(&obj);
+                    if let Some(r) = &obj_rv {
+                        last_rv.clone_from(r);
+                    }
+                    if let Some(buf) = buffered.as_mut() {
+                        // cannot happen before the initial-events-end bookmark; drop it from the buffer
+                        buf.retain(|o| !same_object(o, &obj));
+                        Ok(())
+                    } else {
+                        self.tx
+                            .send(SubMsg::Deleted {
+                                id: self.id,
+                                obj,
+                                rv: obj_rv,
+                            })
+                            .await
+                            .map_err(|_| ())
+                    }
+                }
+                WatchEvent::Bookmark(bm) => {
+                    last_rv.clone_from(&bm.metadata.resource_version);
+                    let end = bm
+                        .metadata
+                        .annotations
+                        .get(INITIAL_EVENTS_END)
+                        .is_some_and(|v| v == "true");
+                    if end && buffered.is_some() {
+                        let objects = buffered.take().unwrap_or_default();
+                        self.tx
+                            .send(SubMsg::Listed {
+                                id: self.id,
+                                objects,
+                                rv: Some(last_rv.clone()),
+                                shard_info: None,
+                            })
+                            .await
+                            .map_err(|_| ())
+                    } else if buffered.is_none() {
+                        self.tx
+                            .send(SubMsg::Progress {
+                                id: self.id,
+                                rv: last_rv.clone(),
+                            })
+                            .await
+                            .map_err(|_| ())
+                    } else {
+                        Ok(())
+                    }
+                }
+                WatchEvent::Error(status) => {
+                    if status.code == 410 {
+                        return WatchEnd::Relist;
+                    }
+                    return WatchEnd::Failed(last_rv, kube::Error::Api(status));
+                }
+            };
+            if sent.is_err() {
+                return WatchEnd::Closed;
+            }
+        }
+    }
+}
+
+fn resource_version_of<V: Resource>(obj: &V) -> Option<String> {
+    obj.meta().resource_version.clone()
+}
+
+fn same_object<V: Resource>(a: &V, b: &V) -> bool {
+    let (a, b) = (a.meta(), b.meta());
+    match (&a.uid, &b.uid) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.namespace == b.namespace && a.name == b.name,
+    }
+}
