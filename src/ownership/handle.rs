@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     snapshot: ArcSwap<Snapshot>,
     writer: Mutex<Vec<mpsc::UnboundedSender<ShardTransition>>>,
     changed: watch::Sender<u64>,
+    /// The read streams registered by the read path (warm and activation need all of them).
+    pub(crate) readers: Arc<crate::watcher::registry::Readers>,
 }
 
 impl Inner {
@@ -128,6 +130,7 @@ impl Ownership {
                 }),
                 writer: Mutex::new(Vec::new()),
                 changed,
+                readers: Arc::default(),
             }),
         }
     }

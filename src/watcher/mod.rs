@@ -6,5 +6,8 @@
 #![allow(dead_code)] // wired in as the sub-watch tasks land
 
 pub(crate) mod index;
+pub(crate) mod mode;
+pub(crate) mod plan;
+pub(crate) mod registry;
 pub(crate) mod request;
 pub(crate) mod subwatch;

@@ -1,0 +1,163 @@
+//! Whether the server filters a resource by `shardSelector`: detected from the data, with hysteresis.
+//!
+//! The server-side selector is an optimisation, never the authority. A resource starts in **server** mode
+//! (optimistic: the first LIST tells). Any item or event outside the ranges a sub-watch asked for flips it
+//! to **fallback** at once — this catches a gate that is off, watch-only skew in an HA control plane, the
+//! 1.36 unfiltered etcd-served watch and unfiltered streaming lists. An `invalid shard selector` HTTP 500
+//! also flips it (and is an alarm: our selectors follow the server's rules). Server mode comes back only
+//! after a quiet period that doubles with every flip (hysteresis, so a skewed control plane does not make
+//! the watcher flap) and positive evidence: a re-probe LIST that the server filtered, or a `shardInfo` echo.
+//!
+//! Pure: no I/O, no async (instants are passed in).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How a resource is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Server-side filtering: each sub-watch reads only its ranges.
+    Server,
+    /// One full watch and the local hash filter.
+    Fallback,
+}
+
+impl ReadMode {
+    /// `"server"` or `"fallback"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadMode::Server => "server",
+            ReadMode::Fallback => "fallback",
+        }
+    }
+}
+
+/// Why the mode flipped to fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlipCause {
+    OutOfRange,
+    InvalidSelector,
+}
+
+/// The per-resource mode detector.
+#[derive(Debug, Clone)]
+pub(crate) struct ModeDetector {
+    mode: ReadMode,
+    flips: u32,
+    probe_after: Option<Instant>,
+    base: Duration,
+    max: Duration,
+    invalid_selector: bool,
+}
+
+impl ModeDetector {
+    /// A detector that starts in server mode; the first re-probe comes `base` after the first flip.
+    pub(crate) fn new(base: Duration, max: Duration) -> Self {
+        ModeDetector {
+            mode: ReadMode::Server,
+            flips: 0,
+            probe_after: None,
+            base,
+            max,
+            invalid_selector: false,
+        }
+    }
+
+    pub(crate) fn mode(&self) -> ReadMode {
+        self.mode
+    }
+
+    /// How many times the resource fell back.
+    pub(crate) fn flips(&self) -> u32 {
+        self.flips
+    }
+
+    /// Whether the server refused one of our selectors (an alarm).
+    pub(crate) fn saw_invalid_selector(&self) -> bool {
+        self.invalid_selector
+    }
+
+    /// Evidence that the server does not filter. Returns whether the mode flipped.
+    pub(crate) fn fall_back(&mut self, cause: FlipCause, now: Instant) -> bool {
+        if cause == FlipCause::InvalidSelector {
+            self.invalid_selector = true;
+        }
+        if self.mode == ReadMode::Fallback {
+            return false;
+        }
+        self.mode = ReadMode::Fallback;
+        self.flips += 1;
+        let factor = 1u32.checked_shl(self.flips - 1).unwrap_or(u32::MAX);
+        let wait = self.base.saturating_mul(factor).min(self.max);
+        self.probe_after = Some(now + wait);
+        true
+    }
+
+    /// Whether a re-probe is due.
+    pub(crate) fn probe_due(&self, now: Instant) -> bool {
+        self.mode == ReadMode::Fallback && self.probe_after.is_some_and(|t| now >= t)
+    }
+
+    /// When the next re-probe is due, in fallback.
+    pub(crate) fn next_probe(&self) -> Option<Instant> {
+        (self.mode == ReadMode::Fallback)
+            .then_some(self.probe_after)
+            .flatten()
+    }
+
+    /// The result of a re-probe: `filtered` = the server filtered it. Returns whether the mode flipped back.
+    pub(crate) fn probed(&mut self, filtered: bool, now: Instant) -> bool {
+        if self.mode != ReadMode::Fallback {
+            return false;
+        }
+        if filtered {
+            self.mode = ReadMode::Server;
+            self.probe_after = None;
+            true
+        } else {
+            let factor = 1u32
+                .checked_shl(self.flips.saturating_sub(1))
+                .unwrap_or(u32::MAX);
+            self.probe_after = Some(now + self.base.saturating_mul(factor).min(self.max));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn flips_and_backs_off() {
+        let base = Duration::from_secs(60);
+        let mut d = ModeDetector::new(base, Duration::from_secs(1800));
+        let t0 = Instant::now();
+        assert_eq!(d.mode(), ReadMode::Server);
+        assert!(d.fall_back(FlipCause::OutOfRange, t0));
+        assert!(
+            !d.fall_back(FlipCause::OutOfRange, t0),
+            "already in fallback"
+        );
+        assert!(!d.probe_due(t0 + Duration::from_secs(59)));
+        assert!(d.probe_due(t0 + base));
+        assert!(!d.probed(false, t0 + base), "still unfiltered: stay");
+        assert!(d.probed(true, t0 + base * 2));
+        assert_eq!(d.mode(), ReadMode::Server);
+        // second flip waits twice as long
+        let t1 = t0 + base * 3;
+        assert!(d.fall_back(FlipCause::InvalidSelector, t1));
+        assert!(d.saw_invalid_selector());
+        assert!(!d.probe_due(t1 + base));
+        assert!(d.probe_due(t1 + base * 2));
+        assert_eq!(d.flips(), 2);
+        // capped
+        for _ in 0..40 {
+            d.probed(true, t1);
+            d.fall_back(FlipCause::OutOfRange, t1);
+        }
+        assert_eq!(d.next_probe(), Some(t1 + Duration::from_secs(1800)));
+    }
+}
