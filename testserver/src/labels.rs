@@ -1,0 +1,272 @@
+//! `labelSelector` (equality- and set-based) and `fieldSelector` (`metadata.name`, `metadata.namespace`).
+
+use serde_json::Value;
+
+use crate::status::ApiError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Op {
+    Eq(String),
+    NotEq(String),
+    In(Vec<String>),
+    NotIn(Vec<String>),
+    Exists,
+    DoesNotExist,
+}
+
+/// A parsed label selector: requirements ANDed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LabelSelector {
+    reqs: Vec<(String, Op)>,
+}
+
+impl LabelSelector {
+    pub(crate) fn parse(text: &str) -> Result<Self, ApiError> {
+        let mut reqs = Vec::new();
+        for part in split_top(text) {
+            let part = part.trim();
+            if part.is_empty() {
+                if text.trim().is_empty() {
+                    continue;
+                }
+                return Err(bad_label(text, "found '', expected: identifier"));
+            }
+            reqs.push(parse_req(part).map_err(|why| bad_label(text, &why))?);
+        }
+        Ok(LabelSelector { reqs })
+    }
+
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
+        let labels = &obj["metadata"]["labels"];
+        self.reqs.iter().all(|(k, op)| {
+            let v = labels.get(k).and_then(Value::as_str);
+            match op {
+                Op::Eq(x) => v == Some(x.as_str()),
+                Op::NotEq(x) => v != Some(x.as_str()),
+                Op::In(xs) => v.is_some_and(|v| xs.iter().any(|x| x == v)),
+                Op::NotIn(xs) => v.is_none_or(|v| xs.iter().all(|x| x != v)),
+                Op::Exists => v.is_some(),
+                Op::DoesNotExist => v.is_none(),
+            }
+        })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+}
+
+fn bad_label(text: &str, why: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "unable to parse requirement: {why} (labelSelector {text:?})"
+    ))
+}
+
+/// Split on commas outside parentheses.
+fn split_top(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out
+}
+
+fn valid_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b))
+    });
+    name_ok && prefix_ok
+}
+
+fn valid_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && v.as_bytes()[0].is_ascii_alphanumeric()
+            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric())
+}
+
+fn parse_req(part: &str) -> Result<(String, Op), String> {
+    let key_ok = |k: &str| -> Result<String, String> {
+        if valid_key(k) {
+            Ok(k.to_string())
+        } else {
+            Err(format!("invalid label key {k:?}"))
+        }
+    };
+    let val_ok = |v: &str| -> Result<String, String> {
+        let v = v.trim();
+        if valid_value(v) {
+            Ok(v.to_string())
+        } else {
+            Err(format!("invalid label value: {v:?}"))
+        }
+    };
+    if let Some(k) = part.strip_prefix('!') {
+        return Ok((key_ok(k.trim())?, Op::DoesNotExist));
+    }
+    for (tok, neg) in [(" notin ", true), (" in ", false)] {
+        if let Some(idx) = part.find(tok) {
+            let key = key_ok(part[..idx].trim())?;
+            let set = part[idx + tok.len()..].trim();
+            let inner = set
+                .strip_prefix('(')
+                .and_then(|s| s.strip_suffix(')'))
+                .ok_or_else(|| format!("found {set:?}, expected: '('"))?;
+            let vals = inner
+                .split(',')
+                .map(val_ok)
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok((key, if neg { Op::NotIn(vals) } else { Op::In(vals) }));
+        }
+    }
+    if let Some((k, v)) = part.split_once("!=") {
+        return Ok((key_ok(k.trim())?, Op::NotEq(val_ok(v)?)));
+    }
+    if let Some((k, v)) = part.split_once("==") {
+        return Ok((key_ok(k.trim())?, Op::Eq(val_ok(v)?)));
+    }
+    if let Some((k, v)) = part.split_once('=') {
+        return Ok((key_ok(k.trim())?, Op::Eq(val_ok(v)?)));
+    }
+    if part.contains(['<', '>', '(', ')', ' ']) {
+        return Err(format!(
+            "found {part:?}, expected: in, notin, =, ==, !=, gt, lt"
+        ));
+    }
+    Ok((key_ok(part)?, Op::Exists))
+}
+
+/// A parsed field selector.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FieldSelector {
+    reqs: Vec<(Field, bool, String)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Name,
+    Namespace,
+}
+
+impl FieldSelector {
+    pub(crate) fn parse(text: &str) -> Result<Self, ApiError> {
+        let mut reqs = Vec::new();
+        for part in text.split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let (field, eq, value) = if let Some((f, v)) = part.split_once("!=") {
+                (f, false, v)
+            } else if let Some((f, v)) = part.split_once("==") {
+                (f, true, v)
+            } else if let Some((f, v)) = part.split_once('=') {
+                (f, true, v)
+            } else {
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{text}'; can't understand '{part}'"
+                )));
+            };
+            let field = match field.trim() {
+                "metadata.name" => Field::Name,
+                "metadata.namespace" => Field::Namespace,
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "field label not supported: {other}"
+                    )))
+                }
+            };
+            reqs.push((field, eq, value.trim().to_string()));
+        }
+        Ok(FieldSelector { reqs })
+    }
+
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
+        let meta = &obj["metadata"];
+        self.reqs.iter().all(|(f, eq, want)| {
+            let have = match f {
+                Field::Name => meta["name"].as_str().unwrap_or_default(),
+                Field::Namespace => meta["namespace"].as_str().unwrap_or_default(),
+            };
+            (have == want) == *eq
+        })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn label_selectors() {
+        let o = json!({"metadata": {"labels": {"app": "a", "tier": "web"}}});
+        for (sel, want) in [
+            ("app=a", true),
+            ("app==a", true),
+            ("app!=a", false),
+            ("app in (a, b)", true),
+            ("app notin (a,b)", false),
+            ("tier,app=a", true),
+            ("!tier", false),
+            ("missing", false),
+            ("!missing", true),
+            ("missing notin (x)", true),
+            ("", true),
+        ] {
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
+        }
+        for bad in ["app=(", "a b", "app in a", "=x", "app=a,,"] {
+            assert!(LabelSelector::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn field_selectors() {
+        let o = json!({"metadata": {"name": "x", "namespace": "ns"}});
+        assert!(FieldSelector::parse("metadata.name=x").unwrap().matches(&o));
+        assert!(!FieldSelector::parse("metadata.name!=x")
+            .unwrap()
+            .matches(&o));
+        assert!(
+            FieldSelector::parse("metadata.namespace==ns,metadata.name=x")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(FieldSelector::parse("spec.x=1").is_err());
+    }
+}

@@ -1,0 +1,240 @@
+//! The resources the server serves: the built-in ones and those registered by CRDs.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use serde_json::Value;
+
+/// One served resource at one version.
+#[derive(Debug)]
+pub(crate) struct ResourceInfo {
+    pub(crate) group: String,
+    pub(crate) version: String,
+    pub(crate) plural: String,
+    pub(crate) singular: String,
+    pub(crate) kind: String,
+    pub(crate) list_kind: String,
+    pub(crate) namespaced: bool,
+    /// Serves a `/status` subresource (and a main-resource write ignores `.status`).
+    pub(crate) status: bool,
+    /// Built into kube-apiserver (not from a CRD): only these echo `shardInfo` on LIST.
+    pub(crate) builtin: bool,
+    /// `metadata.generation` is maintained (custom resources and CRDs).
+    pub(crate) generation: bool,
+    pub(crate) short_names: Vec<String>,
+    pub(crate) categories: Vec<String>,
+    /// Objects of all versions of one resource share this store key (`group/plural`).
+    pub(crate) store_key: Arc<str>,
+}
+
+impl ResourceInfo {
+    pub(crate) fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn builtin(
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        status: bool,
+        generation: bool,
+        short: &[&str],
+    ) -> Self {
+        ResourceInfo {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced,
+            status,
+            builtin: true,
+            generation,
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+            categories: Vec::new(),
+            store_key: store_key(group, plural),
+        }
+    }
+}
+
+pub(crate) fn store_key(group: &str, plural: &str) -> Arc<str> {
+    Arc::from(format!("{group}/{plural}"))
+}
+
+pub(crate) const CRD_GROUP: &str = "apiextensions.k8s.io";
+
+/// The resource registry. Keyed by (group, version, plural).
+#[derive(Debug)]
+pub(crate) struct Registry {
+    by_gvr: BTreeMap<(String, String, String), Arc<ResourceInfo>>,
+}
+
+impl Registry {
+    pub(crate) fn with_builtins() -> Self {
+        let mut r = Registry {
+            by_gvr: BTreeMap::new(),
+        };
+        for info in [
+            ResourceInfo::builtin(
+                "",
+                "v1",
+                "namespaces",
+                "Namespace",
+                false,
+                true,
+                false,
+                &["ns"],
+            ),
+            ResourceInfo::builtin(
+                "",
+                "v1",
+                "configmaps",
+                "ConfigMap",
+                true,
+                false,
+                false,
+                &["cm"],
+            ),
+            ResourceInfo::builtin("", "v1", "secrets", "Secret", true, false, false, &[]),
+            ResourceInfo::builtin("", "v1", "events", "Event", true, false, false, &["ev"]),
+            ResourceInfo::builtin(
+                "coordination.k8s.io",
+                "v1",
+                "leases",
+                "Lease",
+                true,
+                false,
+                false,
+                &[],
+            ),
+            ResourceInfo::builtin(
+                CRD_GROUP,
+                "v1",
+                "customresourcedefinitions",
+                "CustomResourceDefinition",
+                false,
+                true,
+                true,
+                &["crd", "crds"],
+            ),
+        ] {
+            r.insert(info);
+        }
+        r
+    }
+
+    fn insert(&mut self, info: ResourceInfo) {
+        self.by_gvr.insert(
+            (
+                info.group.clone(),
+                info.version.clone(),
+                info.plural.clone(),
+            ),
+            Arc::new(info),
+        );
+    }
+
+    pub(crate) fn get(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceInfo>> {
+        self.by_gvr
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .cloned()
+    }
+
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<ResourceInfo>> {
+        self.by_gvr.values()
+    }
+
+    /// Any version of the resource stored under `key`.
+    pub(crate) fn by_store_key(&self, key: &str) -> Option<Arc<ResourceInfo>> {
+        self.by_gvr.values().find(|i| &*i.store_key == key).cloned()
+    }
+
+    /// Served group versions, core first, then groups by name, versions in registration order.
+    pub(crate) fn groups(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for info in self.by_gvr.values() {
+            let versions = out.entry(info.group.clone()).or_default();
+            if !versions.contains(&info.version) {
+                versions.push(info.version.clone());
+            }
+        }
+        out
+    }
+
+    /// Serve (or re-serve) every served version of a CRD. Returns the store key.
+    pub(crate) fn register_crd(&mut self, crd: &Value) -> Option<Arc<str>> {
+        let spec = crd.get("spec")?;
+        let group = spec.get("group")?.as_str()?.to_string();
+        let names = spec.get("names")?;
+        let plural = names.get("plural")?.as_str()?.to_string();
+        let kind = names.get("kind")?.as_str()?.to_string();
+        let singular = names
+            .get("singular")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| kind.to_lowercase());
+        let list_kind = names
+            .get("listKind")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{kind}List"));
+        let strings = |v: Option<&Value>| -> Vec<String> {
+            v.and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let short_names = strings(names.get("shortNames"));
+        let categories = strings(names.get("categories"));
+        let namespaced = spec.get("scope").and_then(Value::as_str) != Some("Cluster");
+        self.unregister(&group, &plural);
+        let key = store_key(&group, &plural);
+        for v in spec.get("versions")?.as_array()? {
+            if v.get("served").and_then(Value::as_bool) == Some(false) {
+                continue;
+            }
+            let Some(version) = v.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let status = v
+                .pointer("/subresources/status")
+                .is_some_and(|s| !s.is_null());
+            self.insert(ResourceInfo {
+                group: group.clone(),
+                version: version.to_string(),
+                plural: plural.clone(),
+                singular: singular.clone(),
+                kind: kind.clone(),
+                list_kind: list_kind.clone(),
+                namespaced,
+                status,
+                builtin: false,
+                generation: true,
+                short_names: short_names.clone(),
+                categories: categories.clone(),
+                store_key: key.clone(),
+            });
+        }
+        Some(key)
+    }
+
+    pub(crate) fn unregister(&mut self, group: &str, plural: &str) {
+        self.by_gvr
+            .retain(|(g, _, p), info| info.builtin || !(g == group && p == plural));
+    }
+}

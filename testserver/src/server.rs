@@ -1,0 +1,284 @@
+//! The server: shared state, the builder and the handles users get.
+
+use std::{
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+use crate::{
+    accounting::{Accounting, Ledger},
+    audit::{Auditor, FenceAudit},
+    faults::{FaultState, Faults},
+    http::HttpServer,
+    kubeconfig,
+    service::ApiService,
+    store::Store,
+};
+
+/// Server configuration (see [`Builder`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// The `ShardedListAndWatch` feature gate at start (default off, as in 1.36 and 1.37).
+    pub shard_selector: bool,
+    /// Interval between watch bookmarks (default 60 s, like the cacher: eager bookmarks would hide
+    /// latency).
+    pub bookmark_interval: Duration,
+    /// Changes kept for watches and continue tokens (default 10 000); older ones answer 410.
+    pub history: usize,
+    /// Run the garbage collector and namespace finalisation (default off: a bare kube-apiserver).
+    pub controllers: bool,
+    /// Watch duration when the request has no `timeoutSeconds` (default 1800 s, kube-apiserver's
+    /// `--min-request-timeout`; the real server randomises it up to twice that).
+    pub default_watch_timeout: Duration,
+    /// How long a request for a future resourceVersion waits before "Too large resource version"
+    /// (default 3 s, like the cacher).
+    pub future_rv_wait: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            shard_selector: false,
+            bookmark_interval: Duration::from_secs(60),
+            history: 10_000,
+            controllers: false,
+            default_watch_timeout: Duration::from_secs(1800),
+            future_rv_wait: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Builds a [`TestServer`].
+#[derive(Debug, Default)]
+#[must_use = "call build() to get a TestServer"]
+pub struct Builder {
+    config: Config,
+}
+
+impl Builder {
+    /// The `ShardedListAndWatch` gate at start (switch it later with [`TestServer::set_shard_selector`]).
+    pub fn shard_selector(mut self, on: bool) -> Self {
+        self.config.shard_selector = on;
+        self
+    }
+
+    /// Interval between watch bookmarks (default 60 s).
+    pub fn bookmark_interval(mut self, every: Duration) -> Self {
+        self.config.bookmark_interval = every;
+        self
+    }
+
+    /// Changes kept in the history (default 10 000, at least 1).
+    pub fn history(mut self, changes: usize) -> Self {
+        self.config.history = changes.max(1);
+        self
+    }
+
+    /// Run garbage collection (ownerReferences) and namespace finalisation.
+    pub fn controllers(mut self, on: bool) -> Self {
+        self.config.controllers = on;
+        self
+    }
+
+    /// Watch duration when a watch has no `timeoutSeconds` (default 1800 s).
+    pub fn default_watch_timeout(mut self, timeout: Duration) -> Self {
+        self.config.default_watch_timeout = timeout;
+        self
+    }
+
+    /// Start the server (no socket; see [`TestServer::serve_http`]). Needs no runtime until used.
+    pub fn build(self) -> TestServer {
+        TestServer::from_config(self.config)
+    }
+}
+
+/// State shared by every handle, service and watch.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    store: Mutex<Store>,
+    pub(crate) gate: AtomicBool,
+    pub(crate) faults: FaultState,
+    pub(crate) ledger: Ledger,
+    pub(crate) auditor: Auditor,
+    conns: AtomicU64,
+    /// The current resourceVersion, for requests waiting for a future one.
+    pub(crate) rv_tx: watch::Sender<u64>,
+    pub(crate) address: Mutex<Option<String>>,
+}
+
+impl Inner {
+    pub(crate) fn lock_store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn next_conn(&self) -> u64 {
+        self.conns.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn gate(&self) -> bool {
+        self.gate.load(Ordering::Relaxed)
+    }
+}
+
+/// An in-process Kubernetes API server. Cheap to clone (a handle).
+///
+/// See the [crate docs](crate) for what it serves and how it differs from kube-apiserver.
+#[derive(Clone, Debug)]
+pub struct TestServer {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Default for TestServer {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
+impl TestServer {
+    /// A builder with the defaults of a bare kube-apiserver with the gate off.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A server with the defaults.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn from_config(config: Config) -> Self {
+        let store = Store::new(config.history);
+        let inner = Arc::new(Inner {
+            gate: AtomicBool::new(config.shard_selector),
+            config,
+            store: Mutex::new(store),
+            faults: FaultState::default(),
+            ledger: Ledger::default(),
+            auditor: Auditor::default(),
+            conns: AtomicU64::new(0),
+            rv_tx: watch::channel(1).0,
+            address: Mutex::new(None),
+        });
+        crate::rest::bootstrap(&inner);
+        TestServer { inner }
+    }
+
+    /// A `kube::Client` over the in-memory service, as `identity`: every request is attributed to it.
+    /// Each call is a new "connection" (for [`GateSkew::PerConnection`](crate::GateSkew)). Needs a tokio
+    /// runtime (kube's client spawns a buffer task); works under paused time.
+    #[must_use]
+    pub fn client(&self, identity: &str) -> kube::Client {
+        kube::Client::new(self.service(identity), "default")
+    }
+
+    /// The in-memory `tower::Service` for `identity`, for a client stack of your own.
+    #[must_use]
+    pub fn service(&self, identity: &str) -> ApiService {
+        ApiService::new(self.inner.clone(), identity)
+    }
+
+    /// The bearer token of `identity` over HTTP (any identity is accepted; there is no RBAC).
+    #[must_use]
+    pub fn token(identity: &str) -> String {
+        format!("{}{identity}", crate::http::TOKEN_PREFIX)
+    }
+
+    /// Serve HTTP on `127.0.0.1` at an ephemeral port. The server stops when the handle is dropped.
+    pub async fn serve_http(&self) -> std::io::Result<HttpServer> {
+        self.serve_http_on("127.0.0.1:0".parse().expect("valid address"))
+            .await
+    }
+
+    /// Serve HTTP on `addr`.
+    pub async fn serve_http_on(&self, addr: std::net::SocketAddr) -> std::io::Result<HttpServer> {
+        HttpServer::start(self.inner.clone(), addr).await
+    }
+
+    /// A kubeconfig (YAML) for `url` with `identity`'s token.
+    #[must_use]
+    pub fn kubeconfig_yaml(url: &str, identity: &str) -> String {
+        kubeconfig::render(url, identity, &Self::token(identity))
+    }
+
+    /// Write a kubeconfig for `url` with `identity`'s token.
+    pub fn write_kubeconfig(
+        path: impl AsRef<Path>,
+        url: &str,
+        identity: &str,
+    ) -> std::io::Result<()> {
+        std::fs::write(path, Self::kubeconfig_yaml(url, identity))
+    }
+
+    /// The fault switchboard.
+    #[must_use]
+    pub fn faults(&self) -> Faults {
+        Faults {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// What `identity` asked for and was sent so far.
+    #[must_use]
+    pub fn accounting(&self, identity: &str) -> Accounting {
+        self.inner.ledger.get(identity)
+    }
+
+    /// Every identity seen so far.
+    #[must_use]
+    pub fn identities(&self) -> Vec<String> {
+        self.inner.ledger.identities()
+    }
+
+    /// Forget all accounting.
+    pub fn reset_accounting(&self) {
+        self.inner.ledger.reset();
+    }
+
+    /// A snapshot of the fence audit.
+    #[must_use]
+    pub fn fence_audit(&self) -> FenceAudit {
+        self.inner.auditor.snapshot()
+    }
+
+    /// The number of lower-epoch fenced commits so far.
+    #[must_use]
+    pub fn fence_violations(&self) -> usize {
+        self.inner.auditor.violation_count()
+    }
+
+    /// Forget the fence audit.
+    pub fn reset_fence_audit(&self) {
+        self.inner.auditor.reset();
+    }
+
+    /// Switch the `ShardedListAndWatch` gate at run time (open watches keep the mode they started with).
+    pub fn set_shard_selector(&self, on: bool) {
+        self.inner.gate.store(on, Ordering::Relaxed);
+    }
+
+    /// The gate as configured (without skew faults).
+    #[must_use]
+    pub fn shard_selector(&self) -> bool {
+        self.inner.gate()
+    }
+
+    /// The current resourceVersion.
+    #[must_use]
+    pub fn resource_version(&self) -> u64 {
+        self.inner.lock_store().rv
+    }
+
+    /// Watches currently open.
+    #[must_use]
+    pub fn open_watches(&self) -> usize {
+        self.inner.lock_store().open_watches()
+    }
+}

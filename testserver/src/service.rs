@@ -1,0 +1,316 @@
+//! The request pipeline shared by the in-memory `tower::Service` and the HTTP server: attribution,
+//! faults, routing, dispatch, accounting.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{header, request::Parts, Response};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+
+use crate::{
+    accounting::{Delivery, Verb},
+    discovery::{self, NonResource},
+    list,
+    query::Query,
+    render::{self, As},
+    rest::{self, DeleteOptions, PatchType, Reply, WriteCtx, FENCE_HEADER_NAME},
+    router::{self, ResourceRoute, Route},
+    server::Inner,
+    status::{ApiError, ApiResult},
+    watch,
+};
+
+/// The response body of both transports: whole bodies, or a watch stream.
+pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The failure a partitioned or outaged identity gets: no response at all. Over the in-memory service
+/// it surfaces in kube as `kube::Error::Service`; over HTTP the connection is closed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "testserver refused the request: the identity is partitioned or the server is in an outage"
+)]
+#[non_exhaustive]
+pub struct Refused;
+
+/// The in-memory transport: a `tower::Service` for `kube::Client::new`, one identity, one "connection".
+#[derive(Clone)]
+pub struct ApiService {
+    inner: Arc<Inner>,
+    identity: Arc<str>,
+    conn: u64,
+}
+
+impl std::fmt::Debug for ApiService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiService")
+            .field("identity", &self.identity)
+            .field("connection", &self.conn)
+            .finish()
+    }
+}
+
+impl ApiService {
+    pub(crate) fn new(inner: Arc<Inner>, identity: &str) -> Self {
+        let conn = inner.next_conn();
+        ApiService {
+            inner,
+            identity: Arc::from(identity),
+            conn,
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<B> tower::Service<http::Request<B>> for ApiService
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Refused;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Refused>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Refused>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let (inner, identity, conn) = (self.inner.clone(), self.identity.clone(), self.conn);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let body = match body.collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(_) => Bytes::new(),
+            };
+            handle(inner, identity, conn, parts, body).await
+        })
+    }
+}
+
+pub(crate) fn full_body(bytes: impl Into<Bytes>) -> ResponseBody {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+fn json_response(code: u16, body: Vec<u8>) -> Response<ResponseBody> {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full_body(body))
+        .expect("valid response")
+}
+
+pub(crate) fn error_response(e: &ApiError) -> Response<ResponseBody> {
+    let mut resp = json_response(
+        e.code,
+        serde_json::to_vec(&e.to_status()).unwrap_or_default(),
+    );
+    if let Some(secs) = e.retry_after {
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            secs.to_string().parse().expect("digits"),
+        );
+    }
+    resp
+}
+
+/// Handle one request from `identity` on connection `conn`.
+pub(crate) async fn handle(
+    inner: Arc<Inner>,
+    identity: Arc<str>,
+    conn: u64,
+    parts: Parts,
+    body: Bytes,
+) -> Result<Response<ResponseBody>, Refused> {
+    let q = Query::parse(parts.uri.query());
+    let route = router::route(&inner, parts.uri.path());
+    let verb = match &route {
+        Ok(Route::NonResource(_)) => Verb::Discovery,
+        Ok(Route::Resource(r)) => {
+            router::verb_of(&parts.method, r, &q).unwrap_or(router::method_verb(&parts.method))
+        }
+        Err(_) => router::method_verb(&parts.method),
+    };
+    inner.ledger.request(&identity, verb);
+    if inner.faults.refused(&identity) {
+        inner.ledger.refused(&identity);
+        return Err(Refused);
+    }
+    let delay = inner.faults.latency(&identity);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+        if inner.faults.refused(&identity) {
+            inner.ledger.refused(&identity);
+            return Err(Refused);
+        }
+    }
+    let plural = match &route {
+        Ok(Route::Resource(r)) => Some(r.info.plural.clone()),
+        _ => None,
+    };
+    let result = match inner
+        .faults
+        .take_failure(&identity, verb, plural.as_deref())
+    {
+        Some(e) => Err(e),
+        None => match route {
+            Err(e) => Err(e),
+            Ok(Route::NonResource(segs)) => non_resource(&inner, &identity, &segs),
+            Ok(Route::Resource(r)) => resource(&inner, &identity, conn, &parts, &q, r, body).await,
+        },
+    };
+    Ok(match result {
+        Ok(resp) => resp,
+        Err(e) => {
+            inner.ledger.error(&identity);
+            let resp = error_response(&e);
+            inner.ledger.bytes(&identity, body_len(&resp));
+            resp
+        }
+    })
+}
+
+fn body_len(resp: &Response<ResponseBody>) -> usize {
+    http_body::Body::size_hint(resp.body())
+        .exact()
+        .unwrap_or_default() as usize
+}
+
+fn non_resource(
+    inner: &Inner,
+    identity: &str,
+    segs: &[String],
+) -> ApiResult<Response<ResponseBody>> {
+    let resp = match discovery::serve(inner, segs)? {
+        NonResource::Json(v) => json_response(200, serde_json::to_vec(&v).unwrap_or_default()),
+        NonResource::Text(t) => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(full_body(t))
+            .expect("valid response"),
+    };
+    inner.ledger.bytes(identity, body_len(&resp));
+    Ok(resp)
+}
+
+async fn resource(
+    inner: &Arc<Inner>,
+    identity: &Arc<str>,
+    conn: u64,
+    parts: &Parts,
+    q: &Query,
+    r: ResourceRoute,
+    body: Bytes,
+) -> ApiResult<Response<ResponseBody>> {
+    let verb = router::verb_of(&parts.method, &r, q)?;
+    let as_ = As::from_headers(&parts.headers);
+    let ns = r.namespace.as_deref();
+    let gate = || inner.faults.effective_gate(inner.gate(), conn);
+    let ctx = WriteCtx {
+        inner,
+        identity,
+        verb,
+        fence_header: parts
+            .headers
+            .get(FENCE_HEADER_NAME)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+    };
+    let name = r.name.as_deref().unwrap_or_default();
+    let reply = match verb {
+        Verb::Watch => {
+            let stream = watch::open(
+                inner.clone(),
+                identity.clone(),
+                r.info.clone(),
+                r.namespace.clone(),
+                r.name.clone(),
+                q,
+                gate(),
+                as_,
+            )
+            .await?;
+            let frames = futures::stream::unfold(stream, |mut s| async move {
+                s.next_frame()
+                    .await
+                    .map(|b| (Ok::<_, Infallible>(http_body::Frame::data(b)), s))
+            });
+            return Ok(Response::builder()
+                .status(200)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::TRANSFER_ENCODING, "chunked")
+                .body(StreamBody::new(frames).boxed_unsync())
+                .expect("valid response"));
+        }
+        Verb::List => {
+            let page = list::list(inner, &r.info, ns, q, gate(), as_).await?;
+            let out = page.render(as_);
+            inner.ledger.delivered(
+                identity,
+                Delivery::List,
+                page.items.iter().map(|o| o.uid.as_str()),
+                out.len(),
+            );
+            return Ok(json_response(200, out));
+        }
+        Verb::DeleteCollection => {
+            let opts = DeleteOptions::parse(&body, q.get("propagationPolicy"))?;
+            let page = list::delete_collection(&ctx, &r.info, ns, q, gate(), &opts)?;
+            let out = page.render(As::Full);
+            inner.ledger.delivered(
+                identity,
+                Delivery::List,
+                page.items.iter().map(|o| o.uid.as_str()),
+                out.len(),
+            );
+            return Ok(json_response(200, out));
+        }
+        Verb::Get => rest::get(inner, &r.info, ns, name)?,
+        Verb::Create => rest::create(&ctx, &r.info, ns, &body)?,
+        Verb::Update => rest::update(&ctx, &r.info, ns, name, r.sub.as_deref(), &body)?,
+        Verb::Patch => {
+            let ct = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let ptype = PatchType::from_content_type(ct)?;
+            rest::patch(
+                &ctx,
+                &r.info,
+                ns,
+                name,
+                r.sub.as_deref(),
+                ptype,
+                q.get("fieldManager"),
+                &body,
+            )?
+        }
+        Verb::Delete => {
+            let opts = DeleteOptions::parse(&body, q.get("propagationPolicy"))?;
+            rest::delete(&ctx, &r.info, ns, name, &opts)?
+        }
+        Verb::Discovery => return Err(ApiError::no_route()),
+    };
+    Ok(match reply {
+        Reply::Object { code, info, obj } => {
+            let out = render::object(&info, &obj, as_);
+            inner
+                .ledger
+                .delivered(identity, Delivery::Object, [obj.uid.as_str()], out.len());
+            json_response(code, out)
+        }
+        Reply::Json { code, value } => {
+            let out = serde_json::to_vec(&value).unwrap_or_default();
+            inner.ledger.bytes(identity, out.len());
+            json_response(code, out)
+        }
+    })
+}
