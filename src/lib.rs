@@ -52,7 +52,7 @@ pub mod shard;
 pub mod token;
 
 pub mod ownership;
-mod watcher;
+pub mod watcher;
 
 pub use hash::{fnv1a64, KeyError, ShardKey};
 pub use range::{HashRange, RangeError, RangeSet};
@@ -61,3 +61,4 @@ pub use shard::{ShardCount, ShardError, ShardSet};
 pub use token::{FenceToken, TokenError};
 
 pub use ownership::{Fence, Ownership, OwnershipConfig, Permit};
+pub use watcher::{metadata_watcher, reflector, watcher, ShardedWatcher};

@@ -95,11 +95,6 @@ impl<K: Resource + Clone> Index<K> {
         self.key.hash_object(obj).ok()
     }
 
-    /// Uids currently indexed in `shard`.
-    pub(crate) fn shard_len(&self, shard: u32) -> usize {
-        self.by_shard.get(&shard).map_or(0, HashSet::len)
-    }
-
     /// The names (`ObjectRef` keys) the consumer holds for `shard`.
     pub(crate) fn projected_refs_of(&self, shard: u32) -> Vec<RefKey> {
         let Some(uids) = self.by_shard.get(&shard) else {
@@ -116,11 +111,6 @@ impl<K: Resource + Clone> Index<K> {
             .collect::<HashSet<_>>()
             .into_iter()
             .collect()
-    }
-
-    /// The newest resourceVersion held for a uid.
-    pub(crate) fn rv_of(&self, uid: &str) -> Option<u64> {
-        self.entries.get(uid).and_then(|e| e.rv)
     }
 
     fn uid_of(obj: &K) -> Option<Arc<str>> {
@@ -330,11 +320,6 @@ impl<K: Resource + Clone> Index<K> {
     /// The next output event.
     pub(crate) fn pop(&mut self) -> Option<Event<K>> {
         self.out.pop_front()
-    }
-
-    /// Number of output events waiting.
-    pub(crate) fn pending(&self) -> usize {
-        self.out.len()
     }
 
     /// The live, projected uid of `key` with the newest resourceVersion.

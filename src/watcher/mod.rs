@@ -1,13 +1,661 @@
 //! The read path: a drop-in for `kube_runtime::watcher` that reads only the shards a member serves.
 //!
-//! Built so far: the request builder (`request`) and the uid-keyed index with the owned projection
-//! (`index`). The sub-watch tasks and the public `watcher`/`reflector` functions come next.
+//! [`watcher`] has the same item type as `kube_runtime::watcher`, so `reflector`, `WatchStreamExt` and
+//! `Controller::for_stream` work unchanged; it never ends. [`reflector`] also owns the store (the
+//! projection is applied to it before each event is yielded). [`ShardedWatcher`] is the builder behind both:
+//! transforms, the sub-watch cap, the barrier timeout, and the re-enqueue stream for
+//! `Controller::reconcile_on`.
+//!
+//! # How it reads
+//!
+//! A manager task follows the member's [`Ownership`]. Every shard the member has anything to do with
+//! (Incoming, Activating, Owned, Outgoing) is **read**; the consumer sees the **owned projection**: objects
+//! of Owned and Outgoing shards.
+//!
+//! - **Server mode**: each sub-watch LISTs and WATCHes one KEP-5866 `shardSelector`. A newly Incoming range
+//!   gets its own LIST+WATCH while the others keep running (overlap); its objects are held back until the
+//!   shard is Owned. Losing ranges re-watches from the current resourceVersion with the smaller selector
+//!   (no LIST). Sub-watches are capped (default 4: with HTTP/1.1 each is a connection) and merged.
+//! - **Fallback mode**: one full watch; the index is the full cache; gains and losses are instant.
+//! - **Mode detection from the data**: every item and event is hashed; anything outside the ranges a
+//!   sub-watch asked for flips the resource to fallback (this catches a gate that is off, watch-only skew,
+//!   unfiltered streaming lists and the 1.36 unfiltered etcd-served watch). A re-probe after a quiet period
+//!   that doubles with every flip brings server mode back; an `invalid shard selector` HTTP 500 is an alarm
+//!   and a flip. No selector is ever empty or sent on deletecollection.
+//!
+//! # Events
+//!
+//! One `Init … InitDone` for the first sync (also when nothing is owned, so `Controller` starts), then
+//! `Apply`/`Delete`: an activated shard applies its objects, a released shard deletes them, a sub-watch relist
+//! applies what is present and deletes what vanished. The index is keyed by uid and keeps the newest
+//! resourceVersion per uid; per name it never deletes an old uid while a newer uid of that name is live.
+//! Errors never stop the stream: each sub-watch retries with its own backoff, and failures surface as
+//! [`WatcherStats`] and rate-limited `Err` items.
+//!
+//! # Handoff duties
+//!
+//! Each stream registers as a reader of its member. A shard is reported **warm** when every registered
+//! stream has synced it, and **activated** when every one passed the activation barrier: its watch has
+//! passed the resourceVersion of a consistent `limit=1` LIST issued at activation (a targeted
+//! `NotOlderThan` LIST of the shard settles it when no event or bookmark arrives in time). A dropped
+//! stream deregisters. When a shard becomes admitted, its `ObjectRef`s go to the re-enqueue stream once the
+//! events that put them in the store were yielded.
+//!
+//! ## Memory Usage
+//!
+//! The index holds every object the member reads: in server mode the objects of its Incoming, Activating,
+//! Owned and Outgoing shards (≈ 1/N of the collection, more during a move); in fallback mode the whole
+//! collection (as a stock watcher would). A consumer store holds the owned projection again (kube's store
+//! clones each object into an `Arc`). Use a transform (e.g. drop `managedFields`) or a metadata watcher to
+//! shrink both; per object the index adds its uid, name and a few words.
 
-#![allow(dead_code)] // wired in as the sub-watch tasks land
-
-pub(crate) mod index;
-pub(crate) mod mode;
-pub(crate) mod plan;
+mod index;
+mod manager;
+mod mode;
+mod plan;
 pub(crate) mod registry;
-pub(crate) mod request;
-pub(crate) mod subwatch;
+mod request;
+mod subwatch;
+
+use std::fmt::{self, Debug};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{store::Writer, ObjectRef, Store};
+use kube::runtime::watcher as kube_watcher;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use manager::{Manager, Out, Settings};
+pub use mode::ReadMode;
+
+use crate::ownership::Ownership;
+
+/// Whether a stream reads primaries (projects Owned and Outgoing shards, emits re-enqueues) or secondaries
+/// (also projects Incoming and Activating shards, so children are in the store before their parent's
+/// activation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// The resource the controller reconciles.
+    Primary,
+    /// A resource the controller reads (children, references).
+    Secondary,
+}
+
+/// A sharded watcher of `K` in the same shape as `kube_runtime::watcher`.
+///
+/// ```no_run
+/// use futures::TryStreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{runtime::{watcher, WatchStreamExt}, Api, Client};
+/// # async fn run(client: Client, ownership: kube_shard::Ownership) -> Result<(), watcher::Error> {
+/// let api: Api<ConfigMap> = Api::all(client);
+/// let stream = kube_shard::watcher(api, watcher::Config::default(), ownership);
+/// let mut applied = std::pin::pin!(stream.applied_objects());
+/// while let Some(cm) = applied.try_next().await? {
+///     println!("owned: {:?}", cm.metadata.name);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub fn watcher<K>(
+    api: Api<K>,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+) -> impl Stream<Item = kube_watcher::Result<kube_watcher::Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    ShardedWatcher::new(api, config, ownership).build().events
+}
+
+/// A sharded metadata-only watcher (`PartialObjectMetadata`), like `kube_runtime::metadata_watcher`.
+pub fn metadata_watcher<K>(
+    api: Api<K>,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+) -> impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    ShardedWatcher::metadata(api, config, ownership)
+        .build()
+        .events
+}
+
+/// A sharded watcher that owns its store: the returned stream applies each event to the store before
+/// yielding it (do not `.reflect()` it again).
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{runtime::{watcher, Controller, WatchStreamExt}, Api, Client};
+/// # async fn run(client: Client, ownership: kube_shard::Ownership) {
+/// let api: Api<ConfigMap> = Api::all(client);
+/// let (store, stream) = kube_shard::reflector(api, watcher::Config::default(), ownership);
+/// let controller = Controller::for_stream(stream.applied_objects(), store);
+/// # }
+/// ```
+pub fn reflector<K>(
+    api: Api<K>,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+) -> (
+    Store<K>,
+    impl Stream<Item = kube_watcher::Result<kube_watcher::Event<K>>> + Send,
+)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    let sharded = ShardedWatcher::new(api, config, ownership).build_reflector();
+    (
+        sharded.store.expect("build_reflector sets a store"),
+        sharded.events,
+    )
+}
+
+/// The builder behind [`watcher`] and [`reflector`].
+#[must_use]
+pub struct ShardedWatcher<K: Resource> {
+    api_url: String,
+    client: kube::Client,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+    metadata: bool,
+    settings: Settings<K>,
+}
+
+impl<K: Resource> Debug for ShardedWatcher<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedWatcher")
+            .field("url", &self.api_url)
+            .field("metadata", &self.metadata)
+            .field("name", &self.settings.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`ShardedWatcher::build`] returns.
+#[non_exhaustive]
+pub struct Sharded<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    /// The event stream (never ends while its manager runs).
+    pub events: EventStream<K>,
+    /// `ObjectRef`s to pass to `Controller::reconcile_on`: the objects of shards that became admitted.
+    pub reenqueue: ReenqueueStream<K>,
+    /// Live counters.
+    pub stats: WatcherStats,
+    /// The store, from [`ShardedWatcher::build_reflector`].
+    pub store: Option<Store<K>>,
+}
+
+impl<K> Debug for Sharded<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sharded")
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> ShardedWatcher<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    /// A sharded watcher of `api`'s collection, with every `watcher::Config` field honoured.
+    pub fn new(api: Api<K>, config: kube_watcher::Config, ownership: Ownership) -> Self {
+        Self::new_with(api, config, ownership, K::DynamicType::default())
+    }
+}
+
+impl<K> ShardedWatcher<PartialObjectMeta<K>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    /// A sharded metadata-only watcher of `api`'s collection.
+    pub fn metadata(api: Api<K>, config: kube_watcher::Config, ownership: Ownership) -> Self {
+        let url = api.resource_url().to_owned();
+        let client = api.into_client();
+        ShardedWatcher {
+            api_url: url,
+            client,
+            config,
+            ownership,
+            metadata: true,
+            settings: Settings::defaults(K::DynamicType::default()),
+        }
+    }
+}
+
+impl<K: Resource> Settings<K> {
+    fn defaults(dyntype: K::DynamicType) -> Self {
+        Settings {
+            role: Role::Primary,
+            max_subwatches: 4,
+            barrier_timeout: Duration::from_secs(2),
+            probe_interval: Duration::from_secs(60),
+            probe_max: Duration::from_secs(30 * 60),
+            error_interval: Duration::from_secs(10),
+            transform: None,
+            dyntype,
+            name: String::new(),
+        }
+    }
+}
+
+impl<K> ShardedWatcher<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + Eq + std::hash::Hash,
+{
+    /// A sharded watcher of a dynamically typed resource (`DynamicObject` and its `ApiResource`).
+    pub fn new_with(
+        api: Api<K>,
+        config: kube_watcher::Config,
+        ownership: Ownership,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let url = api.resource_url().to_owned();
+        let client = api.into_client();
+        let name = url.clone();
+        let mut settings = Settings::defaults(dyntype);
+        settings.name = name;
+        ShardedWatcher {
+            api_url: url,
+            client,
+            config,
+            ownership,
+            metadata: false,
+            settings,
+        }
+    }
+
+    /// Apply `f` to every object before it is indexed (for example, drop `managedFields`).
+    pub fn transform(mut self, f: impl Fn(&mut K) + Send + Sync + 'static) -> Self {
+        self.settings.transform = Some(Arc::new(f));
+        self
+    }
+
+    /// At most this many sub-watches in server mode, merging synced ones above it (default 4).
+    pub fn max_subwatches(mut self, n: usize) -> Self {
+        self.settings.max_subwatches = n.max(1);
+        self
+    }
+
+    /// How long the activation barrier waits for an event or bookmark before a targeted LIST (default 2 s).
+    pub fn barrier_timeout(mut self, d: Duration) -> Self {
+        self.settings.barrier_timeout = d;
+        self
+    }
+
+    /// The first re-probe of server filtering after a fallback (default 60 s, doubling per flip, ≤ 30 min).
+    pub fn probe_interval(mut self, d: Duration) -> Self {
+        self.settings.probe_interval = d;
+        self
+    }
+
+    /// Primary (default) or secondary.
+    pub fn role(mut self, role: Role) -> Self {
+        self.settings.role = role;
+        self
+    }
+
+    /// A name for logs and the reader registry (default: the collection URL).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.settings.name = name.into();
+        self
+    }
+
+    fn start(self, writer: Option<Writer<K>>) -> Sharded<K> {
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel(256);
+        let requests = request::Requests::new(&self.api_url, self.config, self.metadata);
+        let manager = Manager::new(
+            self.client,
+            requests,
+            self.ownership,
+            self.settings,
+            stats.clone(),
+            tx,
+        );
+        let (re_tx, re_rx) = mpsc::unbounded_channel();
+        let store = writer.as_ref().map(|w| w.as_reader());
+        Sharded {
+            events: EventStream {
+                manager: Some(Box::new(manager)),
+                rx,
+                writer: writer.map(Box::new),
+                reenqueue: re_tx,
+            },
+            reenqueue: ReenqueueStream {
+                rx: re_rx,
+                pace: Pace::new(),
+            },
+            stats: WatcherStats(stats),
+            store,
+        }
+    }
+
+    /// Build the streams. The manager task starts on the first poll of the event stream (inside a tokio
+    /// runtime) and stops when the event stream is dropped.
+    pub fn build(self) -> Sharded<K> {
+        self.start(None)
+    }
+
+    /// Build the streams with a store: each event is applied to the store before it is yielded.
+    pub fn build_reflector(self) -> Sharded<K> {
+        let writer = Writer::new(self.settings.dyntype.clone());
+        self.start(Some(writer))
+    }
+}
+
+/// The event stream of a sharded watcher.
+#[must_use = "streams do nothing unless polled"]
+pub struct EventStream<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    manager: Option<Box<Manager<K>>>,
+    rx: mpsc::Receiver<Out<K>>,
+    writer: Option<Box<Writer<K>>>,
+    reenqueue: mpsc::UnboundedSender<ObjectRef<K>>,
+}
+
+impl<K> Debug for EventStream<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventStream").finish_non_exhaustive()
+    }
+}
+
+impl<K> Stream for EventStream<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + Eq + std::hash::Hash,
+{
+    type Item = kube_watcher::Result<kube_watcher::Event<K>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(manager) = this.manager.take() {
+            tokio::spawn(manager.run());
+        }
+        loop {
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(Out::Event(ev))) => {
+                    if let Some(w) = this.writer.as_mut() {
+                        w.apply_watcher_event(&ev);
+                    }
+                    return Poll::Ready(Some(Ok(ev)));
+                }
+                Poll::Ready(Some(Out::Reenqueue(refs))) => {
+                    // every event before this marker was yielded (and reflected): the store holds them
+                    for r in refs {
+                        let _ = this.reenqueue.send(r);
+                    }
+                }
+                Poll::Ready(Some(Out::Error(err))) => return Poll::Ready(Some(Err(err))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// `ObjectRef`s of shards that became admitted, for `Controller::reconcile_on`. Paced: bursts of up to
+/// 1000, then about 1000 per second with ±20 % jitter, so a takeover of many shards does not arrive as one
+/// thundering herd. Ends when the event stream is dropped.
+#[must_use = "streams do nothing unless polled"]
+pub struct ReenqueueStream<K: Resource> {
+    rx: mpsc::UnboundedReceiver<ObjectRef<K>>,
+    pace: Pace,
+}
+
+impl<K: Resource> Debug for ReenqueueStream<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReenqueueStream").finish_non_exhaustive()
+    }
+}
+
+struct Pace {
+    tokens: f64,
+    last: Option<tokio::time::Instant>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+const PACE_BURST: f64 = 1000.0;
+const PACE_RATE: f64 = 1000.0;
+
+impl Pace {
+    fn new() -> Self {
+        Pace {
+            tokens: PACE_BURST,
+            last: None,
+            sleep: None,
+        }
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(sleep) = self.sleep.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let now = tokio::time::Instant::now();
+        if let Some(last) = self.last {
+            self.tokens =
+                (self.tokens + now.duration_since(last).as_secs_f64() * PACE_RATE).min(PACE_BURST);
+        }
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            Poll::Ready(())
+        } else {
+            let wait = crate::ownership::jitter(Duration::from_millis(100));
+            let mut sleep = Box::pin(tokio::time::sleep(wait));
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            self.sleep = Some(sleep);
+            Poll::Pending
+        }
+    }
+}
+
+impl<K: Resource> Stream for ReenqueueStream<K> {
+    type Item = ObjectRef<K>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.pace.poll_ready(cx).is_pending() {
+            return Poll::Pending;
+        }
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(r)) => {
+                this.pace.tokens -= 1.0;
+                Poll::Ready(Some(r))
+            }
+            other => other,
+        }
+    }
+}
+
+use std::future::Future as _;
+
+/// Live counters of one sharded watcher (cheap to clone).
+#[derive(Clone, Default)]
+pub struct WatcherStats(Arc<Stats>);
+
+#[derive(Default, Debug)]
+pub(crate) struct Stats {
+    pub(crate) fallback: AtomicBool,
+    pub(crate) initialized: AtomicBool,
+    pub(crate) mode_flips: AtomicU64,
+    pub(crate) invalid_selector_alarms: AtomicU64,
+    pub(crate) subwatches: AtomicU64,
+    pub(crate) subwatch_starts: AtomicU64,
+    pub(crate) lists: AtomicU64,
+    pub(crate) targeted_lists: AtomicU64,
+    pub(crate) probes: AtomicU64,
+    pub(crate) objects_received: AtomicU64,
+    pub(crate) dropped_out_of_range: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) warm_reports: AtomicU64,
+    pub(crate) activations: AtomicU64,
+    pub(crate) reenqueued: AtomicU64,
+    pub(crate) indexed: AtomicU64,
+    pub(crate) projected: AtomicU64,
+    pub(crate) projected_shards: AtomicU64,
+}
+
+impl WatcherStats {
+    fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    /// How the resource is read now.
+    #[must_use]
+    pub fn mode(&self) -> ReadMode {
+        if self.0.fallback.load(Ordering::Relaxed) {
+            ReadMode::Fallback
+        } else {
+            ReadMode::Server
+        }
+    }
+
+    /// Whether the initial `Init … InitDone` was emitted.
+    #[must_use]
+    pub fn initialized(&self) -> bool {
+        self.0.initialized.load(Ordering::Relaxed)
+    }
+
+    /// Times the resource fell back to a full watch.
+    #[must_use]
+    pub fn mode_flips(&self) -> u64 {
+        Self::get(&self.0.mode_flips)
+    }
+
+    /// Times the server refused a selector we consider valid (an alarm).
+    #[must_use]
+    pub fn invalid_selector_alarms(&self) -> u64 {
+        Self::get(&self.0.invalid_selector_alarms)
+    }
+
+    /// Sub-watches running now.
+    #[must_use]
+    pub fn subwatches(&self) -> u64 {
+        Self::get(&self.0.subwatches)
+    }
+
+    /// Sub-watches started so far (restarts included).
+    #[must_use]
+    pub fn subwatch_starts(&self) -> u64 {
+        Self::get(&self.0.subwatch_starts)
+    }
+
+    /// Sub-watches started with a LIST (the rest resumed a watch without one).
+    #[must_use]
+    pub fn lists(&self) -> u64 {
+        Self::get(&self.0.lists)
+    }
+
+    /// Targeted LISTs the activation barrier needed.
+    #[must_use]
+    pub fn targeted_lists(&self) -> u64 {
+        Self::get(&self.0.targeted_lists)
+    }
+
+    /// Re-probes of server filtering.
+    #[must_use]
+    pub fn probes(&self) -> u64 {
+        Self::get(&self.0.probes)
+    }
+
+    /// Objects received from LISTs and WATCH events.
+    #[must_use]
+    pub fn objects_received(&self) -> u64 {
+        Self::get(&self.0.objects_received)
+    }
+
+    /// Objects outside the requested ranges (each one evidence that the server does not filter).
+    #[must_use]
+    pub fn dropped_out_of_range(&self) -> u64 {
+        Self::get(&self.0.dropped_out_of_range)
+    }
+
+    /// Failed requests (each retried with backoff).
+    #[must_use]
+    pub fn errors(&self) -> u64 {
+        Self::get(&self.0.errors)
+    }
+
+    /// Warm reports made.
+    #[must_use]
+    pub fn warm_reports(&self) -> u64 {
+        Self::get(&self.0.warm_reports)
+    }
+
+    /// Activation barriers passed.
+    #[must_use]
+    pub fn activations(&self) -> u64 {
+        Self::get(&self.0.activations)
+    }
+
+    /// `ObjectRef`s sent to the re-enqueue stream.
+    #[must_use]
+    pub fn reenqueued(&self) -> u64 {
+        Self::get(&self.0.reenqueued)
+    }
+
+    /// Objects in the index (read, projected or not).
+    #[must_use]
+    pub fn indexed(&self) -> u64 {
+        Self::get(&self.0.indexed)
+    }
+
+    /// Objects in the owned projection.
+    #[must_use]
+    pub fn projected(&self) -> u64 {
+        Self::get(&self.0.projected)
+    }
+
+    /// Shards in the owned projection.
+    #[must_use]
+    pub fn projected_shards(&self) -> u64 {
+        Self::get(&self.0.projected_shards)
+    }
+}
+
+impl Debug for WatcherStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatcherStats")
+            .field("mode", &self.mode())
+            .field("subwatches", &self.subwatches())
+            .field("lists", &self.lists())
+            .field("objects_received", &self.objects_received())
+            .field("indexed", &self.indexed())
+            .field("projected", &self.projected())
+            .finish()
+    }
+}

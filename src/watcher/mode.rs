@@ -69,16 +69,6 @@ impl ModeDetector {
         self.mode
     }
 
-    /// How many times the resource fell back.
-    pub(crate) fn flips(&self) -> u32 {
-        self.flips
-    }
-
-    /// Whether the server refused one of our selectors (an alarm).
-    pub(crate) fn saw_invalid_selector(&self) -> bool {
-        self.invalid_selector
-    }
-
     /// Evidence that the server does not filter. Returns whether the mode flipped.
     pub(crate) fn fall_back(&mut self, cause: FlipCause, now: Instant) -> bool {
         if cause == FlipCause::InvalidSelector {
@@ -149,10 +139,8 @@ mod tests {
         // second flip waits twice as long
         let t1 = t0 + base * 3;
         assert!(d.fall_back(FlipCause::InvalidSelector, t1));
-        assert!(d.saw_invalid_selector());
         assert!(!d.probe_due(t1 + base));
         assert!(d.probe_due(t1 + base * 2));
-        assert_eq!(d.flips(), 2);
         // capped
         for _ in 0..40 {
             d.probed(true, t1);

@@ -12,7 +12,6 @@ use crate::ownership::{state::Event, MoveId, Ownership};
 
 #[derive(Debug, Default)]
 struct ReaderState {
-    name: String,
     warm: BTreeSet<(u32, MoveId)>,
     activated: BTreeSet<(u32, u64)>,
 }
@@ -45,28 +44,17 @@ impl Readers {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Register a reader named `name` (for logs).
-    pub(crate) fn register(self: &Arc<Self>, ownership: &Ownership, name: &str) -> ReaderGuard {
+    /// Register a reader.
+    pub(crate) fn register(self: &Arc<Self>, ownership: &Ownership) -> ReaderGuard {
         let mut inner = self.lock();
         inner.next += 1;
         let id = inner.next;
-        inner.readers.insert(
-            id,
-            ReaderState {
-                name: name.to_owned(),
-                ..ReaderState::default()
-            },
-        );
+        inner.readers.insert(id, ReaderState::default());
         ReaderGuard {
             id,
             ownership: ownership.clone(),
             readers: Arc::downgrade(self),
         }
-    }
-
-    /// Number of registered readers.
-    pub(crate) fn len(&self) -> usize {
-        self.lock().readers.len()
     }
 
     fn evaluate(&self) -> Vec<Event> {
@@ -150,14 +138,6 @@ impl ReaderGuard {
             inner.warm_sent.retain(|(s, _)| keep(*s));
             inner.activated_sent.retain(|(s, _)| keep(*s));
         }
-    }
-
-    /// The reader's name.
-    pub(crate) fn name(&self) -> String {
-        self.readers
-            .upgrade()
-            .and_then(|r| r.lock().readers.get(&self.id).map(|s| s.name.clone()))
-            .unwrap_or_default()
     }
 }
 

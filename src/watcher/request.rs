@@ -59,10 +59,6 @@ impl Requests {
         &self.config
     }
 
-    pub(crate) fn is_metadata(&self) -> bool {
-        self.metadata
-    }
-
     /// A LIST page: `limit` overrides the configured page size (e.g. `Some(1)` for a barrier probe).
     pub(crate) fn list(
         &self,

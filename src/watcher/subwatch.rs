@@ -126,6 +126,48 @@ enum WatchEnd {
     Closed,
 }
 
+/// A whole LIST (all pages), with what its first page echoed in `metadata.shardInfo.selector`.
+pub(crate) struct Listed<V> {
+    pub(crate) items: Vec<V>,
+    pub(crate) resource_version: Option<String>,
+    pub(crate) shard_info: Option<String>,
+}
+
+/// LIST everything `selector` selects from `from`, following `continue` (the selector is resent on every
+/// page). With `limit` set, only the first page is read.
+pub(crate) async fn list_all<V: DeserializeOwned>(
+    client: &Client,
+    requests: &Requests,
+    selector: Option<&ShardSelector>,
+    from: &ListFrom,
+    limit: Option<u32>,
+) -> Result<Listed<V>, kube::Error> {
+    let mut items = Vec::new();
+    let mut continue_token: Option<String> = None;
+    let mut shard_info = None;
+    loop {
+        let req = requests
+            .list(selector, from, limit, continue_token.as_deref())
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        let text = client.request_text(req).await?;
+        let page: RawList<V> = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
+        items.extend(page.items);
+        if shard_info.is_none() {
+            shard_info = page.metadata.shard_info.and_then(|i| i.selector);
+        }
+        match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+            Some(token) if limit.is_none() => continue_token = Some(token),
+            _ => {
+                return Ok(Listed {
+                    items,
+                    resource_version: page.metadata.resource_version,
+                    shard_info,
+                })
+            }
+        }
+    }
+}
+
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// kube-runtime's `DefaultBackoff`: exponential 800 ms → 30 s, factor 2, with jitter, never giving up.
@@ -273,30 +315,15 @@ where
     }
 
     async fn list_all(&self) -> Result<(Vec<V>, Option<String>, Option<String>), kube::Error> {
-        let mut objects = Vec::new();
-        let mut continue_token: Option<String> = None;
-        let mut shard_info = None;
-        loop {
-            let req = self
-                .requests
-                .list(
-                    self.selector.as_ref(),
-                    &ListFrom::Configured,
-                    None,
-                    continue_token.as_deref(),
-                )
-                .map_err(|e| kube::Error::Service(Box::new(e)))?;
-            let text = self.client.request_text(req).await?;
-            let page: RawList<V> = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
-            objects.extend(page.items);
-            if shard_info.is_none() {
-                shard_info = page.metadata.shard_info.and_then(|i| i.selector);
-            }
-            match page.metadata.continue_token.filter(|t| !t.is_empty()) {
-                Some(token) => continue_token = Some(token),
-                None => return Ok((objects, page.metadata.resource_version, shard_info)),
-            }
-        }
+        list_all(
+            &self.client,
+            &self.requests,
+            self.selector.as_ref(),
+            &ListFrom::Configured,
+            None,
+        )
+        .await
+        .map(|l| (l.items, l.resource_version, l.shard_info))
     }
 
     async fn watch(&self, rv: &str, initial: bool, backoff: &mut ExponentialBackoff) -> WatchEnd {

@@ -1,0 +1,910 @@
+//! The manager task of one sharded watcher: follows ownership, runs the sub-watches, keeps the index, and
+//! produces the owned projection, warm reports, activation barriers and re-enqueue markers.
+//!
+//! It runs in its own task, so a consumer that pauses polling (for example behind `.default_backoff()`)
+//! never delays warm reports or activation: output waits in a queue until the consumer takes it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::index::{parse_rv, Index, Relist};
+use super::mode::{FlipCause, ModeDetector, ReadMode};
+use super::plan::{self, Action, SubView};
+use super::registry::ReaderGuard;
+use super::request::{ListFrom, Requests};
+use super::subwatch::{self, Start, SubId, SubMsg, SubWatch};
+use super::{Role, Stats};
+use crate::hash::ShardKey;
+use crate::ownership::{Ownership, ShardState, ShardTransition};
+use crate::range::{HashRange, RangeSet};
+use crate::selector::ShardSelector;
+use crate::shard::ShardCount;
+
+/// What the manager hands to the consumer side, in order.
+pub(crate) enum Out<K: Resource> {
+    Event(watcher::Event<K>),
+    /// Re-enqueue these: their shard became admitted and the events before this marker hold them.
+    Reenqueue(Vec<ObjectRef<K>>),
+    /// An informational, rate-limited error item.
+    Error(watcher::Error),
+}
+
+/// Tunables (set through the public builder).
+#[derive(Clone)]
+pub(crate) struct Settings<K: Resource> {
+    pub(crate) role: Role,
+    pub(crate) max_subwatches: usize,
+    pub(crate) barrier_timeout: Duration,
+    pub(crate) probe_interval: Duration,
+    pub(crate) probe_max: Duration,
+    pub(crate) error_interval: Duration,
+    pub(crate) transform: Option<Arc<dyn Fn(&mut K) + Send + Sync>>,
+    pub(crate) dyntype: K::DynamicType,
+    pub(crate) name: String,
+}
+
+struct Sub {
+    ranges: RangeSet,
+    selector: Option<ShardSelector>,
+    synced_rv: Option<String>,
+    passed: Option<u64>,
+    abort: AbortHandle,
+}
+
+struct Barrier {
+    epoch: u64,
+    target: Option<u64>,
+    deadline: Option<Instant>,
+    targeted: bool,
+}
+
+enum Ctl<K> {
+    BarrierVersion {
+        shard: u32,
+        epoch: u64,
+        rv: Option<u64>,
+    },
+    BarrierListed {
+        shard: u32,
+        epoch: u64,
+        objects: Vec<K>,
+        rv: Option<u64>,
+    },
+    Probe {
+        filtered: Option<bool>,
+    },
+}
+
+pub(crate) struct Manager<K: Resource> {
+    client: Client,
+    requests: Arc<Requests>,
+    ownership: Ownership,
+    key: ShardKey,
+    count: ShardCount,
+    settings: Settings<K>,
+    stats: Arc<Stats>,
+    detector: ModeDetector,
+    index: Index<K>,
+    subs: BTreeMap<SubId, Sub>,
+    next_id: SubId,
+    sub_tx: mpsc::Sender<SubMsg<K>>,
+    sub_rx: mpsc::Receiver<SubMsg<K>>,
+    ctl_tx: mpsc::Sender<Ctl<K>>,
+    ctl_rx: mpsc::Receiver<Ctl<K>>,
+    outq: VecDeque<Out<K>>,
+    out: mpsc::Sender<Out<K>>,
+    reader: ReaderGuard,
+    /// The shards read now, and the ranges they make.
+    read: BTreeSet<u32>,
+    want: RangeSet,
+    incoming: BTreeMap<u32, u64>,
+    warm_reported: BTreeSet<(u32, u64)>,
+    barriers: BTreeMap<u32, Barrier>,
+    reenqueue_wait: BTreeSet<u32>,
+    probing: bool,
+    last_error_item: Option<Instant>,
+}
+
+impl<K> Manager<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
+{
+    pub(crate) fn new(
+        client: Client,
+        requests: Requests,
+        ownership: Ownership,
+        settings: Settings<K>,
+        stats: Arc<Stats>,
+        out: mpsc::Sender<Out<K>>,
+    ) -> Self {
+        let config = ownership.config().clone();
+        let (sub_tx, sub_rx) = mpsc::channel(256);
+        let (ctl_tx, ctl_rx) = mpsc::channel(64);
+        let reader = ownership.inner.readers.register(&ownership);
+        Manager {
+            client,
+            requests: Arc::new(requests),
+            key: config.key,
+            count: config.shards,
+            detector: ModeDetector::new(settings.probe_interval, settings.probe_max),
+            index: Index::new(config.key, config.shards),
+            ownership,
+            settings,
+            stats,
+            subs: BTreeMap::new(),
+            next_id: 1,
+            sub_tx,
+            sub_rx,
+            ctl_tx,
+            ctl_rx,
+            outq: VecDeque::new(),
+            out,
+            reader,
+            read: BTreeSet::new(),
+            want: RangeSet::new(),
+            incoming: BTreeMap::new(),
+            warm_reported: BTreeSet::new(),
+            barriers: BTreeMap::new(),
+            reenqueue_wait: BTreeSet::new(),
+            probing: false,
+            last_error_item: None,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut changed = self.ownership.changed();
+        let mut transitions = self.ownership.transitions();
+        self.on_ownership();
+        loop {
+            self.settle();
+            let timer = self.next_timer();
+            let out = self.out.clone();
+            tokio::select! {
+                biased;
+                _ = out.closed() => break,
+                Some(msg) = self.sub_rx.recv() => self.on_sub(msg),
+                Some(ctl) = self.ctl_rx.recv() => self.on_ctl(ctl),
+                r = changed.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                    self.on_ownership();
+                }
+                Some(t) = transitions.next_transition() => self.on_transition(t),
+                permit = out.reserve(), if !self.outq.is_empty() => match permit {
+                    Ok(permit) => {
+                        if let Some(item) = self.outq.pop_front() {
+                            permit.send(item);
+                        }
+                    }
+                    Err(_) => break,
+                },
+                () = sleep_until(timer), if timer.is_some() => self.on_timer(),
+            }
+        }
+        for sub in self.subs.values() {
+            sub.abort.abort();
+        }
+        debug!(watcher = %self.settings.name, "sharded watcher stopped: its stream was dropped");
+    }
+
+    // === ownership ===
+
+    fn on_ownership(&mut self) {
+        let snap = self.ownership.snapshot();
+        let mut read = BTreeSet::new();
+        let mut projected = Vec::new();
+        let mut incoming = BTreeMap::new();
+        let mut activating = BTreeMap::new();
+        for (shard, state) in snap.state().shards() {
+            read.insert(shard);
+            match state {
+                ShardState::Incoming { move_id, warm } => {
+                    if !warm {
+                        incoming.insert(shard, move_id);
+                    }
+                    if self.settings.role == Role::Secondary {
+                        projected.push(shard);
+                    }
+                }
+                ShardState::Activating { epoch } => {
+                    activating.insert(shard, epoch);
+                    if self.settings.role == Role::Secondary {
+                        projected.push(shard);
+                    }
+                }
+                ShardState::Owned { .. } | ShardState::Outgoing { .. } => projected.push(shard),
+            }
+        }
+        // barriers: forget stale ones, start new ones
+        self.barriers
+            .retain(|s, b| activating.get(s) == Some(&b.epoch));
+        for (shard, epoch) in &activating {
+            if !self.barriers.contains_key(shard) {
+                self.barriers.insert(
+                    *shard,
+                    Barrier {
+                        epoch: *epoch,
+                        target: None,
+                        deadline: None,
+                        targeted: false,
+                    },
+                );
+                self.start_barrier(*shard, *epoch);
+            }
+        }
+        self.warm_reported
+            .retain(|(s, m)| incoming.get(s) == Some(m));
+        self.reader
+            .retain(|s| incoming.contains_key(&s) || activating.contains_key(&s));
+        self.incoming = incoming;
+        self.reenqueue_wait.retain(|s| read.contains(s));
+        let want = self
+            .count
+            .ranges_of(read.iter().copied())
+            .unwrap_or_default();
+        self.read = read;
+        let previous = std::mem::replace(&mut self.want, want);
+        self.replan(Some(previous));
+        self.index.set_projected(projected);
+        self.stats
+            .projected_shards
+            .store(self.index_projected_shards(), Ordering::Relaxed);
+        self.check_progress();
+    }
+
+    fn index_projected_shards(&self) -> u64 {
+        (0..self.count.get())
+            .filter(|s| self.index.is_projected(*s))
+            .count() as u64
+    }
+
+    fn on_transition(&mut self, t: ShardTransition) {
+        if t.is_reenqueue() && self.settings.role == Role::Primary {
+            self.reenqueue_wait.insert(t.shard);
+        }
+    }
+
+    // === sub-watches ===
+
+    fn replan(&mut self, previous: Option<RangeSet>) {
+        match self.detector.mode() {
+            ReadMode::Fallback => {
+                if !self.subs.values().any(|s| s.selector.is_none()) {
+                    self.stop_all();
+                    self.spawn_sub(RangeSet::full(), None, Start::List);
+                }
+            }
+            ReadMode::Server => {
+                let views: Vec<SubView> = self
+                    .subs
+                    .iter()
+                    .map(|(id, s)| SubView {
+                        id: *id,
+                        ranges: s.ranges.clone(),
+                        synced_rv: s.synced_rv.clone(),
+                    })
+                    .collect();
+                let actions =
+                    plan::plan(self.key, &self.want, &views, self.settings.max_subwatches);
+                for action in actions {
+                    match action {
+                        Action::Stop(ids) => {
+                            for id in ids {
+                                self.stop_sub(id);
+                            }
+                        }
+                        Action::Start {
+                            replaces,
+                            ranges,
+                            start,
+                        } => {
+                            for id in replaces {
+                                self.stop_sub(id);
+                            }
+                            match ShardSelector::new(self.key, &ranges) {
+                                Ok(sel) => self.spawn_sub(ranges, Some(sel), start),
+                                Err(err) => {
+                                    // cannot happen: the planner splits long range sets
+                                    error!(error = %err, "cannot build a selector: falling back");
+                                    self.fall_back(FlipCause::InvalidSelector);
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+                if let Some(previous) = previous {
+                    let dropped = previous.difference(&self.want);
+                    if !dropped.is_empty() {
+                        self.index.drop_ranges(&dropped);
+                    }
+                }
+            }
+        }
+        self.stats
+            .subwatches
+            .store(self.subs.len() as u64, Ordering::Relaxed);
+    }
+
+    fn spawn_sub(&mut self, ranges: RangeSet, selector: Option<ShardSelector>, start: Start) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let synced_rv = match &start {
+            Start::Watch(rv) => Some(rv.clone()),
+            Start::List => None,
+        };
+        if start == Start::List {
+            self.stats.lists.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.subwatch_starts.fetch_add(1, Ordering::Relaxed);
+        debug!(
+            id,
+            selector = selector
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            ?start,
+            "starting sub-watch"
+        );
+        let task = SubWatch {
+            id,
+            selector: selector.clone(),
+            start,
+            requests: self.requests.clone(),
+            client: self.client.clone(),
+            tx: self.sub_tx.clone(),
+            _marker: std::marker::PhantomData,
+        };
+        let handle = tokio::spawn(task.run());
+        self.subs.insert(
+            id,
+            Sub {
+                ranges,
+                selector,
+                passed: parse_rv(synced_rv.as_deref()),
+                synced_rv,
+                abort: handle.abort_handle(),
+            },
+        );
+    }
+
+    fn stop_sub(&mut self, id: SubId) {
+        if let Some(sub) = self.subs.remove(&id) {
+            sub.abort.abort();
+        }
+    }
+
+    fn stop_all(&mut self) {
+        let ids: Vec<SubId> = self.subs.keys().copied().collect();
+        for id in ids {
+            self.stop_sub(id);
+        }
+    }
+
+    fn fall_back(&mut self, cause: FlipCause) {
+        if cause == FlipCause::InvalidSelector {
+            self.stats
+                .invalid_selector_alarms
+                .fetch_add(1, Ordering::Relaxed);
+            error!(
+                watcher = %self.settings.name,
+                "ALARM: the server refused a shard selector kube-shard considers valid; reading in fallback mode"
+            );
+        }
+        if self.detector.fall_back(cause, Instant::now()) {
+            warn!(watcher = %self.settings.name, ?cause, "server does not filter by shardSelector: fallback mode");
+            self.stats.mode_flips.fetch_add(1, Ordering::Relaxed);
+            self.stats.fallback.store(true, Ordering::Relaxed);
+            self.stop_all();
+            self.replan(None);
+        }
+    }
+
+    fn to_server(&mut self) {
+        // the full watch has read everything up to its version: narrow it, no LIST
+        let full = self
+            .subs
+            .iter()
+            .find(|(_, s)| s.selector.is_none())
+            .map(|(id, s)| (*id, s.synced_rv.clone()));
+        let Some((full_id, Some(rv))) = full else {
+            return;
+        };
+        info!(watcher = %self.settings.name, "server filters by shardSelector again: server mode");
+        self.stats.fallback.store(false, Ordering::Relaxed);
+        self.stop_sub(full_id);
+        if !self.want.is_empty() {
+            let ranges = self.want.clone();
+            for piece in plan::split(self.key, &ranges) {
+                if let Ok(sel) = ShardSelector::new(self.key, &piece) {
+                    self.spawn_sub(piece, Some(sel), Start::Watch(rv.clone()));
+                }
+            }
+        }
+        self.index
+            .drop_ranges(&RangeSet::full().difference(&self.want));
+        self.stats
+            .subwatches
+            .store(self.subs.len() as u64, Ordering::Relaxed);
+    }
+
+    fn on_sub(&mut self, msg: SubMsg<K>) {
+        match msg {
+            SubMsg::Listed {
+                id,
+                objects,
+                rv,
+                shard_info,
+            } => {
+                let Some(sub) = self.subs.get(&id) else {
+                    return;
+                };
+                self.stats
+                    .objects_received
+                    .fetch_add(objects.len() as u64, Ordering::Relaxed);
+                let (filtered, ranges, passed) =
+                    (sub.selector.is_some(), sub.ranges.clone(), sub.passed);
+                if filtered && self.out_of_range(&ranges, &objects) {
+                    return;
+                }
+                let _ = shard_info; // evidence of filtering; the data already said so
+                let rv_n = parse_rv(rv.as_deref());
+                if let (Some(new), Some(seen)) = (rv_n, passed) {
+                    if new < seen {
+                        debug!(
+                            id,
+                            new, seen, "ignoring a relist older than what this sub-watch saw"
+                        );
+                        return;
+                    }
+                }
+                let objects = self.transformed(objects);
+                self.index.relist(Relist {
+                    ranges,
+                    objects,
+                    rv: rv_n,
+                });
+                if let Some(sub) = self.subs.get_mut(&id) {
+                    sub.synced_rv = rv;
+                    sub.passed = sub.passed.max(rv_n);
+                }
+                // a newly synced sub-watch may make merging possible
+                self.replan(None);
+            }
+            SubMsg::Applied { id, obj, rv } | SubMsg::Deleted { id, obj, rv }
+                if !self.subs.contains_key(&id) =>
+            {
+                let _ = (obj, rv);
+            }
+            SubMsg::Applied { id, obj, rv } => {
+                self.stats.objects_received.fetch_add(1, Ordering::Relaxed);
+                let Some(sub) = self.subs.get(&id) else {
+                    return;
+                };
+                let (filtered, ranges) = (sub.selector.is_some(), sub.ranges.clone());
+                if filtered && self.out_of_range(&ranges, std::slice::from_ref(&obj)) {
+                    return;
+                }
+                let mut obj = obj;
+                if let Some(f) = &self.settings.transform {
+                    f(&mut obj);
+                }
+                self.index.upsert(obj);
+                self.advance(id, rv.as_deref());
+            }
+            SubMsg::Deleted { id, obj, rv } => {
+                self.stats.objects_received.fetch_add(1, Ordering::Relaxed);
+                let Some(sub) = self.subs.get(&id) else {
+                    return;
+                };
+                let (filtered, ranges) = (sub.selector.is_some(), sub.ranges.clone());
+                if filtered && self.out_of_range(&ranges, std::slice::from_ref(&obj)) {
+                    return;
+                }
+                self.index.delete(obj);
+                self.advance(id, rv.as_deref());
+            }
+            SubMsg::Progress { id, rv } => self.advance(id, Some(&rv)),
+            SubMsg::Failed {
+                id,
+                error,
+                invalid_selector,
+            } => {
+                if !self.subs.contains_key(&id) {
+                    return;
+                }
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                if invalid_selector {
+                    self.fall_back(FlipCause::InvalidSelector);
+                }
+                self.error_item(format!("sub-watch {id} failed (retrying): {error}"));
+            }
+        }
+        self.check_progress();
+    }
+
+    /// Whether any object lies outside what `sub` asked for; if so, fall back.
+    fn out_of_range(&mut self, ranges: &RangeSet, objects: &[K]) -> bool {
+        let outside = objects
+            .iter()
+            .filter(|o| self.index.hash_of(o).is_some_and(|h| !ranges.contains(h)))
+            .count();
+        if outside > 0 {
+            self.stats
+                .dropped_out_of_range
+                .fetch_add(outside as u64, Ordering::Relaxed);
+            self.fall_back(FlipCause::OutOfRange);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn transformed(&self, mut objects: Vec<K>) -> Vec<K> {
+        if let Some(f) = &self.settings.transform {
+            for o in &mut objects {
+                f(o);
+            }
+        }
+        objects
+    }
+
+    fn advance(&mut self, id: SubId, rv: Option<&str>) {
+        if let (Some(sub), Some(rv)) = (self.subs.get_mut(&id), parse_rv(rv)) {
+            sub.passed = sub.passed.max(Some(rv));
+        }
+    }
+
+    // === warm, barrier ===
+
+    fn shard_range(&self, shard: u32) -> Option<HashRange> {
+        self.count.range_of(shard).ok()
+    }
+
+    /// The synced sub-watch that reads `shard`, if any.
+    fn covering(&self, shard: u32) -> Option<&Sub> {
+        let range: RangeSet = std::iter::once(self.shard_range(shard)?).collect();
+        self.subs
+            .values()
+            .find(|s| s.synced_rv.is_some() && range.is_subset(&s.ranges))
+    }
+
+    fn check_progress(&mut self) {
+        let warm: Vec<(u32, u64)> = self
+            .incoming
+            .iter()
+            .map(|(s, m)| (*s, *m))
+            .filter(|(s, m)| !self.warm_reported.contains(&(*s, *m)) && self.covering(*s).is_some())
+            .collect();
+        for (shard, move_id) in warm {
+            self.warm_reported.insert((shard, move_id));
+            self.stats.warm_reports.fetch_add(1, Ordering::Relaxed);
+            self.reader.report_warm(shard, move_id);
+        }
+        let passed: Vec<(u32, u64)> = self
+            .barriers
+            .iter()
+            .filter(|(s, b)| {
+                b.target.is_some() && self.covering(**s).is_some_and(|sub| sub.passed >= b.target)
+            })
+            .map(|(s, b)| (*s, b.epoch))
+            .collect();
+        for (shard, epoch) in passed {
+            self.barriers.remove(&shard);
+            self.stats.activations.fetch_add(1, Ordering::Relaxed);
+            self.reader.report_activated(shard, epoch);
+        }
+    }
+
+    fn start_barrier(&self, shard: u32, epoch: u64) {
+        let Some(range) = self.shard_range(shard) else {
+            return;
+        };
+        let selector = ShardSelector::new(self.key, &std::iter::once(range).collect()).ok();
+        let client = self.client.clone();
+        let requests = self.requests.clone();
+        let tx = self.ctl_tx.clone();
+        tokio::spawn(async move {
+            let mut backoff = subwatch::default_backoff();
+            loop {
+                match subwatch::list_all::<serde_json::Value>(
+                    &client,
+                    &requests,
+                    selector.as_ref(),
+                    &ListFrom::Consistent,
+                    Some(1),
+                )
+                .await
+                {
+                    Ok(l) => {
+                        let rv = parse_rv(l.resource_version.as_deref());
+                        let _ = tx.send(Ctl::BarrierVersion { shard, epoch, rv }).await;
+                        return;
+                    }
+                    Err(err) => {
+                        debug!(shard, error = %err, "barrier version LIST failed; retrying");
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+                    }
+                }
+            }
+        });
+    }
+
+    fn start_targeted_list(&self, shard: u32, epoch: u64, rv: u64) {
+        let Some(range) = self.shard_range(shard) else {
+            return;
+        };
+        let selector = ShardSelector::new(self.key, &std::iter::once(range).collect()).ok();
+        let client = self.client.clone();
+        let requests = self.requests.clone();
+        let tx = self.ctl_tx.clone();
+        self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut backoff = subwatch::default_backoff();
+            loop {
+                match subwatch::list_all::<K>(
+                    &client,
+                    &requests,
+                    selector.as_ref(),
+                    &ListFrom::NotOlderThan(rv.to_string()),
+                    None,
+                )
+                .await
+                {
+                    Ok(l) => {
+                        let rv = parse_rv(l.resource_version.as_deref());
+                        let _ = tx
+                            .send(Ctl::BarrierListed {
+                                shard,
+                                epoch,
+                                objects: l.items,
+                                rv,
+                            })
+                            .await;
+                        return;
+                    }
+                    Err(err) => {
+                        debug!(shard, error = %err, "targeted barrier LIST failed; retrying");
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+                    }
+                }
+            }
+        });
+    }
+
+    fn start_probe(&mut self) {
+        if self.probing {
+            return;
+        }
+        self.probing = true;
+        self.stats.probes.fetch_add(1, Ordering::Relaxed);
+        // a valid but tiny range: a filtering server returns (almost surely) nothing
+        let Ok(range) = HashRange::new(0, 1) else {
+            return;
+        };
+        let selector = ShardSelector::new(self.key, &std::iter::once(range).collect()).ok();
+        let client = self.client.clone();
+        let requests = self.requests.clone();
+        let tx = self.ctl_tx.clone();
+        let known_nonempty = self.index.len() > 0;
+        tokio::spawn(async move {
+            let filtered = match subwatch::list_all::<serde_json::Value>(
+                &client,
+                &requests,
+                selector.as_ref(),
+                &ListFrom::Consistent,
+                Some(1),
+            )
+            .await
+            {
+                Ok(l) if l.shard_info.is_some() => Some(true),
+                Ok(l) if !l.items.is_empty() => Some(false),
+                Ok(_) if known_nonempty => Some(true),
+                Ok(_) => None,
+                Err(err) => {
+                    if matches!(&err, kube::Error::Api(s) if s.code == 500 && s.message.contains("invalid shard selector"))
+                    {
+                        Some(false)
+                    } else {
+                        None
+                    }
+                }
+            };
+            let _ = tx.send(Ctl::Probe { filtered }).await;
+        });
+    }
+
+    fn on_ctl(&mut self, ctl: Ctl<K>) {
+        match ctl {
+            Ctl::BarrierVersion { shard, epoch, rv } => {
+                if let Some(b) = self.barriers.get_mut(&shard) {
+                    if b.epoch == epoch {
+                        // an unparseable version cannot be compared: list the shard instead
+                        b.target = Some(rv.unwrap_or(u64::MAX));
+                        b.deadline = Some(Instant::now() + self.settings.barrier_timeout);
+                        if rv.is_none() {
+                            b.deadline = Some(Instant::now());
+                        }
+                    }
+                }
+            }
+            Ctl::BarrierListed {
+                shard,
+                epoch,
+                objects,
+                rv,
+            } => {
+                let Some(range) = self.shard_range(shard) else {
+                    return;
+                };
+                if self.barriers.get(&shard).is_none_or(|b| b.epoch != epoch) {
+                    return;
+                }
+                let ranges: RangeSet = std::iter::once(range).collect();
+                // the server may not filter: keep only the shard's objects
+                let objects: Vec<K> = objects
+                    .into_iter()
+                    .filter(|o| self.index.hash_of(o).is_some_and(|h| range.contains(h)))
+                    .collect();
+                let objects = self.transformed(objects);
+                self.index.relist(Relist {
+                    ranges,
+                    objects,
+                    rv,
+                });
+                self.barriers.remove(&shard);
+                self.stats.activations.fetch_add(1, Ordering::Relaxed);
+                self.reader.report_activated(shard, epoch);
+            }
+            Ctl::Probe { filtered } => {
+                self.probing = false;
+                let now = Instant::now();
+                match filtered {
+                    Some(filtered) => {
+                        if self.detector.probed(filtered, now) {
+                            self.to_server();
+                        }
+                    }
+                    None => {
+                        self.detector.probed(false, now);
+                    }
+                }
+            }
+        }
+        self.check_progress();
+    }
+
+    // === timers ===
+
+    fn next_timer(&self) -> Option<Instant> {
+        let barrier = self
+            .barriers
+            .values()
+            .filter(|b| !b.targeted)
+            .filter_map(|b| b.deadline)
+            .min();
+        let probe = (!self.probing)
+            .then(|| self.detector.next_probe())
+            .flatten();
+        match (barrier, probe) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(u32, u64, u64)> = self
+            .barriers
+            .iter()
+            .filter(|(_, b)| !b.targeted && b.deadline.is_some_and(|d| d <= now))
+            .filter_map(|(s, b)| b.target.map(|t| (*s, b.epoch, t)))
+            .collect();
+        for (shard, epoch, target) in due {
+            if let Some(b) = self.barriers.get_mut(&shard) {
+                b.targeted = true;
+            }
+            // an unknown target version: list from the most recent state
+            let rv = if target == u64::MAX { 0 } else { target };
+            self.start_targeted_list(shard, epoch, rv);
+        }
+        if self.detector.probe_due(now) {
+            self.start_probe();
+        }
+    }
+
+    // === output ===
+
+    /// Move the index's events to the output queue, then any re-enqueue markers that are now due, and emit
+    /// the initial sync once every sub-watch has synced.
+    fn settle(&mut self) {
+        if !self.index.is_initialized() && self.subs.values().all(|s| s.synced_rv.is_some()) {
+            self.index.initialize();
+            self.stats.initialized.store(true, Ordering::Relaxed);
+        }
+        while let Some(ev) = self.index.pop() {
+            self.outq.push_back(Out::Event(ev));
+        }
+        if !self.index.is_initialized() {
+            return;
+        }
+        let due: Vec<u32> = self
+            .reenqueue_wait
+            .iter()
+            .copied()
+            .filter(|s| self.index.is_projected(*s))
+            .collect();
+        for shard in due {
+            self.reenqueue_wait.remove(&shard);
+            let refs: Vec<ObjectRef<K>> = self
+                .index
+                .projected_refs_of(shard)
+                .into_iter()
+                .map(|(ns, name)| {
+                    let r = ObjectRef::new_with(&name, self.settings.dyntype.clone());
+                    match ns {
+                        Some(ns) => r.within(&ns),
+                        None => r,
+                    }
+                })
+                .collect();
+            if !refs.is_empty() {
+                self.stats
+                    .reenqueued
+                    .fetch_add(refs.len() as u64, Ordering::Relaxed);
+                self.outq.push_back(Out::Reenqueue(refs));
+            }
+        }
+        // a tombstone every sub-watch has passed can never be replayed again
+        if let Some(passed) = self.subs.values().map(|s| s.passed).min().flatten() {
+            self.index.prune_tombstones(Some(passed));
+        }
+        self.stats
+            .indexed
+            .store(self.index.len() as u64, Ordering::Relaxed);
+        self.stats
+            .projected
+            .store(self.index.projected_len() as u64, Ordering::Relaxed);
+    }
+
+    fn error_item(&mut self, message: String) {
+        let now = Instant::now();
+        if self
+            .last_error_item
+            .is_some_and(|t| now.duration_since(t) < self.settings.error_interval)
+        {
+            return;
+        }
+        self.last_error_item = Some(now);
+        self.outq.push_back(Out::Error(watcher::Error::WatchFailed(
+            kube::Error::Service(message.into()),
+        )));
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => futures::future::pending().await,
+    }
+}
