@@ -1,0 +1,4 @@
+mod model_common;
+mod model_handoff;
+mod model_takeover;
+mod watcher;

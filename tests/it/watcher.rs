@@ -1,0 +1,586 @@
+//! The read path against testserver's in-memory API server, in paused time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use kube_shard::ownership::{
+    testing::{self, TestDriver},
+    AssignmentView, Handoff, MemberId, Ownership, OwnershipConfig, ShardAssignment,
+};
+use kube_shard::watcher::{ReadMode, ShardedWatcher, WatcherStats};
+use kube_shard::{fnv1a64, ShardCount, ShardKey};
+use kube_shard_testserver::{FailRule, GateSkew, Scope, TestServer, Verb};
+
+pub(crate) const NS: &str = "sharded";
+
+pub(crate) fn shards() -> ShardCount {
+    ShardCount::new(16).unwrap()
+}
+
+pub(crate) fn shard_of_uid(uid: &str) -> u32 {
+    shards().shard_of(fnv1a64(uid.as_bytes()))
+}
+
+pub(crate) async fn seed(client: &Client, n: usize) -> BTreeMap<String, String> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let _ = ns
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NS.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let created: Vec<ConfigMap> = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &cm(&format!("cm-{i}"), "0"))
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    created
+        .into_iter()
+        .map(|c| (c.metadata.name.unwrap(), c.metadata.uid.unwrap()))
+        .collect()
+}
+
+pub(crate) fn cm(name: &str, value: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("v".to_owned(), value.to_owned())])),
+        ..ConfigMap::default()
+    }
+}
+
+pub(crate) fn member(name: &str) -> (MemberId, Ownership, TestDriver) {
+    let me = MemberId::new(name, "i1");
+    let (o, d) = testing::driver(OwnershipConfig::new(shards(), ShardKey::Uid), me.clone());
+    d.renew();
+    (me, o, d)
+}
+
+pub(crate) fn grant(
+    view: AssignmentView,
+    owner: &MemberId,
+    shards: impl IntoIterator<Item = u32>,
+    epoch: u64,
+) -> AssignmentView {
+    shards.into_iter().fold(view, |v, s| {
+        v.with(s, ShardAssignment::owned(owner.clone(), epoch))
+    })
+}
+
+pub(crate) struct Reader {
+    pub(crate) store: Store<ConfigMap>,
+    pub(crate) stats: WatcherStats,
+    pub(crate) task: tokio::task::JoinHandle<()>,
+}
+
+pub(crate) fn read(server: &TestServer, identity: &str, ownership: &Ownership) -> Reader {
+    let api: Api<ConfigMap> = Api::all(server.client(identity));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), ownership.clone())
+        .barrier_timeout(Duration::from_secs(1))
+        .probe_interval(Duration::from_secs(30))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let stats = sharded.stats.clone();
+    let events = sharded.events;
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(item) = events.next().await {
+            if let Err(e) = item {
+                tracing::debug!("informational error item: {e}");
+            }
+        }
+    });
+    Reader { store, stats, task }
+}
+
+/// Wait (in paused time) until `cond` holds, at most `limit` of virtual time.
+pub(crate) async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub(crate) fn names(store: &Store<ConfigMap>) -> BTreeSet<String> {
+    store
+        .state()
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect()
+}
+
+fn owned_names(objects: &BTreeMap<String, String>, owned: &BTreeSet<u32>) -> BTreeSet<String> {
+    objects
+        .iter()
+        .filter(|(_, uid)| owned.contains(&shard_of_uid(uid)))
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// Four members with fixed ownership over many objects: disjoint, covering projections; read amplification
+/// near 1 in server mode; identical projections in fallback.
+async fn four_members(gate: bool, objects: usize) -> (Vec<f64>, Vec<ReadMode>, Vec<u64>) {
+    let server = TestServer::builder().shard_selector(gate).build();
+    let all = seed(&server.client("admin"), objects).await;
+    let mut readers = Vec::new();
+    let mut expected = Vec::new();
+    let mut keep = Vec::new();
+    for m in 0..4u32 {
+        let (me, o, d) = member(&format!("m{m}"));
+        let owned: BTreeSet<u32> = (m * 4..m * 4 + 4).collect();
+        d.apply(&grant(
+            AssignmentView::new(1),
+            &me,
+            owned.iter().copied(),
+            1,
+        ));
+        expected.push(owned_names(&all, &owned));
+        readers.push(read(&server, &format!("m{m}"), &o));
+        keep.push((o, d));
+    }
+    for (m, r) in readers.iter().enumerate() {
+        let want = expected[m].len();
+        until(Duration::from_secs(60), "projection", || {
+            r.store.len() == want
+        })
+        .await;
+    }
+    // settle a little longer: nothing more may arrive
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut union = BTreeSet::new();
+    let mut amplification = Vec::new();
+    let mut modes = Vec::new();
+    let mut subwatches = Vec::new();
+    for (m, r) in readers.iter().enumerate() {
+        let got = names(&r.store);
+        assert_eq!(got, expected[m], "member {m} projects exactly its shards");
+        assert!(union.is_disjoint(&got), "projections are disjoint");
+        union.extend(got);
+        let acct = server.accounting(&format!("m{m}"));
+        amplification.push(acct.distinct_uids as f64 / expected[m].len() as f64);
+        modes.push(r.stats.mode());
+        subwatches.push(r.stats.subwatches());
+    }
+    assert_eq!(union.len(), all.len(), "projections cover every object");
+    for r in &readers {
+        r.task.abort();
+    }
+    (amplification, modes, subwatches)
+}
+
+#[tokio::test(start_paused = true)]
+async fn four_members_server_mode_read_only_what_they_own() {
+    let (amp, modes, subs) = four_members(true, 10_000).await;
+    eprintln!("server mode: read amplification per member {amp:?}, sub-watches {subs:?}");
+    for (a, m) in amp.iter().zip(&modes) {
+        assert_eq!(*m, ReadMode::Server);
+        assert!(*a <= 1.05, "read amplification {a} > 1.05");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn four_members_fallback_mode_same_projections() {
+    let (amp, modes, subs) = four_members(false, 10_000).await;
+    eprintln!("fallback mode: read amplification per member {amp:?}, sub-watches {subs:?}");
+    for m in &modes {
+        assert_eq!(*m, ReadMode::Fallback);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_owned_still_initializes() {
+    let server = TestServer::builder().shard_selector(true).build();
+    seed(&server.client("admin"), 20).await;
+    let (_me, o, _d) = member("idle");
+    let api: Api<ConfigMap> = Api::all(server.client("idle"));
+    let mut events = std::pin::pin!(kube_shard::watcher(api, watcher::Config::default(), o));
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(watcher::Event::Init)
+    ));
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(watcher::Event::InitDone)
+    ));
+    let acct = server.accounting("idle");
+    assert_eq!(
+        acct.requests(Verb::List) + acct.requests(Verb::Watch),
+        0,
+        "owning nothing sends nothing"
+    );
+}
+
+/// Ownership moves while a writer keeps updating: final stores equal the owned objects at their latest
+/// resourceVersion; the narrowed member lists nothing, the gaining member lists only the gained range.
+#[tokio::test(start_paused = true)]
+async fn handoff_under_writes_loses_nothing_and_lists_only_gains() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let admin = server.client("admin");
+    let all = seed(&admin, 800).await;
+    let (a, oa, da) = member("a");
+    let (b, ob, db) = member("b");
+    let view1 = grant(grant(AssignmentView::new(1), &a, 0..8, 1), &b, 8..16, 1);
+    da.apply(&view1);
+    db.apply(&view1);
+    let ra = read(&server, "a", &oa);
+    let rb = read(&server, "b", &ob);
+    let own_a: BTreeSet<u32> = (0..8).collect();
+    let own_b: BTreeSet<u32> = (8..16).collect();
+    until(Duration::from_secs(60), "initial", || {
+        ra.store.len() == owned_names(&all, &own_a).len()
+            && rb.store.len() == owned_names(&all, &own_b).len()
+    })
+    .await;
+    let lists_a = ra.stats.lists();
+    let lists_b = rb.stats.lists();
+
+    // a writer that keeps touching every object
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let names_all: Vec<String> = all.keys().cloned().collect();
+    let writer = {
+        let api = api.clone();
+        let names_all = names_all.clone();
+        tokio::spawn(async move {
+            for round in 1..=6 {
+                for n in &names_all {
+                    let patch = serde_json::json!({"data": {"v": round.to_string()}});
+                    api.patch(
+                        n,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+
+    // move shards 2 and 3 from a to b: Moving -> (b warm) -> Draining -> (a released) -> Owned(b)
+    let moving: Vec<u32> = vec![2, 3];
+    let mut view2 = view1.clone();
+    view2.generation = 2;
+    for s in &moving {
+        view2 = view2.with(
+            *s,
+            ShardAssignment::owned(a.clone(), 1).with_handoff(Handoff::Moving {
+                id: 7,
+                to: b.clone(),
+            }),
+        );
+    }
+    da.apply(&view2);
+    db.apply(&view2);
+    until(Duration::from_secs(30), "warm", || {
+        let acks = ob.snapshot().state().acks();
+        moving.iter().all(|s| acks.iter().any(|k| matches!(k, kube_shard::ownership::Ack::Warm { shard, move_id: 7 } if shard == s)))
+    })
+    .await;
+    let mut view3 = view1.clone();
+    view3.generation = 3;
+    for s in &moving {
+        view3 = view3.with(
+            *s,
+            ShardAssignment::owned(a.clone(), 1).with_handoff(Handoff::Draining {
+                id: 7,
+                to: b.clone(),
+            }),
+        );
+    }
+    da.apply(&view3);
+    db.apply(&view3);
+    until(Duration::from_secs(30), "released", || {
+        let acks = oa.snapshot().state().acks();
+        moving.iter().all(|s| acks.iter().any(|k| matches!(k, kube_shard::ownership::Ack::Released { shard, move_id: 7 } if shard == s)))
+    })
+    .await;
+    let mut view4 = view1.clone();
+    view4.generation = 4;
+    for s in &moving {
+        view4 = view4.with(*s, ShardAssignment::owned(b.clone(), 4));
+    }
+    da.apply(&view4);
+    db.apply(&view4);
+    writer.await.unwrap();
+
+    let own_a: BTreeSet<u32> = (0..8).filter(|s| !moving.contains(s)).collect();
+    let own_b: BTreeSet<u32> = (8..16).chain(moving.iter().copied()).collect();
+    let want_a = owned_names(&all, &own_a);
+    let want_b = owned_names(&all, &own_b);
+    until(Duration::from_secs(60), "final projections", || {
+        names(&ra.store) == want_a
+            && names(&rb.store) == want_b
+            && ra
+                .store
+                .state()
+                .iter()
+                .chain(rb.store.state().iter())
+                .all(|c| c.data.as_ref().and_then(|d| d.get("v")).map(String::as_str) == Some("6"))
+    })
+    .await;
+    // every object at its latest resourceVersion
+    let live: BTreeMap<String, String> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| {
+            (
+                c.metadata.name.unwrap(),
+                c.metadata.resource_version.unwrap(),
+            )
+        })
+        .collect();
+    for c in ra.store.state().iter().chain(rb.store.state().iter()) {
+        assert_eq!(
+            c.metadata.resource_version.as_ref(),
+            live.get(c.metadata.name.as_ref().unwrap()),
+            "stale object in a store"
+        );
+    }
+    assert_eq!(ra.stats.lists(), lists_a, "narrowing issues no LIST");
+    assert_eq!(
+        rb.stats.lists(),
+        lists_b + 1,
+        "one LIST for the gained range"
+    );
+    ra.task.abort();
+    rb.task.abort();
+}
+
+/// Delete and recreate one name so the new uid lands in another shard: the store ends with the live object.
+#[tokio::test(start_paused = true)]
+async fn delete_and_recreate_across_shards_ends_with_the_live_object() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let admin = server.client("admin");
+    seed(&admin, 0).await;
+    let (me, o, d) = member("solo");
+    d.apply(&grant(AssignmentView::new(1), &me, 0..16, 1));
+    let r = read(&server, "solo", &o);
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let mut last_uid = String::new();
+    let mut shards_seen = BTreeSet::new();
+    for round in 0..12 {
+        let _ = api.delete("x", &DeleteParams::default()).await;
+        let c = api
+            .create(&PostParams::default(), &cm("x", &round.to_string()))
+            .await
+            .unwrap();
+        last_uid = c.metadata.uid.clone().unwrap();
+        shards_seen.insert(shard_of_uid(&last_uid));
+    }
+    assert!(
+        shards_seen.len() > 1,
+        "recreations landed in several shards"
+    );
+    until(Duration::from_secs(30), "live object", || {
+        r.store
+            .state()
+            .iter()
+            .any(|c| c.metadata.uid.as_deref() == Some(last_uid.as_str()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let state = r.store.state();
+    assert_eq!(state.len(), 1);
+    assert_eq!(state[0].metadata.uid.as_deref(), Some(last_uid.as_str()));
+    r.task.abort();
+}
+
+/// Each fault ends with the same final store, and the mode flips as specified.
+async fn fault_scenario(gate: bool, fault: impl FnOnce(&TestServer), expect_mode: ReadMode) {
+    let server = TestServer::builder()
+        .shard_selector(gate)
+        .bookmark_interval(Duration::from_secs(5))
+        .build();
+    let admin = server.client("admin");
+    let all = seed(&admin, 300).await;
+    let (me, o, d) = member("f");
+    let owned: BTreeSet<u32> = (0..6).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    fault(&server);
+    let r = read(&server, "f", &o);
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    // keep writing through the fault
+    for (i, n) in all.keys().enumerate().take(60) {
+        let patch = serde_json::json!({"data": {"v": "w"}});
+        api.patch(
+            n,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+        if i % 10 == 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(600), "final store", || {
+        names(&r.store) == want
+            && r.store.state().iter().all(|c| {
+                let touched = all
+                    .keys()
+                    .take(60)
+                    .any(|n| Some(n) == c.metadata.name.as_ref());
+                !touched
+                    || c.data.as_ref().and_then(|d| d.get("v")).map(String::as_str) == Some("w")
+            })
+    })
+    .await;
+    assert_eq!(r.stats.mode(), expect_mode, "mode after the fault");
+    r.task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_gate_skew_per_request() {
+    fault_scenario(
+        true,
+        |s| s.faults().gate_skew(GateSkew::PerRequest),
+        ReadMode::Fallback,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_gate_skew_per_connection() {
+    fault_scenario(
+        true,
+        |s| s.faults().gate_skew(GateSkew::PerConnection),
+        ReadMode::Fallback,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_list_filtered_watch_not() {
+    fault_scenario(
+        true,
+        |s| s.faults().unfiltered_watch("configmaps", true),
+        ReadMode::Fallback,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_compaction_forces_relist() {
+    fault_scenario(
+        true,
+        |s| {
+            let f = s.faults();
+            f.compact();
+        },
+        ReadMode::Server,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_server_errors_burst() {
+    fault_scenario(
+        true,
+        |s| {
+            s.faults()
+                .fail_next(Scope::identity("f"), FailRule::status(503).times(5));
+            s.faults().fail_next(
+                Scope::identity("f"),
+                FailRule::status(500).times(3).verb(Verb::Watch),
+            );
+        },
+        ReadMode::Server,
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_closed_and_frozen_watches() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let admin = server.client("admin");
+    let all = seed(&admin, 100).await;
+    let (me, o, d) = member("w");
+    let owned: BTreeSet<u32> = (0..16).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let r = read(&server, "w", &o);
+    until(Duration::from_secs(30), "initial", || {
+        r.store.len() == all.len()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    server.faults().close_watches(Scope::All);
+    api.patch(
+        "cm-1",
+        &Default::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"closed"}})),
+    )
+    .await
+    .unwrap();
+    until(Duration::from_secs(60), "event after close", || {
+        r.store.state().iter().any(|c| {
+            c.metadata.name.as_deref() == Some("cm-1") && c.data.as_ref().unwrap()["v"] == "closed"
+        })
+    })
+    .await;
+    server.faults().freeze_watches(Scope::All, true);
+    api.patch(
+        "cm-2",
+        &Default::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"frozen"}})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.faults().freeze_watches(Scope::All, false);
+    // the frozen connection is noticed at its idle timeout and re-watched
+    until(Duration::from_secs(400), "event after freeze", || {
+        r.store.state().iter().any(|c| {
+            c.metadata.name.as_deref() == Some("cm-2") && c.data.as_ref().unwrap()["v"] == "frozen"
+        })
+    })
+    .await;
+    assert_eq!(r.stats.mode(), ReadMode::Server);
+    r.task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn fault_lagging_lists() {
+    fault_scenario(true, |s| s.faults().lagging_lists(true), ReadMode::Server).await;
+}
