@@ -584,3 +584,213 @@ async fn fault_closed_and_frozen_watches() {
 async fn fault_lagging_lists() {
     fault_scenario(true, |s| s.faults().lagging_lists(true), ReadMode::Server).await;
 }
+
+/// `Controller::for_stream` end to end: every owned object is reconciled; a shard that becomes Owned is
+/// reconciled; and an un-fencing (no object changes at all) re-enqueues the owned objects through
+/// `reconcile_on` — the path that bypasses trigger-stream predicates.
+#[tokio::test(start_paused = true)]
+async fn controller_for_stream_reconciles_owned_and_reenqueued_objects() {
+    use kube::runtime::{controller::Action, Controller, WatchStreamExt};
+    use std::sync::{Arc, Mutex};
+
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 300).await;
+    let (me, o, d) = member("ctl");
+    d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
+    let api: Api<ConfigMap> = Api::all(server.client("ctl"));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(Duration::from_secs(1))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let seen: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let ctx = seen.clone();
+    let ctrl = Controller::for_stream(sharded.events.applied_objects(), store.clone())
+        .reconcile_on(sharded.reenqueue)
+        .run(
+            |obj: Arc<ConfigMap>, ctx: Arc<Mutex<BTreeMap<String, usize>>>| async move {
+                *ctx.lock()
+                    .unwrap()
+                    .entry(obj.metadata.name.clone().unwrap())
+                    .or_default() += 1;
+                Ok::<_, std::convert::Infallible>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            ctx,
+        )
+        .for_each(|_| async {});
+    let task = tokio::spawn(ctrl);
+    let count = |owned: &BTreeSet<u32>, at_least: usize| {
+        let seen = seen.lock().unwrap();
+        owned_names(&all, owned)
+            .iter()
+            .all(|n| seen.get(n).copied().unwrap_or(0) >= at_least)
+    };
+    let first: BTreeSet<u32> = (0..8).collect();
+    until(Duration::from_secs(60), "first reconciles", || {
+        count(&first, 1)
+    })
+    .await;
+    // no object outside the owned shards was ever reconciled
+    {
+        let seen = seen.lock().unwrap();
+        let owned = owned_names(&all, &first);
+        assert!(
+            seen.keys().all(|n| owned.contains(n)),
+            "only owned objects are reconciled"
+        );
+    }
+    // gain shards 8..12: reconciled once they are Owned
+    d.apply(&grant(
+        grant(AssignmentView::new(2), &me, 0..8, 1),
+        &me,
+        8..12,
+        2,
+    ));
+    let second: BTreeSet<u32> = (0..12).collect();
+    until(
+        Duration::from_secs(60),
+        "reconciles after activation",
+        || count(&second, 1),
+    )
+    .await;
+    // self-fence and renew: nothing changes in the objects, yet every owned object is reconciled again
+    let before: BTreeMap<String, usize> = seen.lock().unwrap().clone();
+    d.taken_over();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    d.renew();
+    until(
+        Duration::from_secs(60),
+        "re-enqueue after un-fencing",
+        || {
+            let seen = seen.lock().unwrap();
+            owned_names(&all, &second)
+                .iter()
+                .all(|n| seen.get(n).copied().unwrap_or(0) > before.get(n).copied().unwrap_or(0))
+        },
+    )
+    .await;
+    task.abort();
+}
+
+/// Streaming lists (`sendInitialEvents=true`) project the same objects, and are filtered by the server.
+#[tokio::test(start_paused = true)]
+async fn streaming_list_initial_sync() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 400).await;
+    let (me, o, d) = member("s");
+    let owned: BTreeSet<u32> = (4..12).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let api: Api<ConfigMap> = Api::all(server.client("s"));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default().streaming_lists(), o.clone())
+        .barrier_timeout(Duration::from_secs(1))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let stats = sharded.stats.clone();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(60), "streamed projection", || {
+        names(&store) == want
+    })
+    .await;
+    assert_eq!(stats.mode(), ReadMode::Server);
+    let acct = server.accounting("s");
+    assert_eq!(
+        acct.requests(Verb::List) - stats.activations() - stats.targeted_lists(),
+        0,
+        "no LIST besides barrier probes"
+    );
+    assert!(acct.distinct_uids as f64 / want.len() as f64 <= 1.05);
+    task.abort();
+}
+
+/// A metadata-only watcher projects `PartialObjectMeta` of the owned objects.
+#[tokio::test(start_paused = true)]
+async fn metadata_watcher_projects_owned_metadata() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 200).await;
+    let (me, o, d) = member("meta");
+    let owned: BTreeSet<u32> = (0..5).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let api: Api<ConfigMap> = Api::all(server.client("meta"));
+    let sharded = ShardedWatcher::metadata(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(Duration::from_secs(1))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(60), "metadata projection", || {
+        store
+            .state()
+            .iter()
+            .map(|m| m.metadata.name.clone().unwrap())
+            .collect::<BTreeSet<_>>()
+            == want
+    })
+    .await;
+    task.abort();
+}
+
+/// After a fallback, server mode comes back once the server filters again (re-probe), without losing objects.
+#[tokio::test(start_paused = true)]
+async fn server_mode_returns_after_reprobe() {
+    let server = TestServer::builder().shard_selector(false).build();
+    let all = seed(&server.client("admin"), 200).await;
+    let (me, o, d) = member("p");
+    let owned: BTreeSet<u32> = (0..8).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let r = read(&server, "p", &o);
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(60), "fallback projection", || {
+        names(&r.store) == want
+    })
+    .await;
+    assert_eq!(r.stats.mode(), ReadMode::Fallback);
+    server.set_shard_selector(true);
+    until(Duration::from_secs(120), "server mode again", || {
+        r.stats.mode() == ReadMode::Server
+    })
+    .await;
+    assert!(r.stats.probes() >= 1);
+    server.reset_accounting();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
+    for n in all.keys() {
+        api.patch(
+            n,
+            &Default::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"after"}})),
+        )
+        .await
+        .unwrap();
+    }
+    until(Duration::from_secs(60), "updates after re-probe", || {
+        names(&r.store) == want
+            && r.store
+                .state()
+                .iter()
+                .all(|c| c.data.as_ref().unwrap()["v"] == "after")
+    })
+    .await;
+    let acct = server.accounting("p");
+    assert!(
+        acct.distinct_uids as usize <= want.len() + want.len() / 20,
+        "back in server mode the member reads only what it owns: {} uids for {} owned",
+        acct.distinct_uids,
+        want.len()
+    );
+    r.task.abort();
+}
