@@ -110,6 +110,7 @@ pub(crate) struct Manager<K: Resource> {
     read: BTreeSet<u32>,
     want: RangeSet,
     incoming: BTreeMap<u32, u64>,
+    incoming_since: BTreeMap<(u32, u64), Instant>,
     warm_reported: BTreeSet<(u32, u64)>,
     barriers: BTreeMap<u32, Barrier>,
     reenqueue_wait: BTreeSet<u32>,
@@ -156,6 +157,7 @@ where
             read: BTreeSet::new(),
             want: RangeSet::new(),
             incoming: BTreeMap::new(),
+            incoming_since: BTreeMap::new(),
             warm_reported: BTreeSet::new(),
             barriers: BTreeMap::new(),
             reenqueue_wait: BTreeSet::new(),
@@ -250,6 +252,12 @@ where
             .retain(|(s, m)| incoming.get(s) == Some(m));
         self.reader
             .retain(|s| incoming.contains_key(&s) || activating.contains_key(&s));
+        let now = Instant::now();
+        self.incoming_since
+            .retain(|(s, m), _| incoming.get(s) == Some(m));
+        for (s, m) in &incoming {
+            self.incoming_since.entry((*s, *m)).or_insert(now);
+        }
         self.incoming = incoming;
         self.reenqueue_wait.retain(|s| read.contains(s));
         let want = self
@@ -593,6 +601,10 @@ where
         for (shard, move_id) in warm {
             self.warm_reported.insert((shard, move_id));
             self.stats.warm_reports.fetch_add(1, Ordering::Relaxed);
+            if let Some(since) = self.incoming_since.get(&(shard, move_id)) {
+                let ms = since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+                self.stats.warm_latency_ms.fetch_add(ms, Ordering::Relaxed);
+            }
             self.reader.report_warm(shard, move_id);
         }
         let passed: Vec<(u32, u64)> = self

@@ -51,6 +51,7 @@
 
 mod index;
 mod manager;
+mod metrics;
 mod mode;
 mod plan;
 pub(crate) mod registry;
@@ -73,6 +74,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use manager::{Manager, Out, Settings};
+pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
 
 use crate::ownership::Ownership;
@@ -172,6 +174,7 @@ pub struct ShardedWatcher<K: Resource> {
     ownership: Ownership,
     metadata: bool,
     settings: Settings<K>,
+    metrics: Option<ReadPathMetrics>,
 }
 
 impl<K: Resource> Debug for ShardedWatcher<K> {
@@ -232,6 +235,7 @@ where
     /// A sharded metadata-only watcher of `api`'s collection.
     pub fn metadata(api: Api<K>, config: kube_watcher::Config, ownership: Ownership) -> Self {
         let url = api.resource_url().to_owned();
+        let url_for_name = url.clone();
         let client = api.into_client();
         ShardedWatcher {
             api_url: url,
@@ -239,7 +243,11 @@ where
             config,
             ownership,
             metadata: true,
-            settings: Settings::defaults(K::DynamicType::default()),
+            settings: Settings {
+                name: format!("{url_for_name}#metadata"),
+                ..Settings::defaults(K::DynamicType::default())
+            },
+            metrics: None,
         }
     }
 }
@@ -284,6 +292,7 @@ where
             ownership,
             metadata: false,
             settings,
+            metrics: None,
         }
     }
 
@@ -317,14 +326,27 @@ where
         self
     }
 
-    /// A name for logs and the reader registry (default: the collection URL).
+    /// Report this watcher's counters through `metrics`.
+    pub fn metrics(mut self, metrics: &ReadPathMetrics) -> Self {
+        self.metrics = Some(metrics.clone());
+        self
+    }
+
+    /// A name for logs and metrics (default: the collection URL).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.settings.name = name.into();
         self
     }
 
     fn start(self, writer: Option<Writer<K>>) -> Sharded<K> {
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats {
+            name: self.settings.name.clone(),
+            ..Stats::default()
+        });
+        let stats_handle = WatcherStats(stats.clone());
+        if let Some(metrics) = &self.metrics {
+            metrics.track(&stats_handle);
+        }
         let (tx, rx) = mpsc::channel(256);
         let requests = request::Requests::new(&self.api_url, self.config, self.metadata);
         let manager = Manager::new(
@@ -348,7 +370,7 @@ where
                 rx: re_rx,
                 pace: Pace::new(),
             },
-            stats: WatcherStats(stats),
+            stats: stats_handle,
             store,
         }
     }
@@ -509,6 +531,8 @@ pub struct WatcherStats(Arc<Stats>);
 
 #[derive(Default, Debug)]
 pub(crate) struct Stats {
+    pub(crate) name: String,
+    pub(crate) warm_latency_ms: AtomicU64,
     pub(crate) fallback: AtomicBool,
     pub(crate) initialized: AtomicBool,
     pub(crate) mode_flips: AtomicU64,
