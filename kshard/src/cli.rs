@@ -21,6 +21,8 @@ enum Command {
     Hash(HashArgs),
     /// Print the canonical KEP-5866 selector for a set of owned shards, or check an expression.
     Selector(SelectorArgs),
+    /// Run the in-process test API server over HTTP (KEP-5866 gate switchable) until interrupted.
+    Testserver(crate::testserver_cmd::TestserverArgs),
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +99,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Hash(args) => hash(&args, &mut out),
         Command::Selector(args) => selector(&args, &mut out),
+        Command::Testserver(args) => crate::testserver_cmd::run(&args, &mut out),
     }
 }
 

@@ -7,9 +7,12 @@
 //!   the owned shards; owning nothing exits 2.
 //! - `kshard selector --check EXPR` prints the canonical form of an accepted expression, or exits 2 with
 //!   the reason on stderr.
+//! - `kshard testserver [--listen ADDR] [--kubeconfig-out PATH] [--shard-selector on|off]` prints
+//!   `serving URL` once it listens (the kubeconfig is written before), then serves until SIGINT/SIGTERM.
 #![forbid(unsafe_code)]
 
 mod cli;
+mod testserver_cmd;
 
 use std::process::ExitCode;
 

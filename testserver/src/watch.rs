@@ -195,7 +195,12 @@ impl WatchStream {
             }
             let rx = self.rx.as_mut()?;
             if Instant::now() >= self.deadline {
-                return None;
+                // Deliver what happened before the deadline (a thawed watch may be past it), then end.
+                while let Ok(c) = rx.try_recv() {
+                    self.pending.push_back(Pending::Change(c));
+                }
+                self.rx = None;
+                continue;
             }
             tokio::select! {
                 biased;
@@ -213,7 +218,7 @@ impl WatchStream {
                     self.pending.push_back(Pending::Bookmark { rv, initial_end: false });
                     self.next_bookmark = Instant::now() + self.interval;
                 }
-                _ = sleep_until(self.deadline) => return None,
+                _ = sleep_until(self.deadline) => {}
             }
         }
     }

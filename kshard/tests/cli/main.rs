@@ -1,3 +1,4 @@
 //! Tests that run the built `kshard` binary (one integration-test binary for the crate).
 
 mod hash_selector;
+mod testserver;

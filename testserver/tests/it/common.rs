@@ -43,3 +43,37 @@ pub fn code(e: &kube::Error) -> Option<u16> {
         _ => None,
     }
 }
+
+/// GET `uri` (path and query) as JSON through a client.
+pub async fn get_json(client: &kube::Client, uri: &str) -> Result<serde_json::Value, kube::Error> {
+    get_json_accept(client, uri, "application/json").await
+}
+
+pub async fn get_json_accept(
+    client: &kube::Client,
+    uri: &str,
+    accept: &str,
+) -> Result<serde_json::Value, kube::Error> {
+    let req = http::Request::get(uri)
+        .header("accept", accept)
+        .body(Vec::new())
+        .unwrap();
+    let text = client.request_text(req).await?;
+    Ok(serde_json::from_str(&text).unwrap())
+}
+
+pub fn enc(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// Names of the items of a list answer.
+pub fn item_names(list: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}

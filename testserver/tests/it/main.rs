@@ -1,5 +1,12 @@
 //! Integration tests of the testserver, through real `kube::Client`s and the stock `kube_runtime`
 //! watcher and reflector. One binary; modules by topic.
 
+mod audit;
 mod common;
+mod crd;
 mod crud;
+mod faults;
+mod http;
+mod load;
+mod shard;
+mod watcher;

@@ -1,0 +1,67 @@
+//! `kshard testserver`: run kube-shard's in-process API server standalone, over HTTP, for `kubectl`
+//! and any kube client.
+//!
+//! Output contract: the first stdout line is `serving <URL>`; a kubeconfig (one `token:` user) is
+//! written before it when `--kubeconfig-out` is given. Runs until interrupted (SIGINT or SIGTERM).
+
+use std::{io::Write, net::SocketAddr, path::PathBuf};
+
+use clap::Args;
+use kube_shard_testserver::TestServer;
+
+use crate::cli::CliError;
+
+#[derive(Debug, Args)]
+pub(crate) struct TestserverArgs {
+    /// The address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Write a kubeconfig for the server (with a bearer token) to this path.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig_out: Option<PathBuf>,
+    /// The ShardedListAndWatch feature gate (KEP-5866 shardSelector).
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    shard_selector: String,
+    /// The identity the kubeconfig's token stands for (requests are accounted per identity).
+    #[arg(long, default_value = "admin")]
+    identity: String,
+    /// Also run garbage collection and namespace finalisation (a bare kube-apiserver does not).
+    #[arg(long)]
+    controllers: bool,
+}
+
+pub(crate) fn run(args: &TestserverArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let server = TestServer::builder()
+            .shard_selector(args.shard_selector == "on")
+            .controllers(args.controllers)
+            .build();
+        let http = server.serve_http_on(args.listen).await?;
+        if let Some(path) = &args.kubeconfig_out {
+            http.write_kubeconfig(path, &args.identity)?;
+        }
+        writeln!(out, "serving {}", http.url())?;
+        out.flush()?;
+        shutdown_signal().await?;
+        drop(http);
+        Ok(())
+    })
+}
+
+#[cfg(unix)]
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+#[cfg(not(unix))]
+async fn shutdown_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}

@@ -1,0 +1,117 @@
+//! The fence audit.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    api::{Api, Patch, PatchParams, PostParams},
+    core::Request,
+};
+use kube_shard::token::{FENCE_ANNOTATION, FENCE_HEADER};
+use kube_shard_testserver::{FenceSource, TestServer};
+use serde_json::json;
+
+use crate::common::cm;
+
+fn fenced_patch(name: &str, fence: &str, patch: serde_json::Value) -> http::Request<Vec<u8>> {
+    let mut req = Request::new("/api/v1/namespaces/default/configmaps")
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .unwrap();
+    req.headers_mut()
+        .insert(FENCE_HEADER, fence.parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn lower_epoch_commits_are_flagged() {
+    let server = TestServer::new();
+    let client = server.client("m1");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut c = cm("obj");
+    c.metadata.annotations = Some([(FENCE_ANNOTATION.to_string(), "7/100".to_string())].into());
+    let created = api.create(&PostParams::default(), &c).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+
+    // Header fences, higher epoch: fine.
+    let _: ConfigMap = server
+        .client("m2")
+        .request(fenced_patch("obj", "7/200", json!({"data": {"a": "1"}})))
+        .await
+        .unwrap();
+    assert_eq!(server.fence_violations(), 0);
+    // The old owner commits late with epoch 100 (annotation): flagged.
+    api.patch(
+        "obj",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {FENCE_ANNOTATION: "7/100"}}, "data": {"a": "2"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    // Another shard's epochs are independent.
+    let _: ConfigMap = client
+        .request(fenced_patch("obj", "8/1", json!({"data": {"b": "1"}})))
+        .await
+        .unwrap();
+    let audit = server.fence_audit();
+    assert_eq!(audit.commits.len(), 4);
+    assert_eq!(audit.violation_count(), 1);
+    let v = &audit.violations[0];
+    assert_eq!(
+        (v.commit.token.shard, v.commit.token.epoch, v.highest_epoch),
+        (7, 100, 200)
+    );
+    assert_eq!(v.commit.identity, "m1");
+    assert_eq!(v.commit.uid, uid);
+    assert_eq!(v.commit.source, FenceSource::Annotation);
+    assert_eq!(audit.highest_epoch(&uid, 7), Some(200));
+    assert_eq!(audit.highest_epoch(&uid, 8), Some(1));
+}
+
+#[tokio::test]
+async fn malformed_fences_are_audit_errors_not_failures() {
+    let server = TestServer::new();
+    let client = server.client("m");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &cm("obj"))
+        .await
+        .unwrap();
+    let _: ConfigMap = client
+        .request(fenced_patch(
+            "obj",
+            "not-a-token",
+            json!({"data": {"a": "1"}}),
+        ))
+        .await
+        .unwrap();
+    let audit = server.fence_audit();
+    assert_eq!(audit.errors.len(), 1);
+    assert_eq!(audit.errors[0].raw, "not-a-token");
+    assert_eq!(audit.errors[0].source, FenceSource::Header);
+    assert_eq!(audit.violation_count(), 0);
+}
+
+#[tokio::test]
+async fn failed_writes_are_not_commits() {
+    let server = TestServer::new();
+    let client = server.client("m");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &cm("obj"))
+        .await
+        .unwrap();
+    let _: ConfigMap = client
+        .request(fenced_patch("obj", "1/10", json!({"data": {"a": "1"}})))
+        .await
+        .unwrap();
+    // A stale-RV fenced write with a lower epoch is refused (409), so nothing is flagged.
+    let err = client
+        .request::<ConfigMap>(fenced_patch(
+            "obj",
+            "1/5",
+            json!({"metadata": {"resourceVersion": "1"}}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(crate::common::code(&err), Some(409));
+    assert_eq!(server.fence_violations(), 0);
+    assert_eq!(server.fence_audit().commits.len(), 1);
+}
