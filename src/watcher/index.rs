@@ -32,7 +32,9 @@ pub(crate) fn parse_rv(rv: Option<&str>) -> Option<u64> {
 }
 
 struct Entry<K> {
-    obj: K,
+    /// `None` once the consumer's store holds this very version (reflector mode): it is taken back from
+    /// the store when needed, so a projected object is not held twice.
+    obj: Option<K>,
     rv: Option<u64>,
     hash: u64,
     shard: u32,
@@ -46,8 +48,16 @@ pub(crate) struct Relist<K> {
     pub(crate) rv: Option<u64>,
 }
 
+/// Reads the consumer's store (reflector mode).
+pub(crate) type Lookup<K> = Box<dyn Fn(&RefKey) -> Option<K> + Send + Sync>;
+
 /// The index and its projection.
 pub(crate) struct Index<K> {
+    lookup: Option<Lookup<K>>,
+    /// Emitted `(uid, rv)`s whose copy may be dropped once the store is seen holding them, in emission order.
+    pending_drop: VecDeque<(Arc<str>, Option<u64>)>,
+    /// Entries whose only copy is in the store.
+    handed: usize,
     key: ShardKey,
     count: ShardCount,
     entries: HashMap<Arc<str>, Entry<K>>,
@@ -66,6 +76,9 @@ pub(crate) struct Index<K> {
 impl<K: Resource + Clone> Index<K> {
     pub(crate) fn new(key: ShardKey, count: ShardCount) -> Self {
         Index {
+            lookup: None,
+            pending_drop: VecDeque::new(),
+            handed: 0,
             key,
             count,
             entries: HashMap::new(),
@@ -77,6 +90,76 @@ impl<K: Resource + Clone> Index<K> {
             initialized: false,
             out: VecDeque::new(),
             unplaceable: 0,
+        }
+    }
+
+    /// An index that hands projected objects over to the consumer's store, read through `lookup`.
+    pub(crate) fn with_store(key: ShardKey, count: ShardCount, lookup: Lookup<K>) -> Self {
+        let mut index = Self::new(key, count);
+        index.lookup = Some(lookup);
+        index
+    }
+
+    /// Number of objects whose only copy is in the consumer's store.
+    pub(crate) fn handed_over(&self) -> usize {
+        self.handed
+    }
+
+    /// Whether copies wait for the consumer to apply them.
+    pub(crate) fn has_pending_handover(&self) -> bool {
+        !self.pending_drop.is_empty()
+    }
+
+    /// Drop the index's copy of every emitted object the consumer's store now holds at the same version.
+    pub(crate) fn confirm_handover(&mut self) {
+        let Some(lookup) = self.lookup.as_ref() else {
+            return;
+        };
+        while let Some((uid, rv)) = self.pending_drop.front().cloned() {
+            let Some(entry) = self.entries.get_mut(&uid) else {
+                self.pending_drop.pop_front();
+                continue;
+            };
+            if self.emitted.get(&entry.key) != Some(&(uid.clone(), rv)) || entry.rv != rv {
+                // superseded before the consumer applied it
+                self.pending_drop.pop_front();
+                continue;
+            }
+            match lookup(&entry.key) {
+                Some(held) if held_is(&held, &uid, rv) => {
+                    if entry.obj.take().is_some() {
+                        self.handed += 1;
+                    }
+                    self.pending_drop.pop_front();
+                }
+                // not applied yet: neither is anything emitted after it
+                _ => break,
+            }
+        }
+    }
+
+    /// The object of `uid`: the index's copy, or the store's when it was handed over.
+    fn object_of(&self, uid: &Arc<str>) -> Option<K> {
+        let e = self.entries.get(uid)?;
+        if let Some(obj) = &e.obj {
+            return Some(obj.clone());
+        }
+        self.lookup
+            .as_ref()
+            .and_then(|l| l(&e.key))
+            .filter(|held| held_is(held, uid, e.rv))
+    }
+
+    /// Take back the store's copy of `uid` before the store stops holding it.
+    fn restore(&mut self, uid: &Arc<str>) {
+        if self.entries.get(uid).is_some_and(|e| e.obj.is_none()) {
+            let obj = self.object_of(uid);
+            if let Some(e) = self.entries.get_mut(uid) {
+                if obj.is_some() {
+                    self.handed -= 1;
+                }
+                e.obj = obj;
+            }
         }
     }
 
@@ -147,17 +230,21 @@ impl<K: Resource + Clone> Index<K> {
             self.tombstones.remove(&uid);
         }
         if let Some(held) = self.entries.get(&uid) {
-            if newer(held.rv, rv) {
+            if newer(held.rv, rv) || (rv.is_some() && held.rv == rv) {
+                // older, or this very version again (a relist): nothing changes
                 return;
             }
         }
         let key = Self::ref_of(&obj);
         let shard = self.count.shard_of(hash);
         let fresh = !self.entries.contains_key(&uid);
+        if self.entries.get(&uid).is_some_and(|e| e.obj.is_none()) {
+            self.handed -= 1;
+        }
         self.entries.insert(
             uid.clone(),
             Entry {
-                obj,
+                obj: Some(obj),
                 rv,
                 hash,
                 shard,
@@ -195,6 +282,9 @@ impl<K: Resource + Clone> Index<K> {
         let Some(entry) = self.entries.remove(uid) else {
             return;
         };
+        if entry.obj.is_none() {
+            self.handed -= 1;
+        }
         if let Some(uids) = self.by_ref.get_mut(&entry.key) {
             uids.retain(|u| u != uid);
             if uids.is_empty() {
@@ -208,7 +298,13 @@ impl<K: Resource + Clone> Index<K> {
             }
         }
         let key = entry.key.clone();
-        self.reproject(&key, Some(last.unwrap_or(entry.obj)));
+        let last = last.or(entry.obj).or_else(|| {
+            self.lookup
+                .as_ref()
+                .and_then(|l| l(&entry.key))
+                .filter(|held| held_is(held, uid, entry.rv))
+        });
+        self.reproject(&key, last);
     }
 
     /// A sub-watch relisted `ranges`: apply what is present, delete what vanished (unless it is newer than
@@ -304,9 +400,14 @@ impl<K: Resource + Clone> Index<K> {
         let keys: Vec<RefKey> = self.by_ref.keys().cloned().collect();
         for key in keys {
             if let Some(uid) = self.winner(&key) {
-                let e = &self.entries[&uid];
-                self.emitted.insert(key, (uid.clone(), e.rv));
-                self.out.push_back(Event::InitApply(e.obj.clone()));
+                let rv = self.entries[&uid].rv;
+                if let Some(obj) = self.object_of(&uid) {
+                    self.emitted.insert(key, (uid.clone(), rv));
+                    self.out.push_back(Event::InitApply(obj));
+                    if self.lookup.is_some() {
+                        self.pending_drop.push_back((uid, rv));
+                    }
+                }
             }
         }
         self.out.push_back(Event::InitDone);
@@ -343,15 +444,27 @@ impl<K: Resource + Clone> Index<K> {
         let have = self.emitted.get(key).cloned();
         match (want, have) {
             (Some(uid), have) => {
-                let e = &self.entries[&uid];
-                if have.as_ref() != Some(&(uid.clone(), e.rv)) {
-                    self.emitted.insert(key.clone(), (uid.clone(), e.rv));
-                    self.out.push_back(Event::Apply(e.obj.clone()));
+                let rv = self.entries[&uid].rv;
+                if have.as_ref() != Some(&(uid.clone(), rv)) {
+                    // another uid of this name leaves the store: keep its object
+                    if let Some((old, _)) = &have {
+                        if *old != uid {
+                            self.restore(old);
+                        }
+                    }
+                    if let Some(obj) = self.object_of(&uid) {
+                        self.emitted.insert(key.clone(), (uid.clone(), rv));
+                        self.out.push_back(Event::Apply(obj));
+                        if self.lookup.is_some() {
+                            self.pending_drop.push_back((uid, rv));
+                        }
+                    }
                 }
             }
             (None, Some((uid, _))) => {
+                self.restore(&uid);
                 self.emitted.remove(key);
-                let obj = self.entries.get(&uid).map(|e| e.obj.clone()).or(last);
+                let obj = self.entries.get(&uid).and_then(|e| e.obj.clone()).or(last);
                 if let Some(obj) = obj {
                     self.out.push_back(Event::Delete(obj));
                 }
@@ -359,6 +472,12 @@ impl<K: Resource + Clone> Index<K> {
             (None, None) => {}
         }
     }
+}
+
+/// Whether `held` is the object `uid` at `rv`.
+fn held_is<K: Resource>(held: &K, uid: &str, rv: Option<u64>) -> bool {
+    held.meta().uid.as_deref() == Some(uid)
+        && parse_rv(held.meta().resource_version.as_deref()) == rv
 }
 
 /// `held` is strictly newer than `incoming` (unknown versions never win).
@@ -572,5 +691,92 @@ mod tests {
         o.metadata.uid = None;
         ix.upsert(o);
         assert_eq!((ix.len(), ix.unplaceable), (0, 1));
+    }
+
+    #[test]
+    fn reflector_mode_hands_objects_over_and_takes_them_back() {
+        use std::sync::Mutex;
+        type Fake = Arc<Mutex<HashMap<RefKey, ConfigMap>>>;
+        let s = ShardCount::new(2).unwrap();
+        let uids: Vec<String> = (0..64).map(|i| format!("{i}-uid")).collect();
+        let in0 = uids.iter().find(|u| shard_of(u, s) == 0).unwrap().clone();
+        let in1 = uids.iter().find(|u| shard_of(u, s) == 1).unwrap().clone();
+        let store: Fake = Arc::default();
+        let reader = store.clone();
+        let mut ix: Index<ConfigMap> = Index::with_store(
+            ShardKey::Uid,
+            s,
+            Box::new(move |k| reader.lock().unwrap().get(k).cloned()),
+        );
+        // the consumer: applies every event to the store; returns what it saw
+        let consume = |ix: &mut Index<ConfigMap>, store: &Fake| -> Vec<String> {
+            let mut seen = Vec::new();
+            while let Some(ev) = ix.pop() {
+                let mut st = store.lock().unwrap();
+                match ev {
+                    Event::InitApply(o) | Event::Apply(o) => {
+                        seen.push(format!("apply {}", o.metadata.uid.clone().unwrap()));
+                        st.insert(Index::<ConfigMap>::ref_of(&o), o);
+                    }
+                    Event::Delete(o) => {
+                        assert!(o.data.is_some(), "a Delete carries the whole object");
+                        seen.push(format!("delete {}", o.metadata.uid.clone().unwrap()));
+                        st.remove(&Index::<ConfigMap>::ref_of(&o));
+                    }
+                    _ => {}
+                }
+            }
+            seen
+        };
+        let with_data = |name: &str, uid: &str, rv: u64| {
+            let mut c = cm(name, uid, rv);
+            c.data = Some([("k".to_owned(), uid.to_owned())].into());
+            c
+        };
+        ix.set_projected([0, 1]);
+        ix.upsert(with_data("a", &in0, 1));
+        ix.initialize();
+        assert!(ix.has_pending_handover());
+        ix.confirm_handover();
+        assert_eq!(ix.handed_over(), 0, "not applied yet: the copy stays");
+        consume(&mut ix, &store);
+        ix.confirm_handover();
+        assert_eq!(ix.handed_over(), 1, "the store holds it: one copy only");
+        // unprojecting it (fallback keeps the cache) takes the object back and deletes it whole
+        ix.set_projected([1]);
+        assert_eq!(consume(&mut ix, &store), [format!("delete {in0}")]);
+        assert_eq!(ix.handed_over(), 0);
+        assert_eq!(ix.len(), 1);
+        // name reuse: the old uid is handed over, a newer uid replaces it, then the newer one is deleted
+        ix.set_projected([0, 1]);
+        consume(&mut ix, &store);
+        ix.confirm_handover();
+        assert_eq!(ix.handed_over(), 1);
+        ix.upsert(with_data("a", &in1, 5));
+        assert_eq!(consume(&mut ix, &store), [format!("apply {in1}")]);
+        ix.confirm_handover();
+        ix.delete(with_data("a", &in1, 6));
+        assert_eq!(
+            consume(&mut ix, &store),
+            [format!("apply {in0}")],
+            "the old uid comes back whole"
+        );
+        assert_eq!(
+            store
+                .lock()
+                .unwrap()
+                .values()
+                .next()
+                .unwrap()
+                .data
+                .as_ref()
+                .unwrap()["k"],
+            in0
+        );
+        assert_eq!(
+            ix.handed_over(),
+            ix.entries.values().filter(|e| e.obj.is_none()).count(),
+            "the counter follows the entries"
+        );
     }
 }

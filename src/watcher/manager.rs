@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -121,7 +121,7 @@ pub(crate) struct Manager<K: Resource> {
 impl<K> Manager<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Send + Sync,
+    K::DynamicType: Clone + Send + Sync + Eq + std::hash::Hash,
 {
     pub(crate) fn new(
         client: Client,
@@ -130,6 +130,7 @@ where
         settings: Settings<K>,
         stats: Arc<Stats>,
         out: mpsc::Sender<Out<K>>,
+        store: Option<Store<K>>,
     ) -> Self {
         let config = ownership.config().clone();
         let (sub_tx, sub_rx) = mpsc::channel(256);
@@ -141,7 +142,24 @@ where
             key: config.key,
             count: config.shards,
             detector: ModeDetector::new(settings.probe_interval, settings.probe_max),
-            index: Index::new(config.key, config.shards),
+            index: match store {
+                Some(store) => {
+                    let dyntype = settings.dyntype.clone();
+                    Index::with_store(
+                        config.key,
+                        config.shards,
+                        Box::new(move |(ns, name)| {
+                            let r = ObjectRef::new_with(name, dyntype.clone());
+                            let r = match ns {
+                                Some(ns) => r.within(ns),
+                                None => r,
+                            };
+                            store.get(&r).map(|held| (*held).clone())
+                        }),
+                    )
+                }
+                None => Index::new(config.key, config.shards),
+            },
             ownership,
             settings,
             stats,
@@ -818,10 +836,12 @@ where
         let probe = (!self.probing)
             .then(|| self.detector.next_probe())
             .flatten();
-        match (barrier, probe) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // copies handed to the consumer's store are dropped once it applied them
+        let handover = self
+            .index
+            .has_pending_handover()
+            .then(|| Instant::now() + Duration::from_millis(500));
+        [barrier, probe, handover].into_iter().flatten().min()
     }
 
     fn on_timer(&mut self) {
@@ -854,6 +874,7 @@ where
             self.index.initialize();
             self.stats.initialized.store(true, Ordering::Relaxed);
         }
+        self.index.confirm_handover();
         while let Some(ev) = self.index.pop() {
             self.outq.push_back(Out::Event(ev));
         }
@@ -894,6 +915,9 @@ where
         self.stats
             .indexed
             .store(self.index.len() as u64, Ordering::Relaxed);
+        self.stats
+            .handed_over
+            .store(self.index.handed_over() as u64, Ordering::Relaxed);
         self.stats
             .projected
             .store(self.index.projected_len() as u64, Ordering::Relaxed);

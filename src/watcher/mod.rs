@@ -356,6 +356,7 @@ where
             self.settings,
             stats.clone(),
             tx,
+            writer.as_ref().map(|w| w.as_reader()),
         );
         let (re_tx, re_rx) = mpsc::unbounded_channel();
         let store = writer.as_ref().map(|w| w.as_reader());
@@ -551,6 +552,7 @@ pub(crate) struct Stats {
     pub(crate) indexed: AtomicU64,
     pub(crate) projected: AtomicU64,
     pub(crate) projected_shards: AtomicU64,
+    pub(crate) handed_over: AtomicU64,
 }
 
 impl WatcherStats {
@@ -662,6 +664,12 @@ impl WatcherStats {
     #[must_use]
     pub fn projected(&self) -> u64 {
         Self::get(&self.0.projected)
+    }
+
+    /// Objects whose only copy is in the store (reflector mode: not held twice).
+    #[must_use]
+    pub fn handed_over(&self) -> u64 {
+        Self::get(&self.0.handed_over)
     }
 
     /// Shards in the owned projection.

@@ -183,6 +183,11 @@ async fn four_members(gate: bool, objects: usize) -> (Vec<f64>, Vec<ReadMode>, V
         assert_eq!(got, expected[m], "member {m} projects exactly its shards");
         assert!(union.is_disjoint(&got), "projections are disjoint");
         union.extend(got);
+        assert_eq!(
+            r.stats.handed_over(),
+            expected[m].len() as u64,
+            "each projected object is held once, by the store"
+        );
         let acct = server.accounting(&format!("m{m}"));
         amplification.push(acct.distinct_uids as f64 / expected[m].len() as f64);
         modes.push(r.stats.mode());
