@@ -640,11 +640,22 @@ where
         }
     }
 
+    /// The selector of a barrier LIST: the shard's range in server mode; none in fallback mode (the
+    /// server may refuse or ignore selectors; the result is filtered locally either way).
+    fn barrier_selector(&self, range: HashRange) -> Option<ShardSelector> {
+        match self.detector.mode() {
+            ReadMode::Server => {
+                ShardSelector::new(self.key, &std::iter::once(range).collect()).ok()
+            }
+            ReadMode::Fallback => None,
+        }
+    }
+
     fn start_barrier(&self, shard: u32, epoch: u64) {
         let Some(range) = self.shard_range(shard) else {
             return;
         };
-        let selector = ShardSelector::new(self.key, &std::iter::once(range).collect()).ok();
+        let mut selector = self.barrier_selector(range);
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
@@ -665,6 +676,9 @@ where
                         let _ = tx.send(Ctl::BarrierVersion { shard, epoch, rv }).await;
                         return;
                     }
+                    Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
+                        selector = None;
+                    }
                     Err(err) => {
                         debug!(shard, error = %err, "barrier version LIST failed; retrying");
                         if tx.is_closed() {
@@ -681,7 +695,7 @@ where
         let Some(range) = self.shard_range(shard) else {
             return;
         };
-        let selector = ShardSelector::new(self.key, &std::iter::once(range).collect()).ok();
+        let mut selector = self.barrier_selector(range);
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
@@ -709,6 +723,9 @@ where
                             })
                             .await;
                         return;
+                    }
+                    Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
+                        selector = None;
                     }
                     Err(err) => {
                         debug!(shard, error = %err, "targeted barrier LIST failed; retrying");
@@ -751,14 +768,8 @@ where
                 Ok(l) if !l.items.is_empty() => Some(false),
                 Ok(_) if known_nonempty => Some(true),
                 Ok(_) => None,
-                Err(err) => {
-                    if matches!(&err, kube::Error::Api(s) if s.code == 500 && s.message.contains("invalid shard selector"))
-                    {
-                        Some(false)
-                    } else {
-                        None
-                    }
-                }
+                Err(err) if subwatch::is_invalid_selector(&err) => Some(false),
+                Err(_) => None,
             };
             let _ = tx.send(Ctl::Probe { filtered }).await;
         });

@@ -181,7 +181,7 @@ pub(crate) fn default_backoff() -> ExponentialBackoff {
         .build()
 }
 
-fn is_invalid_selector(err: &kube::Error) -> bool {
+pub(crate) fn is_invalid_selector(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 500 && s.message.contains("invalid shard selector"))
 }
 

@@ -799,3 +799,72 @@ async fn server_mode_returns_after_reprobe() {
     );
     r.task.abort();
 }
+
+/// A server that refuses our selectors with HTTP 500 `invalid shard selector` (a stricter or newer rule
+/// set than ours): the resource flips to fallback, the alarm is raised, and owned objects are still served.
+#[tokio::test(start_paused = true)]
+async fn invalid_selector_500_falls_back_and_alarms() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 150).await;
+    let inner = server.service("strict");
+    let strict = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        async move {
+            if req
+                .uri()
+                .query()
+                .is_some_and(|q| q.contains("shardSelector="))
+            {
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "invalid shard selector: refused by a stricter server", "reason": "", "code": 500
+                });
+                let body = http_body_util::Full::new(bytes::Bytes::from(status.to_string()))
+                    .boxed_unsync();
+                return Ok(http::Response::builder()
+                    .status(500)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .unwrap());
+            }
+            inner.oneshot(req).await
+        }
+    });
+    let client = Client::new(strict, "default");
+    let (me, o, d) = member("strict");
+    let owned: BTreeSet<u32> = (0..8).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let sharded = ShardedWatcher::new(
+        Api::<ConfigMap>::all(client),
+        watcher::Config::default(),
+        o.clone(),
+    )
+    .barrier_timeout(Duration::from_secs(1))
+    .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let stats = sharded.stats.clone();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(120), "projection in fallback", || {
+        names(&store) == want
+    })
+    .await;
+    assert_eq!(stats.mode(), ReadMode::Fallback);
+    assert!(stats.invalid_selector_alarms() >= 1, "the alarm is raised");
+    // the refused selector is not retried in a hot loop: a handful of selector requests at most
+    let selector_requests = server.accounting("strict").total_requests();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        server.accounting("strict").total_requests() <= selector_requests + 4,
+        "no hot loop on a refused selector"
+    );
+    task.abort();
+}
