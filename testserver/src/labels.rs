@@ -81,7 +81,7 @@ fn split_top(text: &str) -> Vec<&str> {
     out
 }
 
-fn valid_key(k: &str) -> bool {
+pub(crate) fn valid_key(k: &str) -> bool {
     let (prefix, name) = match k.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
@@ -102,7 +102,7 @@ fn valid_key(k: &str) -> bool {
     name_ok && prefix_ok
 }
 
-fn valid_value(v: &str) -> bool {
+pub(crate) fn valid_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
             && v.bytes()

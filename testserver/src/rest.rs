@@ -26,6 +26,8 @@ pub(crate) struct WriteCtx<'a> {
     pub(crate) verb: Verb,
     pub(crate) fence_header: Option<String>,
     pub(crate) dry_run: bool,
+    /// A server-side apply (its create path tolerates a resourceVersion).
+    pub(crate) apply: bool,
 }
 
 /// What a handler answers.
@@ -49,6 +51,7 @@ pub(crate) fn system_ctx(inner: &Inner) -> WriteCtx<'_> {
         verb: Verb::Create,
         fence_header: None,
         dry_run: false,
+        apply: false,
     }
 }
 
@@ -91,6 +94,11 @@ pub(crate) fn parse_body(body: &[u8]) -> ApiResult<Value> {
 }
 
 fn check_type(info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+    if !obj.is_object() {
+        return Err(ApiError::bad_request(
+            "couldn't get version/kind; json parse error: the object is not a JSON object",
+        ));
+    }
     let want = info.api_version();
     if let Some(av) = obj.get("apiVersion").and_then(Value::as_str) {
         if av != want {
@@ -111,6 +119,85 @@ fn check_type(info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
     obj["kind"] = json!(info.kind);
     if !obj["metadata"].is_object() {
         obj["metadata"] = json!({});
+    }
+    Ok(())
+}
+
+/// What the typed decoding of `ObjectMeta` (and of configmap/secret data) would refuse: 400 for wrong
+/// JSON types, 422 for invalid label keys and values.
+fn validate(info: &ResourceInfo, obj: &Value) -> ApiResult<()> {
+    let decode = |field: &str, want: &str| {
+        ApiError::bad_request(format!(
+            "json: cannot unmarshal into Go struct field {}.{field} of type {want}",
+            info.kind
+        ))
+    };
+    let meta = obj["metadata"]
+        .as_object()
+        .ok_or_else(|| decode("metadata", "v1.ObjectMeta"))?;
+    for f in [
+        "name",
+        "generateName",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "deletionTimestamp",
+    ] {
+        if meta.get(f).is_some_and(|v| !v.is_string() && !v.is_null()) {
+            return Err(decode(&format!("metadata.{f}"), "string"));
+        }
+    }
+    let string_map = |v: Option<&Value>| {
+        v.is_none_or(|v| {
+            v.is_null()
+                || v.as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string))
+        })
+    };
+    for f in ["labels", "annotations"] {
+        if !string_map(meta.get(f)) {
+            return Err(decode(&format!("metadata.{f}"), "map[string]string"));
+        }
+    }
+    if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            let v = v.as_str().unwrap_or_default();
+            if !crate::labels::valid_key(k) || !crate::labels::valid_value(v) {
+                let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
+                return Err(ApiError::invalid(
+                    &info.group,
+                    &info.kind,
+                    name,
+                    "metadata.labels",
+                    &format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (key {k:?})"),
+                ));
+            }
+        }
+    }
+    if meta.get("finalizers").is_some_and(|v| {
+        !v.is_null() && !v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    }) {
+        return Err(decode("metadata.finalizers", "[]string"));
+    }
+    if meta.get("ownerReferences").is_some_and(|v| {
+        !v.is_null()
+            && !v.as_array().is_some_and(|a| {
+                a.iter().all(|r| {
+                    ["apiVersion", "kind", "name", "uid"]
+                        .iter()
+                        .all(|f| r[f].is_string())
+                })
+            })
+    }) {
+        return Err(decode("metadata.ownerReferences", "[]v1.OwnerReference"));
+    }
+    if info.builtin && (info.plural == "configmaps" || info.plural == "secrets") {
+        for f in ["data", "binaryData", "stringData"] {
+            if !string_map(obj.get(f)) {
+                return Err(decode(f, "map[string]string"));
+            }
+        }
     }
     Ok(())
 }
@@ -245,6 +332,14 @@ pub(crate) fn create_locked(
 ) -> ApiResult<Arc<Obj>> {
     check_type(info, &mut obj)?;
     let fence = fence_of(ctx, Some(&obj));
+    if meta_str(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) && !ctx.apply {
+        // etcd3's store refuses it; the registry answers an internal error.
+        return Err(ApiError::new(
+            500,
+            Some("InternalError"),
+            "Internal error occurred: resourceVersion should not be set on objects to be created",
+        ));
+    }
     let name = match meta_str(&obj, "name").filter(|n| !n.is_empty()) {
         Some(n) => n.to_string(),
         None => match meta_str(&obj, "generateName").filter(|n| !n.is_empty()) {
@@ -260,6 +355,7 @@ pub(crate) fn create_locked(
             }
         },
     };
+    validate(info, &obj)?;
     valid_name(info, &name)
         .map_err(|why| ApiError::invalid(&info.group, &info.kind, &name, "metadata.name", &why))?;
     let ns = if info.namespaced {
@@ -648,6 +744,7 @@ fn next_state(
         return Ok(next);
     }
     check_type(info, &mut body)?;
+    validate(info, &body)?;
     if let Some(n) = meta_str(&body, "name") {
         if n != name {
             return Err(ApiError::bad_request(format!(
@@ -977,6 +1074,9 @@ pub(crate) fn delete_locked(
             next["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
             next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             if info.builtin && info.plural == "namespaces" {
+                if !next["status"].is_object() {
+                    next["status"] = json!({});
+                }
                 next["status"]["phase"] = json!("Terminating");
             }
         }

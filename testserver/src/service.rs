@@ -222,6 +222,11 @@ async fn resource(
             .get(FENCE_HEADER_NAME)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
         dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+        apply: parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/apply-patch")),
     };
     let name = r.name.as_deref().unwrap_or_default();
     let reply = match verb {

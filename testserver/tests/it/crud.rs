@@ -378,6 +378,20 @@ async fn bad_input_gets_status_errors() {
             405,
         ),
         (
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "{\"metadata\":{\"name\":\"x\",\"resourceVersion\":\"5\"}}",
+            "application/json",
+            500,
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/nope?fieldManager=x",
+            "[1]",
+            "application/apply-patch+yaml",
+            400,
+        ),
+        (
             "GET",
             "/api/v1/namespaces/default/configmaps/x/status",
             "",
@@ -391,4 +405,55 @@ async fn bad_input_gets_status_errors() {
             .expect_err(uri);
         assert_eq!(code(&err), Some(want), "{method} {uri} {body}: {err}");
     }
+}
+
+#[tokio::test]
+async fn hostile_patches_are_errors_not_panics() {
+    let server = TestServer::new();
+    let client = server.client("a");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &cm("h")).await.unwrap();
+    let patch = |body: &str, ct: &str, uri: &str| {
+        http::Request::builder()
+            .method("PATCH")
+            .uri(uri)
+            .header("content-type", ct)
+            .body(body.as_bytes().to_vec())
+            .unwrap()
+    };
+    let uri = "/api/v1/namespaces/default/configmaps/h?fieldManager=x";
+    for (body, ct) in [
+        (
+            r#"[{"op":"replace","path":"","value":5}]"#,
+            "application/json-patch+json",
+        ),
+        (
+            r#"[{"op":"remove","path":"/metadata"}]"#,
+            "application/json-patch+json",
+        ),
+        (r#"[{"op":"bogus"}]"#, "application/json-patch+json"),
+        (r#"{"metadata": 5}"#, "application/merge-patch+json"),
+        (r#"5"#, "application/merge-patch+json"),
+        (
+            r#"{"metadata": {"annotations": {"kube-shard.io/fence": 12}}}"#,
+            "application/merge-patch+json",
+        ),
+    ] {
+        let _ = client.request_text(patch(body, ct, uri)).await;
+    }
+    // Namespaces with a non-object status can still be deleted.
+    let ns = "/api/v1/namespaces/default/status";
+    let _ = client
+        .request_text(patch(
+            r#"{"status": 5}"#,
+            "application/merge-patch+json",
+            ns,
+        ))
+        .await;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.delete("default", &DeleteParams::default())
+        .await
+        .unwrap();
+    let after = api.list(&ListParams::default()).await;
+    assert!(after.is_ok(), "still serving: {after:?}");
 }

@@ -298,3 +298,38 @@ async fn label_selected_watch_sees_objects_enter_and_leave() {
     .unwrap();
     assert_eq!(name_of(&next(&mut s).await), ("delete", "a".into()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn metadata_lists_gets_and_watches() {
+    use kube::core::PartialObjectMeta;
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("m"), "default");
+    create_cms(&api, "cm", 3).await;
+    let list = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 3);
+    assert!(list.items.iter().all(|i| i.metadata.uid.is_some()));
+    let one = api.get_metadata("cm-0").await.unwrap();
+    assert_eq!(one.types.unwrap().kind, "PartialObjectMetadata");
+    let meta: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(server.client("m"), "default");
+    let mut s = watcher(meta, watcher::Config::default()).boxed();
+    let mut n = 0;
+    loop {
+        match s.next().await.unwrap().unwrap() {
+            Event::Init => {}
+            Event::InitApply(_) => n += 1,
+            Event::InitDone => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(n, 3);
+    api.create(&PostParams::default(), &cm("live"))
+        .await
+        .unwrap();
+    match s.next().await.unwrap().unwrap() {
+        Event::Apply(o) => assert_eq!(o.metadata.name.as_deref(), Some("live")),
+        other => panic!("{other:?}"),
+    }
+}
