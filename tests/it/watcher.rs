@@ -868,3 +868,93 @@ async fn invalid_selector_500_falls_back_and_alarms() {
     );
     task.abort();
 }
+
+/// `DynamicObject` with its `ApiResource`, and a transform applied before indexing.
+#[tokio::test(start_paused = true)]
+async fn dynamic_objects_with_a_transform() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 120).await;
+    let (me, o, d) = member("dyn");
+    let owned: BTreeSet<u32> = (8..16).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        owned.iter().copied(),
+        1,
+    ));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "ConfigMap"));
+    let api: Api<DynamicObject> = Api::all_with(server.client("dyn"), &ar);
+    let sharded = ShardedWatcher::new_with(api, watcher::Config::default(), o.clone(), ar)
+        .transform(|obj: &mut DynamicObject| {
+            obj.metadata.managed_fields = None;
+            obj.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("seen-by".into(), "kube-shard".into());
+        })
+        .barrier_timeout(Duration::from_secs(1))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let want = owned_names(&all, &owned);
+    until(Duration::from_secs(60), "dynamic projection", || {
+        store
+            .state()
+            .iter()
+            .map(|o| o.metadata.name.clone().unwrap())
+            .collect::<BTreeSet<_>>()
+            == want
+    })
+    .await;
+    assert!(store.state().iter().all(|o| {
+        o.metadata.managed_fields.is_none()
+            && o.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l["seen-by"] == "kube-shard")
+    }));
+    task.abort();
+}
+
+/// Gains one shard at a time: each gets its own LIST, and synced sub-watches are merged under the cap.
+#[tokio::test(start_paused = true)]
+async fn subwatches_are_capped_and_merged() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let all = seed(&server.client("admin"), 200).await;
+    let (me, o, d) = member("cap");
+    d.apply(&grant(AssignmentView::new(1), &me, [0], 1));
+    let r = read(&server, "cap", &o);
+    let mut owned: BTreeSet<u32> = BTreeSet::from([0]);
+    let first = owned_names(&all, &owned);
+    until(Duration::from_secs(60), "initial", || {
+        names(&r.store) == first
+    })
+    .await;
+    for (i, s) in [2u32, 4, 6, 8, 10, 12, 14].into_iter().enumerate() {
+        owned.insert(s);
+        let gen = i as u64 + 2;
+        d.apply(&grant(
+            AssignmentView::new(gen),
+            &me,
+            owned.iter().copied(),
+            gen,
+        ));
+        let want = owned_names(&all, &owned);
+        until(Duration::from_secs(60), "gain", || names(&r.store) == want).await;
+        assert!(
+            r.stats.subwatches() <= 4,
+            "at most 4 sub-watches, got {}",
+            r.stats.subwatches()
+        );
+    }
+    assert_eq!(
+        r.stats.lists(),
+        8,
+        "one LIST per gained range, none for merges"
+    );
+    let acct = server.accounting("cap");
+    assert!(acct.distinct_uids as usize <= owned_names(&all, &owned).len() + 10);
+    r.task.abort();
+}
