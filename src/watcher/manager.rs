@@ -41,6 +41,9 @@ pub(crate) enum Out<K: Resource> {
     Error(watcher::Error),
 }
 
+/// A user transform applied to every object before it is indexed.
+pub(crate) type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+
 /// Tunables (set through the public builder).
 #[derive(Clone)]
 pub(crate) struct Settings<K: Resource> {
@@ -50,7 +53,7 @@ pub(crate) struct Settings<K: Resource> {
     pub(crate) probe_interval: Duration,
     pub(crate) probe_max: Duration,
     pub(crate) error_interval: Duration,
-    pub(crate) transform: Option<Arc<dyn Fn(&mut K) + Send + Sync>>,
+    pub(crate) transform: Option<Transform<K>>,
     pub(crate) dyntype: K::DynamicType,
     pub(crate) name: String,
 }
@@ -440,7 +443,7 @@ where
         }
     }
 
-    fn to_server(&mut self) {
+    fn back_to_server(&mut self) {
         // the full watch has read everything up to its version: narrow it, no LIST
         let full = self
             .subs
@@ -823,7 +826,7 @@ where
                 match filtered {
                     Some(filtered) => {
                         if self.detector.probed(filtered, now) {
-                            self.to_server();
+                            self.back_to_server();
                         }
                     }
                     None => {
