@@ -7,6 +7,7 @@ mod crd;
 mod crud;
 mod faults;
 mod http;
+mod list;
 mod load;
 mod shard;
 mod watcher;
