@@ -347,7 +347,7 @@ mod tests {
             seed ^= seed << 17;
             let ns = ["a", "a-b", "b"][(seed % 3) as usize];
             let key = obj_key(Some(ns), &format!("o{}", (seed >> 8) % 40));
-            let delete = state.contains_key(&key) && (seed >> 20) % 3 == 0;
+            let delete = state.contains_key(&key) && (seed >> 20).is_multiple_of(3);
             let (nsn, name) = key.split_once('/').unwrap();
             let value = json!({"metadata": {"name": name, "namespace": nsn, "uid": key.clone()}});
             let c = store.commit(&info, key.clone(), value, delete);
