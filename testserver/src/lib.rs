@@ -88,7 +88,8 @@
 //! - Watches: from a `resourceVersion` within the history (older → `200` then an in-stream `ERROR` with a
 //!   `Status` of code 410, reason `Expired`, "too old resource version"), "get state and start" for an
 //!   unset or `0` `resourceVersion`, `sendInitialEvents=true` ending with the bookmark annotated
-//!   `k8s.io/initial-events-end: "true"`, bookmarks every [`Config::bookmark_interval`] (60 s by
+//!   `k8s.io/initial-events-end: "true"`, a future `resourceVersion` waits 3 s then ends in an in-stream
+//!   `ERROR` 504 "Too large resource version" (as the cacher answers), bookmarks every [`Config::bookmark_interval`] (60 s by
 //!   default, like the cacher: eager bookmarks would hide latency), `timeoutSeconds`, label and field
 //!   selectors (an update entering the selection is an `ADDED`, one leaving it a `DELETED`), metadata-only.
 //!   Watch bodies are streams polled by the client: everything runs on tokio time.

@@ -176,7 +176,7 @@ pub(crate) async fn list(
             if n < store.compacted {
                 return Err(ApiError::expired(format!(
                     "too old resource version: {n} ({})",
-                    store.compacted + 1
+                    store.compacted
                 )));
             }
             (n, None)

@@ -101,9 +101,12 @@ pub(crate) async fn open(
         ));
     }
     let from = if rv.is_empty() { 0 } else { parse_rv(rv)? };
-    if from > 0 {
-        wait_for_rv(&inner, from).await?;
-    }
+    // Past parameter validation, failures are in-stream ERROR events, as the cacher sends them.
+    let too_large = if from > 0 {
+        wait_for_rv(&inner, from).await.err()
+    } else {
+        None
+    };
     let timeout = match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
         Some(t) => {
             let secs: u64 = t
@@ -125,7 +128,10 @@ pub(crate) async fn open(
     let rx;
     {
         let mut store = inner.lock_store();
-        if initial_state {
+        if let Some(e) = too_large {
+            pending.push_back(Pending::Error(e));
+            rx = None;
+        } else if initial_state {
             for o in store.current(&info.store_key, namespace.as_deref()) {
                 pending.push_back(Pending::Initial(o));
             }
@@ -141,7 +147,7 @@ pub(crate) async fn open(
         } else if from < store.compacted {
             pending.push_back(Pending::Error(ApiError::expired(format!(
                 "too old resource version: {from} ({})",
-                store.compacted + 1
+                store.compacted
             ))));
             rx = None;
         } else {

@@ -105,3 +105,24 @@ async fn watch_parameter_validation() {
         assert_eq!(code(&err), Some(422), "{q}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn watch_from_a_future_resource_version_is_an_in_stream_error() {
+    use futures::StreamExt;
+    let server = TestServer::new();
+    let client = server.client("a");
+    let future = server.resource_version() + 5;
+    let req = http::Request::get(format!("{CMS}?watch=true&resourceVersion={future}"))
+        .body(Vec::new())
+        .unwrap();
+    let mut events = client
+        .request_events::<ConfigMap>(req)
+        .await
+        .unwrap()
+        .boxed();
+    match events.next().await.unwrap().unwrap() {
+        kube::api::WatchEvent::Error(e) => assert_eq!(e.code, 504),
+        other => panic!("{other:?}"),
+    }
+    assert!(events.next().await.is_none());
+}
