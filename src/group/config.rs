@@ -1,0 +1,241 @@
+//! Shard-group settings and their validation.
+//!
+//! Defaults follow `docs/DESIGN.md` ("Defaults"): S = 256, lease 15 s, renew deadline 10 s, retry 2 s,
+//! takeover grace 2 s, drain timeout 10 s — sized so a graceful leave fits Kubernetes' default 30 s
+//! termination grace period.
+
+use std::time::Duration;
+
+use crate::hash::ShardKey;
+use crate::shard::ShardCount;
+
+/// The settings of one member of a shard group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupConfig {
+    /// The group name: prefixes every Lease and the assignment ConfigMap.
+    pub group: String,
+    /// The namespace of the group's Leases, ConfigMap and Events.
+    pub namespace: String,
+    /// This member's stable name (default: `POD_NAME`, else the hostname).
+    pub member: String,
+    /// The key objects are placed by (immutable for the group).
+    pub key: ShardKey,
+    /// `S` (immutable for the group; at most 4096).
+    pub shards: ShardCount,
+    /// A member whose renewals are not seen to change for this long (plus the grace) is taken over.
+    pub lease_duration: Duration,
+    /// A member whose last successful renewal *started* longer ago than this self-fences.
+    pub renew_deadline: Duration,
+    /// How often renewals, retries and coordinator passes run.
+    pub retry_period: Duration,
+    /// Extra wait before a takeover, on top of `lease_duration`.
+    pub takeover_grace: Duration,
+    /// How long an Outgoing shard waits for in-flight work before it is released anyway.
+    pub drain_timeout: Duration,
+    /// Fences end this much before the renew deadline.
+    pub fence_margin: Duration,
+    /// This member's placement weight (1 to 1000).
+    pub weight: u32,
+    /// Cold start: plan as soon as this many members are present (else after the settle window).
+    pub expected_replicas: Option<u32>,
+    /// Cold start: plan once membership has not changed for this long.
+    pub settle: Duration,
+    /// A join is planned only after it has been stable this long.
+    pub join_debounce: Duration,
+    /// At most this many shards moving at once (a leaver's whole set is exempt).
+    pub max_concurrent_moves: u32,
+    /// A move whose target has not acked `warm` within this time is cancelled.
+    pub move_timeout: Duration,
+    /// `/healthz` fails once the member has been self-fenced this long.
+    pub unhealthy_after_fenced: Duration,
+    /// Shadow mode: compute and report ownership, admit nothing (for migrating from leader election).
+    pub shadow: bool,
+}
+
+impl GroupConfig {
+    /// Defaults for `group` in `namespace`, member name from `POD_NAME` or the hostname.
+    #[must_use]
+    pub fn new(group: impl Into<String>, namespace: impl Into<String>) -> Self {
+        GroupConfig {
+            group: group.into(),
+            namespace: namespace.into(),
+            member: default_member_name(),
+            key: ShardKey::Uid,
+            shards: ShardCount::DEFAULT,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            takeover_grace: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+            fence_margin: Duration::from_secs(1),
+            weight: 1,
+            expected_replicas: None,
+            settle: Duration::from_secs(5),
+            join_debounce: Duration::from_secs(2),
+            max_concurrent_moves: 64,
+            move_timeout: Duration::from_secs(60),
+            unhealthy_after_fenced: Duration::from_secs(60),
+            shadow: false,
+        }
+    }
+
+    /// Check every rule; the error names the first one broken.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_name("group", &self.group, 40)?;
+        check_name("namespace", &self.namespace, 63)?;
+        check_name("member", &self.member, 63)?;
+        // `<group>-<member>` must be a valid object name; `<group>-assignment` too
+        if self.group.len() + 1 + self.member.len() > 253 {
+            return Err(ConfigError::Invalid(format!(
+                "lease name {}-{} is longer than 253 characters",
+                self.group, self.member
+            )));
+        }
+        if self.shards.get() > ShardCount::GROUP_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "shards = {} is above the group limit of 4096",
+                self.shards
+            )));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(ConfigError::Invalid(format!(
+                "renew_deadline ({:?}) must be shorter than lease_duration ({:?}): a member must stop acting before others may take over",
+                self.renew_deadline, self.lease_duration
+            )));
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return Err(ConfigError::Invalid(format!(
+                "retry_period ({:?}) must be above zero and shorter than renew_deadline ({:?})",
+                self.retry_period, self.renew_deadline
+            )));
+        }
+        if self.fence_margin >= self.renew_deadline {
+            return Err(ConfigError::Invalid(format!(
+                "fence_margin ({:?}) must be shorter than renew_deadline ({:?})",
+                self.fence_margin, self.renew_deadline
+            )));
+        }
+        if self.weight == 0 || self.weight > 1000 {
+            return Err(ConfigError::Invalid(format!(
+                "weight {} is not from 1 to 1000",
+                self.weight
+            )));
+        }
+        if self.max_concurrent_moves == 0 {
+            return Err(ConfigError::Invalid(
+                "max_concurrent_moves must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The name of this member's Lease.
+    #[must_use]
+    pub fn member_lease(&self) -> String {
+        format!("{}-{}", self.group, self.member)
+    }
+
+    /// The name of the coordinator Lease.
+    #[must_use]
+    pub fn coordinator_lease(&self) -> String {
+        format!("{}-coordinator", self.group)
+    }
+
+    /// The name of the assignment ConfigMap.
+    #[must_use]
+    pub fn assignment_name(&self) -> String {
+        format!("{}-assignment", self.group)
+    }
+}
+
+/// `POD_NAME`, else the hostname, else `member`.
+#[must_use]
+pub fn default_member_name() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "member".to_owned())
+        .to_lowercase()
+}
+
+fn check_name(what: &str, name: &str, max: usize) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "{what} {name:?} must be 1 to {max} lowercase letters, digits, '-' or '.', starting and ending with a letter or digit"
+        )))
+    }
+}
+
+/// A setting that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A rule is broken.
+    #[error("invalid shard group configuration: {0}")]
+    Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> GroupConfig {
+        let mut c = GroupConfig::new("widgets", "default");
+        c.member = "pod-0".into();
+        c
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(ok().validate(), Ok(()));
+        assert_eq!(ok().member_lease(), "widgets-pod-0");
+    }
+
+    #[test]
+    fn each_rule_has_a_clear_error() {
+        let cases: Vec<(fn(&mut GroupConfig), &str)> = vec![
+            (|c| c.group = "".into(), "group"),
+            (|c| c.group = "Widgets".into(), "lowercase"),
+            (|c| c.group = "-w".into(), "starting"),
+            (|c| c.group = "w".repeat(41), "1 to 40"),
+            (|c| c.member = "pod_0".into(), "member"),
+            (|c| c.namespace = "".into(), "namespace"),
+            (
+                |c| c.renew_deadline = c.lease_duration,
+                "shorter than lease_duration",
+            ),
+            (|c| c.retry_period = Duration::ZERO, "retry_period"),
+            (|c| c.retry_period = c.renew_deadline, "retry_period"),
+            (|c| c.fence_margin = c.renew_deadline, "fence_margin"),
+            (|c| c.weight = 0, "weight"),
+            (|c| c.shards = ShardCount::new(8192).unwrap(), "4096"),
+            (|c| c.max_concurrent_moves = 0, "max_concurrent_moves"),
+        ];
+        for (f, needle) in cases {
+            let mut c = ok();
+            f(&mut c);
+            let err = c.validate().unwrap_err();
+            assert!(
+                err.to_string().contains(needle),
+                "{err} should mention {needle}"
+            );
+        }
+    }
+}
