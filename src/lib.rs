@@ -21,6 +21,8 @@
 //!
 //! - [`ownership`]: the per-member ownership state machine (pure core, model-checked), permits and fences
 //!   on two clocks, re-enqueue signals, the reconcile wrapper for `Controller::run`, fenced writes, static mode.
+//! - [`group`]: the shard-group control plane; so far its pure, deterministic assignment planner (movement
+//!   first, contiguity as the tie-break, weights, pins, succession) and the cold-start settle / join debounce.
 //!
 //! ```
 //! use kube_shard::{hash::{fnv1a64, ShardKey}, selector::ShardSelector, shard::{ShardCount, ShardSet}};
@@ -52,6 +54,7 @@ pub mod shard;
 pub mod token;
 
 pub mod ownership;
+pub mod group;
 pub mod watcher;
 
 pub use hash::{fnv1a64, KeyError, ShardKey};

@@ -1,0 +1,1193 @@
+//! The assignment planner: pure and deterministic (no I/O, no async, no clocks, no randomness).
+//!
+//! [`plan`] takes `S`, the current owner of every shard, the live members (weight, join order, `leaving`,
+//! `joining`) and the pins, and returns the target assignment, the [`Move`]s that reach it and a
+//! [`PlanReport`]. The coordinator calls it whenever membership, weights or pins change (and once more after
+//! each batch of moves completes), turns the moves into handoffs, and writes the target.
+//!
+//! # Rules (`docs/DESIGN.md` §3, in priority order)
+//!
+//! 1. **Movement first.** Every planned member gets a quota; with equal weights the quotas are ⌈S/N⌉ and
+//!    ⌊S/N⌋, with weights they are the largest-remainder apportionment of `S` by weight (every quota within
+//!    one shard of `S·w/W`). The ceilings go to members that would otherwise have to give a shard up
+//!    (the largest current holders), so the plan moves exactly `Σ max(0, held − quota)` shards when every
+//!    current owner is live, plus every shard whose owner is absent, leaving or none. Leaving members get
+//!    quota 0.
+//! 2. **Contiguity only as the tie-break.** Which shards a member over its quota gives up, and which pool
+//!    shards a member under its quota receives, are chosen to keep ranges per member low (whole small runs
+//!    are given up first, then shards at the edge of a run that borders the pool or a receiver; receivers
+//!    first fill gaps between their own runs, then extend runs they already hold, then take best-fitting
+//!    contiguous blocks). This never changes how many shards move.
+//! 3. **Pins.** A pinned shard goes to the live member of that name and counts toward its quota (a member
+//!    pinned more than its share keeps the pins and the others share the rest). Pins to absent, leaving or
+//!    still-debouncing members are ignored this round and reported in [`PlanReport::ignored_pins`].
+//! 4. **Succession.** A leaving member's whole (unpinned) set goes to a freshly joined member that holds
+//!    nothing, when there is one, so a rolling update moves each shard once, not twice. The successor
+//!    keeps that whole set this round even if it is above its quota (it is never asked to give part of it
+//!    away in the same plan); if the set is below its quota it is topped up like any other member. Pairing
+//!    is by name first (a member restarted under the same name), then by join order. The shards of an
+//!    *absent* owner (crashed, taken over) go the same way only to a fresh member *of the same name*.
+//! 5. **Deterministic.** Members are processed in [`MemberId`] order; no hash maps, no randomness. The order
+//!    of the input members does not matter.
+//!
+//! Members with [`Member::joining`] set and no shards are not planned (their join is still being
+//! debounced), except as a leaver's successor. [`Settle`] computes that flag and the cold-start decision
+//! from observation times the caller passes in.
+//!
+//! A shard in the middle of a handoff should be passed with its *target* as the current owner: the planner
+//! plans end states.
+//!
+//! ```
+//! use kube_shard::group::planner::{plan, Member, PlanInput};
+//! use kube_shard::ownership::MemberId;
+//! use kube_shard::shard::ShardCount;
+//!
+//! let s = ShardCount::new(256).unwrap();
+//! let ids: Vec<MemberId> = (0..4).map(|i| MemberId::new(format!("pod-{i}"), "a")).collect();
+//!
+//! // Cold start: three members, nothing owned yet.
+//! let input = PlanInput::new(s).with_members(ids[..3].iter().cloned().map(Member::new));
+//! let first = plan(&input).unwrap();
+//! assert_eq!(first.moves().len(), 256);
+//! assert!(first.report().members.iter().all(|m| m.ranges == 1));
+//!
+//! // Scale to four: only the fourth member's share moves (256 / 4 = 64 shards).
+//! let input = input.with_owners(first.assignments()).with_member(Member::new(ids[3].clone()));
+//! let second = plan(&input).unwrap();
+//! assert_eq!(second.moves().len(), 64);
+//! assert_eq!(second.shards_of(&ids[3]).len(), 64);
+//! ```
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{ownership::MemberId, shard::ShardCount, shard::ShardSet};
+
+/// One live member as the planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Member {
+    /// The identity (name, incarnation).
+    pub id: MemberId,
+    /// The relative weight (≥ 1; default 1): quotas are proportional to it.
+    pub weight: u32,
+    /// Join order or age: smaller joined earlier (a sequence number or an observation time in ms). Only
+    /// used to pick among several fresh members for a leaver's set.
+    pub joined: u64,
+    /// The member is leaving (SIGTERM): quota 0, its set moves away (to a fresh successor when there is one).
+    pub leaving: bool,
+    /// The member joined recently and its join is still being debounced (see [`Settle::is_joining`]): while
+    /// it holds nothing it is not planned, except as a leaver's successor. Ignored for members that hold
+    /// shards.
+    pub joining: bool,
+}
+
+impl Member {
+    /// A member of weight 1, joined at 0, neither leaving nor joining.
+    #[must_use]
+    pub fn new(id: MemberId) -> Self {
+        Member {
+            id,
+            weight: 1,
+            joined: 0,
+            leaving: false,
+            joining: false,
+        }
+    }
+
+    /// Set the weight (must be ≥ 1; [`plan`] refuses 0).
+    #[must_use]
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// Set the join order (smaller = earlier).
+    #[must_use]
+    pub fn with_joined(mut self, joined: u64) -> Self {
+        self.joined = joined;
+        self
+    }
+
+    /// Mark the member leaving (or not).
+    #[must_use]
+    pub fn with_leaving(mut self, leaving: bool) -> Self {
+        self.leaving = leaving;
+        self
+    }
+
+    /// Mark the member's join as still being debounced (or not).
+    #[must_use]
+    pub fn with_joining(mut self, joining: bool) -> Self {
+        self.joining = joining;
+        self
+    }
+}
+
+/// Everything [`plan`] needs. Build it with [`PlanInput::new`] and the `with_*` methods, or fill the public
+/// fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanInput {
+    /// `S`.
+    pub shards: ShardCount,
+    /// The current owner of each owned shard (the target of a move in flight). Owners that are not among
+    /// [`members`](Self::members) are absent (dead, taken over): their shards are reassigned.
+    pub current: BTreeMap<u32, MemberId>,
+    /// The live members, in any order.
+    pub members: Vec<Member>,
+    /// Pins: shard → member *name*.
+    pub pins: BTreeMap<u32, Arc<str>>,
+}
+
+impl PlanInput {
+    /// No owners, no members, no pins.
+    #[must_use]
+    pub fn new(shards: ShardCount) -> Self {
+        PlanInput {
+            shards,
+            current: BTreeMap::new(),
+            members: Vec::new(),
+            pins: BTreeMap::new(),
+        }
+    }
+
+    /// Set the current owner of one shard.
+    #[must_use]
+    pub fn with_owner(mut self, shard: u32, owner: MemberId) -> Self {
+        self.current.insert(shard, owner);
+        self
+    }
+
+    /// Replace all current owners (e.g. with [`Plan::assignments`] of the previous plan).
+    #[must_use]
+    pub fn with_owners<'a, I>(mut self, owners: I) -> Self
+    where
+        I: IntoIterator<Item = (u32, &'a MemberId)>,
+    {
+        self.current = owners.into_iter().map(|(s, m)| (s, m.clone())).collect();
+        self
+    }
+
+    /// Add (or replace, by id) one member.
+    #[must_use]
+    pub fn with_member(mut self, member: Member) -> Self {
+        self.members.retain(|m| m.id != member.id);
+        self.members.push(member);
+        self
+    }
+
+    /// Replace all members.
+    #[must_use]
+    pub fn with_members<I: IntoIterator<Item = Member>>(mut self, members: I) -> Self {
+        self.members = members.into_iter().collect();
+        self
+    }
+
+    /// Remove a member (it becomes absent: its shards are reassigned).
+    #[must_use]
+    pub fn without_member(mut self, id: &MemberId) -> Self {
+        self.members.retain(|m| &m.id != id);
+        self
+    }
+
+    /// Pin a shard to a member name.
+    #[must_use]
+    pub fn with_pin(mut self, shard: u32, name: impl Into<Arc<str>>) -> Self {
+        self.pins.insert(shard, name.into());
+        self
+    }
+
+    /// Plan; see [`plan`].
+    pub fn plan(&self) -> Result<Plan, PlanError> {
+        plan(self)
+    }
+}
+
+/// Why a shard moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum MoveReason {
+    /// The shard has no owner, or its owner is absent: an initial assignment or a takeover (no handoff from
+    /// a live source).
+    Unowned,
+    /// The owner is leaving: part of its one batch (exempt from the bound on concurrent moves).
+    Leaving,
+    /// The shard is pinned to another member.
+    Pinned,
+    /// The owner is above its quota.
+    Rebalance,
+}
+
+/// One shard to move.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Move {
+    /// The shard.
+    pub shard: u32,
+    /// The current owner (`None` if unowned); may be absent.
+    pub from: Option<MemberId>,
+    /// The target owner.
+    pub to: MemberId,
+    /// Why.
+    pub reason: MoveReason,
+}
+
+/// A member's part in a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// Planned normally: it ends at its quota.
+    Balanced,
+    /// Leaving: quota 0 (it keeps its shards only when no planned member exists).
+    Leaving,
+    /// Its join is still being debounced: not planned this round.
+    Joining,
+    /// A fresh member taking a leaver's (or its absent namesake's) whole set; never gives any of it away
+    /// this round.
+    Successor,
+}
+
+/// Per member: quota, current and target counts, ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemberReport {
+    /// The member.
+    pub id: MemberId,
+    /// Its part in this plan.
+    pub role: Role,
+    /// Its weight.
+    pub weight: u32,
+    /// Its quota: the target count of a planned member; for a member not planned (leaving, joining) the
+    /// count it is left with (0 unless nobody is planned).
+    pub quota: u32,
+    /// Shards it holds now.
+    pub held: u32,
+    /// Shards it holds in the target.
+    pub target: u32,
+    /// Ranges (maximal runs of adjacent shards) it holds now.
+    pub ranges_before: u32,
+    /// Ranges it holds in the target: the number of selector terms it will watch with.
+    pub ranges: u32,
+}
+
+/// Why a pin was not honoured this round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PinIgnored {
+    /// No live member has that name.
+    Absent,
+    /// The member of that name is leaving.
+    Leaving,
+    /// The member of that name is still joining (debounce); the pin applies once it is planned.
+    Joining,
+}
+
+/// A pin that was not honoured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IgnoredPin {
+    /// The pinned shard.
+    pub shard: u32,
+    /// The member name it is pinned to.
+    pub name: Arc<str>,
+    /// Why it was ignored.
+    pub reason: PinIgnored,
+}
+
+/// A departed member's set handed whole to a fresh member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Succession {
+    /// The leaving (or absent) member.
+    pub from: MemberId,
+    /// The fresh member.
+    pub to: MemberId,
+    /// The shards handed over.
+    pub shards: ShardSet,
+}
+
+/// What a plan found and did besides the moves.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PlanReport {
+    /// Every input member, in [`MemberId`] order.
+    pub members: Vec<MemberReport>,
+    /// Pins not honoured, in shard order.
+    pub ignored_pins: Vec<IgnoredPin>,
+    /// Leaver → fresh member handovers.
+    pub successions: Vec<Succession>,
+    /// Shards nobody can take (no member is planned): kept by their leaving owner if it is live, else
+    /// unowned.
+    pub unassigned: ShardSet,
+}
+
+impl PlanReport {
+    /// Members that hold more than their quota now (they give shards up in this plan).
+    pub fn over_quota(&self) -> impl Iterator<Item = &MemberReport> + '_ {
+        self.members.iter().filter(|m| m.held > m.quota)
+    }
+
+    /// Members that hold fewer than their quota now (they receive shards in this plan).
+    pub fn under_quota(&self) -> impl Iterator<Item = &MemberReport> + '_ {
+        self.members.iter().filter(|m| m.held < m.quota)
+    }
+
+    /// The report of one member.
+    #[must_use]
+    pub fn member(&self, id: &MemberId) -> Option<&MemberReport> {
+        self.members
+            .binary_search_by(|m| m.id.cmp(id))
+            .ok()
+            .map(|i| &self.members[i])
+    }
+}
+
+/// A target assignment, the moves that reach it, and the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    shards: ShardCount,
+    target: Vec<Option<MemberId>>,
+    moves: Vec<Move>,
+    report: PlanReport,
+}
+
+impl Plan {
+    /// `S`.
+    #[must_use]
+    pub fn shards(&self) -> ShardCount {
+        self.shards
+    }
+
+    /// The target owner of every shard (index = shard); `None` only for [`PlanReport::unassigned`] shards.
+    #[must_use]
+    pub fn target(&self) -> &[Option<MemberId>] {
+        &self.target
+    }
+
+    /// The target owner of one shard.
+    #[must_use]
+    pub fn owner_of(&self, shard: u32) -> Option<&MemberId> {
+        self.target.get(shard as usize).and_then(Option::as_ref)
+    }
+
+    /// The target (shard, owner) pairs in shard order.
+    pub fn assignments(&self) -> impl Iterator<Item = (u32, &MemberId)> + '_ {
+        self.target
+            .iter()
+            .enumerate()
+            .filter_map(|(s, m)| m.as_ref().map(|m| (s as u32, m)))
+    }
+
+    /// The shards a member holds in the target.
+    #[must_use]
+    pub fn shards_of(&self, member: &MemberId) -> ShardSet {
+        self.assignments()
+            .filter(|(_, m)| *m == member)
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    /// The moves, in shard order.
+    #[must_use]
+    pub fn moves(&self) -> &[Move] {
+        &self.moves
+    }
+
+    /// Whether nothing moves.
+    #[must_use]
+    pub fn is_noop(&self) -> bool {
+        self.moves.is_empty()
+    }
+
+    /// The report.
+    #[must_use]
+    pub fn report(&self) -> &PlanReport {
+        &self.report
+    }
+}
+
+/// Why an input was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// A current owner or a pin names a shard that does not exist.
+    #[error("{what} for shard {shard}, but there are only {count} shards")]
+    ShardOutOfRange {
+        /// `"owner"` or `"pin"`.
+        what: &'static str,
+        /// The shard.
+        shard: u32,
+        /// `S`.
+        count: u32,
+    },
+    /// The same member is listed twice.
+    #[error("member {member} is listed twice")]
+    DuplicateMember {
+        /// The member.
+        member: MemberId,
+    },
+    /// A member has weight 0.
+    #[error("member {member} has weight 0; weights must be at least 1")]
+    ZeroWeight {
+        /// The member.
+        member: MemberId,
+    },
+}
+
+/// Plan the target assignment; see the [module docs](self) for the rules.
+///
+/// Errors only on malformed input (shard out of range, duplicate member, weight 0); any membership,
+/// including none at all, yields a plan.
+pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
+    Ok(Planner::new(input)?.run())
+}
+
+/// Working state of one planning run. Members are indexed in `MemberId` order.
+struct Planner<'a> {
+    input: &'a PlanInput,
+    s: usize,
+    members: Vec<&'a Member>,
+    /// Current owner per shard, as an index when live.
+    cur: Vec<Option<usize>>,
+    held: Vec<u32>,
+    /// Shards whose target is decided by a pin or a succession.
+    fixed: Vec<Option<usize>>,
+    pinned: Vec<bool>,
+    ignored_pins: Vec<IgnoredPin>,
+    successions: Vec<(MemberId, usize, Vec<u32>)>,
+    successor: Vec<bool>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(input: &'a PlanInput) -> Result<Self, PlanError> {
+        let count = input.shards.get();
+        let s = count as usize;
+        let mut members: Vec<&Member> = input.members.iter().collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(w) = members.windows(2).find(|w| w[0].id == w[1].id) {
+            return Err(PlanError::DuplicateMember {
+                member: w[0].id.clone(),
+            });
+        }
+        if let Some(m) = members.iter().find(|m| m.weight == 0) {
+            return Err(PlanError::ZeroWeight {
+                member: m.id.clone(),
+            });
+        }
+        let check = |what, shard: u32| {
+            if shard < count {
+                Ok(())
+            } else {
+                Err(PlanError::ShardOutOfRange { what, shard, count })
+            }
+        };
+        for &shard in input.current.keys() {
+            check("owner", shard)?;
+        }
+        for &shard in input.pins.keys() {
+            check("pin", shard)?;
+        }
+        let n = members.len();
+        let mut cur = vec![None; s];
+        let mut held = vec![0u32; n];
+        for (&shard, id) in &input.current {
+            if let Ok(i) = members.binary_search_by(|m| m.id.cmp(id)) {
+                cur[shard as usize] = Some(i);
+                held[i] += 1;
+            }
+        }
+        Ok(Planner {
+            input,
+            s,
+            members,
+            cur,
+            held,
+            fixed: vec![None; s],
+            pinned: vec![false; s],
+            ignored_pins: Vec::new(),
+            successions: Vec::new(),
+            successor: vec![false; n],
+        })
+    }
+
+    /// Whether a member is planned in its own right (not leaving, and not an empty member still joining).
+    fn settled(&self, i: usize) -> bool {
+        let m = self.members[i];
+        !(m.leaving || (m.joining && self.held[i] == 0))
+    }
+
+    fn run(mut self) -> Plan {
+        self.resolve_pins();
+        self.pair_successors();
+        let n = self.members.len();
+        let planned: Vec<bool> = (0..n)
+            .map(|i| self.settled(i) || self.successor[i])
+            .collect();
+        let mut target: Vec<Option<usize>> = vec![None; self.s];
+        let mut quota = vec![0u32; n];
+        if planned.iter().any(|&p| p) {
+            quota = self.quotas(&planned);
+            self.assign(&planned, &quota, &mut target);
+        } else {
+            // Nobody can take anything: leavers keep what they hold, the rest stays unowned.
+            target.clone_from(&self.cur);
+        }
+        self.finish(&planned, &quota, &target)
+    }
+
+    fn resolve_pins(&mut self) {
+        for (&shard, name) in &self.input.pins {
+            let named: Vec<usize> = (0..self.members.len())
+                .filter(|&i| *self.members[i].id.name == **name)
+                .collect();
+            let chosen = named
+                .iter()
+                .copied()
+                .filter(|&i| self.settled(i))
+                .min_by_key(|&i| (self.members[i].joined, i));
+            let reason = match chosen {
+                Some(i) => {
+                    self.fixed[shard as usize] = Some(i);
+                    self.pinned[shard as usize] = true;
+                    continue;
+                }
+                None if named.is_empty() => PinIgnored::Absent,
+                None if named.iter().all(|&i| self.members[i].leaving) => PinIgnored::Leaving,
+                None => PinIgnored::Joining,
+            };
+            self.ignored_pins.push(IgnoredPin {
+                shard,
+                name: name.clone(),
+                reason,
+            });
+        }
+    }
+
+    /// Rule 4: a departed member's unpinned set goes whole to a fresh (empty, not leaving) member.
+    fn pair_successors(&mut self) {
+        let n = self.members.len();
+        // Departed sets: leavers (by join order), then absent owners (by id).
+        let mut leavers: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
+        let mut absent: BTreeMap<&MemberId, Vec<u32>> = BTreeMap::new();
+        for (&shard, id) in &self.input.current {
+            if self.pinned[shard as usize] {
+                continue;
+            }
+            match self.cur[shard as usize] {
+                Some(i) if self.members[i].leaving => leavers
+                    .entry((self.members[i].joined, i))
+                    .or_default()
+                    .push(shard),
+                Some(_) => {}
+                None => absent.entry(id).or_default().push(shard),
+            }
+        }
+        let mut fresh: Vec<usize> = (0..n)
+            .filter(|&i| !self.members[i].leaving && self.held[i] == 0)
+            .collect();
+        fresh.sort_by_key(|&i| (self.members[i].joined, i));
+        let mut departed: Vec<(MemberId, bool, Vec<u32>)> = leavers
+            .into_iter()
+            .map(|((_, i), set)| (self.members[i].id.clone(), true, set))
+            .chain(absent.into_iter().map(|(id, set)| (id.clone(), false, set)))
+            .collect();
+        let mut claimed = vec![false; n];
+        let mut paired = vec![None; departed.len()];
+        // Pass 1: a member restarted (or replaced) under the same name.
+        for (d, (id, _, _)) in departed.iter().enumerate() {
+            if let Some(&j) = fresh
+                .iter()
+                .find(|&&j| !claimed[j] && self.members[j].id.name == id.name)
+            {
+                claimed[j] = true;
+                paired[d] = Some(j);
+            }
+        }
+        // Pass 2: leavers take the earliest-joined remaining fresh member.
+        for (d, (_, leaving, _)) in departed.iter().enumerate() {
+            if paired[d].is_some() || !leaving {
+                continue;
+            }
+            if let Some(&j) = fresh.iter().find(|&&j| !claimed[j]) {
+                claimed[j] = true;
+                paired[d] = Some(j);
+            }
+        }
+        for (d, (id, _, set)) in departed.drain(..).enumerate() {
+            if let Some(j) = paired[d] {
+                for &shard in &set {
+                    self.fixed[shard as usize] = Some(j);
+                }
+                self.successor[j] = true;
+                self.successions.push((id, j, set));
+            }
+        }
+    }
+
+    /// Rule 1: quotas by weight (largest remainder), pins and successions counted first, ceilings to the
+    /// members that would otherwise give a shard up.
+    fn quotas(&self, planned: &[bool]) -> Vec<u32> {
+        let n = self.members.len();
+        let mut fixed = vec![0u64; n];
+        let mut keepable = vec![0u64; n];
+        for shard in 0..self.s {
+            match (self.fixed[shard], self.cur[shard]) {
+                (Some(i), _) => {
+                    fixed[i] += 1;
+                    keepable[i] += 1;
+                }
+                (None, Some(i)) if planned[i] => keepable[i] += 1,
+                _ => {}
+            }
+        }
+        let mut quota = vec![0u32; n];
+        let mut active: Vec<usize> = (0..n).filter(|&i| planned[i]).collect();
+        let mut total = self.s as u64;
+        // Members whose fixed shards reach their share keep exactly those; the rest share what is left.
+        loop {
+            let weights: u64 = active
+                .iter()
+                .map(|&i| u64::from(self.members[i].weight))
+                .sum();
+            let (capped, rest): (Vec<usize>, Vec<usize>) = active
+                .iter()
+                .partition(|&&i| fixed[i] * weights >= total * u64::from(self.members[i].weight));
+            if capped.is_empty() {
+                break;
+            }
+            for &i in &capped {
+                quota[i] = fixed[i] as u32;
+                total -= fixed[i];
+            }
+            active = rest;
+            if active.is_empty() {
+                break;
+            }
+        }
+        if active.is_empty() {
+            return quota;
+        }
+        let weights: u64 = active
+            .iter()
+            .map(|&i| u64::from(self.members[i].weight))
+            .sum();
+        let mut remainder = total;
+        let mut frac = vec![0u64; n];
+        for &i in &active {
+            let share = total * u64::from(self.members[i].weight);
+            quota[i] = (share / weights) as u32;
+            frac[i] = share % weights;
+            remainder -= u64::from(quota[i]);
+        }
+        // Largest remainder; among members with a fractional share, those that would otherwise give a shard
+        // up come first (movement first), then the larger fraction, then the larger holder, then the id.
+        let mut candidates: Vec<usize> = active.into_iter().filter(|&i| frac[i] > 0).collect();
+        candidates.sort_by(|&a, &b| {
+            let over = |i: usize| keepable[i] > u64::from(quota[i]);
+            over(b)
+                .cmp(&over(a))
+                .then(frac[b].cmp(&frac[a]))
+                .then(keepable[b].cmp(&keepable[a]))
+                .then(a.cmp(&b))
+        });
+        for &i in candidates.iter().take(remainder as usize) {
+            quota[i] += 1;
+        }
+        quota
+    }
+
+    /// Rules 1 and 2: keep what fits the quota, release the rest at run edges, fill the deficits.
+    fn assign(&self, planned: &[bool], quota: &[u32], target: &mut [Option<usize>]) {
+        let n = self.members.len();
+        let s = self.s;
+        let mut count = vec![0u32; n];
+        for (shard, slot) in target.iter_mut().enumerate() {
+            *slot = match (self.fixed[shard], self.cur[shard]) {
+                (Some(i), _) => Some(i),
+                (None, Some(i)) if planned[i] => Some(i),
+                _ => None,
+            };
+            if let Some(i) = *slot {
+                count[i] += 1;
+            }
+        }
+        // Surplus (unpinned shards to give up) and need, per member.
+        let mut surplus: Vec<u32> = (0..n).map(|i| count[i].saturating_sub(quota[i])).collect();
+        let mut need: Vec<u32> = (0..n).map(|i| quota[i].saturating_sub(count[i])).collect();
+
+        // Release: members in order of their lowest held shard.
+        let mut order: Vec<(usize, usize)> = (0..n)
+            .filter(|&i| surplus[i] > 0)
+            .map(|i| {
+                let first = (0..s).find(|&x| target[x] == Some(i)).unwrap_or(s);
+                (first, i)
+            })
+            .collect();
+        order.sort_unstable();
+        for (_, i) in order {
+            self.release(i, surplus[i], target, &need, &surplus);
+            surplus[i] = 0;
+        }
+
+        // Fill: gaps between a member's own runs, then whole segments by neighbours, then extensions.
+        for pass in 0..3 {
+            for (a, b) in segments(target) {
+                let left = if a > 0 { target[a - 1] } else { None };
+                let right = if b < s { target[b] } else { None };
+                let len = (b - a) as u32;
+                let need_of = |m: Option<usize>, need: &[u32]| m.map_or(0, |i| need[i]);
+                match pass {
+                    0 => {
+                        if let (Some(l), Some(r)) = (left, right) {
+                            if l == r && need[l] >= len {
+                                fill(target, a, b, l, &mut need);
+                            }
+                        }
+                    }
+                    _ => {
+                        let (nl, nr) = (need_of(left, &need), need_of(right, &need));
+                        let together = if left == right { nl } else { nl + nr };
+                        if pass == 1 && together < len {
+                            continue;
+                        }
+                        let take_l = nl.min(len) as usize;
+                        if let Some(l) = left.filter(|_| take_l > 0) {
+                            fill(target, a, a + take_l, l, &mut need);
+                        }
+                        let rest = b - (a + take_l);
+                        let take_r = (need_of(right, &need) as usize).min(rest);
+                        if let Some(r) = right.filter(|_| take_r > 0) {
+                            fill(target, b - take_r, b, r, &mut need);
+                        }
+                    }
+                }
+            }
+        }
+        // New blocks: the largest needs first, each into the smallest segment that fits it whole, else the
+        // largest segment.
+        let mut takers: Vec<usize> = (0..n).filter(|&i| need[i] > 0).collect();
+        takers.sort_by(|&a, &b| need[b].cmp(&need[a]).then(a.cmp(&b)));
+        for i in takers {
+            while need[i] > 0 {
+                let segs = segments(target);
+                let fit = segs
+                    .iter()
+                    .filter(|(a, b)| (b - a) as u32 >= need[i])
+                    .min_by_key(|(a, b)| (b - a, *a));
+                let (a, b) = match fit {
+                    Some(&(a, _)) => (a, a + need[i] as usize),
+                    None => match segs
+                        .iter()
+                        .max_by_key(|(a, b)| (b - a, std::cmp::Reverse(*a)))
+                    {
+                        Some(&seg) => seg,
+                        None => break,
+                    },
+                };
+                fill(target, a, b, i, &mut need);
+            }
+        }
+    }
+
+    /// Give up `count` unpinned shards of member `i`: whole smallest runs first (fewer ranges), then the
+    /// best edge of a run (bordering a receiver, the pool, or another member that gives shards up).
+    fn release(
+        &self,
+        i: usize,
+        count: u32,
+        target: &mut [Option<usize>],
+        need: &[u32],
+        surplus: &[u32],
+    ) {
+        let s = self.s;
+        let droppable =
+            |x: usize, target: &[Option<usize>]| target[x] == Some(i) && self.fixed[x].is_none();
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut x = 0;
+        while x < s {
+            if droppable(x, target) {
+                let a = x;
+                while x < s && droppable(x, target) {
+                    x += 1;
+                }
+                runs.push((a, x));
+            } else {
+                x += 1;
+            }
+        }
+        let mut left = count as usize;
+        let mut by_len = runs.clone();
+        by_len.sort_by_key(|&(a, b)| (b - a, a));
+        let mut dropped = BTreeSet::new();
+        for &(a, b) in &by_len {
+            if b - a > left {
+                break;
+            }
+            left -= b - a;
+            target[a..b].fill(None);
+            dropped.insert(a);
+        }
+        if left == 0 {
+            return;
+        }
+        let score = |nb: Option<usize>, target: &[Option<usize>]| -> i32 {
+            match nb.map(|x| target[x]) {
+                None => 0,
+                Some(None) => 2,
+                Some(Some(j)) if j == i => -1,
+                Some(Some(j)) if need[j] > 0 => 3,
+                Some(Some(j)) if surplus[j] > 0 => 1,
+                Some(Some(_)) => 0,
+            }
+        };
+        // (score, run length, prefer the right edge, earlier run) — the best edge wins.
+        let best = runs
+            .iter()
+            .filter(|(a, _)| !dropped.contains(a))
+            .flat_map(|&(a, b)| {
+                let l = score(a.checked_sub(1), target);
+                let r = score((b < s).then_some(b), target);
+                [(l, b - a, false, a, b), (r, b - a, true, a, b)]
+            })
+            .max_by(|x, y| {
+                x.0.cmp(&y.0)
+                    .then(x.1.cmp(&y.1))
+                    .then(x.2.cmp(&y.2))
+                    .then(y.3.cmp(&x.3))
+            });
+        if let Some((_, _, right, a, b)) = best {
+            // Every run left is longer than `left` (greedy above), so one edge suffices.
+            if right {
+                target[b - left..b].fill(None);
+            } else {
+                target[a..a + left].fill(None);
+            }
+        }
+    }
+
+    fn finish(&self, planned: &[bool], quota: &[u32], target: &[Option<usize>]) -> Plan {
+        let n = self.members.len();
+        let mut moves = Vec::new();
+        let mut unassigned = ShardSet::new();
+        for (shard, &slot) in target.iter().enumerate() {
+            let from = self.input.current.get(&(shard as u32));
+            let Some(to) = slot else {
+                unassigned.insert(shard as u32);
+                continue;
+            };
+            if self.cur[shard] == Some(to) {
+                continue;
+            }
+            let reason = match self.cur[shard] {
+                None => MoveReason::Unowned,
+                Some(i) if self.members[i].leaving => MoveReason::Leaving,
+                Some(_) if self.pinned[shard] => MoveReason::Pinned,
+                Some(_) => MoveReason::Rebalance,
+            };
+            moves.push(Move {
+                shard: shard as u32,
+                from: from.cloned(),
+                to: self.members[to].id.clone(),
+                reason,
+            });
+        }
+        if !planned.iter().any(|&p| p) {
+            // Leavers keep what they hold, but nobody is planned to take it.
+            unassigned = (0..self.s as u32).collect();
+        }
+        let members = (0..n)
+            .map(|i| {
+                let m = self.members[i];
+                let role = if self.successor[i] {
+                    Role::Successor
+                } else if m.leaving {
+                    Role::Leaving
+                } else if !planned[i] {
+                    Role::Joining
+                } else {
+                    Role::Balanced
+                };
+                let tgt = target.iter().filter(|&&t| t == Some(i)).count() as u32;
+                MemberReport {
+                    id: m.id.clone(),
+                    role,
+                    weight: m.weight,
+                    quota: if planned[i] { quota[i] } else { tgt },
+                    held: self.held[i],
+                    target: tgt,
+                    ranges_before: runs_of(&self.cur, i),
+                    ranges: runs_of(target, i),
+                }
+            })
+            .collect();
+        let successions = self
+            .successions
+            .iter()
+            .map(|(from, j, set)| Succession {
+                from: from.clone(),
+                to: self.members[*j].id.clone(),
+                shards: set.iter().copied().collect(),
+            })
+            .collect();
+        Plan {
+            shards: self.input.shards,
+            target: target
+                .iter()
+                .map(|t| t.map(|i| self.members[i].id.clone()))
+                .collect(),
+            moves,
+            report: PlanReport {
+                members,
+                ignored_pins: self.ignored_pins.clone(),
+                successions,
+                unassigned,
+            },
+        }
+    }
+}
+
+/// Maximal runs of unassigned shards, `[a, b)`, in shard order.
+fn segments(target: &[Option<usize>]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut x = 0;
+    while x < target.len() {
+        if target[x].is_none() {
+            let a = x;
+            while x < target.len() && target[x].is_none() {
+                x += 1;
+            }
+            out.push((a, x));
+        } else {
+            x += 1;
+        }
+    }
+    out
+}
+
+fn fill(target: &mut [Option<usize>], a: usize, b: usize, i: usize, need: &mut [u32]) {
+    target[a..b].fill(Some(i));
+    need[i] -= (b - a) as u32;
+}
+
+/// Maximal runs of adjacent shards held by `i`.
+fn runs_of(owners: &[Option<usize>], i: usize) -> u32 {
+    let mut runs = 0;
+    let mut prev = false;
+    for &o in owners {
+        let here = o == Some(i);
+        if here && !prev {
+            runs += 1;
+        }
+        prev = here;
+    }
+    runs
+}
+
+/// Cold-start settle and join debounce settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SettleConfig {
+    /// Before the first plan: how long membership must stay unchanged (default 10 s).
+    pub settle_window: Duration,
+    /// After the first plan: how long a new member must stay before its join is planned (default 5 s).
+    pub join_debounce: Duration,
+    /// Before the first plan: plan at once when this many members are present (default none).
+    pub expected_members: Option<usize>,
+}
+
+impl Default for SettleConfig {
+    fn default() -> Self {
+        SettleConfig {
+            settle_window: Duration::from_secs(10),
+            join_debounce: Duration::from_secs(5),
+            expected_members: None,
+        }
+    }
+}
+
+impl SettleConfig {
+    /// The defaults.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set the settle window.
+    #[must_use]
+    pub fn with_settle_window(mut self, window: Duration) -> Self {
+        self.settle_window = window;
+        self
+    }
+
+    /// Set the join debounce.
+    #[must_use]
+    pub fn with_join_debounce(mut self, debounce: Duration) -> Self {
+        self.join_debounce = debounce;
+        self
+    }
+
+    /// Set the expected replica count.
+    #[must_use]
+    pub fn with_expected_members(mut self, expected: Option<usize>) -> Self {
+        self.expected_members = expected;
+        self
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    since: Instant,
+    stable: bool,
+}
+
+/// When the first plan may be made, and which joins may be planned — from observation times the caller
+/// passes in (no clock is read here).
+///
+/// The coordinator calls [`observe`](Self::observe) with the live members every time it looks at
+/// membership, plans only when [`ready_to_plan`](Self::ready_to_plan), sets [`Member::joining`] from
+/// [`is_joining`](Self::is_joining), calls [`mark_planned`](Self::mark_planned) after its first plan (or at
+/// once when it found an existing assignment), and wakes up again at [`next_deadline`](Self::next_deadline).
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use kube_shard::group::planner::{Settle, SettleConfig};
+/// use kube_shard::ownership::MemberId;
+///
+/// let t0 = Instant::now();
+/// let s = |secs| t0 + Duration::from_secs(secs);
+/// let (a, b, c) = (MemberId::new("a", "1"), MemberId::new("b", "1"), MemberId::new("c", "1"));
+/// let mut settle = Settle::new(SettleConfig::new().with_settle_window(Duration::from_secs(10)));
+/// settle.observe(s(0), [&a]);
+/// settle.observe(s(4), [&a, &b]);
+/// assert!(!settle.ready_to_plan(s(13)));
+/// assert!(settle.ready_to_plan(s(14)));
+/// settle.mark_planned();
+/// settle.observe(s(20), [&a, &b, &c]);
+/// assert!(settle.is_joining(&c, s(24)) && !settle.is_joining(&a, s(24)));
+/// assert!(!settle.is_joining(&c, s(25)));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Settle {
+    config: SettleConfig,
+    last_change: Option<Instant>,
+    seen: BTreeMap<MemberId, Seen>,
+    planned: bool,
+}
+
+impl Settle {
+    /// Nothing observed, not planned.
+    #[must_use]
+    pub fn new(config: SettleConfig) -> Self {
+        Settle {
+            config,
+            last_change: None,
+            seen: BTreeMap::new(),
+            planned: false,
+        }
+    }
+
+    /// Record the live members seen at `now`; returns whether membership changed.
+    pub fn observe<'a, I>(&mut self, now: Instant, members: I) -> bool
+    where
+        I: IntoIterator<Item = &'a MemberId>,
+    {
+        let live: BTreeSet<&MemberId> = members.into_iter().collect();
+        let before = self.seen.len();
+        self.seen.retain(|id, _| live.contains(id));
+        let mut changed = self.seen.len() != before || self.last_change.is_none();
+        for id in live {
+            if !self.seen.contains_key(id) {
+                self.seen.insert(
+                    id.clone(),
+                    Seen {
+                        since: now,
+                        stable: false,
+                    },
+                );
+                changed = true;
+            }
+        }
+        if changed {
+            self.last_change = Some(now);
+        }
+        changed
+    }
+
+    /// Whether a plan may be made at `now`: always after the first plan; before it, once members are present
+    /// and either the expected count is reached or membership has not changed for the settle window.
+    #[must_use]
+    pub fn ready_to_plan(&self, now: Instant) -> bool {
+        if self.planned {
+            return true;
+        }
+        if self.seen.is_empty() {
+            return false;
+        }
+        if self
+            .config
+            .expected_members
+            .is_some_and(|e| self.seen.len() >= e)
+        {
+            return true;
+        }
+        self.last_change
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.config.settle_window)
+    }
+
+    /// Record that the first plan was made: every member present now is planned from here on.
+    pub fn mark_planned(&mut self) {
+        self.planned = true;
+        for seen in self.seen.values_mut() {
+            seen.stable = true;
+        }
+    }
+
+    /// Whether the first plan was made.
+    #[must_use]
+    pub fn is_planned(&self) -> bool {
+        self.planned
+    }
+
+    /// Whether `member`'s join is still being debounced at `now` (set [`Member::joining`] from this).
+    /// Before the first plan nobody is joining (the first plan takes everyone); a member never observed
+    /// counts as joining.
+    #[must_use]
+    pub fn is_joining(&self, member: &MemberId, now: Instant) -> bool {
+        if !self.planned {
+            return false;
+        }
+        match self.seen.get(member) {
+            None => true,
+            Some(seen) => {
+                !seen.stable
+                    && now.saturating_duration_since(seen.since) < self.config.join_debounce
+            }
+        }
+    }
+
+    /// The next time an answer of [`ready_to_plan`](Self::ready_to_plan) or
+    /// [`is_joining`](Self::is_joining) changes on its own, if any.
+    #[must_use]
+    pub fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        if !self.planned {
+            return self
+                .last_change
+                .filter(|_| !self.seen.is_empty() && !self.ready_to_plan(now))
+                .map(|t| t + self.config.settle_window);
+        }
+        self.seen
+            .values()
+            .filter(|seen| !seen.stable)
+            .map(|seen| seen.since + self.config.join_debounce)
+            .filter(|&t| t > now)
+            .min()
+    }
+}
+
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;

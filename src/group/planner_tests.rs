@@ -1,0 +1,778 @@
+//! Planner properties (DESIGN §3): movement first, balance, weights, determinism, pins, succession,
+//! contiguity; and the settle/debounce helper.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn sc(s: u32) -> ShardCount {
+    ShardCount::new(s).unwrap()
+}
+
+fn id(i: usize) -> MemberId {
+    MemberId::new(format!("m{i:02}"), "a")
+}
+
+fn members(n: usize) -> Vec<Member> {
+    (0..n).map(|i| Member::new(id(i))).collect()
+}
+
+/// Apply a plan: its target becomes the current assignment.
+fn apply(input: PlanInput, plan: &Plan) -> PlanInput {
+    input.with_owners(plan.assignments())
+}
+
+/// Shards currently held per member id.
+fn held_of(input: &PlanInput) -> BTreeMap<MemberId, u32> {
+    let mut held = BTreeMap::new();
+    for m in &input.members {
+        held.insert(m.id.clone(), 0);
+    }
+    for owner in input.current.values() {
+        if let Some(h) = held.get_mut(owner) {
+            *h += 1;
+        }
+    }
+    held
+}
+
+/// `Σ max(0, held − quota)` over the report.
+fn surplus(plan: &Plan) -> u32 {
+    plan.report()
+        .members
+        .iter()
+        .map(|m| m.held.saturating_sub(m.quota))
+        .sum()
+}
+
+/// The least possible moves for equal weights and all owners live, computed independently: the ⌈S/N⌉
+/// quotas go to the largest holders.
+fn oracle_equal(s: u32, held: &[u32]) -> u32 {
+    let n = held.len() as u32;
+    let mut sorted = held.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let ceilings = s % n;
+    sorted
+        .iter()
+        .enumerate()
+        .map(|(k, &h)| {
+            let q = s / n + u32::from((k as u32) < ceilings);
+            h.saturating_sub(q)
+        })
+        .sum()
+}
+
+/// The least possible moves for weights (quotas ⌊S·w/W⌋ or that + 1 where the share is fractional, the
+/// number of + 1s fixed by the total), computed independently.
+fn oracle_weighted(s: u32, held: &[u32], weights: &[u32]) -> u32 {
+    let total_w: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+    let mut floors = Vec::new();
+    let mut fractional = Vec::new();
+    for &w in weights {
+        let share = u64::from(s) * u64::from(w);
+        floors.push((share / total_w) as u32);
+        fractional.push(share % total_w > 0);
+    }
+    let extra = s - floors.iter().sum::<u32>();
+    let base: u32 = held
+        .iter()
+        .zip(&floors)
+        .map(|(&h, &f)| h.saturating_sub(f))
+        .sum();
+    let helped = held
+        .iter()
+        .zip(&floors)
+        .zip(&fractional)
+        .filter(|((&h, &f), &frac)| frac && h > f)
+        .count() as u32;
+    base - extra.min(helped)
+}
+
+fn ranges(plan: &Plan, member: &MemberId) -> u32 {
+    plan.report().member(member).unwrap().ranges
+}
+
+/// A balanced, contiguous start: `n` members planned from nothing.
+fn balanced(s: u32, n: usize) -> (PlanInput, Plan) {
+    let input = PlanInput::new(sc(s)).with_members(members(n));
+    let first = plan(&input).unwrap();
+    (apply(input, &first), first)
+}
+
+fn sizes() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        3 => Just(64u32),
+        2 => Just(128u32),
+        4 => Just(256u32),
+        1 => Just(1024u32),
+        1 => Just(4096u32),
+    ]
+}
+
+fn check_equal_balance(plan: &Plan) {
+    let planned: Vec<&MemberReport> = plan
+        .report()
+        .members
+        .iter()
+        .filter(|m| m.role == Role::Balanced)
+        .collect();
+    let s = plan.shards().get();
+    let n = planned.len() as u32;
+    for m in &planned {
+        assert!(
+            m.target == s / n || m.target == s.div_ceil(n),
+            "{m:?} not within ⌊S/N⌋..⌈S/N⌉"
+        );
+        assert_eq!(m.target, m.quota);
+    }
+    assert_eq!(plan.assignments().count() as u32, s);
+}
+
+#[test]
+fn cold_start_three_to_four_and_back() {
+    let s = 256;
+    let (three, first) = balanced(s, 3);
+    assert_eq!(first.moves().len(), 256);
+    assert!(first
+        .moves()
+        .iter()
+        .all(|m| m.reason == MoveReason::Unowned));
+    let quotas: Vec<u32> = first.report().members.iter().map(|m| m.quota).collect();
+    assert_eq!(quotas.iter().sum::<u32>(), 256);
+    assert!(quotas.iter().all(|&q| q == 85 || q == 86));
+    for i in 0..3 {
+        assert_eq!(ranges(&first, &id(i)), 1);
+    }
+
+    let four = three.with_member(Member::new(id(3)));
+    let up = plan(&four).unwrap();
+    assert_eq!(up.moves().len(), 64);
+    assert_eq!(surplus(&up), 64);
+    assert!(up.moves().iter().all(|m| m.reason == MoveReason::Rebalance));
+    check_equal_balance(&up);
+    let up_ranges: Vec<u32> = (0..4).map(|i| ranges(&up, &id(i))).collect();
+    let four = apply(four, &up);
+    assert!(plan(&four).unwrap().is_noop());
+
+    let back = four.clone().without_member(&id(3));
+    let down = plan(&back).unwrap();
+    assert_eq!(down.moves().len(), 64);
+    assert!(down.moves().iter().all(|m| m.reason == MoveReason::Unowned));
+    check_equal_balance(&down);
+    let down_ranges: Vec<u32> = (0..3).map(|i| ranges(&down, &id(i))).collect();
+    println!(
+        "S=256 3→4: 64 moves, ranges {up_ranges:?}; 4→3 (crash): 64 moves, ranges {down_ranges:?}"
+    );
+    assert!(up_ranges.iter().all(|&r| r <= 2));
+    assert!(down_ranges.iter().all(|&r| r <= 2));
+
+    // The same scale-down as a graceful leave.
+    let leave = four.with_member(Member::new(id(3)).with_leaving(true));
+    let down = plan(&leave).unwrap();
+    assert_eq!(down.moves().len(), 64);
+    assert!(down.moves().iter().all(|m| m.reason == MoveReason::Leaving));
+    assert_eq!(down.report().member(&id(3)).unwrap().quota, 0);
+}
+
+#[test]
+fn empty_and_degenerate_inputs() {
+    let s = sc(16);
+    let none = plan(&PlanInput::new(s)).unwrap();
+    assert!(none.is_noop());
+    assert_eq!(none.report().unassigned.len(), 16);
+
+    // Only a leaver: it keeps its set (nobody can take it), reported unassigned.
+    let lone_id = id(0);
+    let lone = PlanInput::new(s)
+        .with_members([Member::new(id(0)).with_leaving(true)])
+        .with_owners((0..16).map(|x| (x, &lone_id)));
+    let p = plan(&lone).unwrap();
+    assert!(p.is_noop());
+    assert_eq!(p.owner_of(3), Some(&id(0)));
+    assert_eq!(p.report().unassigned.len(), 16);
+
+    // Only a joining member: not planned yet.
+    let joining = PlanInput::new(s).with_members([Member::new(id(0)).with_joining(true)]);
+    let p = plan(&joining).unwrap();
+    assert!(p.is_noop());
+    assert_eq!(p.report().members[0].role, Role::Joining);
+
+    // S = 1, more members than shards.
+    let p = plan(&PlanInput::new(sc(1)).with_members(members(3))).unwrap();
+    assert_eq!(p.moves().len(), 1);
+    assert_eq!(p.report().members.iter().map(|m| m.quota).sum::<u32>(), 1);
+}
+
+#[test]
+fn malformed_input_is_refused() {
+    let s = sc(8);
+    let dup = PlanInput::new(s).with_members([Member::new(id(0)), Member::new(id(0))]);
+    assert_eq!(
+        plan(&dup),
+        Err(PlanError::DuplicateMember { member: id(0) })
+    );
+    let zero = PlanInput::new(s).with_members([Member::new(id(0)).with_weight(0)]);
+    assert!(matches!(plan(&zero), Err(PlanError::ZeroWeight { .. })));
+    let owner = PlanInput::new(s).with_owner(8, id(0));
+    assert_eq!(
+        plan(&owner),
+        Err(PlanError::ShardOutOfRange {
+            what: "owner",
+            shard: 8,
+            count: 8
+        })
+    );
+    let pin = PlanInput::new(s).with_pin(9, "m00");
+    let err = plan(&pin).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "pin for shard 9, but there are only 8 shards"
+    );
+}
+
+#[test]
+fn pins_and_their_reports() {
+    let s = sc(64);
+    let input = PlanInput::new(s)
+        .with_members([
+            Member::new(id(0)),
+            Member::new(id(1)),
+            Member::new(id(2)).with_leaving(true),
+        ])
+        .with_pin(5, "m01")
+        .with_pin(6, "gone")
+        .with_pin(7, "m02");
+    let p = plan(&input).unwrap();
+    assert_eq!(p.owner_of(5), Some(&id(1)));
+    let ignored: Vec<(u32, PinIgnored)> = p
+        .report()
+        .ignored_pins
+        .iter()
+        .map(|x| (x.shard, x.reason))
+        .collect();
+    assert_eq!(
+        ignored,
+        vec![(6, PinIgnored::Absent), (7, PinIgnored::Leaving)]
+    );
+    // A member pinned more than its share keeps the pins; the other shares the rest.
+    let heavy = (0..40).fold(PlanInput::new(s).with_members(members(2)), |i, x| {
+        i.with_pin(x, "m00")
+    });
+    let p = plan(&heavy).unwrap();
+    assert_eq!(p.shards_of(&id(0)).len(), 40);
+    assert_eq!(p.shards_of(&id(1)).len(), 24);
+    assert_eq!(p.report().member(&id(0)).unwrap().quota, 40);
+}
+
+#[test]
+fn weights_apportion_by_largest_remainder() {
+    let s = sc(256);
+    let input = PlanInput::new(s).with_members([
+        Member::new(id(0)).with_weight(1),
+        Member::new(id(1)).with_weight(2),
+        Member::new(id(2)).with_weight(5),
+    ]);
+    let p = plan(&input).unwrap();
+    let q: Vec<u32> = p.report().members.iter().map(|m| m.quota).collect();
+    assert_eq!(q, vec![32, 64, 160]);
+    let input = PlanInput::new(s).with_members([
+        Member::new(id(0)).with_weight(1),
+        Member::new(id(1)).with_weight(2),
+    ]);
+    let p = plan(&input).unwrap();
+    let q: Vec<u32> = p.report().members.iter().map(|m| m.quota).collect();
+    assert_eq!(q, vec![85, 171]);
+    // A state off by one within the rounding is left alone (movement first).
+    let (a, b) = (id(0), id(1));
+    let skew = input.with_owners((0..256).map(|x| (x, if x < 86 { &a } else { &b })));
+    assert!(plan(&skew).unwrap().is_noop());
+}
+
+#[test]
+fn restarted_member_gets_its_absent_namesakes_set() {
+    let (input, first) = balanced(64, 3);
+    let old = first.shards_of(&id(1));
+    let restarted = MemberId::new("m01", "b");
+    let input = input
+        .without_member(&id(1))
+        .with_member(Member::new(restarted.clone()).with_joining(true));
+    let p = plan(&input).unwrap();
+    assert_eq!(p.shards_of(&restarted), old);
+    assert_eq!(p.moves().len(), old.len());
+    assert!(p.moves().iter().all(|m| m.reason == MoveReason::Unowned));
+    assert_eq!(p.report().successions.len(), 1);
+}
+
+#[test]
+fn settle_cold_start_and_debounce() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let (a, b, c) = (id(0), id(1), id(2));
+    let cfg = SettleConfig::new()
+        .with_settle_window(Duration::from_secs(10))
+        .with_join_debounce(Duration::from_secs(5));
+    let mut st = Settle::new(cfg.clone());
+    assert!(!st.ready_to_plan(at(0)));
+    assert!(st.observe(at(0), []));
+    assert!(!st.ready_to_plan(at(60_000)), "no members, no plan");
+    assert!(st.observe(at(1_000), [&a]));
+    assert!(!st.observe(at(2_000), [&a]));
+    assert_eq!(st.next_deadline(at(2_000)), Some(at(11_000)));
+    assert!(st.observe(at(3_000), [&a, &b]));
+    assert!(!st.ready_to_plan(at(12_999)));
+    assert!(st.ready_to_plan(at(13_000)));
+    assert!(!st.is_joining(&a, at(13_000)));
+    st.mark_planned();
+    assert!(st.is_planned());
+    assert!(!st.is_joining(&b, at(13_000)));
+    assert!(st.observe(at(20_000), [&a, &b, &c]));
+    assert!(st.ready_to_plan(at(20_000)));
+    assert!(st.is_joining(&c, at(24_999)));
+    assert_eq!(st.next_deadline(at(21_000)), Some(at(25_000)));
+    assert!(!st.is_joining(&c, at(25_000)));
+    // Leaving and coming back restarts the debounce.
+    st.observe(at(26_000), [&a, &b]);
+    st.observe(at(27_000), [&a, &b, &c]);
+    assert!(st.is_joining(&c, at(31_000)));
+    assert!(st.is_joining(&id(9), at(31_000)), "never observed");
+
+    // The expected replica count cuts the settle window short.
+    let mut st = Settle::new(cfg.with_expected_members(Some(3)));
+    st.observe(at(0), [&a, &b]);
+    assert!(!st.ready_to_plan(at(1)));
+    st.observe(at(1), [&a, &b, &c]);
+    assert!(st.ready_to_plan(at(1)));
+}
+
+/// A deterministic xorshift generator for the long random walk.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// 100 random membership changes at S = 256 (joins, crashes, graceful leaves, rolling replacements, weight
+/// changes, pins): every step moves exactly what it must and a replan moves nothing; prints moves and ranges
+/// per member (run with `--nocapture`).
+#[test]
+fn random_walk_of_100_changes_prints_ranges() {
+    let s = 256;
+    let mut rng = Rng(0x5eed_cafe_f00d_1234);
+    let mut next_name = 4;
+    let mut input = PlanInput::new(sc(s)).with_members(members(4));
+    let p = plan(&input).unwrap();
+    input = apply(input, &p);
+    let (mut total_moves, mut followups, mut worst) = (0, 0, 0);
+    for step in 0..100u64 {
+        let n = input.members.len();
+        let op = rng.below(7);
+        let mut expected = None::<usize>;
+        let held_by = |input: &PlanInput, gone: &MemberId| -> ShardSet {
+            input
+                .current
+                .iter()
+                .filter(|(_, o)| *o == gone)
+                .map(|(&x, _)| x)
+                .collect()
+        };
+        let name = match op {
+            0 | 1 if n < 10 => {
+                input = input.with_member(Member::new(id(next_name)).with_joined(step));
+                next_name += 1;
+                "join"
+            }
+            2 if n > 2 => {
+                let gone = input.members[rng.below(n)].id.clone();
+                expected = Some(held_by(&input, &gone).len());
+                input = input.without_member(&gone);
+                "crash"
+            }
+            3 if n > 2 => {
+                let k = rng.below(n);
+                expected = Some(held_by(&input, &input.members[k].id).len());
+                input.members[k].leaving = true;
+                "leave"
+            }
+            4 => {
+                let k = rng.below(n);
+                let set = held_by(&input, &input.members[k].id);
+                expected = Some(set.len());
+                input.members[k].leaving = true;
+                let fresh = id(next_name);
+                next_name += 1;
+                input = input.with_member(
+                    Member::new(fresh.clone())
+                        .with_joined(step)
+                        .with_joining(true),
+                );
+                assert_eq!(plan(&input).unwrap().shards_of(&fresh), set);
+                "replace"
+            }
+            5 => {
+                let k = rng.below(n);
+                input.members[k].weight = 1 + rng.below(3) as u32;
+                "weight"
+            }
+            _ => {
+                let shard = rng.below(s as usize) as u32;
+                if input.pins.len() >= 3 {
+                    input.pins.clear();
+                }
+                let name = input.members[rng.below(n)].id.name.clone();
+                input.pins.insert(shard, name);
+                "pin"
+            }
+        };
+        let p = plan(&input).unwrap();
+        if let Some(e) = expected {
+            assert_eq!(p.moves().len(), e, "step {step} {name}");
+        }
+        let all_live = input.current.len() == s as usize
+            && input
+                .current
+                .values()
+                .all(|o| input.members.iter().any(|m| &m.id == o && !m.leaving));
+        if all_live && name != "pin" {
+            assert_eq!(p.moves().len() as u32, surplus(&p), "step {step} {name}");
+        }
+        total_moves += p.moves().len();
+        input = apply(input, &p);
+        // Departed members go; joins are settled.
+        input.members.retain(|m| !m.leaving);
+        for m in &mut input.members {
+            m.joining = false;
+        }
+        let mut again = plan(&input).unwrap();
+        if !p.report().successions.is_empty() && !again.is_noop() {
+            // A successor keeps a whole set above its quota for one round; the next plan balances it.
+            assert_eq!(again.moves().len() as u32, surplus(&again));
+            followups += again.moves().len();
+            input = apply(input, &again);
+            again = plan(&input).unwrap();
+        }
+        assert!(
+            again.is_noop(),
+            "step {step}: replan moved {:?}",
+            again.moves()
+        );
+        let ranges: Vec<u32> = again.report().members.iter().map(|m| m.ranges).collect();
+        worst = worst.max(ranges.iter().copied().max().unwrap_or(0));
+        if step % 10 == 9 {
+            println!(
+                "step {:>3} {:>7}: {:>2} members, {:>3} moved, ranges per member {ranges:?}",
+                step + 1,
+                name,
+                input.members.len(),
+                p.moves().len()
+            );
+        }
+    }
+    let p = plan(&input).unwrap();
+    println!(
+        "after 100 random changes at S={s}: {total_moves} moves, {followups} more rebalancing oversized successors"
+    );
+    for m in &p.report().members {
+        println!(
+            "  {:>6} weight {} holds {:>3} shards in {} ranges: {}",
+            m.id.to_string(),
+            m.weight,
+            m.target,
+            m.ranges,
+            p.shards_of(&m.id)
+        );
+    }
+    println!("  worst ranges per member at any step: {worst}");
+    assert!(worst <= 12, "ranges per member grew to {worst}");
+}
+
+fn perm_of(n: usize) -> impl Strategy<Value = Vec<usize>> {
+    Just((0..n).collect::<Vec<_>>()).prop_shuffle()
+}
+
+/// A random input: up to 10 members (random weights, some leaving or joining), owners among them, absent
+/// ones or none, and pins to present or absent names.
+fn any_input() -> impl Strategy<Value = PlanInput> {
+    (
+        prop_oneof![Just(16u32), Just(64u32), Just(256u32)],
+        1..=10usize,
+    )
+        .prop_flat_map(|(s, n)| {
+            (
+                prop::collection::vec((1..=4u32, any::<bool>(), any::<bool>(), 0..4u64), n),
+                prop::collection::vec(0..n + 2, s as usize),
+                prop::collection::btree_map(0..s, 0..n + 1, 0..4),
+                any::<bool>(),
+            )
+                .prop_map(move |(flags, owners, pins, weighted)| {
+                    let ms = flags
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(w, leaving, joining, joined))| {
+                            Member::new(id(i))
+                                .with_weight(if weighted { w } else { 1 })
+                                .with_leaving(leaving && i % 3 == 0)
+                                .with_joining(joining && i % 3 == 1)
+                                .with_joined(joined)
+                        });
+                    let mut input = PlanInput::new(sc(s)).with_members(ms);
+                    for (x, &o) in owners.iter().enumerate() {
+                        match o {
+                            o if o < n => input.current.insert(x as u32, id(o)),
+                            o if o == n => {
+                                input.current.insert(x as u32, MemberId::new("gone", "z"))
+                            }
+                            _ => None,
+                        };
+                    }
+                    for (x, o) in pins {
+                        let name = if o < n {
+                            format!("m{o:02}")
+                        } else {
+                            "gone".to_owned()
+                        };
+                        input.pins.insert(x, name.into());
+                    }
+                    input
+                })
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// N → N+1 and N → N−1 (crash and graceful leave) from a balanced state move exactly
+    /// `Σ max(0, held − quota)` (plus the departed set), the least possible, and end balanced.
+    #[test]
+    fn scale_by_one_moves_exactly_the_surplus(s in sizes(), n in 1..=12usize, k in any::<prop::sample::Index>()) {
+        let (input, _) = balanced(s, n);
+        let held = held_of(&input);
+
+        let up_input = input.clone().with_member(Member::new(id(n)));
+        let up = plan(&up_input).unwrap();
+        let mut hs: Vec<u32> = held.values().copied().collect();
+        hs.push(0);
+        prop_assert_eq!(up.moves().len() as u32, surplus(&up));
+        prop_assert_eq!(up.moves().len() as u32, oracle_equal(s, &hs));
+        prop_assert_eq!(up.moves().len() as u32, up.report().member(&id(n)).unwrap().quota);
+        check_equal_balance(&up);
+        prop_assert!(up.moves().iter().all(|m| m.to == id(n)));
+        prop_assert!(plan(&apply(up_input, &up)).unwrap().is_noop());
+
+        if n > 1 {
+            let gone = id(k.index(n));
+            let set = held[&gone];
+            let down = plan(&input.clone().without_member(&gone)).unwrap();
+            prop_assert_eq!(down.moves().len() as u32, set);
+            prop_assert_eq!(surplus(&down), 0);
+            check_equal_balance(&down);
+
+            let leave = plan(&input.clone().with_member(Member::new(gone.clone()).with_leaving(true))).unwrap();
+            prop_assert_eq!(leave.moves().len() as u32, set);
+            prop_assert_eq!(surplus(&leave), set);
+            prop_assert!(leave.moves().iter().all(|m| m.reason == MoveReason::Leaving));
+            check_equal_balance(&leave);
+        }
+    }
+
+    /// Random current states with every owner live (some shards unowned or owned by an absent member):
+    /// moves == `Σ max(0, held − quota)` + the orphaned shards == the independent optimum, and the result is
+    /// balanced (equal weights: ⌊S/N⌋ or ⌈S/N⌉; weights: within one shard of S·w/W).
+    #[test]
+    fn random_states_move_the_least_possible(
+        (s, n, owners, weights) in (sizes(), 1..=10usize).prop_flat_map(|(s, n)| (
+            Just(s), Just(n),
+            prop::collection::vec(prop_oneof![8 => (0..n).prop_map(Some), 1 => Just(None)], s as usize),
+            prop::collection::vec(1..=5u32, n),
+        )),
+        blocky in any::<bool>(),
+        weighted in any::<bool>(),
+    ) {
+        // Blocky states: long runs per owner, like a real assignment after churn.
+        let owners: Vec<Option<usize>> = if blocky {
+            let run = (s as usize / 8).max(1);
+            (0..s as usize).map(|x| owners[x / run * run]).collect()
+        } else {
+            owners
+        };
+        let weights: Vec<u32> = if weighted { weights } else { vec![1; n] };
+        let mut input = PlanInput::new(sc(s))
+            .with_members((0..n).map(|i| Member::new(id(i)).with_weight(weights[i])));
+        let mut orphans = 0;
+        for (x, o) in owners.iter().enumerate() {
+            match o {
+                Some(i) => { input.current.insert(x as u32, id(*i)); }
+                None if x % 2 == 0 => { orphans += 1; }
+                None => { orphans += 1; input.current.insert(x as u32, MemberId::new("gone", "z")); }
+            }
+        }
+        let held: Vec<u32> = held_of(&input).values().copied().collect();
+        let p = plan(&input).unwrap();
+        prop_assert_eq!(p.moves().len() as u32, surplus(&p) + orphans);
+        let oracle = if weighted { oracle_weighted(s, &held, &weights) } else { oracle_equal(s, &held) };
+        prop_assert_eq!(surplus(&p), oracle);
+        let total_w: u32 = weights.iter().sum();
+        for (i, m) in p.report().members.iter().enumerate() {
+            prop_assert_eq!(m.target, m.quota);
+            let ideal = f64::from(s) * f64::from(weights[i]) / f64::from(total_w);
+            prop_assert!((f64::from(m.target) - ideal).abs() < 1.0, "{:?} vs ideal {}", m, ideal);
+        }
+        if !weighted {
+            check_equal_balance(&p);
+        }
+        // Nobody gives up a shard and receives one in the same plan; every move's source is over quota.
+        for mv in p.moves() {
+            if let Some(from) = &mv.from {
+                if let Some(r) = p.report().member(from) {
+                    prop_assert!(r.held > r.quota);
+                }
+            }
+            let to = p.report().member(&mv.to).unwrap();
+            prop_assert!(to.held < to.quota);
+        }
+        prop_assert!(plan(&apply(input, &p)).unwrap().is_noop());
+    }
+
+    /// Same input → same plan; member order does not matter.
+    #[test]
+    fn deterministic(input in any_input(), perm in perm_of(10)) {
+        let a = plan(&input).unwrap();
+        prop_assert_eq!(&a, &plan(&input).unwrap());
+        let order: Vec<usize> = perm.into_iter().filter(|&i| i < input.members.len()).collect();
+        let shuffled = input.clone().with_members(order.iter().map(|&i| input.members[i].clone()));
+        prop_assert_eq!(&a, &plan(&shuffled).unwrap());
+        // Every shard has a target whenever some member is planned.
+        if a.report().members.iter().any(|m| matches!(m.role, Role::Balanced | Role::Successor)) {
+            prop_assert!(a.report().unassigned.is_empty());
+            prop_assert_eq!(a.assignments().count() as u32, input.shards.get());
+        }
+    }
+
+    /// Pins to planned members are honoured and count toward the quota; pins to absent, leaving or joining
+    /// members are reported with the reason; moves stay minimal given the pins.
+    #[test]
+    fn pins_honoured_absent_reported(input in any_input()) {
+        let p = plan(&input).unwrap();
+        let members = &input.members;
+        let by_name = |name: &Arc<str>| { let name = name.clone(); members.iter().filter(move |m| m.id.name == name) };
+        let held = held_of(&input);
+        for (&x, name) in &input.pins {
+            let planned = by_name(name).find(|m| !(m.leaving || (m.joining && held[&m.id] == 0)));
+            let ignored = p.report().ignored_pins.iter().find(|i| i.shard == x);
+            match planned {
+                Some(m) => {
+                    prop_assert_eq!(p.owner_of(x), Some(&m.id));
+                    prop_assert!(ignored.is_none());
+                }
+                None => {
+                    let reason = ignored.expect("ignored pin reported").reason;
+                    let expected = if by_name(name).next().is_none() {
+                        PinIgnored::Absent
+                    } else if by_name(name).all(|m| m.leaving) {
+                        PinIgnored::Leaving
+                    } else {
+                        PinIgnored::Joining
+                    };
+                    prop_assert_eq!(reason, expected);
+                }
+            }
+        }
+        // Minimal movement with pins, when every owner is live and planned and nothing is handed over:
+        // pinned shards away from their member, plus Σ max(0, unpinned kept − room left by pins).
+        let planned_ids: Vec<&MemberId> = p.report().members.iter()
+            .filter(|m| m.role == Role::Balanced).map(|m| &m.id).collect();
+        let all_live = input.current.len() == input.shards.get() as usize
+            && input.current.values().all(|o| planned_ids.contains(&o));
+        if all_live && p.report().successions.is_empty() {
+            let pinned_to: BTreeMap<u32, &MemberId> = p.moves().iter()
+                .filter(|m| m.reason == MoveReason::Pinned).map(|m| (m.shard, &m.to)).collect();
+            let honoured: Vec<u32> = input.pins.keys().copied()
+                .filter(|x| !p.report().ignored_pins.iter().any(|i| i.shard == *x)).collect();
+            let mut extra = 0;
+            for r in &p.report().members {
+                let pins_here = honoured.iter().filter(|x| p.owner_of(**x) == Some(&r.id)).count() as u32;
+                let unpinned_held = input.current.iter()
+                    .filter(|(x, o)| **o == r.id && !honoured.contains(x)).count() as u32;
+                extra += unpinned_held.saturating_sub(r.quota.saturating_sub(pins_here));
+            }
+            prop_assert_eq!(p.moves().len(), pinned_to.len() + extra as usize);
+        }
+    }
+
+    /// A leaver's whole set goes to a fresh member and nothing else moves; replanning moves nothing.
+    #[test]
+    fn leaver_set_goes_to_fresh_joiner(s in sizes(), n in 1..=10usize, k in any::<prop::sample::Index>(), joining in any::<bool>()) {
+        let (input, first) = balanced(s, n);
+        let leaver = id(k.index(n));
+        let set = first.shards_of(&leaver);
+        let fresh = MemberId::new("fresh", "x");
+        let mut input = input.with_member(Member::new(fresh.clone()).with_joining(joining));
+        input.members.iter_mut().find(|m| m.id == leaver).unwrap().leaving = true;
+        let p = plan(&input).unwrap();
+        prop_assert_eq!(p.shards_of(&fresh), set.clone());
+        prop_assert_eq!(p.moves().len(), set.len());
+        prop_assert!(p.moves().iter().all(|m| m.from.as_ref() == Some(&leaver) && m.to == fresh));
+        prop_assert_eq!(p.report().member(&fresh).unwrap().role, Role::Successor);
+        let after = apply(input, &p).without_member(&leaver);
+        let mut after = after;
+        for m in &mut after.members { m.joining = false; }
+        prop_assert!(plan(&after).unwrap().is_noop());
+    }
+
+    /// A rolling update replacing every member one at a time (surge style, or same name as a StatefulSet
+    /// restart would) moves every shard exactly once.
+    #[test]
+    fn rolling_update_moves_each_shard_once(s in sizes(), n in 1..=8usize, same_name in any::<bool>()) {
+        let (mut input, _) = balanced(s, n);
+        let mut moved = vec![0u32; s as usize];
+        for i in 0..n {
+            let new = if same_name { MemberId::new(format!("m{i:02}"), "b") } else { MemberId::new(format!("n{i:02}"), "b") };
+            input = input.with_member(Member::new(new.clone()).with_joined(i as u64 + 1).with_joining(true));
+            input.members.iter_mut().find(|m| m.id == id(i)).unwrap().leaving = true;
+            let p = plan(&input).unwrap();
+            for mv in p.moves() {
+                moved[mv.shard as usize] += 1;
+            }
+            input = apply(input, &p).without_member(&id(i));
+            for m in &mut input.members { m.joining = false; }
+            prop_assert!(plan(&input).unwrap().is_noop());
+        }
+        prop_assert!(moved.iter().all(|&c| c == 1), "{:?}", moved);
+    }
+
+    /// Contiguity: from nothing, every member gets one range; scaling N → N+1 leaves the old members one
+    /// range each and gives the joiner at most ⌈N/2⌉ ranges; N+1 → N gives each member at most 2.
+    #[test]
+    fn contiguity_bounds(s in sizes(), n in 1..=16usize, k in any::<prop::sample::Index>()) {
+        let (input, first) = balanced(s, n);
+        for i in 0..n {
+            prop_assert_eq!(ranges(&first, &id(i)), 1);
+        }
+        let up_input = input.clone().with_member(Member::new(id(n)));
+        let up = plan(&up_input).unwrap();
+        for i in 0..n {
+            prop_assert!(ranges(&up, &id(i)) <= 1);
+        }
+        let joiner = ranges(&up, &id(n)) as usize;
+        prop_assert!(joiner <= n.div_ceil(2).max(1), "joiner has {} ranges for N={}", joiner, n);
+        let up_input = apply(up_input, &up);
+        let gone = id(k.index(n + 1));
+        let down = plan(&up_input.without_member(&gone)).unwrap();
+        for r in &down.report().members {
+            prop_assert!(r.ranges <= r.ranges_before + 1, "{:?}", r);
+        }
+    }
+}
