@@ -967,6 +967,8 @@ pub(crate) struct DeleteOptions {
     uid: Option<String>,
     resource_version: Option<String>,
     propagation: Option<String>,
+    /// `dryRun: ["All"]` in the body (kube sends it there).
+    pub(crate) dry_run: bool,
 }
 
 impl DeleteOptions {
@@ -987,6 +989,10 @@ impl DeleteOptions {
             .pointer("/preconditions/resourceVersion")
             .and_then(Value::as_str)
             .map(str::to_string);
+        o.dry_run = v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|d| d == "All"));
         if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
             o.propagation = Some(p.to_string());
         } else if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {

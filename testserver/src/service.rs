@@ -213,7 +213,7 @@ async fn resource(
     let as_ = As::from_headers(&parts.headers);
     let ns = r.namespace.as_deref();
     let gate = || inner.faults.effective_gate(inner.gate(), conn);
-    let ctx = WriteCtx {
+    let mut ctx = WriteCtx {
         inner,
         identity,
         verb,
@@ -267,6 +267,7 @@ async fn resource(
         }
         Verb::DeleteCollection => {
             let opts = DeleteOptions::parse(&body, q.get("propagationPolicy"))?;
+            ctx.dry_run |= opts.dry_run;
             let page = list::delete_collection(&ctx, &r.info, ns, q, gate(), &opts)?;
             let out = page.render(As::Full);
             inner.ledger.delivered(
@@ -300,6 +301,7 @@ async fn resource(
         }
         Verb::Delete => {
             let opts = DeleteOptions::parse(&body, q.get("propagationPolicy"))?;
+            ctx.dry_run |= opts.dry_run;
             rest::delete(&ctx, &r.info, ns, name, &opts)?
         }
         Verb::Discovery => return Err(ApiError::no_route()),

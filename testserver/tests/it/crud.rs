@@ -457,3 +457,89 @@ async fn hostile_patches_are_errors_not_panics() {
     let after = api.list(&ListParams::default()).await;
     assert!(after.is_ok(), "still serving: {after:?}");
 }
+
+#[tokio::test]
+async fn lease_compare_and_swap_has_one_winner() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let server = TestServer::new();
+    let a: Api<Lease> = Api::namespaced(server.client("a"), "default");
+    let b: Api<Lease> = Api::namespaced(server.client("b"), "default");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "l"},
+        "spec": {"holderIdentity": "none", "leaseDurationSeconds": 15, "renewTime": "2026-01-01T00:00:00.000000Z"}
+    }))
+    .unwrap();
+    a.create(&PostParams::default(), &lease).await.unwrap();
+    let seen_a = a.get("l").await.unwrap();
+    let seen_b = b.get("l").await.unwrap();
+    let mut take_a = seen_a.clone();
+    take_a.spec.as_mut().unwrap().holder_identity = Some("a".into());
+    let mut take_b = seen_b.clone();
+    take_b.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    let ra = a.replace("l", &PostParams::default(), &take_a).await;
+    let rb = b.replace("l", &PostParams::default(), &take_b).await;
+    assert!(ra.is_ok());
+    assert_eq!(code(&rb.unwrap_err()), Some(409));
+    let now = a.get("l").await.unwrap();
+    assert_eq!(now.spec.unwrap().holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        now.metadata.resource_version,
+        ra.unwrap().metadata.resource_version
+    );
+}
+
+#[tokio::test]
+async fn generate_name_dry_run_and_legacy_watch_paths() {
+    use futures::StreamExt;
+    let server = TestServer::new();
+    let client = server.client("a");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut g = cm("");
+    g.metadata.name = None;
+    g.metadata.generate_name = Some("gen-".into());
+    let made = api.create(&PostParams::default(), &g).await.unwrap();
+    let name = made.metadata.name.unwrap();
+    assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
+
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    api.create(&dry, &cm("dry")).await.unwrap();
+    assert_eq!(code(&api.get("dry").await.unwrap_err()), Some(404));
+    let dp = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    api.delete(&name, &dp).await.unwrap();
+    assert!(api.get(&name).await.is_ok());
+
+    // GET /api/v1/watch/namespaces/default/configmaps/NAME watches one object.
+    let rv = server.resource_version();
+    let req = http::Request::get(format!(
+        "/api/v1/watch/namespaces/default/configmaps/{name}?resourceVersion={rv}&timeoutSeconds=5"
+    ))
+    .body(Vec::new())
+    .unwrap();
+    let mut events = client
+        .request_events::<ConfigMap>(req)
+        .await
+        .unwrap()
+        .boxed();
+    api.create(&PostParams::default(), &cm("other"))
+        .await
+        .unwrap();
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"z": "1"}})),
+    )
+    .await
+    .unwrap();
+    match events.next().await.unwrap().unwrap() {
+        kube::api::WatchEvent::Modified(o) => {
+            assert_eq!(o.metadata.name.as_deref(), Some(name.as_str()))
+        }
+        other => panic!("{other:?}"),
+    }
+}
