@@ -276,6 +276,34 @@ impl TestServer {
         self.inner.lock_store().rv
     }
 
+    /// One stored object as JSON, read without a client (nothing is accounted). `group` is `""` for
+    /// the core group; `namespace` is `None` for cluster-scoped resources.
+    #[must_use]
+    pub fn object(
+        &self,
+        group: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<serde_json::Value> {
+        let key = crate::store::obj_key(namespace, name);
+        self.inner
+            .lock_store()
+            .get(&format!("{group}/{plural}"), &key)
+            .map(|o| o.value.clone())
+    }
+
+    /// Every stored object of a resource (all namespaces), in storage order, read without a client.
+    #[must_use]
+    pub fn objects(&self, group: &str, plural: &str) -> Vec<serde_json::Value> {
+        self.inner
+            .lock_store()
+            .current(&format!("{group}/{plural}"), None)
+            .iter()
+            .map(|o| o.value.clone())
+            .collect()
+    }
+
     /// Watches currently open.
     #[must_use]
     pub fn open_watches(&self) -> usize {

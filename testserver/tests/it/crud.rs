@@ -543,3 +543,23 @@ async fn generate_name_dry_run_and_legacy_watch_paths() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn objects_can_be_inspected_without_a_client() {
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("a"), "default");
+    api.create(&PostParams::default(), &cm("seen"))
+        .await
+        .unwrap();
+    let before = server.accounting("a");
+    let o = server
+        .object("", "configmaps", Some("default"), "seen")
+        .unwrap();
+    assert_eq!(o["kind"], "ConfigMap");
+    assert_eq!(server.objects("", "configmaps").len(), 1);
+    assert_eq!(server.objects("", "namespaces").len(), 4);
+    assert!(server
+        .object("", "configmaps", Some("default"), "nope")
+        .is_none());
+    assert_eq!(server.accounting("a"), before);
+}
