@@ -632,8 +632,8 @@ impl<'a> Planner<'a> {
     /// members that would otherwise give a shard up.
     fn quotas(&self, planned: &[bool]) -> Vec<u32> {
         let n = self.members.len();
-        let mut fixed = vec![0u64; n];
-        let mut keepable = vec![0u64; n];
+        let mut fixed = vec![0u128; n];
+        let mut keepable = vec![0u128; n];
         for shard in 0..self.s {
             match (self.fixed[shard], self.cur[shard]) {
                 (Some(i), _) => {
@@ -646,16 +646,16 @@ impl<'a> Planner<'a> {
         }
         let mut quota = vec![0u32; n];
         let mut active: Vec<usize> = (0..n).filter(|&i| planned[i]).collect();
-        let mut total = self.s as u64;
+        let mut total = self.s as u128;
         // Members whose fixed shards reach their share keep exactly those; the rest share what is left.
         loop {
-            let weights: u64 = active
+            let weights: u128 = active
                 .iter()
-                .map(|&i| u64::from(self.members[i].weight))
+                .map(|&i| u128::from(self.members[i].weight))
                 .sum();
             let (capped, rest): (Vec<usize>, Vec<usize>) = active
                 .iter()
-                .partition(|&&i| fixed[i] * weights >= total * u64::from(self.members[i].weight));
+                .partition(|&&i| fixed[i] * weights >= total * u128::from(self.members[i].weight));
             if capped.is_empty() {
                 break;
             }
@@ -671,23 +671,23 @@ impl<'a> Planner<'a> {
         if active.is_empty() {
             return quota;
         }
-        let weights: u64 = active
+        let weights: u128 = active
             .iter()
-            .map(|&i| u64::from(self.members[i].weight))
+            .map(|&i| u128::from(self.members[i].weight))
             .sum();
         let mut remainder = total;
-        let mut frac = vec![0u64; n];
+        let mut frac = vec![0u128; n];
         for &i in &active {
-            let share = total * u64::from(self.members[i].weight);
+            let share = total * u128::from(self.members[i].weight);
             quota[i] = (share / weights) as u32;
             frac[i] = share % weights;
-            remainder -= u64::from(quota[i]);
+            remainder -= u128::from(quota[i]);
         }
         // Largest remainder; among members with a fractional share, those that would otherwise give a shard
         // up come first (movement first), then the larger fraction, then the larger holder, then the id.
         let mut candidates: Vec<usize> = active.into_iter().filter(|&i| frac[i] > 0).collect();
         candidates.sort_by(|&a, &b| {
-            let over = |i: usize| keepable[i] > u64::from(quota[i]);
+            let over = |i: usize| keepable[i] > u128::from(quota[i]);
             over(b)
                 .cmp(&over(a))
                 .then(frac[b].cmp(&frac[a]))

@@ -270,6 +270,20 @@ fn pins_and_their_reports() {
 }
 
 #[test]
+fn extreme_weights_do_not_overflow() {
+    let s = sc(4096);
+    let input = PlanInput::new(s)
+        .with_members((0..300).map(|i| Member::new(id(i)).with_weight(u32::MAX - i as u32)));
+    let p = plan(&input).unwrap();
+    assert_eq!(p.assignments().count(), 4096);
+    check_equal_balance(&p);
+    let input = PlanInput::new(s)
+        .with_members([Member::new(id(0)).with_weight(u32::MAX), Member::new(id(1))]);
+    let p = plan(&input).unwrap();
+    assert_eq!(p.shards_of(&id(0)).len(), 4096);
+}
+
+#[test]
 fn weights_apportion_by_largest_remainder() {
     let s = sc(256);
     let input = PlanInput::new(s).with_members([
@@ -551,228 +565,406 @@ fn any_input() -> impl Strategy<Value = PlanInput> {
         })
 }
 
+type Verdict = Result<(), TestCaseError>;
+
+fn check_scale_by_one(s: u32, n: usize, k: prop::sample::Index) -> Verdict {
+    let (input, _) = balanced(s, n);
+    let held = held_of(&input);
+
+    let up_input = input.clone().with_member(Member::new(id(n)));
+    let up = plan(&up_input).unwrap();
+    let mut hs: Vec<u32> = held.values().copied().collect();
+    hs.push(0);
+    let moved = up.moves().len() as u32;
+    prop_assert_eq!(moved, surplus(&up));
+    prop_assert_eq!(moved, oracle_equal(s, &hs));
+    prop_assert_eq!(moved, up.report().member(&id(n)).unwrap().quota);
+    check_equal_balance(&up);
+    prop_assert!(up.moves().iter().all(|m| m.to == id(n)));
+    prop_assert!(plan(&apply(up_input, &up)).unwrap().is_noop());
+
+    if n > 1 {
+        let gone = id(k.index(n));
+        let set = held[&gone];
+        let down = plan(&input.clone().without_member(&gone)).unwrap();
+        prop_assert_eq!(down.moves().len() as u32, set);
+        prop_assert_eq!(surplus(&down), 0);
+        check_equal_balance(&down);
+
+        let leaving = input.with_member(Member::new(gone).with_leaving(true));
+        let leave = plan(&leaving).unwrap();
+        prop_assert_eq!(leave.moves().len() as u32, set);
+        prop_assert_eq!(surplus(&leave), set);
+        prop_assert!(leave
+            .moves()
+            .iter()
+            .all(|m| m.reason == MoveReason::Leaving));
+        check_equal_balance(&leave);
+    }
+    Ok(())
+}
+
+fn random_state() -> impl Strategy<Value = (u32, usize, Vec<Option<usize>>, Vec<u32>)> {
+    (sizes(), 1..=10usize).prop_flat_map(|(s, n)| {
+        (
+            Just(s),
+            Just(n),
+            prop::collection::vec(
+                prop_oneof![8 => (0..n).prop_map(Some), 1 => Just(None)],
+                s as usize,
+            ),
+            prop::collection::vec(1..=5u32, n),
+        )
+    })
+}
+
+fn check_random_state(
+    (s, n, owners, weights): (u32, usize, Vec<Option<usize>>, Vec<u32>),
+    blocky: bool,
+    weighted: bool,
+) -> Verdict {
+    // Blocky states: long runs per owner, like a real assignment after churn.
+    let owners: Vec<Option<usize>> = if blocky {
+        let run = (s as usize / 8).max(1);
+        (0..s as usize).map(|x| owners[x / run * run]).collect()
+    } else {
+        owners
+    };
+    let weights: Vec<u32> = if weighted { weights } else { vec![1; n] };
+    let mut input = PlanInput::new(sc(s))
+        .with_members((0..n).map(|i| Member::new(id(i)).with_weight(weights[i])));
+    let mut orphans = 0;
+    for (x, o) in owners.iter().enumerate() {
+        match o {
+            Some(i) => {
+                input.current.insert(x as u32, id(*i));
+            }
+            None if x % 2 == 0 => orphans += 1,
+            None => {
+                orphans += 1;
+                input.current.insert(x as u32, MemberId::new("gone", "z"));
+            }
+        }
+    }
+    let held: Vec<u32> = held_of(&input).values().copied().collect();
+    let p = plan(&input).unwrap();
+    prop_assert_eq!(p.moves().len() as u32, surplus(&p) + orphans);
+    let oracle = if weighted {
+        oracle_weighted(s, &held, &weights)
+    } else {
+        oracle_equal(s, &held)
+    };
+    prop_assert_eq!(surplus(&p), oracle);
+    let total_w: u32 = weights.iter().sum();
+    for (i, m) in p.report().members.iter().enumerate() {
+        prop_assert_eq!(m.target, m.quota);
+        let ideal = f64::from(s) * f64::from(weights[i]) / f64::from(total_w);
+        prop_assert!(
+            (f64::from(m.target) - ideal).abs() < 1.0,
+            "{:?} vs ideal {}",
+            m,
+            ideal
+        );
+    }
+    if !weighted {
+        check_equal_balance(&p);
+    }
+    // Every move's source is over its quota and its target under: nobody gives and receives.
+    for mv in p.moves() {
+        if let Some(r) = mv.from.as_ref().and_then(|f| p.report().member(f)) {
+            prop_assert!(r.held > r.quota);
+        }
+        let to = p.report().member(&mv.to).unwrap();
+        prop_assert!(to.held < to.quota);
+    }
+    prop_assert!(plan(&apply(input, &p)).unwrap().is_noop());
+    Ok(())
+}
+
+fn check_deterministic(input: &PlanInput, perm: Vec<usize>) -> Verdict {
+    let a = plan(input).unwrap();
+    prop_assert_eq!(&a, &plan(input).unwrap());
+    let shuffled = input.clone().with_members(
+        perm.into_iter()
+            .filter(|&i| i < input.members.len())
+            .map(|i| input.members[i].clone()),
+    );
+    prop_assert_eq!(&a, &plan(&shuffled).unwrap());
+    // Every shard has a target whenever some member is planned.
+    let any_planned = a
+        .report()
+        .members
+        .iter()
+        .any(|m| matches!(m.role, Role::Balanced | Role::Successor));
+    if any_planned {
+        prop_assert!(a.report().unassigned.is_empty());
+        prop_assert_eq!(a.assignments().count() as u32, input.shards.get());
+    }
+    Ok(())
+}
+
+fn check_pins(input: &PlanInput) -> Verdict {
+    let p = plan(input).unwrap();
+    let by_name = |name: &Arc<str>| {
+        let name = name.clone();
+        input.members.iter().filter(move |m| m.id.name == name)
+    };
+    let held = held_of(input);
+    for (&x, name) in &input.pins {
+        let planned = by_name(name).find(|m| !(m.leaving || (m.joining && held[&m.id] == 0)));
+        let ignored = p.report().ignored_pins.iter().find(|i| i.shard == x);
+        match planned {
+            Some(m) => {
+                prop_assert_eq!(p.owner_of(x), Some(&m.id));
+                prop_assert!(ignored.is_none());
+            }
+            None => {
+                let reason = ignored.expect("ignored pin reported").reason;
+                let expected = if by_name(name).next().is_none() {
+                    PinIgnored::Absent
+                } else if by_name(name).all(|m| m.leaving) {
+                    PinIgnored::Leaving
+                } else {
+                    PinIgnored::Joining
+                };
+                prop_assert_eq!(reason, expected);
+            }
+        }
+    }
+    // Minimal movement with pins, when every owner is live and planned and nothing is handed over: the
+    // pinned shards away from their member, plus Σ max(0, unpinned held − room the pins leave).
+    let planned_ids: Vec<&MemberId> = p
+        .report()
+        .members
+        .iter()
+        .filter(|m| m.role == Role::Balanced)
+        .map(|m| &m.id)
+        .collect();
+    let all_live = input.current.len() == input.shards.get() as usize
+        && input.current.values().all(|o| planned_ids.contains(&o));
+    if all_live && p.report().successions.is_empty() {
+        let pinned_away = p
+            .moves()
+            .iter()
+            .filter(|m| m.reason == MoveReason::Pinned)
+            .count();
+        let honoured: Vec<u32> = input
+            .pins
+            .keys()
+            .copied()
+            .filter(|x| !p.report().ignored_pins.iter().any(|i| i.shard == *x))
+            .collect();
+        let mut extra = 0;
+        for r in &p.report().members {
+            let pins_here = honoured
+                .iter()
+                .filter(|x| p.owner_of(**x) == Some(&r.id))
+                .count() as u32;
+            let unpinned_held = input
+                .current
+                .iter()
+                .filter(|(x, o)| **o == r.id && !honoured.contains(x))
+                .count() as u32;
+            extra += unpinned_held.saturating_sub(r.quota.saturating_sub(pins_here));
+        }
+        prop_assert_eq!(p.moves().len(), pinned_away + extra as usize);
+    }
+    Ok(())
+}
+
+fn check_succession(s: u32, n: usize, k: prop::sample::Index, joining: bool) -> Verdict {
+    let (input, first) = balanced(s, n);
+    let leaver = id(k.index(n));
+    let set = first.shards_of(&leaver);
+    let fresh = MemberId::new("fresh", "x");
+    let mut input = input.with_member(Member::new(fresh.clone()).with_joining(joining));
+    input
+        .members
+        .iter_mut()
+        .find(|m| m.id == leaver)
+        .unwrap()
+        .leaving = true;
+    let p = plan(&input).unwrap();
+    prop_assert_eq!(p.shards_of(&fresh), set.clone());
+    prop_assert_eq!(p.moves().len(), set.len());
+    prop_assert!(p
+        .moves()
+        .iter()
+        .all(|m| m.from.as_ref() == Some(&leaver) && m.to == fresh));
+    prop_assert_eq!(p.report().member(&fresh).unwrap().role, Role::Successor);
+    let mut after = apply(input, &p).without_member(&leaver);
+    for m in &mut after.members {
+        m.joining = false;
+    }
+    prop_assert!(plan(&after).unwrap().is_noop());
+    Ok(())
+}
+
+fn check_rolling_update(s: u32, n: usize, same_name: bool) -> Verdict {
+    let (mut input, _) = balanced(s, n);
+    let mut moved = vec![0u32; s as usize];
+    for i in 0..n {
+        let name = if same_name {
+            format!("m{i:02}")
+        } else {
+            format!("n{i:02}")
+        };
+        let new = Member::new(MemberId::new(name, "b"))
+            .with_joined(i as u64 + 1)
+            .with_joining(true);
+        input = input.with_member(new);
+        input
+            .members
+            .iter_mut()
+            .find(|m| m.id == id(i))
+            .unwrap()
+            .leaving = true;
+        let p = plan(&input).unwrap();
+        for mv in p.moves() {
+            moved[mv.shard as usize] += 1;
+        }
+        input = apply(input, &p).without_member(&id(i));
+        for m in &mut input.members {
+            m.joining = false;
+        }
+        prop_assert!(plan(&input).unwrap().is_noop());
+    }
+    prop_assert!(moved.iter().all(|&c| c == 1), "{:?}", moved);
+    Ok(())
+}
+
+fn check_contiguity(s: u32, n: usize, k: prop::sample::Index) -> Verdict {
+    let (input, first) = balanced(s, n);
+    for i in 0..n {
+        prop_assert_eq!(ranges(&first, &id(i)), 1);
+    }
+    let up_input = input.with_member(Member::new(id(n)));
+    let up = plan(&up_input).unwrap();
+    for i in 0..n {
+        prop_assert!(ranges(&up, &id(i)) <= 1);
+    }
+    let joiner = ranges(&up, &id(n)) as usize;
+    prop_assert!(
+        joiner <= n.div_ceil(2).max(1),
+        "joiner has {} ranges for N={}",
+        joiner,
+        n
+    );
+    let up_input = apply(up_input, &up);
+    let gone = id(k.index(n + 1));
+    let down = plan(&up_input.without_member(&gone)).unwrap();
+    for r in &down.report().members {
+        prop_assert!(r.ranges <= r.ranges_before + 1, "{:?}", r);
+    }
+    Ok(())
+}
+
+fn check_partial_application(
+    (s, n, owners, weights): (u32, usize, Vec<Option<usize>>, Vec<u32>),
+    weighted: bool,
+    keep: Vec<bool>,
+) -> Verdict {
+    let weights: Vec<u32> = if weighted { weights } else { vec![1; n] };
+    let ids: Vec<MemberId> = (0..n).map(id).collect();
+    let input = PlanInput::new(sc(s))
+        .with_members((0..n).map(|i| Member::new(id(i)).with_weight(weights[i])))
+        .with_owners(
+            owners
+                .iter()
+                .enumerate()
+                .map(|(x, o)| (x as u32, &ids[o.unwrap_or(x % n)])),
+        );
+    let p = plan(&input).unwrap();
+    // The coordinator runs a bounded number of moves at a time; replanning after any subset of them is
+    // done asks for exactly the rest (no move is wasted, nothing moves twice in total).
+    let mut partial = input.clone();
+    let mut done = 0;
+    for (mv, &take) in p.moves().iter().zip(keep.iter().cycle()) {
+        if take {
+            partial.current.insert(mv.shard, mv.to.clone());
+            done += 1;
+        }
+    }
+    let rest = plan(&partial).unwrap();
+    prop_assert_eq!(rest.moves().len(), p.moves().len() - done);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// N → N+1 and N → N−1 (crash and graceful leave) from a balanced state move exactly
     /// `Σ max(0, held − quota)` (plus the departed set), the least possible, and end balanced.
     #[test]
-    fn scale_by_one_moves_exactly_the_surplus(s in sizes(), n in 1..=12usize, k in any::<prop::sample::Index>()) {
-        let (input, _) = balanced(s, n);
-        let held = held_of(&input);
-
-        let up_input = input.clone().with_member(Member::new(id(n)));
-        let up = plan(&up_input).unwrap();
-        let mut hs: Vec<u32> = held.values().copied().collect();
-        hs.push(0);
-        prop_assert_eq!(up.moves().len() as u32, surplus(&up));
-        prop_assert_eq!(up.moves().len() as u32, oracle_equal(s, &hs));
-        prop_assert_eq!(up.moves().len() as u32, up.report().member(&id(n)).unwrap().quota);
-        check_equal_balance(&up);
-        prop_assert!(up.moves().iter().all(|m| m.to == id(n)));
-        prop_assert!(plan(&apply(up_input, &up)).unwrap().is_noop());
-
-        if n > 1 {
-            let gone = id(k.index(n));
-            let set = held[&gone];
-            let down = plan(&input.clone().without_member(&gone)).unwrap();
-            prop_assert_eq!(down.moves().len() as u32, set);
-            prop_assert_eq!(surplus(&down), 0);
-            check_equal_balance(&down);
-
-            let leave = plan(&input.clone().with_member(Member::new(gone.clone()).with_leaving(true))).unwrap();
-            prop_assert_eq!(leave.moves().len() as u32, set);
-            prop_assert_eq!(surplus(&leave), set);
-            prop_assert!(leave.moves().iter().all(|m| m.reason == MoveReason::Leaving));
-            check_equal_balance(&leave);
-        }
+    fn scale_by_one_moves_exactly_the_surplus(
+        s in sizes(),
+        n in 1..=12usize,
+        k in any::<prop::sample::Index>(),
+    ) {
+        check_scale_by_one(s, n, k)?;
     }
 
     /// Random current states with every owner live (some shards unowned or owned by an absent member):
-    /// moves == `Σ max(0, held − quota)` + the orphaned shards == the independent optimum, and the result is
-    /// balanced (equal weights: ⌊S/N⌋ or ⌈S/N⌉; weights: within one shard of S·w/W).
+    /// moves == `Σ max(0, held − quota)` + the orphaned shards == the independent optimum, and the result
+    /// is balanced (equal weights: ⌊S/N⌋ or ⌈S/N⌉; weights: within one shard of S·w/W).
     #[test]
     fn random_states_move_the_least_possible(
-        (s, n, owners, weights) in (sizes(), 1..=10usize).prop_flat_map(|(s, n)| (
-            Just(s), Just(n),
-            prop::collection::vec(prop_oneof![8 => (0..n).prop_map(Some), 1 => Just(None)], s as usize),
-            prop::collection::vec(1..=5u32, n),
-        )),
+        state in random_state(),
         blocky in any::<bool>(),
         weighted in any::<bool>(),
     ) {
-        // Blocky states: long runs per owner, like a real assignment after churn.
-        let owners: Vec<Option<usize>> = if blocky {
-            let run = (s as usize / 8).max(1);
-            (0..s as usize).map(|x| owners[x / run * run]).collect()
-        } else {
-            owners
-        };
-        let weights: Vec<u32> = if weighted { weights } else { vec![1; n] };
-        let mut input = PlanInput::new(sc(s))
-            .with_members((0..n).map(|i| Member::new(id(i)).with_weight(weights[i])));
-        let mut orphans = 0;
-        for (x, o) in owners.iter().enumerate() {
-            match o {
-                Some(i) => { input.current.insert(x as u32, id(*i)); }
-                None if x % 2 == 0 => { orphans += 1; }
-                None => { orphans += 1; input.current.insert(x as u32, MemberId::new("gone", "z")); }
-            }
-        }
-        let held: Vec<u32> = held_of(&input).values().copied().collect();
-        let p = plan(&input).unwrap();
-        prop_assert_eq!(p.moves().len() as u32, surplus(&p) + orphans);
-        let oracle = if weighted { oracle_weighted(s, &held, &weights) } else { oracle_equal(s, &held) };
-        prop_assert_eq!(surplus(&p), oracle);
-        let total_w: u32 = weights.iter().sum();
-        for (i, m) in p.report().members.iter().enumerate() {
-            prop_assert_eq!(m.target, m.quota);
-            let ideal = f64::from(s) * f64::from(weights[i]) / f64::from(total_w);
-            prop_assert!((f64::from(m.target) - ideal).abs() < 1.0, "{:?} vs ideal {}", m, ideal);
-        }
-        if !weighted {
-            check_equal_balance(&p);
-        }
-        // Nobody gives up a shard and receives one in the same plan; every move's source is over quota.
-        for mv in p.moves() {
-            if let Some(from) = &mv.from {
-                if let Some(r) = p.report().member(from) {
-                    prop_assert!(r.held > r.quota);
-                }
-            }
-            let to = p.report().member(&mv.to).unwrap();
-            prop_assert!(to.held < to.quota);
-        }
-        prop_assert!(plan(&apply(input, &p)).unwrap().is_noop());
+        check_random_state(state, blocky, weighted)?;
     }
 
-    /// Same input → same plan; member order does not matter.
+    /// After any subset of a plan's moves is carried out, the replan moves exactly the rest.
+    #[test]
+    fn partial_application_then_replan_moves_the_rest(
+        state in random_state(),
+        weighted in any::<bool>(),
+        keep in prop::collection::vec(any::<bool>(), 1..64),
+    ) {
+        check_partial_application(state, weighted, keep)?;
+    }
+
+    /// Same input → same plan; the order of the input members does not matter.
     #[test]
     fn deterministic(input in any_input(), perm in perm_of(10)) {
-        let a = plan(&input).unwrap();
-        prop_assert_eq!(&a, &plan(&input).unwrap());
-        let order: Vec<usize> = perm.into_iter().filter(|&i| i < input.members.len()).collect();
-        let shuffled = input.clone().with_members(order.iter().map(|&i| input.members[i].clone()));
-        prop_assert_eq!(&a, &plan(&shuffled).unwrap());
-        // Every shard has a target whenever some member is planned.
-        if a.report().members.iter().any(|m| matches!(m.role, Role::Balanced | Role::Successor)) {
-            prop_assert!(a.report().unassigned.is_empty());
-            prop_assert_eq!(a.assignments().count() as u32, input.shards.get());
-        }
+        check_deterministic(&input, perm)?;
     }
 
-    /// Pins to planned members are honoured and count toward the quota; pins to absent, leaving or joining
-    /// members are reported with the reason; moves stay minimal given the pins.
+    /// Pins to planned members are honoured and count toward the quota; pins to absent, leaving or
+    /// joining members are reported with the reason; movement stays minimal given the pins.
     #[test]
     fn pins_honoured_absent_reported(input in any_input()) {
-        let p = plan(&input).unwrap();
-        let members = &input.members;
-        let by_name = |name: &Arc<str>| { let name = name.clone(); members.iter().filter(move |m| m.id.name == name) };
-        let held = held_of(&input);
-        for (&x, name) in &input.pins {
-            let planned = by_name(name).find(|m| !(m.leaving || (m.joining && held[&m.id] == 0)));
-            let ignored = p.report().ignored_pins.iter().find(|i| i.shard == x);
-            match planned {
-                Some(m) => {
-                    prop_assert_eq!(p.owner_of(x), Some(&m.id));
-                    prop_assert!(ignored.is_none());
-                }
-                None => {
-                    let reason = ignored.expect("ignored pin reported").reason;
-                    let expected = if by_name(name).next().is_none() {
-                        PinIgnored::Absent
-                    } else if by_name(name).all(|m| m.leaving) {
-                        PinIgnored::Leaving
-                    } else {
-                        PinIgnored::Joining
-                    };
-                    prop_assert_eq!(reason, expected);
-                }
-            }
-        }
-        // Minimal movement with pins, when every owner is live and planned and nothing is handed over:
-        // pinned shards away from their member, plus Σ max(0, unpinned kept − room left by pins).
-        let planned_ids: Vec<&MemberId> = p.report().members.iter()
-            .filter(|m| m.role == Role::Balanced).map(|m| &m.id).collect();
-        let all_live = input.current.len() == input.shards.get() as usize
-            && input.current.values().all(|o| planned_ids.contains(&o));
-        if all_live && p.report().successions.is_empty() {
-            let pinned_to: BTreeMap<u32, &MemberId> = p.moves().iter()
-                .filter(|m| m.reason == MoveReason::Pinned).map(|m| (m.shard, &m.to)).collect();
-            let honoured: Vec<u32> = input.pins.keys().copied()
-                .filter(|x| !p.report().ignored_pins.iter().any(|i| i.shard == *x)).collect();
-            let mut extra = 0;
-            for r in &p.report().members {
-                let pins_here = honoured.iter().filter(|x| p.owner_of(**x) == Some(&r.id)).count() as u32;
-                let unpinned_held = input.current.iter()
-                    .filter(|(x, o)| **o == r.id && !honoured.contains(x)).count() as u32;
-                extra += unpinned_held.saturating_sub(r.quota.saturating_sub(pins_here));
-            }
-            prop_assert_eq!(p.moves().len(), pinned_to.len() + extra as usize);
-        }
+        check_pins(&input)?;
     }
 
     /// A leaver's whole set goes to a fresh member and nothing else moves; replanning moves nothing.
     #[test]
-    fn leaver_set_goes_to_fresh_joiner(s in sizes(), n in 1..=10usize, k in any::<prop::sample::Index>(), joining in any::<bool>()) {
-        let (input, first) = balanced(s, n);
-        let leaver = id(k.index(n));
-        let set = first.shards_of(&leaver);
-        let fresh = MemberId::new("fresh", "x");
-        let mut input = input.with_member(Member::new(fresh.clone()).with_joining(joining));
-        input.members.iter_mut().find(|m| m.id == leaver).unwrap().leaving = true;
-        let p = plan(&input).unwrap();
-        prop_assert_eq!(p.shards_of(&fresh), set.clone());
-        prop_assert_eq!(p.moves().len(), set.len());
-        prop_assert!(p.moves().iter().all(|m| m.from.as_ref() == Some(&leaver) && m.to == fresh));
-        prop_assert_eq!(p.report().member(&fresh).unwrap().role, Role::Successor);
-        let after = apply(input, &p).without_member(&leaver);
-        let mut after = after;
-        for m in &mut after.members { m.joining = false; }
-        prop_assert!(plan(&after).unwrap().is_noop());
+    fn leaver_set_goes_to_fresh_joiner(
+        s in sizes(),
+        n in 1..=10usize,
+        k in any::<prop::sample::Index>(),
+        joining in any::<bool>(),
+    ) {
+        check_succession(s, n, k, joining)?;
     }
 
-    /// A rolling update replacing every member one at a time (surge style, or same name as a StatefulSet
-    /// restart would) moves every shard exactly once.
+    /// A rolling update replacing every member one at a time (surge style, or under the same name as a
+    /// StatefulSet would) moves every shard exactly once.
     #[test]
-    fn rolling_update_moves_each_shard_once(s in sizes(), n in 1..=8usize, same_name in any::<bool>()) {
-        let (mut input, _) = balanced(s, n);
-        let mut moved = vec![0u32; s as usize];
-        for i in 0..n {
-            let new = if same_name { MemberId::new(format!("m{i:02}"), "b") } else { MemberId::new(format!("n{i:02}"), "b") };
-            input = input.with_member(Member::new(new.clone()).with_joined(i as u64 + 1).with_joining(true));
-            input.members.iter_mut().find(|m| m.id == id(i)).unwrap().leaving = true;
-            let p = plan(&input).unwrap();
-            for mv in p.moves() {
-                moved[mv.shard as usize] += 1;
-            }
-            input = apply(input, &p).without_member(&id(i));
-            for m in &mut input.members { m.joining = false; }
-            prop_assert!(plan(&input).unwrap().is_noop());
-        }
-        prop_assert!(moved.iter().all(|&c| c == 1), "{:?}", moved);
+    fn rolling_update_moves_each_shard_once(
+        s in sizes(),
+        n in 1..=8usize,
+        same_name in any::<bool>(),
+    ) {
+        check_rolling_update(s, n, same_name)?;
     }
 
     /// Contiguity: from nothing, every member gets one range; scaling N → N+1 leaves the old members one
-    /// range each and gives the joiner at most ⌈N/2⌉ ranges; N+1 → N gives each member at most 2.
+    /// range each and gives the joiner at most ⌈N/2⌉; N+1 → N adds at most one range to any member.
     #[test]
     fn contiguity_bounds(s in sizes(), n in 1..=16usize, k in any::<prop::sample::Index>()) {
-        let (input, first) = balanced(s, n);
-        for i in 0..n {
-            prop_assert_eq!(ranges(&first, &id(i)), 1);
-        }
-        let up_input = input.clone().with_member(Member::new(id(n)));
-        let up = plan(&up_input).unwrap();
-        for i in 0..n {
-            prop_assert!(ranges(&up, &id(i)) <= 1);
-        }
-        let joiner = ranges(&up, &id(n)) as usize;
-        prop_assert!(joiner <= n.div_ceil(2).max(1), "joiner has {} ranges for N={}", joiner, n);
-        let up_input = apply(up_input, &up);
-        let gone = id(k.index(n + 1));
-        let down = plan(&up_input.without_member(&gone)).unwrap();
-        for r in &down.report().members {
-            prop_assert!(r.ranges <= r.ranges_before + 1, "{:?}", r);
-        }
+        check_contiguity(s, n, k)?;
     }
 }
