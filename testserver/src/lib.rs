@@ -90,7 +90,7 @@
 //!   unset or `0` `resourceVersion`, `sendInitialEvents=true` ending with the bookmark annotated
 //!   `k8s.io/initial-events-end: "true"`, a future `resourceVersion` waits 3 s then ends in an in-stream
 //!   `ERROR` 504 "Too large resource version" (as the cacher answers), bookmarks every [`Config::bookmark_interval`] (60 s by
-//!   default, like the cacher: eager bookmarks would hide latency), `timeoutSeconds`, label and field
+//!   default, like the cacher: eager bookmarks would hide latency) and 2 s before the timeout, `timeoutSeconds`, label and field
 //!   selectors (an update entering the selection is an `ADDED`, one leaving it a `DELETED`), metadata-only.
 //!   Watch bodies are streams polled by the client: everything runs on tokio time.
 //! - **KEP-5866** (`ShardedListAndWatch`, off by default, [`TestServer::set_shard_selector`] at run time):
@@ -144,8 +144,8 @@
 //! - One global history of changes (default 10 000, [`Builder::history`]) stands in for the per-resource
 //!   watch caches and etcd's 5-minute compaction: a watch or continue token older than it gets a 410.
 //!   `resourceVersion=0` lists honour `limit` (as a cacher serving snapshots does).
-//! - Bookmarks come exactly every interval, without jitter and without the extra one before a watch's
-//!   timeout; a watch without `timeoutSeconds` lasts 1800 s (the real server picks at random between
+//! - Bookmarks come exactly every interval (and 2 s before a watch's timeout, as the cacher sends
+//!   them), without the cacher's jitter; a watch without `timeoutSeconds` lasts 1800 s (the real server picks at random between
 //!   `--min-request-timeout` and twice it). A frozen watch ignores its timeout until thawed.
 //! - KEP-5866 selectors are parsed by kube-shard's strict parser: CEL forms the real server accepts but
 //!   kube-shard never sends (comments, escape sequences, double, triple or raw quotes, parentheses) are

@@ -172,7 +172,7 @@ pub(crate) async fn open(
         rx,
         bookmarks,
         interval,
-        next_bookmark: now + interval,
+        next_bookmark: next_bookmark(now, interval, now + timeout),
         deadline: now + timeout,
     })
 }
@@ -222,7 +222,7 @@ impl WatchStream {
                         self.pending.push_back(Pending::Change(c));
                     }
                     self.pending.push_back(Pending::Bookmark { rv, initial_end: false });
-                    self.next_bookmark = Instant::now() + self.interval;
+                    self.next_bookmark = next_bookmark(Instant::now(), self.interval, self.deadline);
                 }
                 _ = sleep_until(self.deadline) => {}
             }
@@ -313,6 +313,16 @@ impl WatchStream {
                 }
             }
         }
+    }
+}
+
+/// Every interval, and once 2 s before the deadline (the cacher's `nextBookmarkTime`), so a client
+/// re-watching after the timeout starts from a fresh resourceVersion.
+fn next_bookmark(now: Instant, interval: Duration, deadline: Instant) -> Instant {
+    let periodic = now + interval;
+    match deadline.checked_sub(Duration::from_secs(2)) {
+        Some(last) if last > now && last < periodic => last,
+        _ => periodic,
     }
 }
 
