@@ -85,14 +85,15 @@
 //!   (`NotOlderThan`, `Exact`; a future one waits 3 s, then 504 "Too large resource version"),
 //!   metadata-only (`Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`) and
 //!   `Table` (kubectl) representations. Built-in list items carry no `kind`/`apiVersion`, CRD list items do.
-//! - Watches: from a `resourceVersion` within the history (older → `200` then an in-stream `ERROR` with a
-//!   `Status` of code 410, reason `Expired`, "too old resource version"), "get state and start" for an
-//!   unset or `0` `resourceVersion`, `sendInitialEvents=true` ending with the bookmark annotated
-//!   `k8s.io/initial-events-end: "true"`, a future `resourceVersion` waits 3 s then ends in an in-stream
-//!   `ERROR` 504 "Too large resource version" (as the cacher answers), bookmarks every [`Config::bookmark_interval`] (60 s by
-//!   default, like the cacher: eager bookmarks would hide latency) and 2 s before the timeout, `timeoutSeconds`, label and field
-//!   selectors (an update entering the selection is an `ADDED`, one leaving it a `DELETED`), metadata-only.
-//!   Watch bodies are streams polled by the client: everything runs on tokio time.
+//! - Watches: from a `resourceVersion` within the history (older → `200` then an in-stream `ERROR`
+//!   with a `Status` of code 410, reason `Expired`, "too old resource version"), "get state and start"
+//!   for an unset or `0` `resourceVersion`, `sendInitialEvents=true` ending with the bookmark annotated
+//!   `k8s.io/initial-events-end: "true"`; a future `resourceVersion` waits 3 s, then ends in an
+//!   in-stream `ERROR` 504 "Too large resource version" (as the cacher answers); bookmarks every
+//!   [`Config::bookmark_interval`] (60 s by default, like the cacher: eager bookmarks would hide
+//!   latency) and 2 s before the timeout; `timeoutSeconds`; label and field selectors (an update
+//!   entering the selection is an `ADDED`, one leaving it a `DELETED`); metadata-only. Watch bodies are
+//!   streams polled by the client: everything runs on tokio time.
 //! - **KEP-5866** (`ShardedListAndWatch`, off by default, [`TestServer::set_shard_selector`] at run time):
 //!   with the gate on, `shardSelector` is parsed with the server's rules (invalid → HTTP 500, empty
 //!   `reason`, message `invalid shard selector: ...`; only the empty string means "no sharding"; the
