@@ -94,7 +94,11 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors or similar: do not spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
                 let conn = inner.next_conn();
                 let inner = inner.clone();
                 conns.spawn(async move {
