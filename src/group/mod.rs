@@ -6,4 +6,16 @@
 //! settle) and when a join may be planned (join debounce). The Lease-driven membership, the coordinator and
 //! the `ShardGroup` builder land in this module next to it.
 
+pub mod assignment;
+pub mod config;
+pub(crate) mod coordinator;
 pub mod planner;
+pub mod report;
+mod runtime;
+mod shard_group;
+pub mod status;
+
+pub use config::{ConfigError, GroupConfig};
+pub use runtime::GroupError;
+pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
+pub use status::{GroupStatus, Health};

@@ -272,6 +272,30 @@ impl Ownership {
         })
     }
 
+    /// Rejoin as a new incarnation after a takeover (or a lost Lease): everything held is dropped, the
+    /// member is fenced until it renews, and nothing of the old incarnation is inherited — the assignment
+    /// names owners by (name, incarnation), so only grants to `me` at newer epochs apply from now on.
+    pub(crate) fn reincarnate(&self, me: MemberId) -> Applied {
+        warn!(member = %me, "rejoining as a new incarnation: all shards dropped");
+        self.step_with(|st, snap| {
+            snap.renewal = None;
+            let dropped: Vec<ShardTransition> = st
+                .shards()
+                .map(|(shard, from)| ShardTransition {
+                    shard,
+                    from: Some(from),
+                    to: None,
+                    admitted: None,
+                })
+                .collect();
+            *st = MemberState::new(me);
+            Applied {
+                transitions: dropped,
+                ignored: false,
+            }
+        })
+    }
+
     /// Install a static-mode state: every held shard Owned with a fresh gate, renewed for `valid`.
     pub(crate) fn install_static(&self, state: MemberState, valid: Duration) {
         let gates = state

@@ -57,6 +57,11 @@ impl Readers {
         }
     }
 
+    /// Whether no read stream is registered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().readers.is_empty()
+    }
+
     fn evaluate(&self) -> Vec<Event> {
         let mut inner = self.lock();
         let mut events = Vec::new();

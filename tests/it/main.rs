@@ -2,3 +2,4 @@ mod model_common;
 mod model_handoff;
 mod model_takeover;
 mod watcher;
+mod group;

@@ -1,0 +1,980 @@
+//! The member runtime: its Lease, what it observes of the others, the assignment it applies, and — while
+//! it holds the coordinator Lease — the coordinator passes.
+//!
+//! One task, driven by a `select!` over the group's Lease watch, the assignment watch, a tick every
+//! `retry_period`, ownership changes (to publish acks promptly) and the leave signal. Every API call is
+//! bounded by a timeout; every write carries a resourceVersion precondition.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use super::assignment::{Assignment, DATA_KEY};
+use super::config::GroupConfig;
+use super::coordinator::{self, Observed, StepInput};
+use super::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
+use super::status::{GroupStatus, Health};
+use crate::ownership::{state::Event as OwnEvent, MemberId, MoveId, Ownership, ShardState};
+use crate::shard::ShardSet;
+
+/// Why the member task stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupError {
+    /// The Kubernetes API failed in a way that retrying cannot fix (for example RBAC).
+    #[error("shard group {group}: {what}: {source}")]
+    Api {
+        /// The group.
+        group: String,
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+struct Obs {
+    id: MemberId,
+    rv: String,
+    renew_time: Option<String>,
+    last_change: Instant,
+    first_seen: Instant,
+    report: Option<MemberReport>,
+    taken_over: bool,
+    deleted_at: Option<Instant>,
+    role_coordinator: bool,
+    holder: Option<String>,
+    lease: Lease,
+}
+
+pub(crate) struct Runtime {
+    cfg: GroupConfig,
+    leases: Api<Lease>,
+    cms: Api<ConfigMap>,
+    ownership: Ownership,
+    me: MemberId,
+    own: Option<Lease>,
+    last_renew_ok: Option<Instant>,
+    continuous_since: Option<Instant>,
+    leaving: bool,
+    observed: BTreeMap<String, Obs>,
+    assignment: Option<Assignment>,
+    assignment_cm: Option<ConfigMap>,
+    assignment_missing: bool,
+    seen_generation: u64,
+    leader: bool,
+    move_first_seen: BTreeMap<MoveId, Instant>,
+    takeovers: VecDeque<Instant>,
+    last_membership_change: Instant,
+    vacuous_readers: bool,
+    status: watch::Sender<GroupStatus>,
+    health: Health,
+    fenced_since: Option<Instant>,
+    last_stamp: std::sync::Mutex<Option<k8s_openapi::jiff::Timestamp>>,
+    /// The report in the Lease as last written: an early renewal is only worth it when it changes.
+    published: String,
+}
+
+/// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
+/// liveness by seeing `renewTime` *change*, so two renewals must never write the same value.
+fn next_stamp(last: Option<k8s_openapi::jiff::Timestamp>) -> k8s_openapi::jiff::Timestamp {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let now = Timestamp::now();
+    let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
+    match last {
+        Some(l) if now <= l => l.checked_add(SignedDuration::from_micros(1)).unwrap_or(l),
+        _ => now,
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+impl Runtime {
+    pub(crate) fn new(
+        client: Client,
+        cfg: GroupConfig,
+        ownership: Ownership,
+        me: MemberId,
+        status: watch::Sender<GroupStatus>,
+        health: Health,
+    ) -> Self {
+        let now = Instant::now();
+        Runtime {
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            cms: Api::namespaced(client, &cfg.namespace),
+            vacuous_readers: ownership.inner.readers.is_empty(),
+            cfg,
+            ownership,
+            me,
+            own: None,
+            last_renew_ok: None,
+            continuous_since: None,
+            leaving: false,
+            observed: BTreeMap::new(),
+            assignment: None,
+            assignment_cm: None,
+            assignment_missing: false,
+            seen_generation: 0,
+            leader: false,
+            move_first_seen: BTreeMap::new(),
+            takeovers: VecDeque::new(),
+            last_membership_change: now,
+            status,
+            health,
+            fenced_since: None,
+            last_stamp: std::sync::Mutex::new(None),
+            published: String::new(),
+        }
+    }
+
+    fn stamp(&self) -> MicroTime {
+        let mut last = self.last_stamp.lock().unwrap_or_else(|e| e.into_inner());
+        let t = next_stamp(*last);
+        *last = Some(t);
+        MicroTime(t)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cfg.retry_period.max(Duration::from_secs(1))
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.timeout(), fut).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service("request timed out".into())),
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut leave: oneshot::Receiver<()>) -> Result<(), GroupError> {
+        let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member);
+        async move {
+            let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
+            let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
+            // the streams back off by themselves: a failing watch never blocks renewals in this loop
+            let mut lease_events =
+                std::pin::pin!(watcher::watcher(self.leases.clone(), lease_cfg).default_backoff());
+            let cm_cfg = watcher::Config::default()
+                .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
+                .timeout(30);
+            let mut cm_events =
+                std::pin::pin!(watcher::watcher(self.cms.clone(), cm_cfg).default_backoff());
+            let mut changed = self.ownership.changed();
+            let mut tick = tokio::time::interval(self.cfg.retry_period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut leave_armed = true;
+            let mut dirty = true;
+            let mut coordinate_soon = false;
+            loop {
+                tokio::select! {
+                    ev = lease_events.next() => match ev {
+                        Some(Ok(ev)) => {
+                            if self.on_lease_event(ev) {
+                                coordinate_soon = true;
+                            }
+                        }
+                        Some(Err(err)) => {
+                            debug!(error = %err, "lease watch failed: resetting observation clocks");
+                            self.reset_observations();
+                        }
+                        None => return Ok(()),
+                    },
+                    ev = cm_events.next() => match ev {
+                        Some(Ok(ev)) => self.on_assignment_event(ev),
+                        Some(Err(err)) => debug!(error = %err, "assignment watch failed"),
+                        None => return Ok(()),
+                    },
+                    r = changed.changed() => {
+                        if r.is_err() { return Ok(()); }
+                        self.vacuous_progress();
+                        // publish acks promptly, but a renewal itself changes ownership bookkeeping:
+                        // renew early only when the report would say something new
+                        if self.report().encode() != self.published {
+                            dirty = true;
+                        }
+                    }
+                    r = &mut leave, if leave_armed => {
+                        leave_armed = false;
+                        let _ = r;
+                        info!("leaving the shard group: shards move away before shutdown");
+                        self.leaving = true;
+                        dirty = true;
+                    }
+                    _ = tick.tick() => { dirty = true; }
+                }
+                if coordinate_soon && !dirty && self.leader {
+                    coordinate_soon = false;
+                    self.coordinate().await;
+                    self.publish_status();
+                }
+                if dirty {
+                    dirty = false;
+                    coordinate_soon = false;
+                    if self.own.is_none() {
+                        self.join().await;
+                    } else {
+                        self.renew().await;
+                    }
+                    self.elect().await;
+                    if self.leader {
+                        self.coordinate().await;
+                    }
+                    self.publish_status();
+                    if self.leaving && self.done_leaving() {
+                        self.delete_own_lease().await;
+                        info!("left the shard group");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    // === own lease ===
+
+    fn report(&self) -> MemberReport {
+        let snap = self.ownership.snapshot();
+        let st = snap.state();
+        let mut r = MemberReport {
+            ready: self.own.is_some(),
+            leaving: self.leaving,
+            weight: self.cfg.weight,
+            applied_generation: st.generation(),
+            seen_generation: self.seen_generation,
+            acks: st.acks(),
+            ..MemberReport::default()
+        };
+        for (shard, state) in st.shards() {
+            if st.is_admitted(shard) {
+                r.admitted.insert(shard);
+            }
+            if matches!(
+                state,
+                ShardState::Owned { .. } | ShardState::Outgoing { .. }
+            ) {
+                r.serving.insert(shard);
+            }
+        }
+        r
+    }
+
+    fn lease_body(&self, base: Option<&Lease>) -> Lease {
+        let mut lease = base.cloned().unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.member_lease()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        labels.insert(ROLE_LABEL.into(), "member".into());
+        let ann = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        ann.insert(INCARNATION.into(), self.me.incarnation.to_string());
+        ann.insert(REPORT.into(), self.report().encode());
+        ann.remove(TAKEN_OVER);
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.me.name.to_string());
+        spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
+        spec.renew_time = Some(self.stamp());
+        if spec.acquire_time.is_none() {
+            spec.acquire_time = spec.renew_time.clone();
+        }
+        lease
+    }
+
+    /// Create this member's lease, or claim it from a previous incarnation that is taken over or has not
+    /// renewed for `lease_duration + grace` (two live processes with one name never ping-pong).
+    async fn join(&mut self) {
+        let name = self.cfg.member_lease();
+        let existing = match self.bounded(self.leases.get_opt(&name)).await {
+            Ok(l) => l,
+            Err(err) => {
+                debug!(error = %err, "cannot read own lease yet");
+                return;
+            }
+        };
+        let start = self.ownership.inner.clock.now();
+        let t0 = Instant::now();
+        let result = match existing {
+            None => {
+                let body = self.lease_body(None);
+                self.bounded(self.leases.create(&PostParams::default(), &body))
+                    .await
+            }
+            Some(l) => {
+                let theirs = l
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(INCARNATION).cloned());
+                let mine = theirs.as_deref() == Some(&*self.me.incarnation);
+                let taken = l
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(TAKEN_OVER));
+                let stale = self.observed.get(&name).is_some_and(|o| {
+                    t0.duration_since(o.last_change)
+                        >= self.cfg.lease_duration + self.cfg.takeover_grace
+                });
+                if !(mine || taken || stale) {
+                    if !self.observed.contains_key(&name) {
+                        // start observing it on our own clock
+                        self.observe_lease(l);
+                    }
+                    warn!(
+                        lease = %name,
+                        other = theirs.as_deref().unwrap_or("?"),
+                        "identity collision: another process holds this member name; waiting for its renewals to stop"
+                    );
+                    self.health.set_collision(true);
+                    return;
+                }
+                let body = self.lease_body(Some(&l));
+                self.bounded(self.leases.replace(&name, &PostParams::default(), &body))
+                    .await
+            }
+        };
+        match result {
+            Ok(l) => {
+                info!(incarnation = %self.me.incarnation, "joined the shard group");
+                self.health.set_collision(false);
+                self.own = Some(l);
+                self.renewed(start, t0);
+            }
+            Err(err) => debug!(error = %err, "join failed; retrying"),
+        }
+    }
+
+    fn renewed(&mut self, start: crate::ownership::clock::Now, t0: Instant) {
+        self.ownership.record_renewal(start);
+        let gap = self
+            .last_renew_ok
+            .is_none_or(|prev| t0.duration_since(prev) > self.cfg.renew_deadline);
+        if gap {
+            // our own gap: nothing we observed of others during it may count against them
+            self.reset_observations();
+            self.continuous_since = Some(t0);
+        }
+        self.last_renew_ok = Some(t0);
+        self.fenced_since = None;
+        self.health.set_fenced_since(None);
+    }
+
+    async fn renew(&mut self) {
+        let Some(own) = self.own.clone() else { return };
+        let start = self.ownership.inner.clock.now();
+        let t0 = Instant::now();
+        let body = self.lease_body(Some(&own));
+        let name = self.cfg.member_lease();
+        let report = body
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPORT).cloned())
+            .unwrap_or_default();
+        match self
+            .bounded(self.leases.replace(&name, &PostParams::default(), &body))
+            .await
+        {
+            Ok(l) => {
+                self.own = Some(l);
+                self.published = report;
+                self.renewed(start, t0);
+            }
+            Err(err) if is_conflict(&err) => {
+                // someone else wrote our lease: re-read and see whether we were taken over
+                match self.bounded(self.leases.get_opt(&name)).await {
+                    Ok(Some(l)) => {
+                        let ann = l.metadata.annotations.clone().unwrap_or_default();
+                        let taken = ann
+                            .get(TAKEN_OVER)
+                            .is_some_and(|i| i == &*self.me.incarnation)
+                            || ann
+                                .get(INCARNATION)
+                                .is_some_and(|i| i != &*self.me.incarnation);
+                        if taken {
+                            self.taken_over("our lease was taken over");
+                        } else {
+                            self.own = Some(l);
+                        }
+                    }
+                    Ok(None) => self.taken_over("our lease was deleted"),
+                    Err(e) => debug!(error = %e, "cannot re-read own lease"),
+                }
+            }
+            Err(err) if is_not_found(&err) => self.taken_over("our lease was deleted"),
+            Err(err) => {
+                debug!(error = %err, "renewal failed");
+                self.missed_renewal(t0);
+            }
+        }
+    }
+
+    fn missed_renewal(&mut self, now: Instant) {
+        let fenced = self
+            .last_renew_ok
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.renew_deadline);
+        if fenced {
+            self.continuous_since = None;
+            if self.fenced_since.is_none() {
+                warn!("renew deadline passed: self-fenced until the next successful renewal");
+                self.fenced_since = Some(now);
+                self.health.set_fenced_since(Some(now));
+                self.ownership.mark_self_fenced();
+            }
+        }
+    }
+
+    /// Self-fence at once and rejoin as a new incarnation; the lease is never re-created under the old one.
+    fn taken_over(&mut self, why: &str) {
+        error!(
+            reason = why,
+            "self-fencing and rejoining as a new incarnation"
+        );
+        self.ownership.revoke_renewal();
+        self.me = MemberId::new(self.me.name.clone(), new_incarnation());
+        self.ownership.reincarnate(self.me.clone());
+        self.own = None;
+        self.last_renew_ok = None;
+        self.continuous_since = None;
+        self.leader = false;
+        self.fenced_since = Some(Instant::now());
+        self.health.set_fenced_since(self.fenced_since);
+    }
+
+    fn done_leaving(&self) -> bool {
+        let snap = self.ownership.snapshot();
+        let held = snap.state().shards().any(|(_, st)| {
+            matches!(
+                st,
+                ShardState::Owned { .. }
+                    | ShardState::Outgoing { .. }
+                    | ShardState::Activating { .. }
+            )
+        });
+        // done once nothing is held and the coordinator no longer names us as an owner
+        let named = self
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.view.shards.values().any(|e| e.owner == self.me));
+        !held && !named
+    }
+
+    async fn delete_own_lease(&mut self) {
+        let name = self.cfg.member_lease();
+        let rv = self
+            .own
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.clone());
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: rv,
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        if let Err(err) = self.bounded(self.leases.delete(&name, &dp)).await {
+            debug!(error = %err, "could not delete own lease (it will expire)");
+        }
+        self.own = None;
+    }
+
+    /// Members without read streams have nothing to sync: warm and activation are immediate.
+    fn vacuous_progress(&self) {
+        if !self.vacuous_readers {
+            return;
+        }
+        let snap = self.ownership.snapshot();
+        for (shard, st) in snap.state().shards() {
+            match st {
+                ShardState::Incoming {
+                    move_id,
+                    warm: false,
+                } => {
+                    self.ownership
+                        .apply_event(OwnEvent::Warm { shard, move_id });
+                }
+                ShardState::Activating { epoch } => {
+                    self.ownership
+                        .apply_event(OwnEvent::Activated { shard, epoch });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // === observation ===
+
+    fn reset_observations(&mut self) {
+        let now = Instant::now();
+        for o in self.observed.values_mut() {
+            o.last_change = now;
+        }
+    }
+
+    /// Record a Lease; returns whether anything the coordinator acts on changed (a report, a takeover, a
+    /// new member or incarnation).
+    fn observe_lease(&mut self, l: Lease) -> bool {
+        let Some(name) = l.metadata.name.clone() else {
+            return false;
+        };
+        let now = Instant::now();
+        let ann = l.metadata.annotations.clone().unwrap_or_default();
+        let labels = l.metadata.labels.clone().unwrap_or_default();
+        let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+        let renew_time = l
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.to_string());
+        let incarnation = ann.get(INCARNATION).cloned().unwrap_or_default();
+        let member_name = holder.clone().unwrap_or_default();
+        let report = ann
+            .get(REPORT)
+            .and_then(|t| match MemberReport::decode(t, self.cfg.shards) {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    warn!(lease = %name, error = %err, "ignoring an undecodable member report");
+                    None
+                }
+            });
+        let taken_over = ann.get(TAKEN_OVER).is_some_and(|t| t == &incarnation);
+        let rv = l.metadata.resource_version.clone().unwrap_or_default();
+        let coordinator = labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator");
+        match self.observed.get_mut(&name) {
+            Some(o) => {
+                let mut relevant =
+                    o.report != report || o.taken_over != taken_over || o.deleted_at.is_some();
+                let new_id = MemberId::new(member_name.as_str(), incarnation.as_str());
+                if o.id != new_id {
+                    o.id = new_id;
+                    o.first_seen = now;
+                    o.last_change = now;
+                    self.last_membership_change = now;
+                    relevant = true;
+                }
+                if o.renew_time != renew_time {
+                    o.renew_time = renew_time;
+                    o.last_change = now;
+                }
+                o.rv = rv;
+                o.report = report;
+                o.taken_over = taken_over;
+                o.deleted_at = None;
+                o.holder = holder;
+                o.lease = l;
+                relevant
+            }
+            None => {
+                self.last_membership_change = now;
+                self.observed.insert(
+                    name,
+                    Obs {
+                        id: MemberId::new(member_name.as_str(), incarnation.as_str()),
+                        rv,
+                        renew_time,
+                        last_change: now,
+                        first_seen: now,
+                        report,
+                        taken_over,
+                        deleted_at: None,
+                        role_coordinator: coordinator,
+                        holder,
+                        lease: l,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Returns whether the coordinator should look again now.
+    fn on_lease_event(&mut self, ev: Event<Lease>) -> bool {
+        match ev {
+            Event::Apply(l) | Event::InitApply(l) => {
+                let ours = l.metadata.name.as_deref() == Some(self.cfg.member_lease().as_str())
+                    || l.metadata.name.as_deref() == Some(self.cfg.coordinator_lease().as_str());
+                self.observe_lease(l) && !ours
+            }
+            Event::Delete(l) => {
+                if let Some(o) = l.metadata.name.and_then(|n| self.observed.get_mut(&n)) {
+                    o.deleted_at.get_or_insert_with(Instant::now);
+                    self.last_membership_change = Instant::now();
+                }
+                true
+            }
+            // a relist: our view had a gap
+            Event::Init => {
+                self.reset_observations();
+                false
+            }
+            Event::InitDone => false,
+        }
+    }
+
+    // === assignment ===
+
+    fn on_assignment_event(&mut self, ev: Event<ConfigMap>) {
+        match ev {
+            Event::Apply(cm) | Event::InitApply(cm) => {
+                self.assignment_missing = false;
+                let text = cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(DATA_KEY))
+                    .cloned()
+                    .unwrap_or_default();
+                match Assignment::decode(&text, self.cfg.shards, self.cfg.key) {
+                    Ok(a) => {
+                        self.seen_generation = self.seen_generation.max(a.view.generation);
+                        let newer = self
+                            .assignment
+                            .as_ref()
+                            .is_none_or(|cur| a.view.generation >= cur.view.generation);
+                        if newer {
+                            self.ownership.apply_view(&a.view);
+                            self.assignment = Some(a);
+                            self.assignment_cm = Some(cm);
+                        } else {
+                            debug!(
+                                generation = a.view.generation,
+                                "ignoring an older assignment"
+                            );
+                        }
+                        self.vacuous_progress();
+                    }
+                    Err(err) => {
+                        error!(error = %err, "ALARM: the assignment cannot be decoded; keeping the last good view");
+                        self.assignment_cm = Some(cm);
+                    }
+                }
+            }
+            Event::Delete(_) => {
+                warn!("the assignment ConfigMap was deleted; the coordinator re-creates it above the highest generation reported");
+                self.assignment_missing = true;
+                self.assignment_cm = None;
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+
+    // === coordinator ===
+
+    async fn elect(&mut self) {
+        let name = self.cfg.coordinator_lease();
+        let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
+        let now = Instant::now();
+        if self.own.is_none() || self.leaving {
+            self.leader = false;
+            return;
+        }
+        let observed = self.observed.get(&name);
+        let current = observed.map(|o| o.lease.clone());
+        let held_by_me = observed.is_some_and(|o| o.holder.as_deref() == Some(&holder_me));
+        let expired = observed.is_none_or(|o| {
+            o.holder.is_none() || now.duration_since(o.last_change) >= self.cfg.lease_duration
+        });
+        if !(held_by_me || expired) {
+            self.leader = false;
+            return;
+        }
+        let mut lease = current.clone().unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        labels.insert(ROLE_LABEL.into(), "coordinator".into());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(holder_me.clone());
+        spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
+        spec.renew_time = Some(self.stamp());
+        let result = match current {
+            None => {
+                self.bounded(self.leases.create(&PostParams::default(), &lease))
+                    .await
+            }
+            Some(_) => {
+                self.bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+                    .await
+            }
+        };
+        match result {
+            Ok(l) => {
+                if !self.leader {
+                    info!("became the coordinator");
+                }
+                self.leader = true;
+                self.observe_lease(l);
+            }
+            Err(err) => {
+                debug!(error = %err, "coordinator lease not acquired");
+                if self.leader {
+                    info!("stepped down as coordinator");
+                }
+                self.leader = false;
+            }
+        }
+    }
+
+    fn members(&self, now: Instant) -> Vec<Observed> {
+        let lease_period = self.cfg.lease_duration;
+        let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
+        let mut out = Vec::new();
+        for (name, o) in &self.observed {
+            if o.role_coordinator
+                || o.id.incarnation.is_empty()
+                || name == &self.cfg.coordinator_lease()
+            {
+                continue;
+            }
+            let since = now.duration_since(o.last_change);
+            let deleted = o.deleted_at.is_some();
+            let me = o.id == self.me;
+            out.push(Observed {
+                id: o.id.clone(),
+                alive: me || (!deleted && !o.taken_over && since < lease_period),
+                expired: !me && since >= expiry,
+                gone: o.taken_over || (deleted && since >= expiry),
+                report: if me {
+                    Some(self.report())
+                } else {
+                    o.report.clone()
+                },
+                joined: o.first_seen.elapsed().as_millis() as u64,
+                joining: !me && now.duration_since(o.first_seen) < self.cfg.join_debounce,
+            });
+        }
+        out
+    }
+
+    async fn coordinate(&mut self) {
+        let now = Instant::now();
+        let members = self.members(now);
+        // the assignment: ours, or a fresh one above every generation any member reports
+        let current = match (
+            &self.assignment,
+            self.assignment_missing || self.assignment_cm.is_none(),
+        ) {
+            (Some(a), false) => a.clone(),
+            (last, _) => {
+                let reported = members
+                    .iter()
+                    .filter_map(|m| m.report.as_ref())
+                    .map(|r| r.seen_generation.max(r.applied_generation))
+                    .max()
+                    .unwrap_or(0);
+                let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
+                fresh.view.generation = reported.max(self.seen_generation);
+                if let Some(last) = last {
+                    // keep who owns what: members hold it already
+                    fresh.view.shards = last.view.shards.clone();
+                    fresh.next_move_id = last.next_move_id;
+                    fresh.pins = last.pins.clone();
+                    fresh.paused = last.paused;
+                }
+                fresh
+            }
+        };
+        // move ages
+        let in_flight: BTreeSet<MoveId> = current
+            .view
+            .shards
+            .values()
+            .filter_map(|a| match &a.handoff {
+                crate::ownership::Handoff::Moving { id, .. }
+                | crate::ownership::Handoff::Draining { id, .. } => Some(*id),
+                crate::ownership::Handoff::Stable => None,
+            })
+            .collect();
+        self.move_first_seen.retain(|m, _| in_flight.contains(m));
+        for m in &in_flight {
+            self.move_first_seen.entry(*m).or_insert(now);
+        }
+        let ages: BTreeMap<MoveId, Duration> = self
+            .move_first_seen
+            .iter()
+            .map(|(m, t)| (*m, now.duration_since(*t)))
+            .collect();
+        // cold start
+        let live = members.iter().filter(|m| m.alive).count() as u32;
+        let has_owners = !current.view.shards.is_empty();
+        let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
+        let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
+        let ready_to_plan = has_owners || settled || enough;
+        // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
+        while self
+            .takeovers
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= self.cfg.lease_duration)
+        {
+            self.takeovers.pop_front();
+        }
+        let n = members.len();
+        let limit = 1usize.max(n.div_ceil(2).saturating_sub(1));
+        let budget = limit.saturating_sub(self.takeovers.len());
+        let may_take_over = self
+            .continuous_since
+            .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let out = coordinator::step(&StepInput {
+            current: &current,
+            members: &members,
+            now_ms,
+            ready_to_plan,
+            may_take_over,
+            takeover_budget: budget,
+            move_ages: &ages,
+            move_timeout: self.cfg.move_timeout,
+            max_concurrent_moves: self.cfg.max_concurrent_moves as usize,
+        });
+        for note in &out.notes {
+            info!(note = %note, "coordinator");
+        }
+        for victim in out.takeovers {
+            self.take_over(&victim, now).await;
+        }
+        let fresh_needed = self.assignment_missing || self.assignment_cm.is_none();
+        if let Some(next) = out.assignment.or_else(|| fresh_needed.then_some(current)) {
+            self.write_assignment(next).await;
+        }
+    }
+
+    async fn take_over(&mut self, victim: &MemberId, now: Instant) {
+        let Some((name, o)) = self.observed.iter().find(|(_, o)| &o.id == victim) else {
+            return;
+        };
+        if o.deleted_at.is_some() {
+            return;
+        }
+        let name = name.clone();
+        let mut lease = o.lease.clone();
+        // the resourceVersion we last observed: a conflict means it renewed after all
+        lease.metadata.resource_version = Some(o.rv.clone());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TAKEN_OVER.into(), victim.incarnation.to_string());
+        match self
+            .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+            .await
+        {
+            Ok(l) => {
+                warn!(member = %victim, "took over a member that stopped renewing");
+                self.takeovers.push_back(now);
+                self.observe_lease(l);
+            }
+            Err(err) if is_conflict(&err) => {
+                debug!(member = %victim, "takeover conflicted: it renewed; re-observing");
+            }
+            Err(err) => debug!(member = %victim, error = %err, "takeover failed"),
+        }
+    }
+
+    async fn write_assignment(&mut self, next: Assignment) {
+        let name = self.cfg.assignment_name();
+        let mut cm = self.assignment_cm.clone().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        });
+        cm.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        cm.data
+            .get_or_insert_with(Default::default)
+            .insert(DATA_KEY.into(), next.encode());
+        let result = if self.assignment_cm.is_some() {
+            self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
+                .await
+        } else {
+            cm.metadata.resource_version = None;
+            self.bounded(self.cms.create(&PostParams::default(), &cm))
+                .await
+        };
+        match result {
+            Ok(written) => {
+                debug!(generation = next.view.generation, "assignment written");
+                self.seen_generation = self.seen_generation.max(next.view.generation);
+                self.ownership.apply_view(&next.view);
+                self.assignment = Some(next);
+                self.assignment_cm = Some(written);
+                self.assignment_missing = false;
+                self.vacuous_progress();
+            }
+            Err(err) if is_conflict(&err) => debug!("assignment write conflicted; re-reading"),
+            Err(err) => debug!(error = %err, "assignment write failed"),
+        }
+    }
+
+    fn publish_status(&self) {
+        let now = Instant::now();
+        let snap = self.ownership.snapshot();
+        let owned: ShardSet = snap
+            .state()
+            .shards()
+            .filter(|(_, st)| matches!(st, ShardState::Owned { .. }))
+            .map(|(s, _)| s)
+            .collect();
+        let members = self.members(now);
+        let status = GroupStatus {
+            member: self.me.clone(),
+            coordinator: self.leader,
+            generation: snap.state().generation(),
+            owned,
+            live_members: members.iter().filter(|m| m.alive).count(),
+            moves_in_flight: self
+                .assignment
+                .as_ref()
+                .map_or(0, Assignment::moves_in_flight),
+            self_fenced: snap.state().is_fenced(),
+            joined: self.own.is_some(),
+        };
+        self.status.send_replace(status);
+    }
+}
+
+/// A fresh random incarnation.
+pub(crate) fn new_incarnation() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}

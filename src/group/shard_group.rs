@@ -1,0 +1,251 @@
+//! `ShardGroup`: join a group of replicas that share the work by logical shards.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::{oneshot, watch};
+use tracing::warn;
+
+use super::config::{ConfigError, GroupConfig};
+use super::runtime::{new_incarnation, GroupError, Runtime};
+use super::status::{GroupStatus, Health};
+use crate::hash::ShardKey;
+use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig};
+use crate::shard::ShardCount;
+
+/// A member of a shard group, ready to start.
+///
+/// ```no_run
+/// use kube_shard::group::ShardGroup;
+/// # async fn run(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let group = ShardGroup::builder(client, "widgets", "operators").build()?;
+/// let (handle, task) = group.start();
+/// tokio::spawn(task);
+/// let ownership = handle.ownership(); // give it to kube_shard::watcher and the reconcile wrapper
+/// // ... on SIGTERM:
+/// handle.leave();
+/// # Ok(()) }
+/// ```
+pub struct ShardGroup {
+    client: Client,
+    config: GroupConfig,
+}
+
+impl std::fmt::Debug for ShardGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardGroup")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`ShardGroup`].
+#[must_use]
+pub struct ShardGroupBuilder {
+    client: Client,
+    config: GroupConfig,
+}
+
+impl std::fmt::Debug for ShardGroupBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardGroupBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardGroup {
+    /// A builder for group `group` whose Leases and assignment live in `namespace`.
+    pub fn builder(client: Client, group: &str, namespace: &str) -> ShardGroupBuilder {
+        ShardGroupBuilder {
+            client,
+            config: GroupConfig::new(group, namespace),
+        }
+    }
+
+    /// The validated configuration.
+    #[must_use]
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    /// Start the member: returns its handle and the task to run (spawn it). The task ends after a graceful
+    /// leave ([`GroupHandle::leave`]) has moved every shard away and the Lease was deleted.
+    ///
+    /// Create the read streams (`kube_shard::watcher`, ...) for `handle.ownership()` before the task first
+    /// runs: a shard is warm only when every stream registered by then has synced it. A member with no
+    /// streams (admission only) reports warm and activation at once.
+    pub fn start(
+        self,
+    ) -> (
+        GroupHandle,
+        impl Future<Output = Result<(), GroupError>> + Send + 'static,
+    ) {
+        let c = &self.config;
+        let mut oc = OwnershipConfig::new(c.shards, c.key);
+        oc.renew_deadline = c.renew_deadline;
+        oc.fence_margin = c.fence_margin;
+        oc.drain_timeout = c.drain_timeout;
+        let me = MemberId::new(c.member.as_str(), new_incarnation());
+        let ownership = Ownership::new(oc, me.clone(), Clock::system());
+        let (status_tx, status_rx) = watch::channel(GroupStatus::initial(me.clone()));
+        let health = Health::new(c.unhealthy_after_fenced);
+        let (leave_tx, leave_rx) = oneshot::channel();
+        let handle = GroupHandle {
+            ownership: ownership.clone(),
+            status: status_rx,
+            health: health.clone(),
+            leave: std::sync::Arc::new(std::sync::Mutex::new(Some(leave_tx))),
+        };
+        let (client, config) = (self.client, self.config);
+        (handle, async move {
+            // built when the task first runs, so read streams created after `start` are counted
+            let runtime = Runtime::new(client, config, ownership, me, status_tx, health);
+            runtime.run(leave_rx).await
+        })
+    }
+}
+
+impl ShardGroupBuilder {
+    /// This member's stable name (default: `POD_NAME`, else the hostname).
+    pub fn member(mut self, name: impl Into<String>) -> Self {
+        self.config.member = name.into();
+        self
+    }
+
+    /// The key objects are placed by (default `uid`; immutable for the group).
+    pub fn key(mut self, key: ShardKey) -> Self {
+        self.config.key = key;
+        self
+    }
+
+    /// `S` (default 256; at most 4096; immutable for the group).
+    pub fn shards(mut self, shards: ShardCount) -> Self {
+        self.config.shards = shards;
+        self
+    }
+
+    /// Lease timings (defaults 15 s, 10 s, 2 s).
+    pub fn timings(
+        mut self,
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Self {
+        self.config.lease_duration = lease_duration;
+        self.config.renew_deadline = renew_deadline;
+        self.config.retry_period = retry_period;
+        self
+    }
+
+    /// Extra wait before a takeover (default 2 s).
+    pub fn takeover_grace(mut self, grace: Duration) -> Self {
+        self.config.takeover_grace = grace;
+        self
+    }
+
+    /// How long a drain waits for in-flight work (default 10 s).
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.config.drain_timeout = d;
+        self
+    }
+
+    /// Fences end this much before the renew deadline (default 1 s).
+    pub fn fence_margin(mut self, d: Duration) -> Self {
+        self.config.fence_margin = d;
+        self
+    }
+
+    /// Placement weight, 1 to 1000 (default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.config.weight = weight;
+        self
+    }
+
+    /// Cold start: plan as soon as this many members are present.
+    pub fn expected_replicas(mut self, n: u32) -> Self {
+        self.config.expected_replicas = Some(n);
+        self
+    }
+
+    /// Cold-start settle window and join debounce (defaults 5 s and 2 s).
+    pub fn settle(mut self, settle: Duration, join_debounce: Duration) -> Self {
+        self.config.settle = settle;
+        self.config.join_debounce = join_debounce;
+        self
+    }
+
+    /// At most this many shards moving at once (default 64; a leaver's set is exempt).
+    pub fn max_concurrent_moves(mut self, n: u32) -> Self {
+        self.config.max_concurrent_moves = n;
+        self
+    }
+
+    /// Cancel a move whose target has not warmed within this time (default 60 s).
+    pub fn move_timeout(mut self, d: Duration) -> Self {
+        self.config.move_timeout = d;
+        self
+    }
+
+    /// `/healthz` fails once self-fenced this long (default 60 s).
+    pub fn unhealthy_after_fenced(mut self, d: Duration) -> Self {
+        self.config.unhealthy_after_fenced = d;
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<ShardGroup, ConfigError> {
+        self.config.validate()?;
+        if self.config.key == ShardKey::Namespace {
+            warn!("the namespace key puts every cluster-scoped object in one shard (they all hash \"\")");
+        }
+        Ok(ShardGroup {
+            client: self.client,
+            config: self.config,
+        })
+    }
+}
+
+/// The running member's handle. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct GroupHandle {
+    ownership: Ownership,
+    status: watch::Receiver<GroupStatus>,
+    health: Health,
+    leave: std::sync::Arc<std::sync::Mutex<Option<oneshot::Sender<()>>>>,
+}
+
+impl GroupHandle {
+    /// The member's ownership: pass it to the read path and the reconcile wrapper.
+    #[must_use]
+    pub fn ownership(&self) -> Ownership {
+        self.ownership.clone()
+    }
+
+    /// The latest status.
+    #[must_use]
+    pub fn status(&self) -> GroupStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Status updates.
+    #[must_use]
+    pub fn watch_status(&self) -> watch::Receiver<GroupStatus> {
+        self.status.clone()
+    }
+
+    /// Liveness and readiness.
+    #[must_use]
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is
+    /// released, then the task ends and the Lease is deleted. Call it on SIGTERM.
+    pub fn leave(&self) {
+        if let Some(tx) = self.leave.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! What a member tells its operator: a status snapshot and health for `/healthz` and `/readyz`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ownership::MemberId;
+use crate::shard::ShardSet;
+
+/// A snapshot of one member's view of its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupStatus {
+    /// This member (its current incarnation).
+    pub member: MemberId,
+    /// It holds the coordinator Lease.
+    pub coordinator: bool,
+    /// The assignment generation it applied.
+    pub generation: u64,
+    /// The shards it owns (admitted or self-fenced).
+    pub owned: ShardSet,
+    /// Members it sees renewing.
+    pub live_members: usize,
+    /// Shards moving, per the assignment it holds.
+    pub moves_in_flight: usize,
+    /// It admits nothing until it renews.
+    pub self_fenced: bool,
+    /// Its Lease is established.
+    pub joined: bool,
+}
+
+impl GroupStatus {
+    pub(crate) fn initial(member: MemberId) -> Self {
+        GroupStatus {
+            member,
+            coordinator: false,
+            generation: 0,
+            owned: ShardSet::new(),
+            live_members: 0,
+            moves_in_flight: 0,
+            self_fenced: true,
+            joined: false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct HealthState {
+    fenced_since: Option<Instant>,
+    collision: bool,
+    joined: bool,
+}
+
+/// Liveness and readiness of a member, for `/healthz` and `/readyz`. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Health {
+    state: Arc<Mutex<HealthState>>,
+    unhealthy_after_fenced: Duration,
+}
+
+impl Health {
+    pub(crate) fn new(unhealthy_after_fenced: Duration) -> Self {
+        Health {
+            state: Arc::default(),
+            unhealthy_after_fenced,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_fenced_since(&self, since: Option<Instant>) {
+        let mut s = self.lock();
+        s.fenced_since = since;
+        if since.is_none() {
+            s.joined = true;
+        }
+    }
+
+    pub(crate) fn set_collision(&self, collision: bool) {
+        self.lock().collision = collision;
+    }
+
+    /// `/healthz`: false once the member has been self-fenced for longer than the configured bound (a
+    /// restart gets a fresh incarnation and a fresh chance to renew).
+    #[must_use]
+    pub fn is_live(&self) -> bool {
+        let s = self.lock();
+        s.fenced_since
+            .is_none_or(|t| t.elapsed() < self.unhealthy_after_fenced)
+    }
+
+    /// `/readyz`: the member joined (its Lease is established and renewing) and no other process holds
+    /// its name.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        let s = self.lock();
+        s.joined && !s.collision && s.fenced_since.is_none()
+    }
+
+    /// Another live process holds this member's name (an identity collision alarm).
+    #[must_use]
+    pub fn identity_collision(&self) -> bool {
+        self.lock().collision
+    }
+}
