@@ -53,8 +53,8 @@ pub mod selector;
 pub mod shard;
 pub mod token;
 
-pub mod ownership;
 pub mod group;
+pub mod ownership;
 pub mod watcher;
 
 pub use hash::{fnv1a64, KeyError, ShardKey};
