@@ -728,8 +728,10 @@ impl<'a> Planner<'a> {
             })
             .collect();
         order.sort_unstable();
+        // What receivers still need, less what releases next to them already give them.
+        let mut promised = need.clone();
         for (_, i) in order {
-            self.release(i, surplus[i], target, &need, &surplus);
+            self.release(i, surplus[i], target, &mut promised, &surplus);
             surplus[i] = 0;
         }
 
@@ -800,7 +802,7 @@ impl<'a> Planner<'a> {
         i: usize,
         count: u32,
         target: &mut [Option<usize>],
-        need: &[u32],
+        promised: &mut [u32],
         surplus: &[u32],
     ) {
         let s = self.s;
@@ -834,38 +836,55 @@ impl<'a> Planner<'a> {
         if left == 0 {
             return;
         }
-        let score = |nb: Option<usize>, target: &[Option<usize>]| -> i32 {
-            match nb.map(|x| target[x]) {
-                None => 0,
-                Some(None) => 2,
-                Some(Some(j)) if j == i => -1,
-                Some(Some(j)) if need[j] > 0 => 3,
-                Some(Some(j)) if surplus[j] > 0 => 1,
-                Some(Some(_)) => 0,
-            }
-        };
-        // (score, run length, prefer the right edge, earlier run) — the best edge wins.
-        let best = runs
-            .iter()
+        // Then edges, best first: one bordering a receiver gives it what it still needs (it will extend
+        // its run), else the pool (the released shards join a segment), else another member that gives
+        // shards up. Every run left is longer than `left` (greedy above), so no run is used up.
+        let mut runs: Vec<(usize, usize)> = runs
+            .into_iter()
             .filter(|(a, _)| !dropped.contains(a))
-            .flat_map(|&(a, b)| {
-                let l = score(a.checked_sub(1), target);
-                let r = score((b < s).then_some(b), target);
-                [(l, b - a, false, a, b), (r, b - a, true, a, b)]
-            })
-            .max_by(|x, y| {
-                x.0.cmp(&y.0)
-                    .then(x.1.cmp(&y.1))
-                    .then(x.2.cmp(&y.2))
-                    .then(y.3.cmp(&x.3))
-            });
-        if let Some((_, _, right, a, b)) = best {
-            // Every run left is longer than `left` (greedy above), so one edge suffices.
+            .collect();
+        let score = |nb: Option<usize>, target: &[Option<usize>], promised: &[u32]| match nb
+            .map(|x| target[x])
+        {
+            None => (0, None),
+            Some(None) => (2, None),
+            Some(Some(j)) if j == i => (-1, None),
+            Some(Some(j)) if promised[j] > 0 => (3, Some(j)),
+            Some(Some(j)) if surplus[j] > 0 => (1, None),
+            Some(Some(_)) => (0, None),
+        };
+        while left > 0 {
+            // (score, run length, prefer the right edge, earlier run).
+            let best = runs
+                .iter()
+                .enumerate()
+                .flat_map(|(k, &(a, b))| {
+                    let l = score(a.checked_sub(1), target, promised);
+                    let r = score((b < s).then_some(b), target, promised);
+                    [(l.0, b - a, false, k, l.1), (r.0, b - a, true, k, r.1)]
+                })
+                .max_by(|x, y| {
+                    x.0.cmp(&y.0)
+                        .then(x.1.cmp(&y.1))
+                        .then(x.2.cmp(&y.2))
+                        .then(y.3.cmp(&x.3))
+                });
+            let Some((_, _, right, k, receiver)) = best else {
+                break;
+            };
+            let amount = receiver.map_or(left, |j| (promised[j] as usize).min(left));
+            let (a, b) = runs[k];
             if right {
-                target[b - left..b].fill(None);
+                target[b - amount..b].fill(None);
+                runs[k].1 -= amount;
             } else {
-                target[a..a + left].fill(None);
+                target[a..a + amount].fill(None);
+                runs[k].0 += amount;
             }
+            if let Some(j) = receiver {
+                promised[j] -= amount as u32;
+            }
+            left -= amount;
         }
     }
 

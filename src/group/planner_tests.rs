@@ -379,21 +379,29 @@ impl Rng {
     }
 }
 
-/// 100 random membership changes at S = 256 (joins, crashes, graceful leaves, rolling replacements, weight
-/// changes, pins): every step moves exactly what it must and a replan moves nothing; prints moves and ranges
-/// per member (run with `--nocapture`).
-#[test]
-fn random_walk_of_100_changes_prints_ranges() {
-    let s = 256;
-    let mut rng = Rng(0x5eed_cafe_f00d_1234);
+/// What a random walk measured.
+#[derive(Debug, Default)]
+struct WalkStats {
+    moves: usize,
+    followups: usize,
+    /// Ranges per member averaged over members and steps.
+    mean_ranges: f64,
+    /// The most ranges any member held at any step.
+    worst: u32,
+}
+
+/// `steps` random membership changes (joins, crashes, graceful leaves, rolling replacements, weight
+/// changes, pins), applied one by one: every step moves exactly what it must and a replan moves nothing.
+fn walk(seed: u64, s: u32, steps: u64, print: bool) -> WalkStats {
+    let mut rng = Rng(seed);
     let mut next_name = 4;
     let mut input = PlanInput::new(sc(s)).with_members(members(4));
     let p = plan(&input).unwrap();
     input = apply(input, &p);
-    let (mut total_moves, mut followups, mut worst) = (0, 0, 0);
-    for step in 0..100u64 {
+    let (mut total_moves, mut followups, mut worst, mut sum, mut count) = (0, 0, 0, 0.0, 0);
+    for step in 0..steps {
         let n = input.members.len();
-        let op = rng.below(7);
+        let op = rng.below(12);
         let mut expected = None::<usize>;
         let held_by = |input: &PlanInput, gone: &MemberId| -> ShardSet {
             input
@@ -404,24 +412,24 @@ fn random_walk_of_100_changes_prints_ranges() {
                 .collect()
         };
         let name = match op {
-            0 | 1 if n < 10 => {
+            0..=3 if n < 10 => {
                 input = input.with_member(Member::new(id(next_name)).with_joined(step));
                 next_name += 1;
                 "join"
             }
-            2 if n > 2 => {
+            4 | 5 if n > 3 => {
                 let gone = input.members[rng.below(n)].id.clone();
                 expected = Some(held_by(&input, &gone).len());
                 input = input.without_member(&gone);
                 "crash"
             }
-            3 if n > 2 => {
+            6 | 7 if n > 3 => {
                 let k = rng.below(n);
                 expected = Some(held_by(&input, &input.members[k].id).len());
                 input.members[k].leaving = true;
                 "leave"
             }
-            4 => {
+            8 | 9 => {
                 let k = rng.below(n);
                 let set = held_by(&input, &input.members[k].id);
                 expected = Some(set.len());
@@ -436,12 +444,7 @@ fn random_walk_of_100_changes_prints_ranges() {
                 assert_eq!(plan(&input).unwrap().shards_of(&fresh), set);
                 "replace"
             }
-            5 => {
-                let k = rng.below(n);
-                input.members[k].weight = 1 + rng.below(3) as u32;
-                "weight"
-            }
-            _ => {
+            10 => {
                 let shard = rng.below(s as usize) as u32;
                 if input.pins.len() >= 3 {
                     input.pins.clear();
@@ -450,18 +453,30 @@ fn random_walk_of_100_changes_prints_ranges() {
                 input.pins.insert(shard, name);
                 "pin"
             }
+            _ => {
+                let k = rng.below(n);
+                input.members[k].weight = 1 + rng.below(3) as u32;
+                "weight"
+            }
         };
         let p = plan(&input).unwrap();
         if let Some(e) = expected {
-            assert_eq!(p.moves().len(), e, "step {step} {name}");
+            // Departures: the departed set moves, and (with unequal weights) at most a rounding more.
+            assert!(p.moves().len() >= e, "step {step} {name}");
         }
-        let all_live = input.current.len() == s as usize
-            && input
+        // Movement first: exactly Σ max(0, held − quota) (leavers' quota is 0) plus the orphaned shards.
+        let orphans = s as usize
+            - input
                 .current
                 .values()
-                .all(|o| input.members.iter().any(|m| &m.id == o && !m.leaving));
-        if all_live && name != "pin" {
-            assert_eq!(p.moves().len() as u32, surplus(&p), "step {step} {name}");
+                .filter(|o| input.members.iter().any(|m| &m.id == *o))
+                .count();
+        if name != "pin" {
+            assert_eq!(
+                p.moves().len(),
+                surplus(&p) as usize + orphans,
+                "step {step} {name}"
+            );
         }
         total_moves += p.moves().len();
         input = apply(input, &p);
@@ -485,7 +500,9 @@ fn random_walk_of_100_changes_prints_ranges() {
         );
         let ranges: Vec<u32> = again.report().members.iter().map(|m| m.ranges).collect();
         worst = worst.max(ranges.iter().copied().max().unwrap_or(0));
-        if step % 10 == 9 {
+        sum += f64::from(ranges.iter().sum::<u32>()) / ranges.len() as f64;
+        count += 1;
+        if print && step % 10 == 9 {
             println!(
                 "step {:>3} {:>7}: {:>2} members, {:>3} moved, ranges per member {ranges:?}",
                 step + 1,
@@ -495,22 +512,58 @@ fn random_walk_of_100_changes_prints_ranges() {
             );
         }
     }
-    let p = plan(&input).unwrap();
-    println!(
-        "after 100 random changes at S={s}: {total_moves} moves, {followups} more rebalancing oversized successors"
-    );
-    for m in &p.report().members {
+    if print {
+        let p = plan(&input).unwrap();
         println!(
-            "  {:>6} weight {} holds {:>3} shards in {} ranges: {}",
-            m.id.to_string(),
-            m.weight,
-            m.target,
-            m.ranges,
-            p.shards_of(&m.id)
+            "after {steps} random changes at S={s}: {total_moves} moves, {followups} more rebalancing oversized successors"
         );
+        for m in &p.report().members {
+            println!(
+                "  {:>6} weight {} holds {:>3} shards in {} ranges: {}",
+                m.id.to_string(),
+                m.weight,
+                m.target,
+                m.ranges,
+                p.shards_of(&m.id)
+            );
+        }
     }
-    println!("  worst ranges per member at any step: {worst}");
-    assert!(worst <= 12, "ranges per member grew to {worst}");
+    WalkStats {
+        moves: total_moves,
+        followups,
+        mean_ranges: sum / f64::from(count),
+        worst,
+    }
+}
+
+/// 100 random membership changes at S = 256 with a fixed seed; prints moves and ranges per member (run
+/// with `--nocapture`).
+#[test]
+fn random_walk_of_100_changes_prints_ranges() {
+    let stats = walk(0x5eed_cafe_f00d_1234, 256, 100, true);
+    println!("  {stats:?}");
+    assert!(
+        stats.worst <= 12,
+        "ranges per member grew to {}",
+        stats.worst
+    );
+}
+
+/// Many walks: ranges per member stay low on average (the ideal is 1).
+#[test]
+fn random_walks_keep_ranges_low() {
+    for s in [256, 1024] {
+        let all: Vec<WalkStats> = (1..=16u64)
+            .map(|seed| walk(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), s, 100, false))
+            .collect();
+        let mean = all.iter().map(|w| w.mean_ranges).sum::<f64>() / all.len() as f64;
+        let worst = all.iter().map(|w| w.worst).max().unwrap();
+        let moves = all.iter().map(|w| w.moves + w.followups).sum::<usize>() / all.len();
+        println!(
+            "S={s}: 16 walks of 100 changes: mean ranges per member {mean:.2}, worst {worst}, {moves} moves per walk"
+        );
+        assert!(mean < 4.0, "mean ranges per member {mean:.2}");
+    }
 }
 
 fn perm_of(n: usize) -> impl Strategy<Value = Vec<usize>> {
