@@ -363,6 +363,52 @@ fn settle_cold_start_and_debounce() {
     assert!(st.ready_to_plan(at(1)));
 }
 
+/// Prints, per N at S = 256 and 4096: the moves and ranges of N → N+1 (scale up) and back (crash of the
+/// newest member), and of a full rolling update (run with `--nocapture`).
+#[test]
+fn print_scaling_table() {
+    for s in [256, 4096] {
+        println!("S={s}: N→N+1 moves (joiner ranges, max ranges) | N+1→N moves (max ranges) | rolling update moves");
+        for n in 1..=10 {
+            let (input, _) = balanced(s, n);
+            let up_input = input.with_member(Member::new(id(n)));
+            let up = plan(&up_input).unwrap();
+            let max_up = up.report().members.iter().map(|m| m.ranges).max().unwrap();
+            let back = apply(up_input, &up).without_member(&id(n));
+            let down = plan(&back).unwrap();
+            let max_down = down
+                .report()
+                .members
+                .iter()
+                .map(|m| m.ranges)
+                .max()
+                .unwrap();
+            let (mut roll, _) = balanced(s, n);
+            let mut rolled = 0;
+            for i in 0..n {
+                roll = roll.with_member(Member::new(MemberId::new(format!("n{i:02}"), "b")));
+                roll.members
+                    .iter_mut()
+                    .find(|m| m.id == id(i))
+                    .unwrap()
+                    .leaving = true;
+                let p = plan(&roll).unwrap();
+                rolled += p.moves().len();
+                roll = apply(roll, &p).without_member(&id(i));
+            }
+            assert_eq!(rolled, s as usize);
+            println!(
+                "  N={n:>2}: {:>4} ({}, {}) | {:>4} ({}) | {rolled}",
+                up.moves().len(),
+                ranges(&up, &id(n)),
+                max_up,
+                down.moves().len(),
+                max_down
+            );
+        }
+    }
+}
+
 /// A deterministic xorshift generator for the long random walk.
 struct Rng(u64);
 
