@@ -34,8 +34,22 @@
 //! debounced), except as a leaver's successor. [`Settle`] computes that flag and the cold-start decision
 //! from observation times the caller passes in.
 //!
-//! A shard in the middle of a handoff should be passed with its *target* as the current owner: the planner
-//! plans end states.
+//! # For the coordinator
+//!
+//! - A shard in the middle of a handoff should be passed with its *target* as the current owner: the
+//!   planner plans end states.
+//! - Every move goes from a member above its quota (or a leaving, absent or no owner) to one below it, so
+//!   the moves may be carried out in bounded batches: replanning after any subset of them is done asks for
+//!   exactly the rest (tested).
+//! - [`MoveReason`] sorts the moves: `Unowned` needs a takeover or a first activation (no live source),
+//!   `Leaving` is the leaver's one batch (exempt from the bound on concurrent moves), `Rebalance` and
+//!   `Pinned` are ordinary handoffs.
+//! - A StatefulSet replaces a pod only after the old one is gone, so there is no fresh member to succeed
+//!   it: its set is spread over the others and the new pod is balanced in later (two moves per shard of
+//!   that pod in total). A Deployment with surge, or any rollout that starts the new member first, moves
+//!   each shard once.
+//! - With unequal weights a successor whose inherited set differs from its share can shift the others'
+//!   rounding by a shard; equal weights never move more than the leaver's set.
 //!
 //! ```
 //! use kube_shard::group::planner::{plan, Member, PlanInput};
