@@ -83,6 +83,8 @@ pub(crate) struct StepOutput {
     pub(crate) takeovers: Vec<MemberId>,
     /// What happened, for Events and logs.
     pub(crate) notes: Vec<String>,
+    /// Moves completed in this pass.
+    pub(crate) completed: usize,
 }
 
 pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
@@ -96,6 +98,7 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
     let mut next = cur.clone();
     let mut notes = Vec::new();
     let mut changed = false;
+    let mut completed = 0usize;
     // shards that need an owner chosen now (their owner is gone, or they have none)
     let mut orphans: BTreeSet<u32> = (0..cur.shards.get())
         .filter(|s| !cur.view.shards.contains_key(s))
@@ -155,6 +158,7 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
             Handoff::Draining { id, to } => {
                 let released = report(owner).is_some_and(|r| r.released(shard, *id));
                 if released && live(to) {
+                    completed += 1;
                     notes.push(format!(
                         "shard {shard}: move {id} {owner} -> {to} completed"
                     ));
@@ -331,6 +335,7 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
         assignment: changed.then_some(next),
         takeovers,
         notes,
+        completed,
     }
 }
 

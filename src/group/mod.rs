@@ -9,6 +9,8 @@
 pub mod assignment;
 pub mod config;
 pub(crate) mod coordinator;
+mod events;
+mod metrics;
 pub mod planner;
 pub mod report;
 mod runtime;
@@ -16,6 +18,7 @@ mod shard_group;
 pub mod status;
 
 pub use config::{ConfigError, GroupConfig};
+pub use metrics::{GroupMetrics, GroupSnapshot};
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
 pub use status::{GroupStatus, Health};

@@ -23,6 +23,8 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use super::assignment::{Assignment, DATA_KEY};
 use super::config::GroupConfig;
 use super::coordinator::{self, Observed, StepInput};
+use super::events::{Events, Kind};
+use super::metrics::GroupMetrics;
 use super::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
 use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, MemberId, MoveId, Ownership, ShardState};
@@ -85,6 +87,10 @@ pub(crate) struct Runtime {
     last_stamp: std::sync::Mutex<Option<k8s_openapi::jiff::Timestamp>>,
     /// The report in the Lease as last written: an early renewal is only worth it when it changes.
     published: String,
+    metrics: GroupMetrics,
+    events: Events,
+    handoffs: u64,
+    takeovers_done: u64,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -115,9 +121,20 @@ impl Runtime {
         me: MemberId,
         status: watch::Sender<GroupStatus>,
         health: Health,
+        metrics: GroupMetrics,
     ) -> Self {
         let now = Instant::now();
+        let events = Events::new(
+            client.clone(),
+            &cfg.namespace,
+            &cfg.member_lease(),
+            &cfg.member,
+        );
         Runtime {
+            metrics,
+            events,
+            handoffs: 0,
+            takeovers_done: 0,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             vacuous_readers: ownership.inner.readers.is_empty(),
@@ -266,14 +283,18 @@ impl Runtime {
             acks: st.acks(),
             ..MemberReport::default()
         };
+        // serving: what every read stream serves now (synced, not failing); a member without read
+        // streams serves what it holds
+        let streams = self.ownership.inner.readers.serving();
         for (shard, state) in st.shards() {
             if st.is_admitted(shard) {
                 r.admitted.insert(shard);
             }
-            if matches!(
+            let held = matches!(
                 state,
                 ShardState::Owned { .. } | ShardState::Outgoing { .. }
-            ) {
+            );
+            if held && streams.as_ref().is_none_or(|s| s.contains(&shard)) {
                 r.serving.insert(shard);
             }
         }
@@ -353,6 +374,14 @@ impl Runtime {
                         lease = %name,
                         other = theirs.as_deref().unwrap_or("?"),
                         "identity collision: another process holds this member name; waiting for its renewals to stop"
+                    );
+                    self.events.emit(
+                        Kind::Warning,
+                        "IdentityCollision",
+                        format!(
+                            "another process holds member name {}; waiting for its renewals to stop",
+                            self.cfg.member
+                        ),
                     );
                     self.health.set_collision(true);
                     return;
@@ -446,6 +475,11 @@ impl Runtime {
             self.continuous_since = None;
             if self.fenced_since.is_none() {
                 warn!("renew deadline passed: self-fenced until the next successful renewal");
+                self.events.emit(
+                    Kind::Warning,
+                    "SelfFenced",
+                    "renew deadline passed: admitting nothing until the next renewal",
+                );
                 self.fenced_since = Some(now);
                 self.health.set_fenced_since(Some(now));
                 self.ownership.mark_self_fenced();
@@ -458,6 +492,11 @@ impl Runtime {
         error!(
             reason = why,
             "self-fencing and rejoining as a new incarnation"
+        );
+        self.events.emit(
+            Kind::Warning,
+            "Rejoined",
+            format!("{why}: self-fenced and rejoining as a new incarnation"),
         );
         self.ownership.revoke_renewal();
         self.me = MemberId::new(self.me.name.clone(), new_incarnation());
@@ -673,6 +712,11 @@ impl Runtime {
                     }
                     Err(err) => {
                         error!(error = %err, "ALARM: the assignment cannot be decoded; keeping the last good view");
+                        self.events.emit(
+                            Kind::Warning,
+                            "InvalidAssignment",
+                            format!("keeping the last good view: {err}"),
+                        );
                         self.assignment_cm = Some(cm);
                     }
                 }
@@ -735,6 +779,8 @@ impl Runtime {
             Ok(l) => {
                 if !self.leader {
                     info!("became the coordinator");
+                    self.events
+                        .emit(Kind::Normal, "Coordinator", "became the coordinator");
                 }
                 self.leader = true;
                 self.observe_lease(l);
@@ -866,6 +912,15 @@ impl Runtime {
         for note in &out.notes {
             info!(note = %note, "coordinator");
         }
+        self.handoffs += out.completed as u64;
+        if let Some(first) = out.notes.first() {
+            let summary = if out.notes.len() == 1 {
+                first.clone()
+            } else {
+                format!("{first} (and {} more)", out.notes.len() - 1)
+            };
+            self.events.emit(Kind::Normal, "Rebalance", summary);
+        }
         for victim in out.takeovers {
             self.take_over(&victim, now).await;
         }
@@ -897,6 +952,12 @@ impl Runtime {
         {
             Ok(l) => {
                 warn!(member = %victim, "took over a member that stopped renewing");
+                self.events.emit(
+                    Kind::Warning,
+                    "TookOver",
+                    format!("took over {victim}: no renewal seen for the lease duration"),
+                );
+                self.takeovers_done += 1;
                 self.takeovers.push_back(now);
                 self.observe_lease(l);
             }
@@ -970,6 +1031,50 @@ impl Runtime {
             self_fenced: snap.state().is_fenced(),
             joined: self.own.is_some(),
         };
+        // cluster-wide gauges from every live member's published sets
+        let mut admitted: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut not_serving = BTreeSet::new();
+        for m in members.iter().filter(|m| m.alive && !m.gone) {
+            if let Some(r) = &m.report {
+                for s in r.admitted.iter() {
+                    *admitted.entry(s).or_default() += 1;
+                    if !r.serving.contains(s) {
+                        not_serving.insert(s);
+                    }
+                }
+            }
+        }
+        let shards = u64::from(self.cfg.shards.get());
+        let (mut counts, mut max_epoch) = ([0u64; 4], 0u64);
+        for (_, st) in snap.state().shards() {
+            let i = match st {
+                ShardState::Owned { .. } => 0,
+                ShardState::Incoming { .. } => 1,
+                ShardState::Activating { .. } => 2,
+                ShardState::Outgoing { .. } => 3,
+            };
+            counts[i] += 1;
+            max_epoch = max_epoch.max(st.epoch().unwrap_or(0));
+        }
+        let me = self.me.to_string();
+        self.metrics.update(&self.cfg.group, &me, |g| {
+            g.owned = counts[0];
+            g.incoming = counts[1];
+            g.activating = counts[2];
+            g.outgoing = counts[3];
+            g.max_epoch = max_epoch;
+            g.generation = status.generation;
+            g.self_fenced = status.self_fenced;
+            g.coordinator = status.coordinator;
+            g.identity_collision = self.health.identity_collision();
+            g.live_members = status.live_members as u64;
+            g.moves_in_flight = status.moves_in_flight as u64;
+            g.handoffs_completed = self.handoffs;
+            g.takeovers = self.takeovers_done;
+            g.unowned_shards = shards.saturating_sub(admitted.len() as u64);
+            g.multi_owned_shards = admitted.values().filter(|n| **n > 1).count() as u64;
+            g.owned_not_serving_shards = not_serving.len() as u64;
+        });
         self.status.send_replace(status);
     }
 }

@@ -8,6 +8,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::warn;
 
 use super::config::{ConfigError, GroupConfig};
+use super::metrics::GroupMetrics;
 use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::status::{GroupStatus, Health};
 use crate::hash::ShardKey;
@@ -91,17 +92,19 @@ impl ShardGroup {
         let ownership = Ownership::new(oc, me.clone(), Clock::system());
         let (status_tx, status_rx) = watch::channel(GroupStatus::initial(me.clone()));
         let health = Health::new(c.unhealthy_after_fenced);
+        let metrics = GroupMetrics::default();
         let (leave_tx, leave_rx) = oneshot::channel();
         let handle = GroupHandle {
             ownership: ownership.clone(),
             status: status_rx,
             health: health.clone(),
+            metrics: metrics.clone(),
             leave: std::sync::Arc::new(std::sync::Mutex::new(Some(leave_tx))),
         };
         let (client, config) = (self.client, self.config);
         (handle, async move {
             // built when the task first runs, so read streams created after `start` are counted
-            let runtime = Runtime::new(client, config, ownership, me, status_tx, health);
+            let runtime = Runtime::new(client, config, ownership, me, status_tx, health, metrics);
             runtime.run(leave_rx).await
         })
     }
@@ -213,6 +216,7 @@ pub struct GroupHandle {
     ownership: Ownership,
     status: watch::Receiver<GroupStatus>,
     health: Health,
+    metrics: GroupMetrics,
     leave: std::sync::Arc<std::sync::Mutex<Option<oneshot::Sender<()>>>>,
 }
 
@@ -239,6 +243,12 @@ impl GroupHandle {
     #[must_use]
     pub fn health(&self) -> Health {
         self.health.clone()
+    }
+
+    /// The member's metrics (register them in a prometheus-client registry).
+    #[must_use]
+    pub fn metrics(&self) -> GroupMetrics {
+        self.metrics.clone()
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

@@ -12,6 +12,8 @@ use crate::ownership::{state::Event, MoveId, Ownership};
 
 #[derive(Debug, Default)]
 struct ReaderState {
+    /// Shards this stream serves now: read, synced and not failing.
+    serving: BTreeSet<u32>,
     warm: BTreeSet<(u32, MoveId)>,
     activated: BTreeSet<(u32, u64)>,
 }
@@ -55,6 +57,16 @@ impl Readers {
             ownership: ownership.clone(),
             readers: Arc::downgrade(self),
         }
+    }
+
+    /// The shards every registered stream serves (`None` when no stream is registered).
+    pub(crate) fn serving(&self) -> Option<BTreeSet<u32>> {
+        let inner = self.lock();
+        let mut readers = inner.readers.values();
+        let first = readers.next()?.serving.clone();
+        Some(readers.fold(first, |acc, r| {
+            acc.intersection(&r.serving).copied().collect()
+        }))
     }
 
     /// Whether no read stream is registered.
@@ -130,6 +142,15 @@ impl ReaderGuard {
         self.with(|r| {
             r.activated.insert((shard, epoch));
         });
+    }
+
+    /// Publish the shards this stream serves now.
+    pub(crate) fn set_serving(&self, serving: BTreeSet<u32>) {
+        if let Some(readers) = self.readers.upgrade() {
+            if let Some(r) = readers.lock().readers.get_mut(&self.id) {
+                r.serving = serving;
+            }
+        }
     }
 
     /// Forget reports for shards no longer Incoming/Activating (keeps the sets small).

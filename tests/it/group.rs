@@ -352,6 +352,24 @@ async fn three_members_settle_into_one_plan() {
         gen,
         "no churn when nothing changes"
     );
+    // every member's view of the cluster-wide gauges
+    for m in &ms {
+        let g = m.handle.metrics().snapshot();
+        assert_eq!(
+            (
+                g.unowned_shards,
+                g.multi_owned_shards,
+                g.owned_not_serving_shards
+            ),
+            (0, 0, 0),
+            "{g:?}"
+        );
+        assert_eq!(g.live_members, 3);
+    }
+    let coordinators = ms
+        .iter()
+        .filter(|m| m.handle.metrics().snapshot().coordinator);
+    assert_eq!(coordinators.count(), 1);
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -516,6 +534,23 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
     }
     drop(l);
     check_fences(&log);
+    // the takeover is visible as an Event and a counter
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(server.client("admin"), CP_NS);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "TookOver"), "{reasons:?}");
+    let takeovers: u64 = ms[..2]
+        .iter()
+        .map(|m| m.handle.metrics().snapshot().takeovers)
+        .sum();
+    assert_eq!(takeovers, 1);
 }
 
 #[tokio::test(start_paused = true)]

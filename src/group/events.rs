@@ -1,0 +1,106 @@
+//! Kubernetes Events for handoffs, takeovers and alarms, on the member's Lease (core/v1 Events, which
+//! every apiserver serves). Fire-and-forget, bounded, and rate-limited per reason: an Event never
+//! delays a renewal.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio::time::Instant;
+use tracing::debug;
+
+/// Warning or Normal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Normal,
+    Warning,
+}
+
+#[derive(Clone)]
+pub(crate) struct Events {
+    api: Api<Event>,
+    involved: ObjectReference,
+    member: String,
+    last: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+const MIN_INTERVAL: Duration = Duration::from_secs(10);
+
+impl Events {
+    pub(crate) fn new(client: Client, namespace: &str, lease: &str, member: &str) -> Self {
+        Events {
+            api: Api::namespaced(client, namespace),
+            involved: ObjectReference {
+                api_version: Some("coordination.k8s.io/v1".into()),
+                kind: Some("Lease".into()),
+                name: Some(lease.into()),
+                namespace: Some(namespace.into()),
+                ..ObjectReference::default()
+            },
+            member: member.into(),
+            last: Arc::default(),
+        }
+    }
+
+    /// Publish an Event unless one with the same reason went out in the last 10 s.
+    pub(crate) fn emit(&self, kind: Kind, reason: &str, message: impl Into<String>) {
+        let now = Instant::now();
+        {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if last
+                .get(reason)
+                .is_some_and(|t| now.duration_since(*t) < MIN_INTERVAL)
+            {
+                return;
+            }
+            last.insert(reason.to_owned(), now);
+        }
+        let stamp = Time(k8s_openapi::jiff::Timestamp::now());
+        let name = format!(
+            "{}.{:016x}",
+            self.involved.name.as_deref().unwrap_or("kube-shard"),
+            rand::random::<u64>()
+        );
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: self.involved.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            involved_object: self.involved.clone(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.into()),
+            type_: Some(match kind {
+                Kind::Normal => "Normal".into(),
+                Kind::Warning => "Warning".into(),
+            }),
+            source: Some(EventSource {
+                component: Some("kube-shard".into()),
+                host: Some(self.member.clone()),
+            }),
+            reporting_component: Some("kube-shard".into()),
+            reporting_instance: Some(self.member.clone()),
+            first_timestamp: Some(stamp.clone()),
+            last_timestamp: Some(stamp),
+            count: Some(1),
+            ..Event::default()
+        };
+        let api = self.api.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                api.create(&PostParams::default(), &event),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => debug!(error = %err, "could not publish an Event"),
+                Err(_) => debug!("publishing an Event timed out"),
+            }
+        });
+    }
+}
