@@ -45,6 +45,9 @@ pub enum GroupError {
         #[source]
         source: kube::Error,
     },
+    /// The dedicated member thread could not run.
+    #[error("shard group member thread: {0}")]
+    Thread(String),
 }
 
 struct Obs {

@@ -31,6 +31,7 @@ use crate::shard::ShardCount;
 pub struct ShardGroup {
     client: Client,
     config: GroupConfig,
+    dedicated: Option<kube::Config>,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -46,6 +47,7 @@ impl std::fmt::Debug for ShardGroup {
 pub struct ShardGroupBuilder {
     client: Client,
     config: GroupConfig,
+    dedicated: Option<kube::Config>,
 }
 
 impl std::fmt::Debug for ShardGroupBuilder {
@@ -62,6 +64,7 @@ impl ShardGroup {
         ShardGroupBuilder {
             client,
             config: GroupConfig::new(group, namespace),
+            dedicated: None,
         }
     }
 
@@ -102,7 +105,21 @@ impl ShardGroup {
             leave: std::sync::Arc::new(std::sync::Mutex::new(Some(leave_tx))),
         };
         let (client, config) = (self.client, self.config);
+        let dedicated = self.dedicated;
         (handle, async move {
+            if let Some(kube_config) = dedicated {
+                return run_dedicated(
+                    kube_config,
+                    config,
+                    ownership,
+                    me,
+                    status_tx,
+                    health,
+                    metrics,
+                    leave_rx,
+                )
+                .await;
+            }
             // built when the task first runs, so read streams created after `start` are counted
             let runtime = Runtime::new(client, config, ownership, me, status_tx, health, metrics);
             runtime.run(leave_rx).await
@@ -110,7 +127,60 @@ impl ShardGroup {
     }
 }
 
+/// Run the member on its own OS thread, with its own single-threaded tokio runtime and its own `Client`, so a
+/// busy reconcile or a large deserialisation on the application's runtime cannot starve its renewals.
+#[allow(clippy::too_many_arguments)]
+async fn run_dedicated(
+    kube_config: kube::Config,
+    config: GroupConfig,
+    ownership: Ownership,
+    me: MemberId,
+    status_tx: watch::Sender<GroupStatus>,
+    health: Health,
+    metrics: GroupMetrics,
+    leave_rx: oneshot::Receiver<()>,
+) -> Result<(), GroupError> {
+    let (done_tx, done_rx) = oneshot::channel();
+    let group = config.group.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("kube-shard-{}", config.member))
+        .spawn(move || {
+            let result = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(async move {
+                    let client =
+                        Client::try_from(kube_config).map_err(|source| GroupError::Api {
+                            group: config.group.clone(),
+                            what: "building the member's own client",
+                            source,
+                        })?;
+                    Runtime::new(client, config, ownership, me, status_tx, health, metrics)
+                        .run(leave_rx)
+                        .await
+                }),
+                Err(e) => Err(GroupError::Thread(e.to_string())),
+            };
+            let _ = done_tx.send(result);
+        });
+    if let Err(e) = spawned {
+        return Err(GroupError::Thread(format!("{group}: {e}")));
+    }
+    done_rx
+        .await
+        .unwrap_or_else(|_| Err(GroupError::Thread("the member thread panicked".into())))
+}
+
 impl ShardGroupBuilder {
+    /// Run renewals, observation and coordination on a dedicated OS thread with its own runtime and its
+    /// own client built from `config`, so nothing on the application's runtime can delay a renewal
+    /// (recommended in production; tests with paused time use the default, the caller's runtime).
+    pub fn dedicated_thread(mut self, config: kube::Config) -> Self {
+        self.dedicated = Some(config);
+        self
+    }
+
     /// This member's stable name (default: `POD_NAME`, else the hostname).
     pub fn member(mut self, name: impl Into<String>) -> Self {
         self.config.member = name.into();
@@ -206,6 +276,7 @@ impl ShardGroupBuilder {
         Ok(ShardGroup {
             client: self.client,
             config: self.config,
+            dedicated: self.dedicated,
         })
     }
 }

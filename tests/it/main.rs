@@ -1,5 +1,7 @@
+mod dependent;
+mod group;
 mod model_common;
 mod model_handoff;
 mod model_takeover;
 mod watcher;
-mod group;
+mod realtime;
