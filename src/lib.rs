@@ -64,4 +64,6 @@ pub use shard::{ShardCount, ShardError, ShardSet};
 pub use token::{FenceToken, TokenError};
 
 pub use ownership::{Fence, Ownership, OwnershipConfig, Permit};
-pub use watcher::{metadata_watcher, reflector, watcher, ShardedWatcher};
+pub use watcher::{
+    dependent_reflector, dependent_watcher, metadata_watcher, reflector, watcher, ShardedWatcher,
+};

@@ -36,10 +36,47 @@ struct Entry<K> {
     /// the store when needed, so a projected object is not held twice.
     obj: Option<K>,
     rv: Option<u64>,
+    /// The first placement hash (what ranges are matched against).
     hash: u64,
-    shard: u32,
+    /// The shards the object belongs to, sorted: one under the group key; none, one or several under a
+    /// dependency placement (a secondary placed nowhere is held, not projected).
+    shards: Vec<u32>,
     key: RefKey,
 }
+
+impl<K> Entry<K> {
+    fn in_shard(&self, shard: u32) -> bool {
+        self.shards.binary_search(&shard).is_ok()
+    }
+
+    /// Whether a read of `ranges` covers this entry (an entry placed nowhere only by a full read).
+    fn covered_by(&self, ranges: &RangeSet) -> bool {
+        if self.shards.is_empty() {
+            ranges.is_full()
+        } else {
+            ranges.contains(self.hash)
+        }
+    }
+}
+
+/// Places an object by hashes other than its own key (secondaries: the dependency-key map). An empty
+/// result holds the object without projecting it.
+pub(crate) type Placement<K> = Arc<dyn Fn(&K) -> Vec<u64> + Send + Sync>;
+
+/// What an [`Observer`] is told: every object the index holds (projected or not) and every one it drops.
+pub(crate) enum Observed<'a, K> {
+    Upsert {
+        uid: &'a str,
+        obj: &'a K,
+        shards: &'a [u32],
+    },
+    Remove {
+        uid: &'a str,
+    },
+}
+
+/// Told of every change to the index (feeds the dependency-key map from a primary watcher).
+pub(crate) type Observer<K> = Arc<dyn Fn(Observed<'_, K>) + Send + Sync>;
 
 /// What a sub-watch relist delivered for its ranges.
 pub(crate) struct Relist<K> {
@@ -54,6 +91,8 @@ pub(crate) type Lookup<K> = Box<dyn Fn(&RefKey) -> Option<K> + Send + Sync>;
 /// The index and its projection.
 pub(crate) struct Index<K> {
     lookup: Option<Lookup<K>>,
+    placement: Option<Placement<K>>,
+    observer: Option<Observer<K>>,
     /// Emitted `(uid, rv)`s whose copy may be dropped once the store is seen holding them, in emission order.
     pending_drop: VecDeque<(Arc<str>, Option<u64>)>,
     /// Entries whose only copy is in the store.
@@ -77,6 +116,8 @@ impl<K: Resource + Clone> Index<K> {
     pub(crate) fn new(key: ShardKey, count: ShardCount) -> Self {
         Index {
             lookup: None,
+            placement: None,
+            observer: None,
             pending_drop: VecDeque::new(),
             handed: 0,
             key,
@@ -98,6 +139,16 @@ impl<K: Resource + Clone> Index<K> {
         let mut index = Self::new(key, count);
         index.lookup = Some(lookup);
         index
+    }
+
+    /// Place objects with `placement` instead of the group key.
+    pub(crate) fn set_placement(&mut self, placement: Placement<K>) {
+        self.placement = Some(placement);
+    }
+
+    /// Tell `observer` of every change.
+    pub(crate) fn set_observer(&mut self, observer: Observer<K>) {
+        self.observer = Some(observer);
     }
 
     /// Number of objects whose only copy is in the consumer's store.
@@ -173,9 +224,87 @@ impl<K: Resource + Clone> Index<K> {
         self.emitted.len()
     }
 
-    /// The hash of an object under the group key, or `None` if it cannot be placed.
+    /// The hash of an object under the group key (or its first placement hash), or `None` if it cannot
+    /// be placed.
     pub(crate) fn hash_of(&self, obj: &K) -> Option<u64> {
-        self.key.hash_object(obj).ok()
+        match &self.placement {
+            Some(p) => p(obj).first().copied(),
+            None => self.key.hash_object(obj).ok(),
+        }
+    }
+
+    /// Whether `obj` is placed in `range` (by any of its placement hashes).
+    pub(crate) fn placed_in(&self, obj: &K, range: &crate::range::HashRange) -> bool {
+        match &self.placement {
+            Some(p) => p(obj).into_iter().any(|h| range.contains(h)),
+            None => self.key.hash_object(obj).is_ok_and(|h| range.contains(h)),
+        }
+    }
+
+    /// `(first hash, sorted shards)`; `None` when the group key cannot be computed.
+    fn place(&self, obj: &K) -> Option<(u64, Vec<u32>)> {
+        match &self.placement {
+            Some(p) => {
+                let hashes = p(obj);
+                let mut shards: Vec<u32> = hashes.iter().map(|h| self.count.shard_of(*h)).collect();
+                shards.sort_unstable();
+                shards.dedup();
+                Some((hashes.first().copied().unwrap_or(0), shards))
+            }
+            None => {
+                let h = self.key.hash_object(obj).ok()?;
+                Some((h, vec![self.count.shard_of(h)]))
+            }
+        }
+    }
+
+    /// Re-evaluate the placement of every held object (the dependency-key map changed), moving and
+    /// re-projecting those whose shards changed. O(held objects).
+    pub(crate) fn replace_all(&mut self) {
+        if self.placement.is_none() {
+            return;
+        }
+        let uids: Vec<Arc<str>> = self.entries.keys().cloned().collect();
+        for uid in uids {
+            let Some(obj) = self.object_of(&uid) else {
+                continue;
+            };
+            let Some((hash, shards)) = self.place(&obj) else {
+                continue;
+            };
+            let Some(e) = self.entries.get_mut(&uid) else {
+                continue;
+            };
+            if e.shards == shards {
+                continue;
+            }
+            let old = std::mem::replace(&mut e.shards, shards.clone());
+            e.hash = hash;
+            let key = e.key.clone();
+            self.rehome(&uid, &old, &shards);
+            if let Some(observer) = &self.observer {
+                observer(Observed::Upsert {
+                    uid: &uid,
+                    obj: &obj,
+                    shards: &shards,
+                });
+            }
+            self.reproject(&key, None);
+        }
+    }
+
+    fn rehome(&mut self, uid: &Arc<str>, old: &[u32], new: &[u32]) {
+        for s in old {
+            if let Some(set) = self.by_shard.get_mut(s) {
+                set.remove(uid);
+                if set.is_empty() {
+                    self.by_shard.remove(s);
+                }
+            }
+        }
+        for s in new {
+            self.by_shard.entry(*s).or_default().insert(uid.clone());
+        }
     }
 
     /// The names (`ObjectRef` keys) the consumer holds for `shard`.
@@ -186,9 +315,9 @@ impl<K: Resource + Clone> Index<K> {
         uids.iter()
             .filter_map(|u| self.entries.get(u))
             .filter(|e| {
-                self.emitted
-                    .get(&e.key)
-                    .is_some_and(|(uid, _)| self.entries.get(uid).is_some_and(|w| w.shard == shard))
+                self.emitted.get(&e.key).is_some_and(|(uid, _)| {
+                    self.entries.get(uid).is_some_and(|w| w.in_shard(shard))
+                })
             })
             .map(|e| e.key.clone())
             .collect::<HashSet<_>>()
@@ -218,7 +347,7 @@ impl<K: Resource + Clone> Index<K> {
             self.unplaceable += 1;
             return;
         };
-        let Some(hash) = self.hash_of(&obj) else {
+        let Some((hash, shards)) = self.place(&obj) else {
             self.unplaceable += 1;
             return;
         };
@@ -236,27 +365,40 @@ impl<K: Resource + Clone> Index<K> {
             }
         }
         let key = Self::ref_of(&obj);
-        let shard = self.count.shard_of(hash);
         let fresh = !self.entries.contains_key(&uid);
         if self.entries.get(&uid).is_some_and(|e| e.obj.is_none()) {
             self.handed -= 1;
         }
-        self.entries.insert(
-            uid.clone(),
-            Entry {
-                obj: Some(obj),
-                rv,
-                hash,
-                shard,
-                key: key.clone(),
-            },
-        );
+        if let Some(observer) = &self.observer {
+            observer(Observed::Upsert {
+                uid: &uid,
+                obj: &obj,
+                shards: &shards,
+            });
+        }
+        let old = self
+            .entries
+            .insert(
+                uid.clone(),
+                Entry {
+                    obj: Some(obj),
+                    rv,
+                    hash,
+                    shards: shards.clone(),
+                    key: key.clone(),
+                },
+            )
+            .map(|e| e.shards)
+            .unwrap_or_default();
         if fresh {
             self.by_ref
                 .entry(key.clone())
                 .or_default()
                 .push(uid.clone());
-            self.by_shard.entry(shard).or_default().insert(uid);
+        }
+        if old != shards {
+            // a dependency placement can change with the object (a new owner, a new reference)
+            self.rehome(&uid, &old, &shards);
         }
         self.reproject(&key, None);
     }
@@ -291,11 +433,9 @@ impl<K: Resource + Clone> Index<K> {
                 self.by_ref.remove(&entry.key);
             }
         }
-        if let Some(set) = self.by_shard.get_mut(&entry.shard) {
-            set.remove(uid);
-            if set.is_empty() {
-                self.by_shard.remove(&entry.shard);
-            }
+        self.rehome(uid, &entry.shards, &[]);
+        if let Some(observer) = &self.observer {
+            observer(Observed::Remove { uid });
         }
         let key = entry.key.clone();
         let last = last.or(entry.obj).or_else(|| {
@@ -321,7 +461,7 @@ impl<K: Resource + Clone> Index<K> {
             .entries
             .iter()
             .filter(|(uid, e)| {
-                relist.ranges.contains(e.hash) && !present.contains(*uid) && !newer(e.rv, relist.rv)
+                e.covered_by(&relist.ranges) && !present.contains(*uid) && !newer(e.rv, relist.rv)
             })
             .map(|(uid, _)| uid.clone())
             .collect();
@@ -338,7 +478,7 @@ impl<K: Resource + Clone> Index<K> {
         let gone: Vec<Arc<str>> = self
             .entries
             .iter()
-            .filter(|(_, e)| ranges.contains(e.hash))
+            .filter(|(_, e)| e.covered_by(ranges))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in gone {
@@ -429,7 +569,7 @@ impl<K: Resource + Clone> Index<K> {
             .get(key)?
             .iter()
             .filter_map(|u| self.entries.get(u).map(|e| (u, e)))
-            .filter(|(_, e)| self.is_projected(e.shard))
+            .filter(|(_, e)| e.shards.iter().any(|s| self.is_projected(*s)))
             .max_by(|(ua, a), (ub, b)| a.rv.cmp(&b.rv).then_with(|| ua.cmp(ub)))
             .map(|(u, _)| u.clone())
     }

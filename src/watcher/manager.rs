@@ -19,7 +19,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::index::{parse_rv, Index, Relist};
+use super::dependent::MapShared;
+use super::index::{parse_rv, Index, Observer, Placement, Relist};
 use super::mode::{FlipCause, ModeDetector, ReadMode};
 use super::plan::{self, Action, SubView};
 use super::registry::ReaderGuard;
@@ -56,6 +57,19 @@ pub(crate) struct Settings<K: Resource> {
     pub(crate) transform: Option<Transform<K>>,
     pub(crate) dyntype: K::DynamicType,
     pub(crate) name: String,
+    /// Secondaries: place objects by the dependency-key map instead of the group key.
+    pub(crate) placement: Option<Placement<K>>,
+    /// Never send a `shardSelector` (the placement is not a server key): one full (or label-selected)
+    /// watch, filtered locally; no re-probe.
+    pub(crate) local_only: bool,
+    /// Render sub-watch selectors as the `kube-shard.io/shard in (...)` label selector (the shard label
+    /// strategy): exact on every apiserver, so no re-probe either.
+    pub(crate) shard_label: bool,
+    /// Primaries: feed this dependency-key map (every object read, warm and activation reports).
+    pub(crate) feeds: Option<(Arc<MapShared>, Observer<K>)>,
+    /// Secondaries placed through a dependency-key map: re-place on its changes, and report a shard warm
+    /// or activated only after its primaries were (so the map already places the shard's secondaries).
+    pub(crate) depends: Option<Arc<MapShared>>,
 }
 
 struct Sub {
@@ -119,6 +133,8 @@ pub(crate) struct Manager<K: Resource> {
     reenqueue_wait: BTreeSet<u32>,
     probing: bool,
     last_error_item: Option<Instant>,
+    /// The dependency-map version the index was last re-placed at.
+    dep_seen: u64,
 }
 
 impl<K> Manager<K>
@@ -184,12 +200,75 @@ where
             reenqueue_wait: BTreeSet::new(),
             probing: false,
             last_error_item: None,
+            dep_seen: 0,
         }
+        .with_dependencies()
+    }
+
+    fn with_dependencies(mut self) -> Self {
+        if let Some(p) = self.settings.placement.clone() {
+            self.index.set_placement(p);
+        }
+        if let Some((_, observer)) = self.settings.feeds.clone() {
+            self.index.set_observer(observer);
+        }
+        if self.settings.local_only {
+            // not a flip: this resource is never read with a shard selector
+            self.detector
+                .fall_back(FlipCause::OutOfRange, Instant::now());
+            self.stats.fallback.store(true, Ordering::Relaxed);
+        }
+        self
+    }
+
+    fn probes_enabled(&self) -> bool {
+        !self.settings.local_only && !self.settings.shard_label
+    }
+
+    /// Whether the primaries of `shard` were read for move `move_id` (always, without a map).
+    fn gate_warm(&self, shard: u32, move_id: u64) -> bool {
+        self.settings.depends.as_ref().is_none_or(|m| {
+            m.warm_at(shard, move_id)
+                .is_some_and(|v| v <= self.dep_seen)
+        })
+    }
+
+    fn gate_activated(&self, shard: u32, epoch: u64) -> bool {
+        self.settings.depends.as_ref().is_none_or(|m| {
+            m.activated_at(shard, epoch)
+                .is_some_and(|v| v <= self.dep_seen)
+        })
+    }
+
+    fn report_warm(&self, shard: u32, move_id: u64) {
+        if let Some((map, _)) = &self.settings.feeds {
+            map.primary_warm(shard, move_id);
+        }
+        self.reader.report_warm(shard, move_id);
+    }
+
+    fn report_activated(&self, shard: u32, epoch: u64) {
+        if let Some((map, _)) = &self.settings.feeds {
+            map.primary_activated(shard, epoch);
+        }
+        self.reader.report_activated(shard, epoch);
+    }
+
+    /// The dependency-key map changed: re-place every held object, then re-check progress.
+    fn on_dependencies(&mut self, version: u64) {
+        self.dep_seen = version;
+        self.index.replace_all();
+        self.check_progress();
     }
 
     pub(crate) async fn run(mut self) {
         let mut changed = self.ownership.changed();
         let mut transitions = self.ownership.transitions();
+        let mut deps = self.settings.depends.as_ref().map(|m| m.subscribe());
+        if let Some(rx) = deps.as_mut() {
+            let v = *rx.borrow_and_update();
+            self.on_dependencies(v);
+        }
         self.on_ownership();
         loop {
             self.settle();
@@ -216,6 +295,10 @@ where
                     Err(_) => break,
                 },
                 () = sleep_until(timer), if timer.is_some() => self.on_timer(),
+                v = dep_changed(deps.as_mut()) => match v {
+                    Some(v) => self.on_dependencies(v),
+                    None => deps = None,
+                },
             }
         }
         for sub in self.subs.values() {
@@ -617,7 +700,11 @@ where
             .incoming
             .iter()
             .map(|(s, m)| (*s, *m))
-            .filter(|(s, m)| !self.warm_reported.contains(&(*s, *m)) && self.covering(*s).is_some())
+            .filter(|(s, m)| {
+                !self.warm_reported.contains(&(*s, *m))
+                    && self.covering(*s).is_some()
+                    && self.gate_warm(*s, *m)
+            })
             .collect();
         for (shard, move_id) in warm {
             self.warm_reported.insert((shard, move_id));
@@ -626,20 +713,22 @@ where
                 let ms = since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
                 self.stats.warm_latency_ms.fetch_add(ms, Ordering::Relaxed);
             }
-            self.reader.report_warm(shard, move_id);
+            self.report_warm(shard, move_id);
         }
         let passed: Vec<(u32, u64)> = self
             .barriers
             .iter()
             .filter(|(s, b)| {
-                b.target.is_some() && self.covering(**s).is_some_and(|sub| sub.passed >= b.target)
+                b.target.is_some()
+                    && self.covering(**s).is_some_and(|sub| sub.passed >= b.target)
+                    && self.gate_activated(**s, b.epoch)
             })
             .map(|(s, b)| (*s, b.epoch))
             .collect();
         for (shard, epoch) in passed {
             self.barriers.remove(&shard);
             self.stats.activations.fetch_add(1, Ordering::Relaxed);
-            self.reader.report_activated(shard, epoch);
+            self.report_activated(shard, epoch);
         }
     }
 
@@ -806,19 +895,24 @@ where
                 }
                 let ranges: RangeSet = std::iter::once(range).collect();
                 // the server may not filter: keep only the shard's objects
+                let objects = self.transformed(objects);
                 let objects: Vec<K> = objects
                     .into_iter()
-                    .filter(|o| self.index.hash_of(o).is_some_and(|h| range.contains(h)))
+                    .filter(|o| self.index.placed_in(o, &range))
                     .collect();
-                let objects = self.transformed(objects);
                 self.index.relist(Relist {
                     ranges,
                     objects,
                     rv,
                 });
-                self.barriers.remove(&shard);
-                self.stats.activations.fetch_add(1, Ordering::Relaxed);
-                self.reader.report_activated(shard, epoch);
+                if self.gate_activated(shard, epoch) {
+                    self.barriers.remove(&shard);
+                    self.stats.activations.fetch_add(1, Ordering::Relaxed);
+                    self.report_activated(shard, epoch);
+                } else if let Some(b) = self.barriers.get_mut(&shard) {
+                    // read; its primaries are not yet: check_progress reports it once they are
+                    b.target = Some(0);
+                }
             }
             Ctl::Probe { filtered } => {
                 self.probing = false;
@@ -847,7 +941,7 @@ where
             .filter(|b| !b.targeted)
             .filter_map(|b| b.deadline)
             .min();
-        let probe = (!self.probing)
+        let probe = (!self.probing && self.probes_enabled())
             .then(|| self.detector.next_probe())
             .flatten();
         // copies handed to the consumer's store are dropped once it applied them
@@ -874,7 +968,7 @@ where
             let rv = if target == u64::MAX { 0 } else { target };
             self.start_targeted_list(shard, epoch, rv);
         }
-        if self.detector.probe_due(now) {
+        if self.probes_enabled() && self.detector.probe_due(now) {
             self.start_probe();
         }
     }
@@ -949,6 +1043,17 @@ where
         self.outq.push_back(Out::Error(watcher::Error::WatchFailed(
             kube::Error::Service(message.into()),
         )));
+    }
+}
+
+/// The next version of a dependency-key map (`None` once it is gone; pending without one).
+async fn dep_changed(rx: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Option<u64> {
+    match rx {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(*rx.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => futures::future::pending().await,
     }
 }
 

@@ -49,6 +49,8 @@
 //! clones each object into an `Arc`). Use a transform (e.g. drop `managedFields`) or a metadata watcher to
 //! shrink both; per object the index adds its uid, name and a few words.
 
+pub mod dependent;
+pub mod depkey;
 mod index;
 mod manager;
 mod metrics;
@@ -73,6 +75,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+pub use dependent::{Dependency, DependencyMap, DependentError};
 use manager::{Manager, Out, Settings};
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
@@ -163,6 +166,76 @@ where
         sharded.store.expect("build_reflector sets a store"),
         sharded.events,
     )
+}
+
+/// A sharded **secondary** watcher of metadata only (`PartialObjectMeta`, the default for children whose
+/// bodies the reconciler does not need), placed by `dependency`; for `Controller::owns_stream` /
+/// `watches_stream`. Full objects: `ShardedWatcher::new(..).dependent(..)`.
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{runtime::{watcher, Controller, WatchStreamExt}, Api, Client};
+/// use kube_shard::watcher::Dependency;
+/// # async fn run(client: Client, ownership: kube_shard::Ownership) -> Result<(), kube_shard::watcher::DependentError> {
+/// let (parents, parent_events) = kube_shard::reflector(
+///     Api::<ConfigMap>::all(client.clone()), watcher::Config::default(), ownership.clone());
+/// let (_children, child_events) = kube_shard::dependent_reflector(
+///     Api::<ConfigMap>::all(client), watcher::Config::default(), ownership, Dependency::controller_owner())?;
+/// let controller = Controller::for_stream(parent_events.applied_objects(), parents)
+///     .owns_stream(child_events.touched_objects());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// A strategy the group cannot use (see [`DependentError`]).
+pub fn dependent_watcher<K>(
+    api: Api<K>,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+    dependency: Dependency<PartialObjectMeta<K>>,
+) -> Result<
+    impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send,
+    DependentError,
+>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    Ok(ShardedWatcher::metadata(api, config, ownership)
+        .dependent(dependency)?
+        .build()
+        .events)
+}
+
+/// [`dependent_watcher`] that owns its store (metadata only).
+///
+/// # Errors
+/// A strategy the group cannot use (see [`DependentError`]).
+#[allow(clippy::type_complexity)]
+pub fn dependent_reflector<K>(
+    api: Api<K>,
+    config: kube_watcher::Config,
+    ownership: Ownership,
+    dependency: Dependency<PartialObjectMeta<K>>,
+) -> Result<
+    (
+        Store<PartialObjectMeta<K>>,
+        impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send,
+    ),
+    DependentError,
+>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    let sharded = ShardedWatcher::metadata(api, config, ownership)
+        .dependent(dependency)?
+        .build_reflector();
+    Ok((
+        sharded.store.expect("build_reflector sets a store"),
+        sharded.events,
+    ))
 }
 
 /// The builder behind [`watcher`] and [`reflector`].
@@ -264,6 +337,11 @@ impl<K: Resource> Settings<K> {
             transform: None,
             dyntype,
             name: String::new(),
+            placement: None,
+            local_only: false,
+            shard_label: false,
+            feeds: None,
+            depends: None,
         }
     }
 }
@@ -326,6 +404,29 @@ where
         self
     }
 
+    /// A **secondary** watcher placed by `dependency` (children by their owner, referenced objects by their
+    /// referrers, the shard label): [`Role::Secondary`], and read with the server filter, the shard label
+    /// selector or a full watch filtered locally, as the strategy allows. See [`dependent`].
+    ///
+    /// # Errors
+    /// A strategy the group cannot use (see [`DependentError`]).
+    pub fn dependent(mut self, dependency: Dependency<K>) -> Result<Self, DependentError> {
+        let d = dependency.settings(self.ownership.config())?;
+        self.settings.role = Role::Secondary;
+        self.settings.placement = d.placement;
+        self.settings.local_only = d.local_only;
+        self.settings.shard_label = d.shard_label;
+        self.settings.depends = d.depends;
+        Ok(self)
+    }
+
+    /// Feed `map` from this (primary) watcher's index: every primary it reads, Incoming shards included,
+    /// and its warm and activation reports. Secondary watchers placed through `map` follow it.
+    pub fn feeds(mut self, map: &DependencyMap<K>) -> Self {
+        self.settings.feeds = Some(map.observer());
+        self
+    }
+
     /// Report this watcher's counters through `metrics`.
     pub fn metrics(mut self, metrics: &ReadPathMetrics) -> Self {
         self.metrics = Some(metrics.clone());
@@ -348,7 +449,10 @@ where
             metrics.track(&stats_handle);
         }
         let (tx, rx) = mpsc::channel(256);
-        let requests = request::Requests::new(&self.api_url, self.config, self.metadata);
+        let mut requests = request::Requests::new(&self.api_url, self.config, self.metadata);
+        if self.settings.shard_label {
+            requests = requests.with_shard_label(self.ownership.config().shards);
+        }
         let manager = Manager::new(
             self.client,
             requests,

@@ -33,6 +33,9 @@ pub(crate) struct Requests {
     request: Request,
     config: Config,
     metadata: bool,
+    /// The shard label strategy: a selector becomes `kube-shard.io/shard in (...)` (ANDed with the
+    /// configured label selector) instead of a `shardSelector`.
+    shard_label: Option<crate::shard::ShardCount>,
 }
 
 /// A request could not be built (an invalid `watcher::Config`, such as a zero page size).
@@ -52,6 +55,32 @@ impl Requests {
             request: Request::new(url),
             config,
             metadata,
+            shard_label: None,
+        }
+    }
+
+    /// Render selectors as the shard label selector of `count` shards.
+    pub(crate) fn with_shard_label(mut self, count: crate::shard::ShardCount) -> Self {
+        self.shard_label = Some(count);
+        self
+    }
+
+    /// The label selector to send, and the shard selector left to append.
+    fn selectors<'a>(
+        &self,
+        selector: Option<&'a ShardSelector>,
+    ) -> (Option<String>, Option<&'a ShardSelector>) {
+        match (self.shard_label, selector) {
+            (Some(count), Some(sel)) => {
+                let shards = super::depkey::shards_of_ranges(count, &sel.ranges());
+                let clause = super::depkey::shard_label_selector(&shards);
+                let labels = match self.config.label_selector.as_deref() {
+                    Some(user) if !user.is_empty() => format!("{user},{clause}"),
+                    _ => clause,
+                };
+                (Some(labels), None)
+            }
+            _ => (self.config.label_selector.clone(), selector),
         }
     }
 
@@ -75,8 +104,9 @@ impl Requests {
             ListFrom::Consistent => (None, None),
             ListFrom::NotOlderThan(rv) => (Some(rv.clone()), Some(VersionMatch::NotOlderThan)),
         };
+        let (label_selector, selector) = self.selectors(selector);
         let lp = ListParams {
-            label_selector: self.config.label_selector.clone(),
+            label_selector,
             field_selector: self.config.field_selector.clone(),
             resource_version,
             version_match,
@@ -101,8 +131,9 @@ impl Requests {
         resource_version: &str,
         initial: bool,
     ) -> Result<http::Request<Vec<u8>>, RequestError> {
+        let (label_selector, selector) = self.selectors(selector);
         let wp = WatchParams {
-            label_selector: self.config.label_selector.clone(),
+            label_selector,
             field_selector: self.config.field_selector.clone(),
             timeout: self.config.timeout,
             bookmarks: self.config.bookmarks,

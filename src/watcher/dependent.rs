@@ -1,0 +1,560 @@
+//! Secondary caches: children and referenced objects placed by the **dependency-key map**, so they move
+//! with their parents.
+//!
+//! A secondary watcher is a sharded watcher with [`Role::Secondary`] (it projects Incoming and Activating
+//! shards too, and takes part in warm reports and activation barriers) whose objects are placed by a
+//! [`Dependency`] instead of their own uid:
+//!
+//! | strategy | placement | how it is read |
+//! |---|---|---|
+//! | [`Dependency::same_key`] | own namespace (group key `namespace`) | server `shardSelector`, like primaries |
+//! | [`Dependency::controller_owner`] | FNV-1a of the controller ownerReference uid | full (or label-selected) watch, local filter |
+//! | [`Dependency::shard_label`] | the `kube-shard.io/shard` label | `kube-shard.io/shard in (...)` label selector |
+//! | [`Dependency::shard_label_or_owner`] | the label, else the controller owner (migration) | full watch, local filter |
+//! | [`Dependency::mapped`] / [`Dependency::referenced_by`] | shards of the primaries it maps to | full watch, local filter, re-placed as primaries change |
+//!
+//! The mapped strategies resolve through a [`DependencyMap`] that the **primary** watcher feeds
+//! ([`ShardedWatcher::feeds`](super::ShardedWatcher::feeds)) from its index — every primary it reads,
+//! Incoming shards included. A secondary watcher placed through a map reports a shard warm (or activated)
+//! only after the primary watcher did and after it re-placed its objects at that map version, so a referenced
+//! object is in its store before its referrer's activation.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::{self, Debug};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use kube::runtime::reflector::ObjectRef;
+use kube::Resource;
+use tokio::sync::watch;
+
+use super::depkey::{self, LABEL_MAX_SHARDS};
+use super::index::{Observed, Observer, Placement, RefKey};
+use crate::hash::{fnv1a64, ShardKey};
+use crate::ownership::OwnershipConfig;
+use crate::shard::ShardCount;
+
+fn ref_key<K: Resource>(obj: &K) -> RefKey {
+    let m = obj.meta();
+    (m.namespace.clone(), m.name.clone().unwrap_or_default())
+}
+
+fn object_ref_key<P: Resource>(r: &ObjectRef<P>) -> RefKey {
+    (r.namespace.clone(), r.name.clone())
+}
+
+#[derive(Default)]
+struct Primary {
+    key: RefKey,
+    shards: Vec<u32>,
+    refs: Vec<RefKey>,
+}
+
+#[derive(Default)]
+struct MapState {
+    primaries: HashMap<Arc<str>, Primary>,
+    /// primary name → uid → shards (a name may have two uids while it is re-created)
+    by_name: HashMap<RefKey, BTreeMap<Arc<str>, Vec<u32>>>,
+    /// referenced secondary name → the uids of the primaries that reference it
+    referrers: HashMap<RefKey, BTreeSet<Arc<str>>>,
+    warm: HashMap<(u32, u64), u64>,
+    activated: HashMap<(u32, u64), u64>,
+}
+
+/// The references of a primary (type-erased: the primary type is `P` of the owning [`DependencyMap`]).
+type ErasedRefs = Arc<dyn Fn(&dyn std::any::Any) -> Vec<RefKey> + Send + Sync>;
+
+/// The type-erased shared state of a [`DependencyMap`].
+pub(crate) struct MapShared {
+    state: Mutex<MapState>,
+    version: watch::Sender<u64>,
+    refs: Option<ErasedRefs>,
+}
+
+impl MapShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MapState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) -> u64 {
+        let mut v = 0;
+        self.version.send_modify(|x| {
+            *x += 1;
+            v = *x;
+        });
+        v
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// The map version at which the primaries of `shard` were read for move `move_id`.
+    pub(crate) fn warm_at(&self, shard: u32, move_id: u64) -> Option<u64> {
+        self.lock().warm.get(&(shard, move_id)).copied()
+    }
+
+    /// The map version at which the primaries of `shard` passed the activation barrier of `epoch`.
+    pub(crate) fn activated_at(&self, shard: u32, epoch: u64) -> Option<u64> {
+        self.lock().activated.get(&(shard, epoch)).copied()
+    }
+
+    pub(crate) fn primary_warm(&self, shard: u32, move_id: u64) {
+        let v = self.bump();
+        let mut st = self.lock();
+        st.warm.retain(|(s, _), _| *s != shard);
+        st.warm.insert((shard, move_id), v);
+    }
+
+    pub(crate) fn primary_activated(&self, shard: u32, epoch: u64) {
+        let v = self.bump();
+        let mut st = self.lock();
+        st.activated.retain(|(s, _), _| *s != shard);
+        st.activated.insert((shard, epoch), v);
+    }
+
+    fn upsert(&self, uid: &str, key: RefKey, shards: &[u32], refs: Vec<RefKey>) {
+        let changed = {
+            let mut st = self.lock();
+            let uid: Arc<str> = Arc::from(uid);
+            let same = st
+                .primaries
+                .get(&uid)
+                .is_some_and(|p| p.key == key && p.shards == shards && p.refs == refs);
+            if same {
+                false
+            } else {
+                Self::remove_locked(&mut st, &uid);
+                st.by_name
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(uid.clone(), shards.to_vec());
+                for r in &refs {
+                    st.referrers
+                        .entry(r.clone())
+                        .or_default()
+                        .insert(uid.clone());
+                }
+                st.primaries.insert(
+                    uid,
+                    Primary {
+                        key,
+                        shards: shards.to_vec(),
+                        refs,
+                    },
+                );
+                true
+            }
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    fn remove(&self, uid: &str) {
+        let changed = Self::remove_locked(&mut self.lock(), &Arc::from(uid));
+        if changed {
+            self.bump();
+        }
+    }
+
+    fn remove_locked(st: &mut MapState, uid: &Arc<str>) -> bool {
+        let Some(p) = st.primaries.remove(uid) else {
+            return false;
+        };
+        if let Some(m) = st.by_name.get_mut(&p.key) {
+            m.remove(uid);
+            if m.is_empty() {
+                st.by_name.remove(&p.key);
+            }
+        }
+        for r in &p.refs {
+            if let Some(set) = st.referrers.get_mut(r) {
+                set.remove(uid);
+                if set.is_empty() {
+                    st.referrers.remove(r);
+                }
+            }
+        }
+        true
+    }
+
+    fn shards_of_names(&self, names: &[RefKey]) -> Vec<u32> {
+        let st = self.lock();
+        let mut out: Vec<u32> = names
+            .iter()
+            .filter_map(|n| st.by_name.get(n))
+            .flat_map(|m| m.values().flatten().copied())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn shards_of_referenced(&self, name: &RefKey) -> Vec<u32> {
+        let st = self.lock();
+        let mut out: Vec<u32> = st
+            .referrers
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|u| st.primaries.get(u))
+            .flat_map(|p| p.shards.iter().copied())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn referrers_of(&self, name: &RefKey) -> Vec<RefKey> {
+        let st = self.lock();
+        let mut out: Vec<RefKey> = st
+            .referrers
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|u| st.primaries.get(u))
+            .map(|p| p.key.clone())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The dependency-key map of one primary type `P`: every primary the member reads (name, uid, shard, and
+/// the secondaries it references), fed by the primary watcher
+/// ([`ShardedWatcher::feeds`](super::ShardedWatcher::feeds)) and read by secondary watchers placed with
+/// [`Dependency::mapped`] or [`Dependency::referenced_by`]. Cheap to clone.
+///
+/// Memory: per primary read, its uid, name, shard and referenced names (≈ 150 bytes plus the names).
+/// CPU: a primary change that moves a name, a shard or a reference re-places every object of the
+/// secondary watchers that depend on the map (O(secondaries held), batched: changes arriving while a
+/// re-placement runs are coalesced into the next one); status-only primary updates cost a hash lookup.
+pub struct DependencyMap<P> {
+    shared: Arc<MapShared>,
+    _p: PhantomData<fn(&P)>,
+}
+
+impl<P> Clone for DependencyMap<P> {
+    fn clone(&self) -> Self {
+        DependencyMap {
+            shared: self.shared.clone(),
+            _p: PhantomData,
+        }
+    }
+}
+
+impl<P> Debug for DependencyMap<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.shared.lock();
+        f.debug_struct("DependencyMap")
+            .field("primaries", &st.primaries.len())
+            .field("referenced", &st.referrers.len())
+            .finish()
+    }
+}
+
+impl<P: Resource + 'static> Default for DependencyMap<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: Resource + 'static> DependencyMap<P> {
+    /// A map of primary names to their shards (for [`Dependency::mapped`]: secondary → primary refs).
+    #[must_use]
+    pub fn new() -> Self {
+        DependencyMap {
+            shared: Arc::new(MapShared {
+                state: Mutex::default(),
+                version: watch::Sender::new(0),
+                refs: None,
+            }),
+            _p: PhantomData,
+        }
+    }
+
+    /// A map that also records which secondaries each primary references (for
+    /// [`Dependency::referenced_by`]: a primary naming the object it depends on, such as a session that
+    /// points at its deployment). `refs` runs on every primary the member reads.
+    #[must_use]
+    pub fn with_references<S: Resource>(
+        refs: impl Fn(&P) -> Vec<ObjectRef<S>> + Send + Sync + 'static,
+    ) -> Self {
+        let erased = move |any: &dyn std::any::Any| -> Vec<RefKey> {
+            any.downcast_ref::<P>()
+                .map(|p| {
+                    let mut v: Vec<RefKey> = refs(p).iter().map(object_ref_key).collect();
+                    v.sort();
+                    v.dedup();
+                    v
+                })
+                .unwrap_or_default()
+        };
+        DependencyMap {
+            shared: Arc::new(MapShared {
+                state: Mutex::default(),
+                version: watch::Sender::new(0),
+                refs: Some(Arc::new(erased)),
+            }),
+            _p: PhantomData,
+        }
+    }
+
+    /// Number of primaries in the map.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shared.lock().primaries.len()
+    }
+
+    /// Whether the map holds no primary.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The primaries that reference `secondary` (the re-enqueue rule of `Controller::watches_stream`: a
+    /// referenced object's event reconciles its referrers).
+    pub fn referrers<S: Resource>(&self, secondary: &S) -> Vec<ObjectRef<P>>
+    where
+        P::DynamicType: Default,
+    {
+        self.shared
+            .referrers_of(&ref_key(secondary))
+            .into_iter()
+            .map(|(ns, name)| {
+                let r = ObjectRef::new(&name);
+                match ns {
+                    Some(ns) => r.within(&ns),
+                    None => r,
+                }
+            })
+            .collect()
+    }
+
+    /// The observer the primary watcher's index calls.
+    pub(crate) fn observer(&self) -> (Arc<MapShared>, Observer<P>) {
+        let shared = self.shared.clone();
+        let observer: Observer<P> = Arc::new(move |change: Observed<'_, P>| match change {
+            Observed::Upsert { uid, obj, shards } => {
+                let refs = shared
+                    .refs
+                    .as_ref()
+                    .map(|f| f(obj as &dyn std::any::Any))
+                    .unwrap_or_default();
+                shared.upsert(uid, ref_key(obj), shards, refs);
+            }
+            Observed::Remove { uid } => shared.remove(uid),
+        });
+        (self.shared.clone(), observer)
+    }
+}
+
+type Mapper<K> = Arc<dyn Fn(&K) -> Vec<RefKey> + Send + Sync>;
+
+enum Kind<K> {
+    SameKey,
+    ControllerOwner,
+    ShardLabel,
+    ShardLabelOrOwner,
+    Mapped(Arc<MapShared>, Mapper<K>),
+    Referenced(Arc<MapShared>),
+}
+
+/// Where a secondary object belongs: the dependency-key map strategy of a secondary watcher
+/// ([`ShardedWatcher::dependent`](super::ShardedWatcher::dependent)).
+pub struct Dependency<K> {
+    kind: Kind<K>,
+}
+
+impl<K> Debug for Dependency<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match &self.kind {
+            Kind::SameKey => "same_key",
+            Kind::ControllerOwner => "controller_owner",
+            Kind::ShardLabel => "shard_label",
+            Kind::ShardLabelOrOwner => "shard_label_or_owner",
+            Kind::Mapped(..) => "mapped",
+            Kind::Referenced(..) => "referenced_by",
+        };
+        f.debug_tuple("Dependency").field(&name).finish()
+    }
+}
+
+impl<K: Resource + 'static> Dependency<K> {
+    /// The group key itself (`namespace`): children share their parent's namespace, so the server filters
+    /// them with the same `shardSelector` as the parents. Read amplification ≈ 1.
+    #[must_use]
+    pub fn same_key() -> Self {
+        Dependency {
+            kind: Kind::SameKey,
+        }
+    }
+
+    /// The controller ownerReference: a child belongs to its owner's shard (FNV-1a of the owner's uid).
+    /// The server cannot filter by it: every member reads the whole collection (narrow it with a label
+    /// selector in the `watcher::Config`) and filters locally. Under the `namespace` key this is
+    /// [`same_key`](Self::same_key) (an owner and its namespaced children share a namespace).
+    #[must_use]
+    pub fn controller_owner() -> Self {
+        Dependency {
+            kind: Kind::ControllerOwner,
+        }
+    }
+
+    /// The shard label `kube-shard.io/shard=<n>` (stamped with
+    /// [`stamp_shard_label`](super::depkey::stamp_shard_label) on the children the operator creates),
+    /// read with the set-based label selector `kube-shard.io/shard in (...)` of the shards read: filtered by
+    /// every apiserver. Unlabelled children are not read: migrate with
+    /// [`shard_label_or_owner`](Self::shard_label_or_owner) first. At most
+    /// [`LABEL_MAX_SHARDS`](super::depkey::LABEL_MAX_SHARDS) shards.
+    #[must_use]
+    pub fn shard_label() -> Self {
+        Dependency {
+            kind: Kind::ShardLabel,
+        }
+    }
+
+    /// The labelling migration: the shard label where present, else the controller ownerReference (full
+    /// watch, local filter). Switch to [`shard_label`](Self::shard_label) once every child is labelled.
+    #[must_use]
+    pub fn shard_label_or_owner() -> Self {
+        Dependency {
+            kind: Kind::ShardLabelOrOwner,
+        }
+    }
+
+    /// A user mapper: the primaries a secondary belongs to (like `Controller::watches`' mapper), resolved to
+    /// their shards through `map`, which the primary watcher feeds; re-evaluated as primaries change.
+    pub fn mapped<P: Resource + 'static>(
+        map: &DependencyMap<P>,
+        mapper: impl Fn(&K) -> Vec<ObjectRef<P>> + Send + Sync + 'static,
+    ) -> Self {
+        let mapper: Mapper<K> =
+            Arc::new(move |k: &K| mapper(k).iter().map(object_ref_key).collect());
+        Dependency {
+            kind: Kind::Mapped(map.shared.clone(), mapper),
+        }
+    }
+
+    /// The primaries that reference this secondary by name (recorded by
+    /// [`DependencyMap::with_references`]): a referenced object belongs to every shard of a referrer.
+    #[must_use]
+    pub fn referenced_by<P: Resource + 'static>(map: &DependencyMap<P>) -> Self {
+        Dependency {
+            kind: Kind::Referenced(map.shared.clone()),
+        }
+    }
+}
+
+/// A secondary watcher cannot be built as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DependentError {
+    /// `same_key` needs the `namespace` group key: a child's own uid is not its parent's.
+    #[error("Dependency::same_key needs the namespace shard key (the group shards by uid): use controller_owner, shard_label or a mapper")]
+    SameKeyNeedsNamespace,
+    /// The shard label strategy is limited to [`LABEL_MAX_SHARDS`] shards (label selector length).
+    #[error("the shard label strategy supports at most {max} shards (the group has {shards}): the label selector would exceed common URL limits")]
+    TooManyShardsForLabel {
+        /// The group's shard count.
+        shards: u32,
+        /// The limit.
+        max: u32,
+    },
+}
+
+/// What the builder sets for a dependency.
+pub(crate) struct DependentSettings<K> {
+    pub(crate) placement: Option<Placement<K>>,
+    pub(crate) local_only: bool,
+    pub(crate) shard_label: bool,
+    pub(crate) depends: Option<Arc<MapShared>>,
+}
+
+fn hashes_of(count: ShardCount, shards: &[u32]) -> Vec<u64> {
+    shards
+        .iter()
+        .filter_map(|s| depkey::shard_hash(count, *s))
+        .collect()
+}
+
+impl<K: Resource + Send + Sync + 'static> Dependency<K> {
+    pub(crate) fn settings(
+        self,
+        config: &OwnershipConfig,
+    ) -> Result<DependentSettings<K>, DependentError> {
+        let (key, count) = (config.key, config.shards);
+        let none = |placement: Option<Placement<K>>| DependentSettings {
+            placement,
+            local_only: true,
+            shard_label: false,
+            depends: None,
+        };
+        Ok(match self.kind {
+            Kind::SameKey if key == ShardKey::Namespace => DependentSettings {
+                placement: None,
+                local_only: false,
+                shard_label: false,
+                depends: None,
+            },
+            Kind::SameKey => return Err(DependentError::SameKeyNeedsNamespace),
+            Kind::ControllerOwner if key == ShardKey::Namespace => {
+                return Dependency::<K>::same_key().settings(config)
+            }
+            Kind::ControllerOwner => none(Some(Arc::new(|k: &K| {
+                depkey::owner_hash(k.meta()).into_iter().collect()
+            }))),
+            Kind::ShardLabel => {
+                if count.get() > LABEL_MAX_SHARDS {
+                    return Err(DependentError::TooManyShardsForLabel {
+                        shards: count.get(),
+                        max: LABEL_MAX_SHARDS,
+                    });
+                }
+                DependentSettings {
+                    placement: Some(Arc::new(move |k: &K| {
+                        depkey::labelled_shard(k.meta(), count)
+                            .and_then(|s| depkey::shard_hash(count, s))
+                            .into_iter()
+                            .collect()
+                    })),
+                    local_only: false,
+                    shard_label: true,
+                    depends: None,
+                }
+            }
+            Kind::ShardLabelOrOwner => {
+                none(Some(Arc::new(move |k: &K| {
+                    match depkey::labelled_shard(k.meta(), count) {
+                        Some(s) => depkey::shard_hash(count, s).into_iter().collect(),
+                        None => depkey::owner_hash(k.meta()).into_iter().collect(),
+                    }
+                })))
+            }
+            Kind::Mapped(map, mapper) => {
+                let m = map.clone();
+                let mut s = none(Some(Arc::new(move |k: &K| {
+                    hashes_of(count, &m.shards_of_names(&mapper(k)))
+                })));
+                s.depends = Some(map);
+                s
+            }
+            Kind::Referenced(map) => {
+                let m = map.clone();
+                let mut s = none(Some(Arc::new(move |k: &K| {
+                    hashes_of(count, &m.shards_of_referenced(&ref_key(k)))
+                })));
+                s.depends = Some(map);
+                s
+            }
+        })
+    }
+}
+
+/// The shard of a child's controller owner, for `Controller::owns_stream` users who want to check it.
+#[must_use]
+pub fn owner_shard<K: Resource>(child: &K, count: ShardCount) -> Option<u32> {
+    depkey::controller_owner_uid(child.meta()).map(|u| count.shard_of(fnv1a64(u.as_bytes())))
+}
