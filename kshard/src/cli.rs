@@ -23,6 +23,12 @@ enum Command {
     Selector(SelectorArgs),
     /// Run the in-process test API server over HTTP (KEP-5866 gate switchable) until interrupted.
     Testserver(crate::testserver_cmd::TestserverArgs),
+    /// Run the sharded example operator (Widgets): `kshard demo` starts its replicas with it.
+    #[command(hide = true)]
+    Operator(Box<crate::operator::OperatorArgs>),
+    /// The whole thing in one command: a sharded operator on an embedded API server, scaled and killed
+    /// under load, with the invariants checked.
+    Demo(crate::demo::DemoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -82,12 +88,20 @@ pub(crate) enum CliError {
     Io(#[from] io::Error),
     #[error("cannot encode JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    pub(crate) fn failed(msg: impl Into<String>) -> Self {
+        CliError::Failed(msg.into())
+    }
 }
 
 impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            CliError::Io(_) | CliError::Json(_) => 1,
+            CliError::Io(_) | CliError::Json(_) | CliError::Failed(_) => 1,
             _ => 2,
         }
     }
@@ -100,6 +114,14 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
         Command::Hash(args) => hash(&args, &mut out),
         Command::Selector(args) => selector(&args, &mut out),
         Command::Testserver(args) => crate::testserver_cmd::run(&args, &mut out),
+        Command::Operator(args) => {
+            drop(out);
+            crate::operator::run(*args)
+        }
+        Command::Demo(args) => {
+            drop(out);
+            crate::demo::run(args)
+        }
     }
 }
 

@@ -12,6 +12,9 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod demo;
+mod duration;
+mod operator;
 mod testserver_cmd;
 
 use std::process::ExitCode;

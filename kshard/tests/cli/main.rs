@@ -1,4 +1,5 @@
 //! Tests that run the built `kshard` binary (one integration-test binary for the crate).
 
+mod demo;
 mod hash_selector;
 mod testserver;

@@ -1,0 +1,1155 @@
+//! `kshard demo`: the sharded example operator, end to end, in one command.
+//!
+//! By default it starts kube-shard's embedded API server (testserver) over HTTP on 127.0.0.1, installs the
+//! Widget CRD, creates `--objects` Widgets and starts `--replicas` replica processes (this binary, re-run
+//! as `kshard operator ...`, each with its own kubeconfig identity). Then:
+//!
+//! 1. waits until every Widget is reconciled (`status.observedGeneration == metadata.generation`);
+//! 2. starts a writer that keeps changing Widget specs until the end;
+//! 3. in a settled window in which the writer touches every Widget, measures each replica's read
+//!    amplification (distinct Widget uids delivered to its Widget read path ÷ Widgets it owns);
+//! 4. scales to replicas+1 and counts the shards moved against the optimum;
+//! 5. SIGKILLs one replica (not the coordinator) and measures the failover (until its last shard is
+//!    admitted elsewhere);
+//! 6. stops the writer, waits for the group and the Widgets to settle, checks the fences (testserver's
+//!    fence audit, the per-shard commit order, and the replicas' fence log), and stops everything.
+//!
+//! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
+//! the exit code is 0 only when every invariant held.
+
+mod view;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_shard::group::assignment::{Assignment, DATA_KEY};
+use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
+use kube_shard_testserver::{HttpServer, TestServer};
+use serde::Serialize;
+use tokio::io::AsyncBufReadExt;
+use tokio::time::Instant;
+
+use crate::cli::CliError;
+use crate::operator::widget::{self, Widget, WidgetSpec};
+
+/// Demo timings (the issue's: lease 5 s, renew deadline 3.5 s, retry 0.5 s, takeover grace 0.5 s).
+const LEASE: Duration = Duration::from_secs(5);
+const RENEW: Duration = Duration::from_millis(3500);
+const RETRY: Duration = Duration::from_millis(500);
+const GRACE: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Widgets to create.
+    #[arg(long, default_value_t = 2000)]
+    objects: usize,
+    /// Replica processes to start (then scaled to one more, then one is killed).
+    #[arg(long, default_value_t = 3)]
+    replicas: u32,
+    /// The number of logical shards S.
+    #[arg(long, default_value = "256", value_parser = parse_count)]
+    shards: ShardCount,
+    /// The shard key: `uid` or `namespace`.
+    #[arg(long, default_value = "uid", value_parser = parse_key)]
+    hash_key: ShardKey,
+    /// The embedded server's ShardedListAndWatch gate (KEP-5866 shardSelector).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    shard_selector: String,
+    /// Run against a real cluster instead of the embedded server (replicas run locally with it).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the Widgets and of the group's Leases and assignment.
+    #[arg(long, short = 'n', default_value = "kshard-demo")]
+    namespace: String,
+    /// The shard group.
+    #[arg(long, default_value = "widgets")]
+    group: String,
+    /// Widget spec changes per second made by the writer.
+    #[arg(long, default_value_t = 400)]
+    write_rate: u32,
+    /// Print exactly one JSON object with the results on stdout (progress goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Keep the work directory (kubeconfigs, replica logs, fence log).
+    #[arg(long)]
+    keep: bool,
+}
+
+fn parse_key(s: &str) -> Result<ShardKey, String> {
+    s.parse().map_err(|e: kube_shard::KeyError| e.to_string())
+}
+
+fn parse_count(s: &str) -> Result<ShardCount, String> {
+    s.parse().map_err(|e: kube_shard::ShardError| e.to_string())
+}
+
+/// The JSON result.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Report {
+    replicas: u32,
+    objects: usize,
+    shards: u32,
+    hash_key: String,
+    shard_selector: String,
+    mode: String,
+    owned_fraction: Vec<f64>,
+    read_amplification: Vec<Option<f64>>,
+    fence_violations: u64,
+    fence_audit_violations: u64,
+    fence_order_violations: u64,
+    fence_log_violations: u64,
+    fenced_writes: u64,
+    unowned_shards_after_settle: u64,
+    unreconciled_objects: u64,
+    scale_moved_shards: u64,
+    scale_optimal_moved_shards: u64,
+    failover_seconds: f64,
+    lease_duration_seconds: f64,
+    reconciles: BTreeMap<String, u64>,
+    duration_seconds: f64,
+    invariants_held: bool,
+    failures: Vec<String>,
+}
+
+pub(crate) fn run(args: DemoArgs) -> Result<(), CliError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(demo(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    if report.invariants_held {
+        Ok(())
+    } else {
+        Err(CliError::failed(format!(
+            "invariants violated: {}",
+            report.failures.join("; ")
+        )))
+    }
+}
+
+/// One replica process.
+struct Replica {
+    name: String,
+    child: tokio::process::Child,
+    metrics: Option<String>,
+    alive: bool,
+}
+
+/// What the embedded server (if any) gives.
+struct Embedded {
+    server: TestServer,
+    http: HttpServer,
+}
+
+/// The scenario's state.
+pub(crate) struct Demo<'a> {
+    args: &'a DemoArgs,
+    dir: PathBuf,
+    embedded: Option<Embedded>,
+    admin: Client,
+    replicas: Vec<Replica>,
+    /// Per Widget index: its shard.
+    widget_shards: Vec<u32>,
+    /// Widgets per shard.
+    per_shard: Vec<u64>,
+    phase: String,
+    tty: bool,
+    last_draw: Option<Instant>,
+    started: Instant,
+    fence_log: PathBuf,
+    writer_touched: Arc<AtomicU64>,
+    writer_stop: Arc<AtomicBool>,
+}
+
+/// A poll of the group: the assignment, the member Leases, the coordinator.
+#[derive(Default, Clone)]
+pub(crate) struct GroupSnap {
+    pub(crate) assignment: Option<Assignment>,
+    /// name → (incarnation, report)
+    pub(crate) members: BTreeMap<String, (String, Option<MemberReport>)>,
+    pub(crate) coordinator: Option<String>,
+    /// name → reconciles (scraped)
+    pub(crate) reconciles: BTreeMap<String, u64>,
+}
+
+impl GroupSnap {
+    /// Shard → owner name.
+    pub(crate) fn owners(&self, s: ShardCount) -> Vec<Option<String>> {
+        let mut v = vec![None; s.get() as usize];
+        if let Some(a) = &self.assignment {
+            for (shard, sa) in &a.view.shards {
+                v[*shard as usize] = Some(sa.owner.name.to_string());
+            }
+        }
+        v
+    }
+
+    fn owned_by(&self, name: &str) -> ShardSet {
+        self.assignment
+            .as_ref()
+            .map(|a| {
+                a.view
+                    .shards
+                    .iter()
+                    .filter(|(_, sa)| sa.owner.name.as_ref() == name)
+                    .map(|(s, _)| *s)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn admitted_by(&self, names: &[String]) -> BTreeSet<u32> {
+        names
+            .iter()
+            .filter_map(|n| self.members.get(n))
+            .filter_map(|(_, r)| r.as_ref())
+            .flat_map(|r| r.admitted.iter().collect::<Vec<_>>())
+            .collect()
+    }
+
+    /// Settled over exactly `live`: every shard owned by a live member at its current incarnation, no
+    /// moves, every live member applied the assignment and admits exactly what it owns.
+    fn settled(&self, live: &[String], s: ShardCount) -> bool {
+        let Some(a) = &self.assignment else {
+            return false;
+        };
+        if a.view.shards.len() != s.get() as usize || a.moves_in_flight() != 0 {
+            return false;
+        }
+        for sa in a.view.shards.values() {
+            let name = sa.owner.name.as_ref();
+            if !live.iter().any(|l| l == name) {
+                return false;
+            }
+            match self.members.get(name) {
+                Some((inc, _)) if inc.as_str() == sa.owner.incarnation.as_ref() => {}
+                _ => return false,
+            }
+        }
+        for name in live {
+            let owned = self.owned_by(name);
+            if owned.is_empty() && (s.get() as usize) >= live.len() {
+                return false;
+            }
+            let Some((_, Some(r))) = self.members.get(name) else {
+                return false;
+            };
+            if r.applied_generation != a.view.generation || r.admitted != owned {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("kshard-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (embedded, admin) = match &args.kubeconfig {
+        None => {
+            let server = TestServer::builder()
+                .shard_selector(args.shard_selector == "on")
+                .build();
+            let http = server.serve_http().await?;
+            let admin = server.client("demo-admin");
+            (Some(Embedded { server, http }), admin)
+        }
+        Some(p) => (None, crate::operator::client_from(Some(p)).await?),
+    };
+    let mut d = Demo {
+        args,
+        fence_log: dir.join("fences.log"),
+        dir,
+        embedded,
+        admin,
+        replicas: Vec::new(),
+        widget_shards: Vec::new(),
+        per_shard: vec![0; args.shards.get() as usize],
+        phase: String::new(),
+        tty: std::io::stdout().is_terminal() && !args.json,
+        last_draw: None,
+        started,
+        writer_touched: Arc::new(AtomicU64::new(0)),
+        writer_stop: Arc::new(AtomicBool::new(false)),
+    };
+    let result = d.scenario().await;
+    d.stop_all().await;
+    if let Some(e) = &d.embedded {
+        // keep the server until the replicas are gone
+        let _ = e.http.addr();
+    }
+    let keep = args.keep || result.as_ref().map_or(true, |r| !r.invariants_held);
+    if keep {
+        d.say(&format!("work directory kept: {}", d.dir.display()));
+    } else {
+        let _ = std::fs::remove_dir_all(&d.dir);
+    }
+    result
+}
+
+impl Demo<'_> {
+    fn say(&mut self, msg: &str) {
+        if self.tty {
+            // the view redraws below the messages
+            self.last_draw = None;
+            println!("\x1b[2K{msg}");
+        } else {
+            eprintln!("kshard demo: {msg}");
+        }
+    }
+
+    fn set_phase(&mut self, phase: &str) {
+        self.phase = phase.to_owned();
+        let secs = self.started.elapsed().as_secs_f64();
+        self.say(&format!("[{secs:6.1}s] {phase}"));
+    }
+
+    fn s(&self) -> ShardCount {
+        self.args.shards
+    }
+
+    fn kubeconfig_for(&self, identity: &str) -> Result<PathBuf, CliError> {
+        match (&self.embedded, &self.args.kubeconfig) {
+            (Some(e), _) => {
+                let p = self.dir.join(format!("{identity}.kubeconfig"));
+                e.http.write_kubeconfig(&p, identity)?;
+                Ok(p)
+            }
+            (None, Some(p)) => Ok(p.clone()),
+            (None, None) => unreachable!("either embedded or a kubeconfig"),
+        }
+    }
+
+    fn live(&self) -> Vec<String> {
+        self.replicas
+            .iter()
+            .filter(|r| r.alive)
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    async fn scenario(&mut self) -> Result<Report, CliError> {
+        let args = self.args;
+        let s = self.s();
+        let mut report = Report {
+            replicas: args.replicas,
+            objects: args.objects,
+            shards: s.get(),
+            hash_key: args.hash_key.to_string(),
+            shard_selector: if args.kubeconfig.is_some() {
+                "cluster".to_owned()
+            } else {
+                args.shard_selector.clone()
+            },
+            lease_duration_seconds: LEASE.as_secs_f64(),
+            ..Report::default()
+        };
+        self.set_phase("installing the Widget CRD and creating Widgets");
+        widget::install_crd(self.admin.clone(), Duration::from_secs(30))
+            .await
+            .map_err(|e| CliError::failed(format!("installing the CRD: {e}")))?;
+        self.create_namespace().await?;
+        self.create_widgets().await?;
+
+        self.set_phase(&format!("starting {} replicas", args.replicas));
+        for i in 0..args.replicas {
+            self.spawn_replica(i).await?;
+        }
+        let live = self.live();
+        self.wait("the group settles", Duration::from_secs(60), |d, g| {
+            g.settled(&live, d.s())
+        })
+        .await?;
+        self.set_phase("waiting until every Widget is reconciled");
+        self.wait_reconciled(Duration::from_secs(90)).await?;
+
+        // the writer: keeps changing specs until the end
+        let writer = self.start_writer()?;
+
+        self.set_phase("measuring read amplification (the writer touches every Widget)");
+        let (fractions, amps, mode) = self.measure_amplification().await?;
+        report.owned_fraction = fractions;
+        report.read_amplification = amps;
+        report.mode = mode;
+
+        // scale up
+        let before = self.snapshot().await;
+        let n = args.replicas;
+        self.set_phase(&format!("scaling to {} replicas", n + 1));
+        self.spawn_replica(n).await?;
+        let live = self.live();
+        self.wait(
+            "the group settles after scaling",
+            Duration::from_secs(90),
+            |d, g| g.settled(&live, d.s()),
+        )
+        .await?;
+        let after = self.snapshot().await;
+        let (moved, optimal) = scale_moves(&before, &after, s, &self.live());
+        report.scale_moved_shards = moved;
+        report.scale_optimal_moved_shards = optimal;
+
+        // kill one (not the coordinator)
+        let coordinator = after.coordinator.clone();
+        let victim_idx = self
+            .replicas
+            .iter()
+            .position(|r| r.alive && Some(&r.name) != coordinator.as_ref())
+            .unwrap_or(0);
+        let victim = self.replicas[victim_idx].name.clone();
+        let victim_shards: Vec<u32> = after.owned_by(&victim).iter().collect();
+        self.set_phase(&format!(
+            "SIGKILL {victim} ({} shards) under load",
+            victim_shards.len()
+        ));
+        let killed_at = Instant::now();
+        self.replicas[victim_idx].child.start_kill()?;
+        let _ = self.replicas[victim_idx].child.wait().await;
+        self.replicas[victim_idx].alive = false;
+        let others = self.live();
+        self.wait(
+            "takeover of the killed replica's shards",
+            Duration::from_secs(60),
+            |_, g| {
+                let admitted = g.admitted_by(&others);
+                victim_shards.iter().all(|s| admitted.contains(s))
+            },
+        )
+        .await?;
+        report.failover_seconds = round2(killed_at.elapsed().as_secs_f64());
+        self.say(&format!(
+            "failover: {:.2} s (lease duration {:.1} s)",
+            report.failover_seconds,
+            LEASE.as_secs_f64()
+        ));
+
+        let live = self.live();
+        self.wait(
+            "the group settles after the kill",
+            Duration::from_secs(90),
+            |d, g| g.settled(&live, d.s()),
+        )
+        .await?;
+
+        self.set_phase("stopping the writer; waiting for every Widget to be reconciled");
+        self.writer_stop.store(true, Ordering::Relaxed);
+        let _ = writer.await;
+        let snap = self.snapshot().await;
+        let live = self.live();
+        report.unowned_shards_after_settle = if snap.settled(&live, s) {
+            let admitted = snap.admitted_by(&live);
+            (0..s.get()).filter(|x| !admitted.contains(x)).count() as u64
+        } else {
+            let admitted = snap.admitted_by(&live);
+            (0..s.get())
+                .filter(|x| !admitted.contains(x))
+                .count()
+                .max(1) as u64
+        };
+        let _ = self.wait_reconciled(Duration::from_secs(60)).await;
+        report.unreconciled_objects = self.unreconciled().await? as u64;
+        report.reconciles = snap.reconciles.clone();
+
+        self.set_phase("checking fences");
+        self.check_fences(&mut report);
+
+        report.duration_seconds = round2(self.started.elapsed().as_secs_f64());
+        let mut failures = Vec::new();
+        if report.fence_violations != 0 {
+            failures.push(format!("{} fence violations", report.fence_violations));
+        }
+        if report.unowned_shards_after_settle != 0 {
+            failures.push(format!(
+                "{} unowned shards after settle",
+                report.unowned_shards_after_settle
+            ));
+        }
+        if report.unreconciled_objects != 0 {
+            failures.push(format!(
+                "{} unreconciled Widgets",
+                report.unreconciled_objects
+            ));
+        }
+        if report.scale_moved_shards != report.scale_optimal_moved_shards {
+            failures.push(format!(
+                "scaling moved {} shards, the optimum is {}",
+                report.scale_moved_shards, report.scale_optimal_moved_shards
+            ));
+        }
+        if report.mode == "server" {
+            for (i, a) in report.read_amplification.iter().enumerate() {
+                if let Some(a) = a {
+                    if !(0.95..=1.05).contains(a) {
+                        failures.push(format!(
+                            "replica-{i}: read amplification {a} in server mode"
+                        ));
+                    }
+                }
+            }
+        }
+        let bound = LEASE + GRACE + RETRY * 8 + Duration::from_secs(5);
+        if report.failover_seconds > bound.as_secs_f64() {
+            failures.push(format!(
+                "failover {} s above the bound {:?}",
+                report.failover_seconds, bound
+            ));
+        }
+        report.invariants_held = failures.is_empty();
+        report.failures = failures;
+        self.set_phase(if report.invariants_held {
+            "done: every invariant held"
+        } else {
+            "done: invariants VIOLATED"
+        });
+        Ok(report)
+    }
+
+    async fn create_namespace(&self) -> Result<(), CliError> {
+        let api: Api<Namespace> = Api::all(self.admin.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(self.args.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(CliError::failed(format!("creating the namespace: {e}"))),
+        }
+    }
+
+    async fn create_widgets(&mut self) -> Result<(), CliError> {
+        let api: Api<Widget> = Api::namespaced(self.admin.clone(), &self.args.namespace);
+        let colors = ["red", "green", "blue", "amber", "violet"];
+        let ns = self.args.namespace.clone();
+        let created: Vec<Result<Widget, kube::Error>> = futures::stream::iter(0..self.args.objects)
+            .map(|i| {
+                let api = api.clone();
+                let w = Widget::new(
+                    &widget_name(i),
+                    &ns,
+                    WidgetSpec {
+                        size: Some(i as i64),
+                        color: Some(colors[i % colors.len()].to_owned()),
+                        message: (i % 3 == 0).then(|| format!("widget number {i}")),
+                    },
+                );
+                async move {
+                    match api.create(&PostParams::default(), &w).await {
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            api.get(w.metadata.name.as_deref().unwrap_or_default())
+                                .await
+                        }
+                        r => r,
+                    }
+                }
+            })
+            .buffered(16)
+            .collect()
+            .await;
+        let s = self.s();
+        for w in created {
+            let w = w.map_err(|e| CliError::failed(format!("creating Widgets: {e}")))?;
+            let h = match self.args.hash_key {
+                ShardKey::Namespace => fnv1a64(ns.as_bytes()),
+                _ => fnv1a64(w.metadata.uid.as_deref().unwrap_or_default().as_bytes()),
+            };
+            let shard = s.shard_of(h);
+            self.widget_shards.push(shard);
+            self.per_shard[shard as usize] += 1;
+        }
+        Ok(())
+    }
+
+    async fn spawn_replica(&mut self, i: u32) -> Result<(), CliError> {
+        let name = format!("replica-{i}");
+        let kubeconfig = self.kubeconfig_for(&name)?;
+        let widget_kubeconfig = self.kubeconfig_for(&format!("{name}-widgets"))?;
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let exe = std::env::current_exe()?;
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg("operator")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--widget-kubeconfig")
+            .arg(&widget_kubeconfig)
+            .args(["--group", &self.args.group])
+            .args(["--namespace", &self.args.namespace])
+            .args(["--watch-namespace", &self.args.namespace])
+            .args(["--identity", &name])
+            .args([
+                "--lease-duration",
+                &ms(LEASE),
+                "--renew-deadline",
+                &ms(RENEW),
+            ])
+            .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
+            .args(["--drain-timeout", "2s", "--fence-margin", "500ms"])
+            .args(["--settle", "2s", "--join-debounce", "1s"])
+            .args(["--expected-replicas", &self.args.replicas.to_string()])
+            .args(["--hash-key", &self.args.hash_key.to_string()])
+            .args(["--shards", &self.s().get().to_string()])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .arg("--install-crd")
+            .arg("--fence-log")
+            .arg(&self.fence_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .map_err(|_| CliError::failed(format!("{name} did not start within 30 s")))??;
+        let metrics = first
+            .as_deref()
+            .and_then(|l| l.strip_prefix("metrics http://"))
+            .map(str::to_owned);
+        if metrics.is_none() {
+            return Err(CliError::failed(format!(
+                "{name} did not start (see {})",
+                self.dir.join(format!("{name}.log")).display()
+            )));
+        }
+        // drain the rest of its stdout
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.replicas.push(Replica {
+            name,
+            child,
+            metrics,
+            alive: true,
+        });
+        Ok(())
+    }
+
+    async fn stop_all(&mut self) {
+        self.writer_stop.store(true, Ordering::Relaxed);
+        for r in &self.replicas {
+            if r.alive {
+                if let Some(pid) = r.child.id() {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                }
+            }
+        }
+        // a graceful leave needs somewhere to move the shards: whoever is last is stopped after a short wait
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for r in &mut self.replicas {
+            if r.alive {
+                if tokio::time::timeout_at(deadline, r.child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = r.child.start_kill();
+                    let _ = r.child.wait().await;
+                }
+                r.alive = false;
+            }
+        }
+    }
+
+    /// Poll the group (assignment, leases, coordinator, replica metrics).
+    pub(crate) async fn snapshot(&self) -> GroupSnap {
+        let mut g = GroupSnap::default();
+        let ns = &self.args.namespace;
+        let group = &self.args.group;
+        let cms: Api<ConfigMap> = Api::namespaced(self.admin.clone(), ns);
+        if let Ok(Some(cm)) = cms.get_opt(&format!("{group}-assignment")).await {
+            if let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) {
+                g.assignment = Assignment::decode(text, self.s(), self.args.hash_key).ok();
+            }
+        }
+        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), ns);
+        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={group}"));
+        if let Ok(list) = leases.list(&lp).await {
+            for l in list.items {
+                let labels = l.metadata.labels.clone().unwrap_or_default();
+                let ann = l.metadata.annotations.clone().unwrap_or_default();
+                if labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator") {
+                    g.coordinator = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                    continue;
+                }
+                let Some(name) = l
+                    .metadata
+                    .name
+                    .as_deref()
+                    .and_then(|n| n.strip_prefix(&format!("{group}-")))
+                else {
+                    continue;
+                };
+                let inc = ann.get(INCARNATION).cloned().unwrap_or_default();
+                let rep = ann
+                    .get(REPORT)
+                    .and_then(|t| MemberReport::decode(t, self.s()).ok());
+                g.members.insert(name.to_owned(), (inc, rep));
+            }
+        }
+        if let Some(c) = &g.coordinator {
+            // the holder may be `name` or `name/incarnation`
+            let c = c.split('/').next().unwrap_or_default().to_owned();
+            g.coordinator = Some(c);
+        }
+        for r in self.replicas.iter().filter(|r| r.alive) {
+            if let Some(addr) = &r.metrics {
+                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                    if let Some(v) = metric(&text, "kshard_widget_reconciles_total") {
+                        g.reconciles.insert(r.name.clone(), v as u64);
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// Wait until `cond` holds on a fresh snapshot, redrawing the view.
+    async fn wait(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut cond: impl FnMut(&Self, &GroupSnap) -> bool,
+    ) -> Result<GroupSnap, CliError> {
+        let start = Instant::now();
+        loop {
+            let g = self.snapshot().await;
+            self.draw(&g);
+            if cond(self, &g) {
+                return Ok(g);
+            }
+            if start.elapsed() > limit {
+                return Err(CliError::failed(format!(
+                    "timed out after {limit:?} waiting for {what} (logs in {})",
+                    self.dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn draw(&mut self, g: &GroupSnap) {
+        if !self.tty {
+            return;
+        }
+        if self
+            .last_draw
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(400))
+        {
+            return;
+        }
+        let text = view::render(self, g);
+        let lines = text.lines().count();
+        print!("{text}\x1b[{lines}A");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        self.last_draw = Some(Instant::now());
+    }
+
+    /// `(name, generation, observedGeneration)` of every Widget.
+    async fn widget_generations(&self) -> Result<Vec<(i64, Option<i64>)>, CliError> {
+        if let Some(e) = &self.embedded {
+            return Ok(e
+                .server
+                .objects(widget::GROUP, widget::PLURAL)
+                .iter()
+                .map(|w| {
+                    (
+                        w["metadata"]["generation"].as_i64().unwrap_or(0),
+                        w["status"]["observedGeneration"].as_i64(),
+                    )
+                })
+                .collect());
+        }
+        let api: Api<Widget> = Api::namespaced(self.admin.clone(), &self.args.namespace);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| CliError::failed(format!("listing Widgets: {e}")))?;
+        Ok(list
+            .items
+            .iter()
+            .map(|w| {
+                (
+                    w.metadata.generation.unwrap_or(0),
+                    w.status.as_ref().and_then(|s| s.observed_generation),
+                )
+            })
+            .collect())
+    }
+
+    async fn unreconciled(&self) -> Result<usize, CliError> {
+        let gens = self.widget_generations().await?;
+        let missing = self.args.objects.saturating_sub(gens.len());
+        Ok(missing + gens.iter().filter(|(g, o)| Some(*g) != *o).count())
+    }
+
+    async fn wait_reconciled(&mut self, limit: Duration) -> Result<(), CliError> {
+        let start = Instant::now();
+        loop {
+            let left = self.unreconciled().await?;
+            let g = self.snapshot().await;
+            self.draw(&g);
+            if left == 0 {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(CliError::failed(format!(
+                    "timed out after {limit:?}: {left} Widgets not reconciled (logs in {})",
+                    self.dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn start_writer(&self) -> Result<tokio::task::JoinHandle<()>, CliError> {
+        let client = match &self.embedded {
+            Some(e) => e.server.client("demo-writer"),
+            None => self.admin.clone(),
+        };
+        let api: Api<Widget> = Api::namespaced(client, &self.args.namespace);
+        let touched = self.writer_touched.clone();
+        let stop = self.writer_stop.clone();
+        let n = self.args.objects;
+        let rate = self.args.write_rate.max(10) as usize;
+        Ok(tokio::spawn(async move {
+            // every 20 ms a batch of rate/50 spec changes, round robin over the Widgets
+            let per_tick = (rate / 50).max(1);
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut next = 0usize;
+            let mut counter: i64 = 1_000_000;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let batch: Vec<_> = (0..per_tick)
+                    .map(|_| {
+                        let i = next % n;
+                        next += 1;
+                        counter += 1;
+                        let api = api.clone();
+                        let size = counter;
+                        async move {
+                            let patch = serde_json::json!({"spec": {"size": size}});
+                            api.patch(
+                                &widget_name(i),
+                                &PatchParams::default(),
+                                &Patch::Merge(&patch),
+                            )
+                            .await
+                            .is_ok()
+                        }
+                    })
+                    .collect();
+                let ok = futures::future::join_all(batch).await;
+                touched.fetch_add(ok.iter().filter(|o| **o).count() as u64, Ordering::Relaxed);
+            }
+        }))
+    }
+
+    /// In a settled window: reset the accounting, let the writer touch every Widget, then read the
+    /// distinct Widget uids delivered to each replica's Widget read path.
+    async fn measure_amplification(
+        &mut self,
+    ) -> Result<(Vec<f64>, Vec<Option<f64>>, String), CliError> {
+        let live = self.live();
+        let g0 = self
+            .wait("a settled window", Duration::from_secs(60), |d, g| {
+                g.settled(&live, d.s())
+            })
+            .await?;
+        let gen0 = g0.assignment.as_ref().map(|a| a.view.generation);
+        if let Some(e) = &self.embedded {
+            e.server.reset_accounting();
+        }
+        let start = self.writer_touched.load(Ordering::Relaxed);
+        let n = self.args.objects as u64;
+        let t0 = Instant::now();
+        while self.writer_touched.load(Ordering::Relaxed) < start + n + 1 {
+            let g = self.snapshot().await;
+            self.draw(&g);
+            if t0.elapsed() > Duration::from_secs(120) {
+                return Err(CliError::failed("the writer is too slow"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // let the last events reach the replicas
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let accounts: Vec<Option<u64>> = self
+            .replicas
+            .iter()
+            .map(|r| {
+                self.embedded.as_ref().map(|e| {
+                    e.server
+                        .accounting(&format!("{}-widgets", r.name))
+                        .distinct_uids
+                })
+            })
+            .collect();
+        let g1 = self.snapshot().await;
+        if g1.assignment.as_ref().map(|a| a.view.generation) != gen0 {
+            self.say("warning: the assignment changed during the amplification window");
+        }
+        let s = self.s();
+        let mut fractions = Vec::new();
+        let mut amps = Vec::new();
+        let mut modes = BTreeSet::new();
+        for (r, acc) in self.replicas.iter().zip(&accounts) {
+            let owned: u64 = g1
+                .owned_by(&r.name)
+                .iter()
+                .map(|sh| self.per_shard[sh as usize])
+                .sum();
+            fractions.push(round4(owned as f64 / n.max(1) as f64));
+            amps.push(acc.map(|a| {
+                if owned == 0 {
+                    if a == 0 {
+                        1.0
+                    } else {
+                        f64::INFINITY
+                    }
+                } else {
+                    round4(a as f64 / owned as f64)
+                }
+            }));
+            if let Some(addr) = &r.metrics {
+                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                    let fb = metric_labeled(
+                        &text,
+                        "kube_shard_read_fallback",
+                        crate::operator::WIDGET_STREAM,
+                    );
+                    modes.insert(if fb == Some(0.0) {
+                        "server"
+                    } else {
+                        "fallback"
+                    });
+                }
+            }
+        }
+        let _ = s;
+        let mode = if modes.contains("fallback") || modes.is_empty() {
+            "fallback"
+        } else {
+            "server"
+        };
+        self.say(&format!(
+            "read amplification {amps:?}, owned fractions {fractions:?}, mode {mode}"
+        ));
+        Ok((fractions, amps, mode.to_owned()))
+    }
+
+    fn check_fences(&mut self, report: &mut Report) {
+        if let Some(e) = &self.embedded {
+            let audit = e.server.fence_audit();
+            report.fence_audit_violations = audit.violation_count() as u64;
+            report.fenced_writes = audit.commits.len() as u64;
+            report.fence_order_violations =
+                commit_order_violations(audit.commits.iter().map(|c| {
+                    (
+                        c.token.shard,
+                        c.token.epoch,
+                        c.identity.as_str(),
+                        c.resource_version,
+                    )
+                }));
+        }
+        let (log_violations, n) = fence_log_violations(&self.fence_log);
+        if self.embedded.is_none() {
+            report.fenced_writes = n;
+        }
+        report.fence_log_violations = log_violations;
+        report.fence_violations = report.fence_audit_violations
+            + report.fence_order_violations
+            + report.fence_log_violations;
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn widget_name(i: usize) -> String {
+    format!("w-{i:05}")
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10000.0).round() / 10000.0
+}
+
+/// A metric's value (the first sample line starting with `name`).
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        (k == name || k.starts_with(&format!("{name}{{"))).then(|| v.parse().ok())?
+    })
+}
+
+fn metric_labeled(text: &str, name: &str, resource: &str) -> Option<f64> {
+    let key = format!("{name}{{resource=\"{resource}\"}}");
+    text.lines().find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        (k == key).then(|| v.parse().ok())?
+    })
+}
+
+/// Shards moved by a scale-up and the planner's optimum: `Σ max(0, held − quota)` over the old members,
+/// quotas ⌈S/N⌉ for the largest holders and ⌊S/N⌋ for the rest.
+fn scale_moves(
+    before: &GroupSnap,
+    after: &GroupSnap,
+    s: ShardCount,
+    live: &[String],
+) -> (u64, u64) {
+    let b = before.owners(s);
+    let a = after.owners(s);
+    let moved = b.iter().zip(&a).filter(|(x, y)| x != y).count() as u64;
+    let mut held: Vec<(String, u64)> = live
+        .iter()
+        .map(|n| {
+            (
+                n.clone(),
+                b.iter().filter(|o| o.as_deref() == Some(n)).count() as u64,
+            )
+        })
+        .collect();
+    held.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    let n = live.len().max(1) as u64;
+    let base = u64::from(s.get()) / n;
+    let rem = u64::from(s.get()) % n;
+    let optimal = held
+        .iter()
+        .enumerate()
+        .map(|(i, (_, h))| {
+            let quota = base + u64::from((i as u64) < rem);
+            h.saturating_sub(quota)
+        })
+        .sum();
+    (moved, optimal)
+}
+
+/// Per shard, in commit (resourceVersion) order, epochs never go back and one epoch belongs to one writer.
+fn commit_order_violations<'a>(commits: impl Iterator<Item = (u32, u64, &'a str, u64)>) -> u64 {
+    let mut per: BTreeMap<u32, Vec<(u64, u64, &'a str)>> = BTreeMap::new();
+    for (shard, epoch, who, rv) in commits {
+        per.entry(shard).or_default().push((rv, epoch, who));
+    }
+    let mut bad = 0;
+    for v in per.values_mut() {
+        v.sort_by_key(|c| c.0);
+        let mut owner_of: BTreeMap<u64, &str> = BTreeMap::new();
+        let mut highest = 0u64;
+        for (_, epoch, who) in v.iter() {
+            if *epoch < highest {
+                bad += 1;
+            }
+            highest = highest.max(*epoch);
+            match owner_of.get(epoch) {
+                Some(o) if o != who => bad += 1,
+                _ => {
+                    owner_of.insert(*epoch, who);
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// The replicas' fence log: per shard, writes of different members never overlap in time, and a write
+/// that starts after another ended never carries a lower epoch. Returns (violations, records).
+fn fence_log_violations(path: &Path) -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    let mut per: BTreeMap<u32, Vec<(u128, u128, u64, String)>> = BTreeMap::new();
+    let mut n = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() != 5 {
+            continue;
+        }
+        let (Ok(shard), Ok(epoch), Ok(start), Ok(end)) = (
+            f[1].parse::<u32>(),
+            f[2].parse::<u64>(),
+            f[3].parse::<u128>(),
+            f[4].parse::<u128>(),
+        ) else {
+            continue;
+        };
+        n += 1;
+        per.entry(shard)
+            .or_default()
+            .push((start, end, epoch, f[0].to_owned()));
+    }
+    let mut bad = 0;
+    for v in per.values_mut() {
+        v.sort();
+        for i in 0..v.len() {
+            for j in i + 1..v.len() {
+                let (a, b) = (&v[i], &v[j]);
+                // sorted by start: b starts at or after a
+                if b.0 <= a.1 && a.3 != b.3 {
+                    bad += 1;
+                }
+                if b.0 > a.1 && b.2 < a.2 {
+                    bad += 1;
+                }
+            }
+        }
+    }
+    (bad, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_order() {
+        let ok = [
+            (1, 5, "a", 10),
+            (1, 5, "a", 11),
+            (1, 7, "b", 12),
+            (2, 3, "b", 1),
+        ];
+        assert_eq!(commit_order_violations(ok.into_iter()), 0);
+        let back = [(1, 5, "a", 10), (1, 7, "b", 12), (1, 5, "a", 13)];
+        assert_eq!(commit_order_violations(back.into_iter()), 1);
+        let shared = [(1, 5, "a", 10), (1, 5, "b", 11)];
+        assert_eq!(commit_order_violations(shared.into_iter()), 1);
+    }
+
+    #[test]
+    fn metrics_parse() {
+        let text = "# HELP x\nkshard_widget_reconciles_total 42\nkube_shard_read_fallback{resource=\"widgets\"} 0\n";
+        assert_eq!(metric(text, "kshard_widget_reconciles_total"), Some(42.0));
+        assert_eq!(
+            metric_labeled(text, "kube_shard_read_fallback", "widgets"),
+            Some(0.0)
+        );
+    }
+}
