@@ -12,7 +12,7 @@
 //! | `Moving(m → B)` | B gone, not live, or the move timed out | cancel before release: `Stable` (owner keeps its epoch) |
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B live | `Owned(B, epoch = generation)` |
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B not live | cancel after release: `Owned(owner, epoch = generation)` |
-//! | `Draining(m → B)` | B not live, no release yet | cancel before release: `Stable` |
+//! | `Draining(m → B)` | B not live, no release seen | cancel: `Owned(owner, epoch = generation)` — a release may have happened unseen, so always a new epoch |
 //! | any | owner taken over | `Owned(B or planner's choice, epoch = generation)` |
 //! | unowned | planning allowed | `Owned(planner's choice, epoch = generation)` |
 //! | `Stable` | planner moves it, under the move bound | `Moving(new id → target)` |
@@ -179,10 +179,13 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
                         Some(None)
                     }
                 } else if !live(to) {
+                    // The model found that "before release" cannot be known: the source may have released
+                    // already, and a released shard stays released at its old epoch. A cancel from Draining
+                    // therefore always re-grants the source at a new epoch (docs/protocol.md).
                     notes.push(format!(
-                        "shard {shard}: move {id} to {to} cancelled before release (target not live)"
+                        "shard {shard}: move {id} to {to} cancelled while draining: {owner} re-granted at a new epoch"
                     ));
-                    Some(Some(ShardAssignment::owned(owner.clone(), a.epoch)))
+                    Some(Some(ShardAssignment::owned(owner.clone(), gen)))
                 } else {
                     None
                 }
@@ -615,5 +618,35 @@ mod tests {
         let members = vec![obs("a"), obs("b")];
         let ages = BTreeMap::new();
         assert!(step(&input(&cur, &members, &ages)).assignment.is_none());
+    }
+
+    /// The race the handoff model found: the coordinator cancels a Draining move on a read of the source's
+    /// Lease from before its release ack. Re-granting at the old epoch would leave the shard owned by
+    /// nobody (released stays released); a new epoch makes the source activate it again.
+    #[test]
+    fn cancel_from_draining_regrants_at_a_new_epoch() {
+        let cur = settled(&["a", "b"]);
+        let mut draining = cur.clone();
+        let shard = *draining
+            .owned_by(&id("a"))
+            .iter()
+            .collect::<Vec<_>>()
+            .first()
+            .unwrap();
+        let old_epoch = draining.view.shards[&shard].epoch;
+        draining.view.shards.get_mut(&shard).unwrap().handoff =
+            Handoff::Draining { id: 1, to: id("c") };
+        draining.next_move_id = 2;
+        // c (the target) is gone and a's release is not (yet) visible
+        let members = vec![obs("a"), obs("b")];
+        let ages = BTreeMap::new();
+        let mut i = input(&draining, &members, &ages);
+        i.now_ms = 50_000;
+        let next = step(&i).assignment.unwrap();
+        let e = &next.view.shards[&shard];
+        assert_eq!(e.owner, id("a"));
+        assert_eq!(e.handoff, Handoff::Stable);
+        assert!(e.epoch > old_epoch, "a new epoch, never the old one");
+        assert_eq!(e.epoch, next.view.generation);
     }
 }
