@@ -514,6 +514,12 @@ impl Demo<'_> {
         }
         report.invariants_held = failures.is_empty();
         report.failures = failures;
+        if self.tty {
+            // leave the last frame on screen
+            let text = view::render(self, &snap);
+            println!("{text}");
+            self.last_draw = None;
+        }
         self.set_phase(if report.invariants_held {
             "done: every invariant held"
         } else {

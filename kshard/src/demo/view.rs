@@ -54,7 +54,10 @@ pub(super) fn render(d: &Demo<'_>, g: &GroupSnap) -> String {
             .map(|(i, _)| i as u32)
             .collect();
         let widgets: u64 = owned.iter().map(|sh| d.per_shard[*sh as usize]).sum();
-        let rec = g.reconciles.get(&r.name).copied().unwrap_or(0);
+        let rec = match g.reconciles.get(&r.name) {
+            Some(n) => n.to_string(),
+            None => "-".to_owned(),
+        };
         let state = if r.alive { "" } else { "  (killed)" };
         let _ = writeln!(
             out,
