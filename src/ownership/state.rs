@@ -285,7 +285,9 @@ pub enum Input {
 }
 
 /// The whole per-member state. Cloning is cheap enough for snapshots (a few maps of small values).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// Equality and hashing ignore the ignored-views counter: it is a metric, not state.
+#[derive(Clone, Debug)]
 pub struct MemberState {
     me: MemberId,
     generation: u64,
@@ -294,6 +296,28 @@ pub struct MemberState {
     released: BTreeMap<u32, (u64, MoveId)>,
     fenced: bool,
     ignored_views: u64,
+}
+
+impl PartialEq for MemberState {
+    fn eq(&self, other: &Self) -> bool {
+        self.me == other.me
+            && self.generation == other.generation
+            && self.shards == other.shards
+            && self.released == other.released
+            && self.fenced == other.fenced
+    }
+}
+
+impl Eq for MemberState {}
+
+impl std::hash::Hash for MemberState {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.me.hash(h);
+        self.generation.hash(h);
+        self.shards.hash(h);
+        self.released.hash(h);
+        self.fenced.hash(h);
+    }
 }
 
 impl MemberState {
@@ -584,6 +608,25 @@ impl MemberState {
             to,
             admitted,
         });
+    }
+
+    /// The same state with members and shards renamed (feature `test-util`: symmetry reduction in model
+    /// checks). `shard` must be a bijection.
+    #[cfg(any(test, feature = "test-util"))]
+    #[must_use]
+    pub fn relabeled(
+        &self,
+        member: impl Fn(&MemberId) -> MemberId,
+        shard: impl Fn(u32) -> u32,
+    ) -> Self {
+        MemberState {
+            me: member(&self.me),
+            generation: self.generation,
+            shards: self.shards.iter().map(|(s, st)| (shard(*s), *st)).collect(),
+            released: self.released.iter().map(|(s, r)| (shard(*s), *r)).collect(),
+            fenced: self.fenced,
+            ignored_views: self.ignored_views,
+        }
     }
 
     /// Mark every shard of `shards` Owned at epoch 0, unfenced (static mode). Crate-internal.

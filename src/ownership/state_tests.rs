@@ -442,3 +442,51 @@ proptest! {
         }
     }
 }
+
+/// docs/protocol.md: a cancel from Draining re-grants the source at a new epoch. Whether or not the source had
+/// released when it sees the cancel, it ends Owned at the new epoch with an activation re-enqueue.
+#[test]
+fn cancel_from_draining_at_a_new_epoch_reactivates_whether_or_not_released() {
+    for released_first in [false, true] {
+        let mut src = unfenced(a());
+        src.apply_view(&view(1, &[(0, owned(a(), 1))]));
+        src.apply_event(Event::Activated { shard: 0, epoch: 1 });
+        src.apply_view(&view(3, &[(0, draining(a(), 1, 7, b()))]));
+        if released_first {
+            src.apply_event(Event::Drained {
+                shard: 0,
+                move_id: 7,
+            });
+        }
+        src.apply_view(&view(4, &[(0, owned(a(), 4))]));
+        assert_eq!(src.shard(0), Some(ShardState::Activating { epoch: 4 }));
+        // the drain of the cancelled move, if it completes late, changes nothing
+        assert!(
+            src.apply_event(Event::Drained {
+                shard: 0,
+                move_id: 7
+            })
+            .ignored
+        );
+        let out = src.apply_event(Event::Activated { shard: 0, epoch: 4 });
+        assert_eq!(out.transitions[0].admitted, Some(AdmitCause::Activation));
+        assert!(src.is_admitted(0));
+    }
+}
+
+/// The counterexample the handoff model found for the old rule, replayed on one member: a cancel at the old
+/// epoch after the release leaves the shard released (as it must), so the coordinator must not write it.
+#[test]
+fn regression_cancel_at_the_old_epoch_after_release_is_not_revived() {
+    let mut src = unfenced(a());
+    src.apply_view(&view(1, &[(0, owned(a(), 1))]));
+    src.apply_event(Event::Activated { shard: 0, epoch: 1 });
+    src.apply_view(&view(3, &[(0, draining(a(), 1, 7, b()))]));
+    src.apply_event(Event::Drained {
+        shard: 0,
+        move_id: 7,
+    });
+    src.apply_view(&view(4, &[(0, owned(a(), 1))]));
+    assert_eq!(src.shard(0), None);
+    assert!(!src.is_admitted(0));
+}

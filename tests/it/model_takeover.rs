@@ -546,7 +546,7 @@ fn model() -> Takeover {
     if deep() {
         Takeover {
             names: 3,
-            max_faults: 3,
+            max_faults: 2,
             max_rv: 5,
         }
     } else {
@@ -561,7 +561,8 @@ fn model() -> Takeover {
 #[test]
 fn takeover_model_safety() {
     // No symmetry: the names are not interchangeable (only "a" owns at first and restarts).
-    check_safety("takeover", model(), identity, 10_000);
+    // default run: 494 926 unique states: the floor catches a shrinking model
+    check_safety("takeover", model(), identity, 450_000);
 }
 
 #[test]
@@ -574,7 +575,7 @@ fn takeover_model_liveness_and_no_lost_work() {
         start.elapsed()
     );
     assert!(
-        live.states >= 10_000,
+        live.states >= 450_000,
         "the model shrank: {} states",
         live.states
     );
