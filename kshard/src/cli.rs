@@ -29,6 +29,8 @@ enum Command {
     /// The whole thing in one command: a sharded operator on an embedded API server, scaled and killed
     /// under load, with the invariants checked.
     Demo(crate::demo::DemoArgs),
+    /// Show a live shard group: members, coordinator, generation, moves, unowned shards, the ring.
+    Status(crate::ops::StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -118,6 +120,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
             drop(out);
             crate::operator::run(*args)
         }
+        Command::Status(args) => crate::ops::status(&args, &mut out),
         Command::Demo(args) => {
             drop(out);
             crate::demo::run(args)

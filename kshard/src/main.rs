@@ -15,6 +15,7 @@ mod cli;
 mod demo;
 mod duration;
 mod operator;
+mod ops;
 mod testserver_cmd;
 
 use std::process::ExitCode;

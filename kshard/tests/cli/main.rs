@@ -2,4 +2,5 @@
 
 mod demo;
 mod hash_selector;
+mod status;
 mod testserver;

@@ -1,0 +1,169 @@
+//! `kshard operator` replicas on `kshard testserver`, observed with `kshard status`: a settled group, the
+//! health endpoints, and a graceful leave on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn first_line(child: &mut Child) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    line.trim().to_owned()
+}
+
+fn operator(kubeconfig: &Path, name: &str) -> (Running, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--group", "g", "-n", "default", "--identity", name])
+        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
+        .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
+        .args(["--drain-timeout", "1s", "--fence-margin", "300ms"])
+        .args(["--settle", "1s", "--join-debounce", "500ms"])
+        .args(["--expected-replicas", "2", "--shards", "16"])
+        .args(["--install-crd", "--metrics-addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run kshard operator");
+    let line = first_line(&mut child);
+    let addr = line
+        .strip_prefix("metrics http://")
+        .unwrap_or_else(|| panic!("metrics line: {line:?}"))
+        .to_owned();
+    (Running(child), addr)
+}
+
+fn status(kubeconfig: &Path, json: bool) -> Option<String> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kshard"));
+    cmd.arg("status")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", "default", "--group", "g"]);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    buf
+}
+
+fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn status_shows_a_settled_group_and_a_graceful_leave() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
+        .arg(&kc)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(first_line(&mut server).starts_with("serving http://"));
+    let _server = Running(server);
+
+    // before anything runs there is no group
+    assert!(status(&kc, true).is_none());
+
+    let (mut a, a_addr) = operator(&kc, "member-a");
+    let (_b, _b_addr) = operator(&kc, "member-b");
+    let mut last = Value::Null;
+    until(Duration::from_secs(40), "a settled group", || {
+        let Some(text) = status(&kc, true) else {
+            return false;
+        };
+        last = serde_json::from_str(&text).unwrap();
+        let members = last["members"].as_array().unwrap();
+        members.len() == 2
+            && members
+                .iter()
+                .all(|m| m["owned"] == 8 && m["ready"] == true)
+            && last["unowned_count"] == 0
+            && last["multi_owned_count"] == 0
+            && last["owned_not_serving_count"] == 0
+            && last["moves_in_flight"] == 0
+    });
+    assert_eq!(last["shards"], 16);
+    assert_eq!(last["key"], "uid");
+    assert!(last["coordinator"].as_str().unwrap().starts_with("member-"));
+    assert_eq!(last["ring"].as_str().unwrap().len(), 64);
+
+    let text = status(&kc, false).unwrap();
+    assert!(
+        text.contains("member-a") && text.contains("member-b"),
+        "{text}"
+    );
+    assert!(text.contains("ring 0 |"), "{text}");
+    assert!(text.contains("unowned 0"), "{text}");
+
+    assert!(http_get(&a_addr, "/healthz").starts_with("HTTP/1.1 200"));
+    assert!(http_get(&a_addr, "/readyz").starts_with("HTTP/1.1 200"));
+    let metrics = http_get(&a_addr, "/metrics");
+    assert!(metrics.contains("kube_shard_owned_shards 8"), "{metrics}");
+    assert!(
+        metrics.contains("kube_shard_read_fallback{resource=\"widgets\"} 0"),
+        "{metrics}"
+    );
+
+    // SIGTERM: a graceful leave, the other member takes everything
+    let pid = rustix::process::Pid::from_raw(a.0.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let start = Instant::now();
+    let code = loop {
+        if let Some(code) = a.0.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "leave did not end"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(code.success(), "graceful leave exits 0: {code:?}");
+    until(Duration::from_secs(20), "member-b owns everything", || {
+        let Some(text) = status(&kc, true) else {
+            return false;
+        };
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let members = v["members"].as_array().unwrap();
+        members.len() == 1
+            && members[0]["name"] == "member-b"
+            && members[0]["owned"] == 16
+            && v["unowned_count"] == 0
+    });
+}
