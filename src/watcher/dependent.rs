@@ -59,7 +59,14 @@ struct MapState {
     referrers: HashMap<RefKey, BTreeSet<Arc<str>>>,
     warm: HashMap<(u32, u64), u64>,
     activated: HashMap<(u32, u64), u64>,
+    /// Referenced names whose referrers changed, by map version (bounded; complete above `log_floor`).
+    log: std::collections::VecDeque<(u64, RefKey)>,
+    log_floor: u64,
 }
+
+/// At most this many referenced-name changes are remembered for targeted re-placement; a secondary
+/// watcher further behind re-places everything.
+const LOG_CAP: usize = 8192;
 
 /// The references of a primary (type-erased: the primary type is `P` of the owning [`DependencyMap`]).
 type ErasedRefs = Arc<dyn Fn(&dyn std::any::Any) -> Vec<RefKey> + Send + Sync>;
@@ -100,30 +107,64 @@ impl MapShared {
     }
 
     pub(crate) fn primary_warm(&self, shard: u32, move_id: u64) {
-        let v = self.bump();
         let mut st = self.lock();
+        let v = self.bump();
         st.warm.retain(|(s, _), _| *s != shard);
         st.warm.insert((shard, move_id), v);
     }
 
     pub(crate) fn primary_activated(&self, shard: u32, epoch: u64) {
-        let v = self.bump();
         let mut st = self.lock();
+        let v = self.bump();
         st.activated.retain(|(s, _), _| *s != shard);
         st.activated.insert((shard, epoch), v);
     }
 
+    /// The referenced names whose referrers changed after version `seen` (up to the current version), or
+    /// `None` when the log no longer reaches back that far.
+    pub(crate) fn changed_since(&self, seen: u64) -> Option<Vec<RefKey>> {
+        let st = self.lock();
+        if seen < st.log_floor {
+            return None;
+        }
+        let mut keys: Vec<RefKey> = st
+            .log
+            .iter()
+            .filter(|(v, _)| *v > seen)
+            .map(|(_, k)| k.clone())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Some(keys)
+    }
+
+    fn log_locked(&self, st: &mut MapState, affected: Vec<RefKey>) {
+        let v = self.bump();
+        for k in affected {
+            st.log.push_back((v, k));
+        }
+        while st.log.len() > LOG_CAP {
+            if let Some((v, _)) = st.log.pop_front() {
+                st.log_floor = st.log_floor.max(v);
+            }
+        }
+    }
+
     fn upsert(&self, uid: &str, key: RefKey, shards: &[u32], refs: Vec<RefKey>) {
-        let changed = {
+        {
             let mut st = self.lock();
             let uid: Arc<str> = Arc::from(uid);
             let same = st
                 .primaries
                 .get(&uid)
                 .is_some_and(|p| p.key == key && p.shards == shards && p.refs == refs);
-            if same {
-                false
-            } else {
+            if !same {
+                let mut affected = st
+                    .primaries
+                    .get(&uid)
+                    .map(|p| p.refs.clone())
+                    .unwrap_or_default();
+                affected.extend(refs.iter().cloned());
                 Self::remove_locked(&mut st, &uid);
                 st.by_name
                     .entry(key.clone())
@@ -143,18 +184,18 @@ impl MapShared {
                         refs,
                     },
                 );
-                true
+                self.log_locked(&mut st, affected);
             }
-        };
-        if changed {
-            self.bump();
         }
     }
 
     fn remove(&self, uid: &str) {
-        let changed = Self::remove_locked(&mut self.lock(), &Arc::from(uid));
-        if changed {
-            self.bump();
+        let mut st = self.lock();
+        let uid: Arc<str> = Arc::from(uid);
+        let affected = st.primaries.get(&uid).map(|p| p.refs.clone());
+        if let Some(affected) = affected {
+            Self::remove_locked(&mut st, &uid);
+            self.log_locked(&mut st, affected);
         }
     }
 
@@ -471,6 +512,8 @@ pub(crate) struct DependentSettings<K> {
     pub(crate) local_only: bool,
     pub(crate) shard_label: bool,
     pub(crate) depends: Option<Arc<MapShared>>,
+    /// Placed by referenced name: re-place only the names whose referrers changed.
+    pub(crate) depends_keys: bool,
 }
 
 fn hashes_of(count: ShardCount, shards: &[u32]) -> Vec<u64> {
@@ -491,6 +534,7 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
             local_only: true,
             shard_label: false,
             depends: None,
+            depends_keys: false,
         };
         Ok(match self.kind {
             Kind::SameKey if key == ShardKey::Namespace => DependentSettings {
@@ -498,6 +542,7 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                 local_only: false,
                 shard_label: false,
                 depends: None,
+                depends_keys: false,
             },
             Kind::SameKey => return Err(DependentError::SameKeyNeedsNamespace),
             Kind::ControllerOwner if key == ShardKey::Namespace => {
@@ -523,6 +568,7 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                     local_only: false,
                     shard_label: true,
                     depends: None,
+                    depends_keys: false,
                 }
             }
             Kind::ShardLabelOrOwner => {
@@ -547,6 +593,7 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                     hashes_of(count, &m.shards_of_referenced(&ref_key(k)))
                 })));
                 s.depends = Some(map);
+                s.depends_keys = true;
                 s
             }
         })
@@ -557,4 +604,197 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
 #[must_use]
 pub fn owner_shard<K: Resource>(child: &K, count: ShardCount) -> Option<u32> {
     depkey::controller_owner_uid(child.meta()).map(|u| count.shard_of(fnv1a64(u.as_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    fn job(name: &str, dep: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some([("deployment".to_owned(), dep.to_owned())].into()),
+            ..ConfigMap::default()
+        }
+    }
+
+    fn key(name: &str) -> RefKey {
+        (Some("ns".into()), name.into())
+    }
+
+    fn map() -> (DependencyMap<ConfigMap>, Observer<ConfigMap>) {
+        let map = DependencyMap::<ConfigMap>::with_references(|j: &ConfigMap| {
+            vec![ObjectRef::<ConfigMap>::new(&j.data.as_ref().unwrap()["deployment"]).within("ns")]
+        });
+        let (_, obs) = map.observer();
+        (map, obs)
+    }
+
+    #[test]
+    fn references_place_a_secondary_in_every_referrers_shard() {
+        let (map, obs) = map();
+        let v0 = *map.shared.subscribe().borrow();
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "d"),
+            shards: &[3],
+        });
+        obs(Observed::Upsert {
+            uid: "u2",
+            obj: &job("j2", "d"),
+            shards: &[7],
+        });
+        obs(Observed::Upsert {
+            uid: "u3",
+            obj: &job("j3", "e"),
+            shards: &[7],
+        });
+        assert_eq!(map.shared.shards_of_referenced(&key("d")), [3, 7]);
+        assert_eq!(map.shared.shards_of_referenced(&key("e")), [7]);
+        assert_eq!(
+            map.shared.shards_of_referenced(&key("x")),
+            Vec::<u32>::new()
+        );
+        let referrers: Vec<String> = map
+            .referrers(&job("d", ""))
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(referrers, ["j1", "j2"]);
+        let v1 = *map.shared.subscribe().borrow();
+        assert!(v1 > v0);
+        // a status-only update changes nothing: no new version
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "d"),
+            shards: &[3],
+        });
+        assert_eq!(*map.shared.subscribe().borrow(), v1);
+        // the reference changes; a referrer goes away
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "e"),
+            shards: &[3],
+        });
+        obs(Observed::Remove { uid: "u2" });
+        assert_eq!(
+            map.shared.shards_of_referenced(&key("d")),
+            Vec::<u32>::new()
+        );
+        assert_eq!(map.shared.shards_of_referenced(&key("e")), [3, 7]);
+        assert_eq!(map.len(), 2);
+    }
+
+    #[test]
+    fn the_change_log_names_what_to_re_place() {
+        let (map, obs) = map();
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "d"),
+            shards: &[3],
+        });
+        let v = *map.shared.subscribe().borrow();
+        assert_eq!(map.shared.changed_since(0), Some(vec![key("d")]));
+        assert_eq!(map.shared.changed_since(v), Some(vec![]));
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "e"),
+            shards: &[3],
+        });
+        assert_eq!(
+            map.shared.changed_since(v),
+            Some(vec![key("d"), key("e")]),
+            "old and new reference"
+        );
+        let v = *map.shared.subscribe().borrow();
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "e"),
+            shards: &[4],
+        });
+        assert_eq!(
+            map.shared.changed_since(v),
+            Some(vec![key("e")]),
+            "the referrer moved"
+        );
+        // far behind: everything
+        for i in 0..LOG_CAP + 1 {
+            obs(Observed::Upsert {
+                uid: "u1",
+                obj: &job("j1", &format!("x{i}")),
+                shards: &[4],
+            });
+        }
+        assert_eq!(map.shared.changed_since(v), None);
+    }
+
+    #[test]
+    fn names_resolve_to_every_live_uid() {
+        let (map, obs) = map();
+        // a delete-and-recreate under one name: both uids while both are held
+        obs(Observed::Upsert {
+            uid: "old",
+            obj: &job("j", "d"),
+            shards: &[1],
+        });
+        obs(Observed::Upsert {
+            uid: "new",
+            obj: &job("j", "d"),
+            shards: &[9],
+        });
+        assert_eq!(map.shared.shards_of_names(&[key("j")]), [1, 9]);
+        obs(Observed::Remove { uid: "old" });
+        assert_eq!(map.shared.shards_of_names(&[key("j"), key("missing")]), [9]);
+    }
+
+    #[test]
+    fn primary_reports_are_versioned_per_shard() {
+        let (map, _) = map();
+        assert_eq!(map.shared.warm_at(4, 7), None);
+        map.shared.primary_warm(4, 7);
+        let v = map.shared.warm_at(4, 7).unwrap();
+        map.shared.primary_warm(4, 8);
+        assert_eq!(
+            map.shared.warm_at(4, 7),
+            None,
+            "one move per shard is remembered"
+        );
+        assert!(map.shared.warm_at(4, 8).unwrap() > v);
+        map.shared.primary_activated(4, 3);
+        assert!(map.shared.activated_at(4, 3).is_some());
+    }
+
+    #[test]
+    fn strategies_the_group_cannot_use_are_refused() {
+        let uid = OwnershipConfig::new(ShardCount::new(16).unwrap(), ShardKey::Uid);
+        let ns = OwnershipConfig::new(ShardCount::new(16).unwrap(), ShardKey::Namespace);
+        assert_eq!(
+            Dependency::<ConfigMap>::same_key().settings(&uid).err(),
+            Some(DependentError::SameKeyNeedsNamespace)
+        );
+        let s = Dependency::<ConfigMap>::controller_owner()
+            .settings(&ns)
+            .unwrap();
+        assert!(
+            !s.local_only && s.placement.is_none(),
+            "owner under the namespace key = same key"
+        );
+        let s = Dependency::<ConfigMap>::controller_owner()
+            .settings(&uid)
+            .unwrap();
+        assert!(s.local_only && s.placement.is_some());
+        let big = OwnershipConfig::new(ShardCount::new(512).unwrap(), ShardKey::Uid);
+        assert!(Dependency::<ConfigMap>::shard_label()
+            .settings(&big)
+            .is_err());
+        assert!(Dependency::<ConfigMap>::shard_label_or_owner()
+            .settings(&big)
+            .is_ok());
+    }
 }

@@ -266,31 +266,51 @@ impl<K: Resource + Clone> Index<K> {
         }
         let uids: Vec<Arc<str>> = self.entries.keys().cloned().collect();
         for uid in uids {
-            let Some(obj) = self.object_of(&uid) else {
-                continue;
-            };
-            let Some((hash, shards)) = self.place(&obj) else {
-                continue;
-            };
-            let Some(e) = self.entries.get_mut(&uid) else {
-                continue;
-            };
-            if e.shards == shards {
-                continue;
-            }
-            let old = std::mem::replace(&mut e.shards, shards.clone());
-            e.hash = hash;
-            let key = e.key.clone();
-            self.rehome(&uid, &old, &shards);
-            if let Some(observer) = &self.observer {
-                observer(Observed::Upsert {
-                    uid: &uid,
-                    obj: &obj,
-                    shards: &shards,
-                });
-            }
-            self.reproject(&key, None);
+            self.replace(&uid);
         }
+    }
+
+    /// Re-evaluate the placement of the objects named `keys` only. O(named objects).
+    pub(crate) fn replace_keys(&mut self, keys: &[RefKey]) {
+        if self.placement.is_none() {
+            return;
+        }
+        let uids: Vec<Arc<str>> = keys
+            .iter()
+            .filter_map(|k| self.by_ref.get(k))
+            .flatten()
+            .cloned()
+            .collect();
+        for uid in uids {
+            self.replace(&uid);
+        }
+    }
+
+    fn replace(&mut self, uid: &Arc<str>) {
+        let Some(obj) = self.object_of(uid) else {
+            return;
+        };
+        let Some((hash, shards)) = self.place(&obj) else {
+            return;
+        };
+        let Some(e) = self.entries.get_mut(uid) else {
+            return;
+        };
+        if e.shards == shards {
+            return;
+        }
+        let old = std::mem::replace(&mut e.shards, shards.clone());
+        e.hash = hash;
+        let key = e.key.clone();
+        self.rehome(uid, &old, &shards);
+        if let Some(observer) = &self.observer {
+            observer(Observed::Upsert {
+                uid,
+                obj: &obj,
+                shards: &shards,
+            });
+        }
+        self.reproject(&key, None);
     }
 
     fn rehome(&mut self, uid: &Arc<str>, old: &[u32], new: &[u32]) {
@@ -831,6 +851,117 @@ mod tests {
         o.metadata.uid = None;
         ix.upsert(o);
         assert_eq!((ix.len(), ix.unplaceable), (0, 1));
+    }
+
+    /// A placement from a mutable table (a stand-in for the dependency-key map): object name -> shards.
+    fn table_placement(
+        s: ShardCount,
+        table: &Arc<std::sync::Mutex<HashMap<String, Vec<u32>>>>,
+    ) -> Placement<ConfigMap> {
+        let table = table.clone();
+        Arc::new(move |o: &ConfigMap| {
+            table
+                .lock()
+                .unwrap()
+                .get(o.metadata.name.as_deref().unwrap_or_default())
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|shard| s.range_of(shard).unwrap().start())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn placement_in_several_shards_and_nowhere() {
+        let s = ShardCount::new(4).unwrap();
+        let table = Arc::new(std::sync::Mutex::new(HashMap::from([
+            ("both".to_owned(), vec![1, 3]),
+            ("one".to_owned(), vec![2]),
+        ])));
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_placement(table_placement(s, &table));
+        ix.set_projected([3]);
+        ix.upsert(cm("both", "u1", 1));
+        ix.upsert(cm("one", "u2", 2));
+        ix.upsert(cm("nowhere", "u3", 3));
+        ix.initialize();
+        assert_eq!(drain(&mut ix), ["init", "initapply u1@1", "initdone"]);
+        assert_eq!(
+            ix.len(),
+            3,
+            "an object placed nowhere is held, not projected"
+        );
+        assert_eq!(
+            ix.projected_refs_of(3),
+            [(Some("ns".into()), "both".into())]
+        );
+        ix.set_projected([1]);
+        assert!(drain(&mut ix).is_empty(), "still projected through shard 1");
+        ix.set_projected([2]);
+        assert_eq!(drain(&mut ix), ["delete u1", "apply u2@2"]);
+        // a relist of one shard's range never deletes what is placed nowhere or elsewhere
+        ix.relist(Relist {
+            ranges: s.ranges_of([2]).unwrap(),
+            objects: vec![cm("one", "u2", 2)],
+            rv: Some(10),
+        });
+        assert_eq!(ix.len(), 3);
+        // a full relist does
+        ix.relist(Relist {
+            ranges: RangeSet::full(),
+            objects: vec![cm("one", "u2", 2)],
+            rv: Some(10),
+        });
+        assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn replacing_follows_the_map_and_object_updates() {
+        let s = ShardCount::new(4).unwrap();
+        let table = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_placement(table_placement(s, &table));
+        ix.set_projected([0]);
+        ix.upsert(cm("child", "u1", 1));
+        ix.initialize();
+        assert_eq!(drain(&mut ix), ["init", "initdone"]);
+        // its primary appears in shard 0: the map changes, the index re-places
+        table.lock().unwrap().insert("child".into(), vec![0]);
+        ix.replace_all();
+        assert_eq!(drain(&mut ix), ["apply u1@1"]);
+        assert_eq!(ix.projected_refs_of(0).len(), 1);
+        ix.replace_all();
+        assert!(drain(&mut ix).is_empty(), "nothing changed");
+        // the primary moves to shard 1 (not projected)
+        table.lock().unwrap().insert("child".into(), vec![1]);
+        ix.replace_all();
+        assert_eq!(drain(&mut ix), ["delete u1"]);
+        assert!(ix.projected_refs_of(0).is_empty());
+        // an update of the object itself re-places it too
+        table.lock().unwrap().insert("child".into(), vec![0]);
+        ix.upsert(cm("child", "u1", 2));
+        assert_eq!(drain(&mut ix), ["apply u1@2"]);
+        assert_eq!(ix.by_shard.get(&1), None, "moved out of its old shard");
+    }
+
+    #[test]
+    fn the_observer_sees_every_held_object() {
+        let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let log = seen.clone();
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_observer(Arc::new(move |c: Observed<'_, ConfigMap>| {
+            log.lock().unwrap().push(match c {
+                Observed::Upsert { uid, shards, .. } => format!("+{uid}{shards:?}"),
+                Observed::Remove { uid } => format!("-{uid}"),
+            });
+        }));
+        ix.upsert(cm("a", "u1", 1));
+        ix.upsert(cm("b", "u2", 2));
+        ix.delete(cm("a", "u1", 3));
+        ix.drop_ranges(&RangeSet::full());
+        assert_eq!(*seen.lock().unwrap(), ["+u1[0]", "+u2[0]", "-u1", "-u2"]);
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub(crate) struct Settings<K: Resource> {
     /// Secondaries placed through a dependency-key map: re-place on its changes, and report a shard warm
     /// or activated only after its primaries were (so the map already places the shard's secondaries).
     pub(crate) depends: Option<Arc<MapShared>>,
+    /// Placed by referenced name: re-place only the names the map says changed.
+    pub(crate) depends_keys: bool,
 }
 
 struct Sub {
@@ -256,8 +258,15 @@ where
 
     /// The dependency-key map changed: re-place every held object, then re-check progress.
     fn on_dependencies(&mut self, version: u64) {
+        let changed = match &self.settings.depends {
+            Some(map) if self.settings.depends_keys => map.changed_since(self.dep_seen),
+            _ => None,
+        };
         self.dep_seen = version;
-        self.index.replace_all();
+        match changed {
+            Some(keys) => self.index.replace_keys(&keys),
+            None => self.index.replace_all(),
+        }
         self.check_progress();
     }
 
@@ -651,6 +660,11 @@ where
 
     /// Whether any object lies outside what `sub` asked for; if so, fall back.
     fn out_of_range(&mut self, ranges: &RangeSet, objects: &[K]) -> bool {
+        if self.settings.shard_label {
+            // label selectors are exact on every apiserver; a watch reports an object whose label left the
+            // selection as DELETED with its new label, which is not evidence of anything
+            return false;
+        }
         let outside = objects
             .iter()
             .filter(|o| self.index.hash_of(o).is_some_and(|h| !ranges.contains(h)))

@@ -342,6 +342,7 @@ impl<K: Resource> Settings<K> {
             shard_label: false,
             feeds: None,
             depends: None,
+            depends_keys: false,
         }
     }
 }
@@ -417,6 +418,7 @@ where
         self.settings.local_only = d.local_only;
         self.settings.shard_label = d.shard_label;
         self.settings.depends = d.depends;
+        self.settings.depends_keys = d.depends_keys;
         Ok(self)
     }
 
