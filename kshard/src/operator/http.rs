@@ -26,15 +26,7 @@ impl State {
     }
 
     fn metrics_text(&self) -> String {
-        let st = self.handle.status();
-        let m = &self.metrics;
-        m.owned_shards.set(st.owned.len() as i64);
-        m.self_fenced.set(i64::from(st.self_fenced));
-        m.coordinator.set(i64::from(st.coordinator));
-        m.generation.set(st.generation as i64);
-        m.live_members.set(st.live_members as i64);
-        m.moves_in_flight.set(st.moves_in_flight as i64);
-        m.ready.set(i64::from(self.ready()));
+        self.metrics.ready.set(i64::from(self.ready()));
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
             text.clear();

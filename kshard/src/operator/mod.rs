@@ -143,12 +143,6 @@ pub(crate) struct OpMetrics {
     write_conflicts: Counter,
     errors: Counter,
     fence_refused: Counter,
-    owned_shards: Gauge,
-    self_fenced: Gauge,
-    coordinator: Gauge,
-    generation: Gauge,
-    live_members: Gauge,
-    moves_in_flight: Gauge,
     ready: Gauge,
 }
 
@@ -180,37 +174,7 @@ impl OpMetrics {
             self.fence_refused.clone(),
         );
         r.register(
-            "kube_shard_owned_shards",
-            "Shards this member owns",
-            self.owned_shards.clone(),
-        );
-        r.register(
-            "kube_shard_self_fenced",
-            "1 while the member admits nothing until it renews",
-            self.self_fenced.clone(),
-        );
-        r.register(
-            "kube_shard_coordinator",
-            "1 while the member is the coordinator",
-            self.coordinator.clone(),
-        );
-        r.register(
-            "kube_shard_assignment_generation",
-            "The assignment generation applied",
-            self.generation.clone(),
-        );
-        r.register(
-            "kube_shard_live_members",
-            "Members seen renewing",
-            self.live_members.clone(),
-        );
-        r.register(
-            "kube_shard_moves_in_flight",
-            "Shards moving, per the assignment held",
-            self.moves_in_flight.clone(),
-        );
-        r.register(
-            "kube_shard_ready",
+            "kshard_ready",
             "1 when /readyz succeeds",
             self.ready.clone(),
         );
@@ -469,6 +433,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     let mut registry = Registry::default();
     read_metrics.register(&mut registry);
     op_metrics.register(&mut registry);
+    handle.metrics().register(&mut registry);
 
     // the read path: created before the group task first runs, so its warm reports are awaited
     let widgets: Api<Widget> = match &args.watch_namespace {

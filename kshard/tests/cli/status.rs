@@ -134,7 +134,23 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     assert!(http_get(&a_addr, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(http_get(&a_addr, "/readyz").starts_with("HTTP/1.1 200"));
     let metrics = http_get(&a_addr, "/metrics");
-    assert!(metrics.contains("kube_shard_owned_shards 8"), "{metrics}");
+    let sample = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{group=\"g\",member=\"member-a/")))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        sample("kube_shard_owned_shards").as_deref(),
+        Some("8"),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample("kube_shard_unowned_shards").as_deref(),
+        Some("0"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("kube_shard_read_fallback{resource=\"widgets\"} 0"),
         "{metrics}"
