@@ -1,6 +1,6 @@
 //! Admission: permits, in-flight counts and drains.
 //!
-//! Each held shard has a [`Gate`]: one atomic word holding the in-flight count (permits *and* live fences)
+//! Each held shard has a `Gate`: one atomic word holding the in-flight count (permits *and* live fences)
 //! and a closed bit. Admission increments first and then checks (the closed bit in the same word, then the
 //! ownership snapshot again), so there is no check-then-act race: once a drain has closed the gate and seen
 //! the count at zero, no permit for that shard can ever be issued again. A shard that becomes Owned again

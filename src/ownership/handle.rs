@@ -203,7 +203,8 @@ impl Ownership {
 
     /// Every shard transition from now on, in order, never dropped (unbounded: transitions are per shard and
     /// rare). A transition with `admitted` set is a re-enqueue signal: the read path turns it into
-    /// `ObjectRef`s for `Controller::reconcile_on` once its store holds that shard's objects.
+    /// `ObjectRef`s for `Controller::reconcile_on` once its store holds that shard's objects, paced and
+    /// jittered with [`jitter`](super::jitter) so a shard's objects do not arrive as one burst.
     pub fn transitions(&self) -> Transitions {
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
