@@ -104,6 +104,12 @@ enum Ctl<K> {
     Probe {
         filtered: Option<bool>,
     },
+    /// A consistent LIST of everything (local-only secondaries): settles every barrier in `barriers`.
+    FullListed {
+        barriers: Vec<(u32, u64)>,
+        objects: Vec<K>,
+        rv: Option<u64>,
+    },
 }
 
 pub(crate) struct Manager<K: Resource> {
@@ -845,6 +851,40 @@ where
         });
     }
 
+    fn start_full_list(&self, barriers: Vec<(u32, u64)>) {
+        let client = self.client.clone();
+        let requests = self.requests.clone();
+        let tx = self.ctl_tx.clone();
+        self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut backoff = subwatch::default_backoff();
+            loop {
+                match subwatch::list_all::<K>(&client, &requests, None, &ListFrom::Consistent, None)
+                    .await
+                {
+                    Ok(l) => {
+                        let rv = parse_rv(l.resource_version.as_deref());
+                        let _ = tx
+                            .send(Ctl::FullListed {
+                                barriers,
+                                objects: l.items,
+                                rv,
+                            })
+                            .await;
+                        return;
+                    }
+                    Err(err) => {
+                        debug!(error = %err, "barrier LIST failed; retrying");
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+                    }
+                }
+            }
+        });
+    }
+
     fn start_probe(&mut self) {
         if self.probing {
             return;
@@ -928,6 +968,30 @@ where
                     b.target = Some(0);
                 }
             }
+            Ctl::FullListed {
+                barriers,
+                objects,
+                rv,
+            } => {
+                let objects = self.transformed(objects);
+                self.index.relist(Relist {
+                    ranges: RangeSet::full(),
+                    objects,
+                    rv,
+                });
+                for (shard, epoch) in barriers {
+                    if self.barriers.get(&shard).is_none_or(|b| b.epoch != epoch) {
+                        continue;
+                    }
+                    if self.gate_activated(shard, epoch) {
+                        self.barriers.remove(&shard);
+                        self.stats.activations.fetch_add(1, Ordering::Relaxed);
+                        self.report_activated(shard, epoch);
+                    } else if let Some(b) = self.barriers.get_mut(&shard) {
+                        b.target = Some(0);
+                    }
+                }
+            }
             Ctl::Probe { filtered } => {
                 self.probing = false;
                 let now = Instant::now();
@@ -974,6 +1038,17 @@ where
             .filter(|(_, b)| !b.targeted && b.deadline.is_some_and(|d| d <= now))
             .filter_map(|(s, b)| b.target.map(|t| (*s, b.epoch, t)))
             .collect();
+        if self.settings.local_only && !due.is_empty() {
+            // one full watch reads every shard: one LIST settles every due barrier (a takeover of many
+            // shards costs one LIST, not one per shard)
+            for (shard, _, _) in &due {
+                if let Some(b) = self.barriers.get_mut(shard) {
+                    b.targeted = true;
+                }
+            }
+            self.start_full_list(due.iter().map(|(s, e, _)| (*s, *e)).collect());
+            return;
+        }
         for (shard, epoch, target) in due {
             if let Some(b) = self.barriers.get_mut(&shard) {
                 b.targeted = true;

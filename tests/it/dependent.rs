@@ -468,6 +468,40 @@ async fn children_by_owner_reference_move_with_their_parents() {
     ca.task.abort();
 }
 
+/// A full-watch secondary in a quiet collection: many shards activated at once (a takeover) cost one
+/// LIST of the collection for their barriers, not one per shard.
+#[tokio::test(start_paused = true)]
+async fn quiet_activations_cost_one_list() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let admin = server.client("admin");
+    let fam = family(&admin, 16, 2, false).await;
+    let (me, o, d) = member("t");
+    let children = secondaries(&server, "t", &o, "child", Dependency::controller_owner());
+    until(Duration::from_secs(30), "synced", || {
+        children.stats.initialized()
+    })
+    .await;
+    // the collection's resourceVersion moves on without a child event
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    create(&api, &object("unrelated", "other")).await;
+    d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
+    until(Duration::from_secs(30), "activation", || {
+        (0..8).all(|s| o.snapshot().state().is_admitted(s))
+    })
+    .await;
+    assert_eq!(
+        (
+            children.stats.activations(),
+            children.stats.targeted_lists()
+        ),
+        (8, 1),
+        "8 shards activated by one LIST"
+    );
+    let own: BTreeSet<u32> = (0..8).collect();
+    assert_eq!(names_of(&children.store), fam.children_of_shards(&own));
+    children.task.abort();
+}
+
 /// A primary naming the object it depends on (a job pointing at its deployment, here ConfigMaps): the
 /// referenced object is in the store of every member that reads a referrer — owned or Incoming — also when
 /// the reference changes and when the referrer's shard moves; `Dependency::mapped` (secondary → primary
