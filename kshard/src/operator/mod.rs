@@ -27,13 +27,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use kube_shard::group::ShardGroup;
 use kube_shard::ownership::fenced_write::{self, FencedApi};
 use kube_shard::ownership::{reconcile, FenceError};
-use kube_shard::watcher::ReadPathMetrics;
+use kube_shard::watcher::{Dependency, ReadPathMetrics};
 use kube_shard::{Fence, Ownership, Permit, ShardCount, ShardKey, ShardedWatcher};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -45,6 +45,8 @@ use widget::{Widget, CHILD_LABEL};
 
 /// The name the Widget read path is reported under (metrics label `resource`).
 pub(crate) const WIDGET_STREAM: &str = "widgets";
+/// The name the child ConfigMap read path is reported under.
+pub(crate) const CHILD_STREAM: &str = "widget-children";
 
 #[derive(Debug, Args)]
 pub(crate) struct OperatorArgs {
@@ -448,18 +450,30 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     let stats = sharded.stats.clone();
     let widget_store = sharded.store.clone().expect("a reflector has a store");
 
-    // children: a label-selected watch of the child ConfigMaps (not sharded: see the README)
+    // children: a secondary watcher placed by the dependency-key map (the controller ownerReference's
+    // uid under the `uid` key, the server filter under the `namespace` key), created before the group
+    // task runs so a shard is warm only when its children are in the store too
     let cms: Api<ConfigMap> = match &args.watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let (children, writer) = reflector::store();
-    let child_stream = reflector::reflector(
-        writer,
-        watcher(cms, watcher::Config::default().labels(CHILD_LABEL)),
+    let dependency = match args.hash_key {
+        ShardKey::Namespace => Dependency::same_key(),
+        _ => Dependency::controller_owner(),
+    };
+    let child_watch = ShardedWatcher::new(
+        cms,
+        watcher::Config::default().labels(CHILD_LABEL),
+        ownership.clone(),
     )
-    .default_backoff()
-    .touched_objects();
+    .dependent(dependency)
+    .map_err(|e| CliError::failed(format!("child ConfigMaps: {e}")))?
+    .name(CHILD_STREAM)
+    .metrics(&read_metrics)
+    .transform(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
+    .build_reflector();
+    let children = child_watch.store.clone().expect("a reflector has a store");
+    let child_stream = child_watch.events.touched_objects();
 
     let group_task = tokio::spawn(group_task);
     let member = {
