@@ -210,7 +210,8 @@ mod tests {
 
     #[test]
     fn each_rule_has_a_clear_error() {
-        let cases: Vec<(fn(&mut GroupConfig), &str)> = vec![
+        type Case = (fn(&mut GroupConfig), &'static str);
+        let cases: Vec<Case> = vec![
             (|c| c.group = "".into(), "group"),
             (|c| c.group = "Widgets".into(), "lowercase"),
             (|c| c.group = "-w".into(), "starting"),

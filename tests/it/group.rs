@@ -513,26 +513,27 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
     // let the fence loggers sample the successors
     tokio::time::sleep(Duration::from_millis(200)).await;
     // the successors' first fences come after the victim's last fence ended
-    let l = log.lock().unwrap();
-    for s in &victim_shards {
-        let victim_end = l
-            .iter()
-            .filter(|r| r.member == "c" && r.shard == *s)
-            .map(|r| r.valid_until)
-            .max()
-            .unwrap();
-        let successor_start = l
-            .iter()
-            .filter(|r| r.member != "c" && r.shard == *s && r.issued > killed_at)
-            .map(|r| r.issued)
-            .min()
-            .unwrap();
-        assert!(
-            victim_end < successor_start,
-            "shard {s}: successor fenced before the victim's fence ended"
-        );
+    {
+        let l = log.lock().unwrap();
+        for s in &victim_shards {
+            let victim_end = l
+                .iter()
+                .filter(|r| r.member == "c" && r.shard == *s)
+                .map(|r| r.valid_until)
+                .max()
+                .unwrap();
+            let successor_start = l
+                .iter()
+                .filter(|r| r.member != "c" && r.shard == *s && r.issued > killed_at)
+                .map(|r| r.issued)
+                .min()
+                .unwrap();
+            assert!(
+                victim_end < successor_start,
+                "shard {s}: successor fenced before the victim's fence ended"
+            );
+        }
     }
-    drop(l);
     check_fences(&log);
     // the takeover is visible as an Event and a counter
     let events: Api<k8s_openapi::api::core::v1::Event> =
