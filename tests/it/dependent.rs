@@ -266,16 +266,52 @@ type RefCtx = (
     Arc<Mutex<BTreeMap<String, usize>>>,
 );
 
+#[tokio::test(start_paused = true)]
+async fn children_by_owner_reference_move_with_their_parents_server_mode() {
+    children_by_owner_reference_move_with_their_parents(true, false).await;
+}
+
+/// The same children labelled and read with the shard label selector: a gained shard's children are listed
+/// by label while it is Incoming.
+#[tokio::test(start_paused = true)]
+async fn children_by_shard_label_move_with_their_parents() {
+    children_by_owner_reference_move_with_their_parents(true, true).await;
+}
+
+/// The same without KEP-5866 on the server: the primaries fall back to a full watch; secondaries are read
+/// the same way.
+#[tokio::test(start_paused = true)]
+async fn children_by_owner_reference_move_with_their_parents_fallback_mode() {
+    children_by_owner_reference_move_with_their_parents(false, false).await;
+}
+
 /// Children by controller ownerReference: each member's child store holds exactly the children of its
 /// owned and Incoming parents; after a move the new owner's first reconcile of every moved parent sees all
 /// of its children, although they changed during the move (timebertt/kubernetes-controller-sharding#639).
-#[tokio::test(start_paused = true)]
-async fn children_by_owner_reference_move_with_their_parents() {
+async fn children_by_owner_reference_move_with_their_parents(gate: bool, label: bool) {
+    let dep = || {
+        if label {
+            Dependency::shard_label()
+        } else {
+            Dependency::controller_owner()
+        }
+    };
+    // a child of `parent`, stamped with its shard under the label strategy
+    let child = move |name: String, parent: &ConfigMap| {
+        let mut c = owned_by(object(&name, "child"), parent);
+        if label {
+            stamp_shard_label(
+                &mut c.metadata,
+                shard_of_uid(parent.metadata.uid.as_deref().unwrap()),
+            );
+        }
+        c
+    };
     use kube::runtime::{controller::Action, Controller, WatchStreamExt};
 
-    let server = TestServer::builder().shard_selector(true).build();
+    let server = TestServer::builder().shard_selector(gate).build();
     let admin = server.client("admin");
-    let mut fam = family(&admin, 48, 3, false).await;
+    let mut fam = family(&admin, 48, 3, label).await;
     let (a, oa, da) = member("a");
     let (b, ob, db) = member("b");
     let base = view(1, &a, 0..8, &b, 8..16);
@@ -283,13 +319,7 @@ async fn children_by_owner_reference_move_with_their_parents() {
     db.apply(&base);
 
     let pa = run(primaries(&server, "a-parents", &oa, "parent").build_reflector());
-    let ca = secondaries(
-        &server,
-        "a-children",
-        &oa,
-        "child",
-        Dependency::controller_owner(),
-    );
+    let ca = secondaries(&server, "a-children", &oa, "child", dep());
     // b: a Controller with owns_stream over its child watcher; reconcile logs what the child store holds
     let pb = primaries(&server, "b-parents", &ob, "parent").build_reflector();
     let cb = ShardedWatcher::metadata(
@@ -297,7 +327,7 @@ async fn children_by_owner_reference_move_with_their_parents() {
         config("child"),
         ob.clone(),
     )
-    .dependent(Dependency::controller_owner())
+    .dependent(dep())
     .unwrap()
     .barrier_timeout(Duration::from_secs(1))
     .build_reflector();
@@ -346,8 +376,12 @@ async fn children_by_owner_reference_move_with_their_parents() {
     .await;
     assert_eq!(
         ca.stats.mode(),
-        ReadMode::Fallback,
-        "read with a full watch, filtered locally"
+        if label {
+            ReadMode::Server
+        } else {
+            ReadMode::Fallback
+        },
+        "label: filtered by the server; owner: a full watch, filtered locally"
     );
     assert_eq!(names_of(&pa.store).len(), fam.parents_in(&own_a).len());
 
@@ -365,11 +399,7 @@ async fn children_by_owner_reference_move_with_their_parents() {
                 api.delete(&format!("c-{i}-0"), &Default::default())
                     .await
                     .unwrap();
-                create(
-                    &api,
-                    &owned_by(object(&format!("c-{i}-new"), "child"), &fam_parents[p]),
-                )
-                .await;
+                create(&api, &child(format!("c-{i}-new"), &fam_parents[p])).await;
             }
         }
     };
@@ -400,11 +430,7 @@ async fn children_by_owner_reference_move_with_their_parents() {
         async move {
             for p in &parents {
                 let i = p.trim_start_matches("p-");
-                create(
-                    &api,
-                    &owned_by(object(&format!("c-{i}-late"), "child"), &fam_parents[p]),
-                )
-                .await;
+                create(&api, &child(format!("c-{i}-late"), &fam_parents[p])).await;
             }
         }
     };
@@ -460,7 +486,8 @@ async fn children_by_owner_reference_move_with_their_parents() {
     let read = server.accounting("a-children").distinct_uids
         + server.accounting("b-children").distinct_uids;
     eprintln!(
-        "controller ownerReference: 2 members hold {held} children, read {read} distinct uids in all: read amplification {:.2} (every member reads every child)",
+        "{}: 2 members hold {held} children, read {read} distinct uids in all: read amplification {:.2}",
+        if label { "shard label" } else { "controller ownerReference" },
         read as f64 / held as f64
     );
     ctl_task.abort();
@@ -502,15 +529,26 @@ async fn quiet_activations_cost_one_list() {
     children.task.abort();
 }
 
+#[tokio::test(start_paused = true)]
+async fn referenced_objects_follow_their_referrers_server_mode() {
+    referenced_objects_follow_their_referrers(true).await;
+}
+
+/// The same without KEP-5866 on the server: the primaries fall back to a full watch; secondaries are read
+/// the same way.
+#[tokio::test(start_paused = true)]
+async fn referenced_objects_follow_their_referrers_fallback_mode() {
+    referenced_objects_follow_their_referrers(false).await;
+}
+
 /// A primary naming the object it depends on (a job pointing at its deployment, here ConfigMaps): the
 /// referenced object is in the store of every member that reads a referrer — owned or Incoming — also when
 /// the reference changes and when the referrer's shard moves; `Dependency::mapped` (secondary → primary
 /// refs) resolves through the same map.
-#[tokio::test(start_paused = true)]
-async fn referenced_objects_follow_their_referrers() {
+async fn referenced_objects_follow_their_referrers(gate: bool) {
     use kube::runtime::{controller::Action, Controller, WatchStreamExt};
 
-    let server = TestServer::builder().shard_selector(true).build();
+    let server = TestServer::builder().shard_selector(gate).build();
     let admin = server.client("admin");
     seed(&admin, 0).await;
     let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
@@ -640,9 +678,14 @@ async fn referenced_objects_follow_their_referrers() {
         want_deps(&jobs, &own_a).len() < 20,
         "unreferenced objects exist and are not projected"
     );
+    // fed from the primary index: what a reads (in fallback mode, every job), not only what it projects
     assert_eq!(
         map_a.len(),
-        names_of(&ja.store).len(),
+        if gate {
+            names_of(&ja.store).len()
+        } else {
+            jobs.len()
+        },
         "the map holds every job a reads"
     );
 
