@@ -1,7 +1,7 @@
 //! Secondary caches: children and referenced objects placed by the **dependency-key map**, so they move
 //! with their parents.
 //!
-//! A secondary watcher is a sharded watcher with [`Role::Secondary`] (it projects Incoming and Activating
+//! A secondary watcher is a sharded watcher with [`Role::Secondary`](super::Role::Secondary) (it projects Incoming and Activating
 //! shards too, and takes part in warm reports and activation barriers) whose objects are placed by a
 //! [`Dependency`] instead of their own uid:
 //!
@@ -449,7 +449,7 @@ impl<K: Resource + 'static> Dependency<K> {
     /// read with the set-based label selector `kube-shard.io/shard in (...)` of the shards read: filtered by
     /// every apiserver. Unlabelled children are not read: migrate with
     /// [`shard_label_or_owner`](Self::shard_label_or_owner) first. At most
-    /// [`LABEL_MAX_SHARDS`](super::depkey::LABEL_MAX_SHARDS) shards.
+    /// [`LABEL_MAX_SHARDS`] shards.
     #[must_use]
     pub fn shard_label() -> Self {
         Dependency {

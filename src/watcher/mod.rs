@@ -41,6 +41,16 @@
 //! stream deregisters. When a shard becomes admitted, its `ObjectRef`s go to the re-enqueue stream once the
 //! events that put them in the store were yielded.
 //!
+//! # Secondaries
+//!
+//! Children and referenced objects are read by **secondary** watchers
+//! ([`ShardedWatcher::dependent`], [`dependent_watcher`], [`dependent_reflector`]): placed by the
+//! dependency-key map ([`Dependency`]: the namespace key, the controller ownerReference, the
+//! `kube-shard.io/shard` label, or the primaries that reference them through a [`DependencyMap`] that the
+//! primary watcher [feeds](ShardedWatcher::feeds)). They project Incoming and Activating shards too and take
+//! part in warm and activation reports, so a child is in its store before its parent's activation. See
+//! `docs/secondary-caches.md`.
+//!
 //! ## Memory Usage
 //!
 //! The index holds every object the member reads: in server mode the objects of its Incoming, Activating,

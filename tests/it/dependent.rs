@@ -495,6 +495,29 @@ async fn children_by_owner_reference_move_with_their_parents(gate: bool, label: 
     ca.task.abort();
 }
 
+/// The `kube_shard::dependent_reflector` shortcut: metadata-only children of the owned parents.
+#[tokio::test(start_paused = true)]
+async fn dependent_reflector_shortcut() {
+    let server = TestServer::builder().shard_selector(true).build();
+    let fam = family(&server.client("admin"), 24, 2, false).await;
+    let (me, o, d) = member("s");
+    let own: BTreeSet<u32> = (4..12).collect();
+    d.apply(&grant(AssignmentView::new(1), &me, own.iter().copied(), 1));
+    let (store, events) = kube_shard::dependent_reflector(
+        Api::<ConfigMap>::all(server.client("s")),
+        config("child"),
+        o,
+        Dependency::controller_owner(),
+    )
+    .unwrap();
+    let task = tokio::spawn(events.for_each(|_| async {}));
+    until(Duration::from_secs(30), "children of owned parents", || {
+        names_of(&store) == fam.children_of_shards(&own)
+    })
+    .await;
+    task.abort();
+}
+
 /// A full-watch secondary in a quiet collection: many shards activated at once (a takeover) cost one
 /// LIST of the collection for their barriers, not one per shard.
 #[tokio::test(start_paused = true)]
