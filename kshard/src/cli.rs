@@ -31,6 +31,16 @@ enum Command {
     Demo(crate::demo::DemoArgs),
     /// Show a live shard group: members, coordinator, generation, moves, unowned shards, the ring.
     Status(crate::ops::StatusArgs),
+    /// Where an object lives: its hash, shard, and the shard's owner and epoch.
+    Explain(crate::ops::ExplainArgs),
+    /// Pin a shard to a member (the coordinator moves it there and keeps it there).
+    Pin(crate::ops::PinArgs),
+    /// Remove a shard's pin.
+    Unpin(crate::ops::UnpinArgs),
+    /// Stop rebalancing (moves in progress finish; leaves and takeovers still happen).
+    Pause(crate::ops::GroupArgs),
+    /// Resume rebalancing.
+    Resume(crate::ops::GroupArgs),
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +131,24 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
             crate::operator::run(*args)
         }
         Command::Status(args) => crate::ops::status(&args, &mut out),
+        Command::Explain(args) => crate::ops::explain(&args, &mut out),
+        Command::Pin(args) => {
+            let shard = args.shard;
+            crate::ops::edit(
+                &args.group,
+                crate::ops::Edit::Pin(shard),
+                Some(&args.member),
+                &mut out,
+            )
+        }
+        Command::Unpin(args) => crate::ops::edit(
+            &args.group,
+            crate::ops::Edit::Unpin(args.shard),
+            None,
+            &mut out,
+        ),
+        Command::Pause(args) => crate::ops::edit(&args, crate::ops::Edit::Pause, None, &mut out),
+        Command::Resume(args) => crate::ops::edit(&args, crate::ops::Edit::Resume, None, &mut out),
         Command::Demo(args) => {
             drop(out);
             crate::demo::run(args)

@@ -333,3 +333,302 @@ pub(crate) fn status(args: &StatusArgs, out: &mut impl Write) -> Result<(), CliE
     writeln!(out, "ring 0 |{}| 2^64   {}", view.ring, legend.join(" "))?;
     Ok(())
 }
+
+/// Which group to operate on.
+#[derive(Debug, Args)]
+pub(crate) struct GroupArgs {
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, else the in-cluster config).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the group's Leases and assignment ConfigMap.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// The shard group.
+    #[arg(long, default_value = "widget-operator")]
+    group: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PinArgs {
+    #[command(flatten)]
+    pub(crate) group: GroupArgs,
+    /// The logical shard.
+    pub(crate) shard: u32,
+    /// The member (name) it is pinned to.
+    pub(crate) member: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UnpinArgs {
+    #[command(flatten)]
+    pub(crate) group: GroupArgs,
+    /// The logical shard.
+    pub(crate) shard: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExplainArgs {
+    #[command(flatten)]
+    group: GroupArgs,
+    /// The kind, plural or `plural.group` of the object (e.g. `Widget`, `configmaps`).
+    kind: String,
+    /// `NAMESPACE/NAME`, or `NAME` for a cluster-scoped object.
+    object: String,
+}
+
+/// What `pin`, `unpin`, `pause` and `resume` do to the assignment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Edit {
+    Pin(u32),
+    Unpin(u32),
+    Pause,
+    Resume,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn decode_any(name: &str, text: &str) -> Result<(Assignment, ShardCount, ShardKey), CliError> {
+    let raw: serde_json::Value = serde_json::from_str(text)?;
+    let s = raw["shards"]
+        .as_u64()
+        .and_then(|n| ShardCount::new(u32::try_from(n).ok()?).ok())
+        .ok_or_else(|| CliError::failed(format!("{name}: no valid shard count")))?;
+    let key: ShardKey = raw["key"]
+        .as_str()
+        .and_then(|k| k.parse().ok())
+        .ok_or_else(|| CliError::failed(format!("{name}: no valid key")))?;
+    let a =
+        Assignment::decode(text, s, key).map_err(|e| CliError::failed(format!("{name}: {e}")))?;
+    Ok((a, s, key))
+}
+
+/// Change pins or the pause flag with a compare-and-swap on the assignment ConfigMap (the coordinator
+/// reads them at its next pass; the generation increases as with every assignment write).
+pub(crate) fn edit(
+    args: &GroupArgs,
+    edit: Edit,
+    member: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let rt = runtime()?;
+    let a = rt.block_on(async {
+        let client = crate::operator::client_from(args.kubeconfig.as_deref()).await?;
+        let api: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
+        let name = format!("{}-assignment", args.group);
+        for _ in 0..20 {
+            let mut cm = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
+                .ok_or_else(|| {
+                    CliError::failed(format!("no assignment ConfigMap {}/{name}", args.namespace))
+                })?;
+            let text = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get(DATA_KEY))
+                .cloned()
+                .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
+            let (mut a, s, _) = decode_any(&name, &text)?;
+            match edit {
+                Edit::Pin(shard) | Edit::Unpin(shard) if shard >= s.get() => {
+                    return Err(CliError::failed(format!(
+                        "shard {shard} is out of range: the group has {} shards",
+                        s.get()
+                    )));
+                }
+                Edit::Pin(shard) => {
+                    a.pins.insert(shard, member.unwrap_or_default().to_owned());
+                }
+                Edit::Unpin(shard) => {
+                    a.pins.remove(&shard);
+                }
+                Edit::Pause => a.paused = true,
+                Edit::Resume => a.paused = false,
+            }
+            let now_ms =
+                u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+            a.view.generation = Assignment::next_generation(a.view.generation, now_ms);
+            cm.data
+                .get_or_insert_with(Default::default)
+                .insert(DATA_KEY.to_owned(), a.encode());
+            match api
+                .replace(&name, &kube::api::PostParams::default(), &cm)
+                .await
+            {
+                Ok(_) => return Ok(a),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(CliError::failed(format!("writing {name}: {e}"))),
+            }
+        }
+        Err(CliError::failed(format!("{name}: too many conflicts")))
+    })?;
+    if args.json {
+        let pins: BTreeMap<String, String> = a
+            .pins
+            .iter()
+            .map(|(s, m)| (s.to_string(), m.clone()))
+            .collect();
+        serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({"generation": a.view.generation, "paused": a.paused, "pins": pins}),
+        )?;
+        writeln!(out)?;
+    } else {
+        let pins: Vec<String> = a.pins.iter().map(|(s, m)| format!("{s}={m}")).collect();
+        writeln!(
+            out,
+            "generation {}  paused {}  pins [{}]",
+            a.view.generation,
+            a.paused,
+            pins.join(",")
+        )?;
+    }
+    Ok(())
+}
+
+/// Where an object lives: its key value, hash, shard, and the shard's owner and epoch.
+#[derive(Debug, Serialize)]
+struct Explained {
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    uid: String,
+    key: String,
+    value: String,
+    hash: String,
+    shard: u32,
+    owner: Option<String>,
+    epoch: Option<u64>,
+    handoff: String,
+    pinned_to: Option<String>,
+}
+
+pub(crate) fn explain(args: &ExplainArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let rt = runtime()?;
+    let e = rt.block_on(async {
+        let client = crate::operator::client_from(args.group.kubeconfig.as_deref()).await?;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.group.namespace);
+        let name = format!("{}-assignment", args.group.group);
+        let cm = cms
+            .get_opt(&name)
+            .await
+            .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
+            .ok_or_else(|| {
+                CliError::failed(format!(
+                    "no assignment ConfigMap {}/{name}",
+                    args.group.namespace
+                ))
+            })?;
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(DATA_KEY))
+            .cloned()
+            .unwrap_or_default();
+        let (a, s, key) = decode_any(&name, &text)?;
+
+        let discovery = kube::discovery::Discovery::new(client.clone())
+            .run()
+            .await
+            .map_err(|e| CliError::failed(format!("discovery: {e}")))?;
+        let want = args.kind.to_ascii_lowercase();
+        let (ar, caps) = discovery
+            .groups()
+            .flat_map(|g| g.recommended_resources())
+            .find(|(ar, _)| {
+                ar.kind.to_ascii_lowercase() == want
+                    || ar.plural == want
+                    || format!("{}.{}", ar.plural, ar.group) == want
+            })
+            .ok_or_else(|| {
+                CliError::failed(format!("no resource {:?} on the server", args.kind))
+            })?;
+        let (ns, obj_name) = match args.object.split_once('/') {
+            Some((ns, n)) => (Some(ns.to_owned()), n.to_owned()),
+            None => (None, args.object.clone()),
+        };
+        let api: Api<kube::api::DynamicObject> = match (&ns, caps.scope) {
+            (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
+            (None, kube::discovery::Scope::Cluster) => Api::all_with(client, &ar),
+            (None, _) => {
+                return Err(CliError::failed(format!(
+                    "{} is namespaced: give NAMESPACE/NAME",
+                    ar.kind
+                )))
+            }
+            (Some(_), _) => {
+                return Err(CliError::failed(format!(
+                    "{} is cluster-scoped: give NAME",
+                    ar.kind
+                )))
+            }
+        };
+        let obj = api
+            .get(&obj_name)
+            .await
+            .map_err(|e| CliError::failed(format!("reading {}: {e}", args.object)))?;
+        let uid = obj.metadata.uid.clone().unwrap_or_default();
+        let value = match key {
+            ShardKey::Namespace => obj.metadata.namespace.clone().unwrap_or_default(),
+            _ => uid.clone(),
+        };
+        let hash = kube_shard::fnv1a64(value.as_bytes());
+        let shard = s.shard_of(hash);
+        let sa = a.view.shards.get(&shard);
+        Ok::<_, CliError>(Explained {
+            kind: ar.kind.clone(),
+            namespace: ns,
+            name: obj_name,
+            uid,
+            key: key.to_string(),
+            value,
+            hash: format!("{hash:016x}"),
+            shard,
+            owner: sa.map(|sa| format!("{}/{}", sa.owner.name, sa.owner.incarnation)),
+            epoch: sa.map(|sa| sa.epoch),
+            handoff: match sa.map(|sa| &sa.handoff) {
+                None => "unowned".to_owned(),
+                Some(Handoff::Stable) => "stable".to_owned(),
+                Some(Handoff::Moving { id, to }) => format!("moving {id} to {}", to.name),
+                Some(Handoff::Draining { id, to }) => format!("draining {id} to {}", to.name),
+                Some(_) => "moving".to_owned(),
+            },
+            pinned_to: a.pins.get(&shard).cloned(),
+        })
+    })?;
+    if args.group.json {
+        serde_json::to_writer(&mut *out, &e)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "{} {}{}  {}={}  hash {}  shard {}  owner {}  epoch {}  {}{}",
+            e.kind,
+            e.namespace
+                .as_deref()
+                .map(|n| format!("{n}/"))
+                .unwrap_or_default(),
+            e.name,
+            e.key,
+            e.value,
+            e.hash,
+            e.shard,
+            e.owner.as_deref().unwrap_or("-"),
+            e.epoch.map_or_else(|| "-".to_owned(), |x| x.to_string()),
+            e.handoff,
+            e.pinned_to
+                .as_deref()
+                .map(|m| format!("  pinned to {m}"))
+                .unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}

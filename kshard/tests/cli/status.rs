@@ -63,6 +63,22 @@ fn status(kubeconfig: &Path, json: bool) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+fn kshard(args: &[&str], kubeconfig: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", "default", "--group", "g", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kshard {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -155,6 +171,85 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
         metrics.contains("kube_shard_read_fallback{resource=\"widgets\"} 0"),
         "{metrics}"
     );
+
+    // explain, pin (the shard moves and the new owner reconciles the Widget), pause/resume, unpin
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async {
+        let yaml = std::fs::read_to_string(&kc).unwrap();
+        let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    });
+    let ar = kube::api::ApiResource {
+        group: "example.kube-shard.io".into(),
+        version: "v1".into(),
+        api_version: "example.kube-shard.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client, "default", &ar);
+    let w: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+        "metadata": {"name": "w1"}, "spec": {"size": 3}
+    }))
+    .unwrap();
+    rt.block_on(widgets.create(&Default::default(), &w))
+        .unwrap();
+    let e = kshard(&["explain", "Widget", "default/w1"], &kc);
+    let shard = e["shard"].as_u64().unwrap();
+    let owner = e["owner"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(e["key"], "uid");
+    assert_eq!(e["handoff"], "stable");
+    let other = if owner == "member-a" {
+        "member-b"
+    } else {
+        "member-a"
+    };
+    until(Duration::from_secs(10), "the owner reconciles w1", || {
+        let w = rt.block_on(widgets.get("w1")).unwrap();
+        w.data["status"]["reconciledBy"] == owner.as_str()
+    });
+    let p = kshard(&["pin", &shard.to_string(), other], &kc);
+    assert_eq!(p["pins"][shard.to_string()], other);
+    let mut moved = Value::Null;
+    until(Duration::from_secs(20), "the pinned shard moves", || {
+        moved = kshard(
+            &["explain", "widgets.example.kube-shard.io", "default/w1"],
+            &kc,
+        );
+        moved["owner"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{other}/"))
+            && moved["handoff"] == "stable"
+    });
+    assert!(moved["epoch"].as_u64().unwrap() > e["epoch"].as_u64().unwrap());
+    assert_eq!(moved["pinned_to"], other);
+    until(
+        Duration::from_secs(10),
+        "the new owner reconciles w1",
+        || {
+            let w = rt.block_on(widgets.get("w1")).unwrap();
+            w.data["status"]["reconciledBy"] == other && w.data["status"]["epoch"] == moved["epoch"]
+        },
+    );
+    assert_eq!(kshard(&["pause"], &kc)["paused"], true);
+    assert_eq!(kshard(&["status"], &kc)["paused"], true);
+    assert_eq!(kshard(&["resume"], &kc)["paused"], false);
+    let u = kshard(&["unpin", &shard.to_string()], &kc);
+    assert!(u["pins"].as_object().unwrap().is_empty());
 
     // SIGTERM: a graceful leave, the other member takes everything
     let pid = rustix::process::Pid::from_raw(a.0.id() as i32).unwrap();
