@@ -1082,3 +1082,51 @@ async fn randomized_churn_keeps_the_safety_contract() {
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_assignment_written_back_is_ignored() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms: Vec<Member> = ["a", "b"].iter().map(|n| spawn(&server, n, &log)).collect();
+    {
+        let refs: Vec<&Member> = ms.iter().collect();
+        until(Duration::from_secs(30), "settled", || {
+            each_shard_owned_once(&refs)
+        })
+        .await;
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-assignment");
+    let stale_text = cms.get(&name).await.unwrap().data.unwrap()[DATA_KEY].clone();
+    // a third member changes the assignment: newer generations
+    ms.push(spawn(&server, "c", &log));
+    {
+        let refs: Vec<&Member> = ms.iter().collect();
+        until(Duration::from_secs(60), "c owns its share", || {
+            each_shard_owned_once(&refs) && owned_count(refs[2]) > 0
+        })
+        .await;
+    }
+    let before: Vec<usize> = ms.iter().map(owned_count).collect();
+    let newer = assignment(&server).await.unwrap().view.generation;
+    // someone writes the old assignment back (a restored backup, a stale relist replayed)
+    let mut cm = cms.get(&name).await.unwrap();
+    cm.data
+        .as_mut()
+        .unwrap()
+        .insert(DATA_KEY.into(), stale_text);
+    cms.replace(&name, &PostParams::default(), &cm)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: Vec<usize> = ms.iter().map(owned_count).collect();
+    assert_eq!(
+        before, after,
+        "members ignore a generation older than the one they applied"
+    );
+    for m in &ms {
+        assert!(m.handle.status().generation >= newer);
+    }
+    check_fences(&log);
+}
