@@ -59,12 +59,21 @@ struct MapState {
     referrers: HashMap<RefKey, BTreeSet<Arc<str>>>,
     warm: HashMap<(u32, u64), u64>,
     activated: HashMap<(u32, u64), u64>,
-    /// Referenced names whose referrers changed, by map version (bounded; complete above `log_floor`).
-    log: std::collections::VecDeque<(u64, RefKey)>,
+    /// Names whose placement inputs changed, by map version (bounded; complete above `log_floor`).
+    log: std::collections::VecDeque<(u64, Changed)>,
     log_floor: u64,
 }
 
-/// At most this many referenced-name changes are remembered for targeted re-placement; a secondary
+/// A name whose placement input changed.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Changed {
+    /// A referenced (secondary) name whose referrers changed.
+    Referenced(RefKey),
+    /// A primary name whose uid or shards changed.
+    Primary(RefKey),
+}
+
+/// At most this many name changes are remembered for targeted re-placement; a secondary
 /// watcher further behind re-places everything.
 const LOG_CAP: usize = 8192;
 
@@ -123,6 +132,15 @@ impl MapShared {
     /// The referenced names whose referrers changed after version `seen` (up to the current version), or
     /// `None` when the log no longer reaches back that far.
     pub(crate) fn changed_since(&self, seen: u64) -> Option<Vec<RefKey>> {
+        self.changes(seen, false)
+    }
+
+    /// The primary names whose uid or shards changed after version `seen`, or `None` (too far behind).
+    pub(crate) fn primaries_changed_since(&self, seen: u64) -> Option<Vec<RefKey>> {
+        self.changes(seen, true)
+    }
+
+    fn changes(&self, seen: u64, primaries: bool) -> Option<Vec<RefKey>> {
         let st = self.lock();
         if seen < st.log_floor {
             return None;
@@ -131,14 +149,17 @@ impl MapShared {
             .log
             .iter()
             .filter(|(v, _)| *v > seen)
-            .map(|(_, k)| k.clone())
+            .filter_map(|(_, c)| match (c, primaries) {
+                (Changed::Referenced(k), false) | (Changed::Primary(k), true) => Some(k.clone()),
+                _ => None,
+            })
             .collect();
         keys.sort();
         keys.dedup();
         Some(keys)
     }
 
-    fn log_locked(&self, st: &mut MapState, affected: Vec<RefKey>) {
+    fn log_locked(&self, st: &mut MapState, affected: Vec<Changed>) {
         let v = self.bump();
         for k in affected {
             st.log.push_back((v, k));
@@ -159,12 +180,18 @@ impl MapShared {
                 .get(&uid)
                 .is_some_and(|p| p.key == key && p.shards == shards && p.refs == refs);
             if !same {
-                let mut affected = st
-                    .primaries
-                    .get(&uid)
-                    .map(|p| p.refs.clone())
+                let old = st.primaries.get(&uid);
+                let placed_same = old.is_some_and(|p| p.key == key && p.shards == shards);
+                let mut affected: Vec<Changed> = old
+                    .map(|p| p.refs.iter().cloned().map(Changed::Referenced).collect())
                     .unwrap_or_default();
-                affected.extend(refs.iter().cloned());
+                if !placed_same {
+                    if let Some(p) = old {
+                        affected.push(Changed::Primary(p.key.clone()));
+                    }
+                    affected.push(Changed::Primary(key.clone()));
+                }
+                affected.extend(refs.iter().cloned().map(Changed::Referenced));
                 Self::remove_locked(&mut st, &uid);
                 st.by_name
                     .entry(key.clone())
@@ -192,7 +219,11 @@ impl MapShared {
     fn remove(&self, uid: &str) {
         let mut st = self.lock();
         let uid: Arc<str> = Arc::from(uid);
-        let affected = st.primaries.get(&uid).map(|p| p.refs.clone());
+        let affected = st.primaries.get(&uid).map(|p| {
+            let mut a: Vec<Changed> = p.refs.iter().cloned().map(Changed::Referenced).collect();
+            a.push(Changed::Primary(p.key.clone()));
+            a
+        });
         if let Some(affected) = affected {
             Self::remove_locked(&mut st, &uid);
             self.log_locked(&mut st, affected);
@@ -269,9 +300,10 @@ impl MapShared {
 /// [`Dependency::mapped`] or [`Dependency::referenced_by`]. Cheap to clone.
 ///
 /// Memory: per primary read, its uid, name, shard and referenced names (≈ 150 bytes plus the names).
-/// CPU: a primary change that moves a name, a shard or a reference re-places every object of the
-/// secondary watchers that depend on the map (O(secondaries held), batched: changes arriving while a
-/// re-placement runs are coalesced into the next one); status-only primary updates cost a hash lookup.
+/// CPU: a primary change that moves a name, a shard or a reference re-places only the secondaries it
+/// concerns (the referenced names; for a mapper, the secondaries whose last answer named that primary —
+/// a reverse index of one entry per held secondary); a watcher more than 8192 changes behind re-places
+/// everything once. Status-only primary updates cost one hash lookup and re-place nothing.
 pub struct DependencyMap<P> {
     shared: Arc<MapShared>,
     _p: PhantomData<fn(&P)>,
@@ -394,6 +426,67 @@ impl<P: Resource + 'static> DependencyMap<P> {
 
 type Mapper<K> = Arc<dyn Fn(&K) -> Vec<RefKey> + Send + Sync>;
 
+/// What a secondary watcher re-places when its map changed after a version: `None` = everything.
+pub(crate) type ChangedFn = Arc<dyn Fn(u64) -> Option<Vec<RefKey>> + Send + Sync>;
+
+/// The mapper's last answers, reversed: which held secondaries name a primary (so a primary change
+/// re-places only them). Edges are replaced at every placement and dropped when the index forgets a uid.
+#[derive(Default)]
+struct Reverse {
+    /// secondary uid → (its name, the primary names it maps to)
+    by_secondary: HashMap<Arc<str>, (RefKey, Vec<RefKey>)>,
+    /// primary name → secondary uids naming it
+    by_primary: HashMap<RefKey, BTreeSet<Arc<str>>>,
+}
+
+impl Reverse {
+    fn set(&mut self, uid: &str, own: RefKey, names: &[RefKey]) {
+        if self
+            .by_secondary
+            .get(uid)
+            .is_some_and(|(k, n)| *k == own && n == names)
+        {
+            return;
+        }
+        self.remove(uid);
+        let uid: Arc<str> = Arc::from(uid);
+        for n in names {
+            self.by_primary
+                .entry(n.clone())
+                .or_default()
+                .insert(uid.clone());
+        }
+        self.by_secondary.insert(uid, (own, names.to_vec()));
+    }
+
+    fn remove(&mut self, uid: &str) {
+        if let Some((_, names)) = self.by_secondary.remove(uid) {
+            for n in names {
+                if let Some(set) = self.by_primary.get_mut(&n) {
+                    set.remove(uid);
+                    if set.is_empty() {
+                        self.by_primary.remove(&n);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The names of the held secondaries that map to any of `primaries`.
+    fn secondaries_of(&self, primaries: &[RefKey]) -> Vec<RefKey> {
+        let mut out: Vec<RefKey> = primaries
+            .iter()
+            .filter_map(|p| self.by_primary.get(p))
+            .flatten()
+            .filter_map(|u| self.by_secondary.get(u))
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
 enum Kind<K> {
     SameKey,
     ControllerOwner,
@@ -512,8 +605,10 @@ pub(crate) struct DependentSettings<K> {
     pub(crate) local_only: bool,
     pub(crate) shard_label: bool,
     pub(crate) depends: Option<Arc<MapShared>>,
-    /// Placed by referenced name: re-place only the names whose referrers changed.
-    pub(crate) depends_keys: bool,
+    /// What to re-place after a map change (`None`: everything).
+    pub(crate) changed: Option<ChangedFn>,
+    /// Told of the index's changes (the mapper's reverse edges).
+    pub(crate) observer: Option<Observer<K>>,
 }
 
 fn hashes_of(count: ShardCount, shards: &[u32]) -> Vec<u64> {
@@ -534,7 +629,8 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
             local_only: true,
             shard_label: false,
             depends: None,
-            depends_keys: false,
+            changed: None,
+            observer: None,
         };
         Ok(match self.kind {
             Kind::SameKey if key == ShardKey::Namespace => DependentSettings {
@@ -542,7 +638,8 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                 local_only: false,
                 shard_label: false,
                 depends: None,
-                depends_keys: false,
+                changed: None,
+                observer: None,
             },
             Kind::SameKey => return Err(DependentError::SameKeyNeedsNamespace),
             Kind::ControllerOwner if key == ShardKey::Namespace => {
@@ -568,7 +665,8 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                     local_only: false,
                     shard_label: true,
                     depends: None,
-                    depends_keys: false,
+                    changed: None,
+                    observer: None,
                 }
             }
             Kind::ShardLabelOrOwner => {
@@ -580,10 +678,34 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                 })))
             }
             Kind::Mapped(map, mapper) => {
-                let m = map.clone();
+                let reverse: Arc<Mutex<Reverse>> = Arc::default();
+                let (m, r) = (map.clone(), reverse.clone());
                 let mut s = none(Some(Arc::new(move |k: &K| {
-                    hashes_of(count, &m.shards_of_names(&mapper(k)))
+                    let names = mapper(k);
+                    if let Some(uid) = k.meta().uid.as_deref() {
+                        r.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .set(uid, ref_key(k), &names);
+                    }
+                    hashes_of(count, &m.shards_of_names(&names))
                 })));
+                let (m, r) = (map.clone(), reverse.clone());
+                s.changed = Some(Arc::new(move |seen| {
+                    let primaries = m.primaries_changed_since(seen)?;
+                    Some(
+                        r.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .secondaries_of(&primaries),
+                    )
+                }));
+                s.observer = Some(Arc::new(move |c: Observed<'_, K>| {
+                    if let Observed::Remove { uid } = c {
+                        reverse
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(uid);
+                    }
+                }));
                 s.depends = Some(map);
                 s
             }
@@ -592,8 +714,9 @@ impl<K: Resource + Send + Sync + 'static> Dependency<K> {
                 let mut s = none(Some(Arc::new(move |k: &K| {
                     hashes_of(count, &m.shards_of_referenced(&ref_key(k)))
                 })));
+                let m = map.clone();
+                s.changed = Some(Arc::new(move |seen| m.changed_since(seen)));
                 s.depends = Some(map);
-                s.depends_keys = true;
                 s
             }
         })
@@ -732,6 +855,70 @@ mod tests {
             });
         }
         assert_eq!(map.shared.changed_since(v), None);
+    }
+
+    #[test]
+    fn a_mapper_re_places_only_the_secondaries_naming_a_changed_primary() {
+        let (map, obs) = map();
+        let cfg = OwnershipConfig::new(ShardCount::new(16).unwrap(), ShardKey::Uid);
+        let d = Dependency::<ConfigMap>::mapped(&map, |n: &ConfigMap| {
+            vec![ObjectRef::new(&n.data.as_ref().unwrap()["for"]).within("ns")]
+        })
+        .settings(&cfg)
+        .unwrap();
+        let (place, changed, observer) = (
+            d.placement.unwrap(),
+            d.changed.unwrap(),
+            d.observer.unwrap(),
+        );
+        let note = |name: &str, uid: &str, primary: &str| {
+            let mut n = job(name, "");
+            n.metadata.uid = Some(uid.into());
+            n.data = Some([("for".to_owned(), primary.to_owned())].into());
+            n
+        };
+        let version = || *map.shared.subscribe().borrow();
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "d"),
+            shards: &[3],
+        });
+        let s16 = ShardCount::new(16).unwrap();
+        let shards = |h: Vec<u64>| h.into_iter().map(|h| s16.shard_of(h)).collect::<Vec<_>>();
+        assert_eq!(shards(place(&note("n1", "s1", "j1"))), [3]);
+        assert_eq!(
+            shards(place(&note("n2", "s2", "j2"))),
+            Vec::<u32>::new(),
+            "no such primary yet"
+        );
+        let v = version();
+        obs(Observed::Upsert {
+            uid: "u2",
+            obj: &job("j2", "d"),
+            shards: &[5],
+        });
+        assert_eq!(changed(v), Some(vec![key("n2")]), "only the note naming j2");
+        let v = version();
+        obs(Observed::Upsert {
+            uid: "u2",
+            obj: &job("j2", "e"),
+            shards: &[5],
+        });
+        assert_eq!(
+            changed(v),
+            Some(vec![]),
+            "a reference change does not move j2"
+        );
+        observer(Observed::Remove { uid: "s2" });
+        let v = version();
+        obs(Observed::Upsert {
+            uid: "u2",
+            obj: &job("j2", "e"),
+            shards: &[6],
+        });
+        assert_eq!(changed(v), Some(vec![]), "the note is gone");
+        obs(Observed::Remove { uid: "u1" });
+        assert_eq!(changed(v), Some(vec![key("n1")]));
     }
 
     #[test]

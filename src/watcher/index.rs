@@ -75,6 +75,14 @@ pub(crate) enum Observed<'a, K> {
     },
 }
 
+impl<K> Clone for Observed<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Observed<'_, K> {}
+
 /// Told of every change to the index (feeds the dependency-key map from a primary watcher).
 pub(crate) type Observer<K> = Arc<dyn Fn(Observed<'_, K>) + Send + Sync>;
 

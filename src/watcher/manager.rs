@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::dependent::MapShared;
+use super::dependent::{ChangedFn, MapShared};
 use super::index::{parse_rv, Index, Observer, Placement, Relist};
 use super::mode::{FlipCause, ModeDetector, ReadMode};
 use super::plan::{self, Action, SubView};
@@ -70,8 +70,10 @@ pub(crate) struct Settings<K: Resource> {
     /// Secondaries placed through a dependency-key map: re-place on its changes, and report a shard warm
     /// or activated only after its primaries were (so the map already places the shard's secondaries).
     pub(crate) depends: Option<Arc<MapShared>>,
-    /// Placed by referenced name: re-place only the names the map says changed.
-    pub(crate) depends_keys: bool,
+    /// What to re-place after a map change (`None`: everything).
+    pub(crate) depends_changed: Option<ChangedFn>,
+    /// Secondaries: told of the index's changes (a mapper's reverse edges).
+    pub(crate) dep_observer: Option<Observer<K>>,
 }
 
 struct Sub {
@@ -217,8 +219,16 @@ where
         if let Some(p) = self.settings.placement.clone() {
             self.index.set_placement(p);
         }
-        if let Some((_, observer)) = self.settings.feeds.clone() {
-            self.index.set_observer(observer);
+        match (
+            self.settings.feeds.clone(),
+            self.settings.dep_observer.clone(),
+        ) {
+            (Some((_, a)), Some(b)) => self.index.set_observer(Arc::new(move |c| {
+                a(c);
+                b(c);
+            })),
+            (Some((_, a)), None) | (None, Some(a)) => self.index.set_observer(a),
+            (None, None) => {}
         }
         if self.settings.local_only {
             // not a flip: this resource is never read with a shard selector
@@ -264,10 +274,11 @@ where
 
     /// The dependency-key map changed: re-place every held object, then re-check progress.
     fn on_dependencies(&mut self, version: u64) {
-        let changed = match &self.settings.depends {
-            Some(map) if self.settings.depends_keys => map.changed_since(self.dep_seen),
-            _ => None,
-        };
+        let changed = self
+            .settings
+            .depends_changed
+            .as_ref()
+            .and_then(|f| f(self.dep_seen));
         self.dep_seen = version;
         match changed {
             Some(keys) => self.index.replace_keys(&keys),

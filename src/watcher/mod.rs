@@ -352,7 +352,8 @@ impl<K: Resource> Settings<K> {
             shard_label: false,
             feeds: None,
             depends: None,
-            depends_keys: false,
+            depends_changed: None,
+            dep_observer: None,
         }
     }
 }
@@ -428,7 +429,8 @@ where
         self.settings.local_only = d.local_only;
         self.settings.shard_label = d.shard_label;
         self.settings.depends = d.depends;
-        self.settings.depends_keys = d.depends_keys;
+        self.settings.depends_changed = d.changed;
+        self.settings.dep_observer = d.observer;
         Ok(self)
     }
 
