@@ -290,19 +290,36 @@ async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
         writer_touched: Arc::new(AtomicU64::new(0)),
         writer_stop: Arc::new(AtomicBool::new(false)),
     };
-    let result = d.scenario().await;
+    let mut report = Report {
+        replicas: args.replicas,
+        objects: args.objects,
+        shards: args.shards.get(),
+        hash_key: args.hash_key.to_string(),
+        shard_selector: if args.kubeconfig.is_some() {
+            "cluster".to_owned()
+        } else {
+            args.shard_selector.clone()
+        },
+        lease_duration_seconds: LEASE.as_secs_f64(),
+        ..Report::default()
+    };
+    if let Err(e) = d.scenario(&mut report).await {
+        report.invariants_held = false;
+        report.failures.push(e.to_string());
+        report.duration_seconds = round2(d.started.elapsed().as_secs_f64());
+        d.diagnose().await;
+    }
     d.stop_all().await;
     if let Some(e) = &d.embedded {
         // keep the server until the replicas are gone
         let _ = e.http.addr();
     }
-    let keep = args.keep || result.as_ref().map_or(true, |r| !r.invariants_held);
-    if keep {
+    if args.keep || !report.invariants_held {
         d.say(&format!("work directory kept: {}", d.dir.display()));
     } else {
         let _ = std::fs::remove_dir_all(&d.dir);
     }
-    result
+    Ok(report)
 }
 
 impl Demo<'_> {
@@ -346,22 +363,9 @@ impl Demo<'_> {
             .collect()
     }
 
-    async fn scenario(&mut self) -> Result<Report, CliError> {
+    async fn scenario(&mut self, report: &mut Report) -> Result<(), CliError> {
         let args = self.args;
         let s = self.s();
-        let mut report = Report {
-            replicas: args.replicas,
-            objects: args.objects,
-            shards: s.get(),
-            hash_key: args.hash_key.to_string(),
-            shard_selector: if args.kubeconfig.is_some() {
-                "cluster".to_owned()
-            } else {
-                args.shard_selector.clone()
-            },
-            lease_duration_seconds: LEASE.as_secs_f64(),
-            ..Report::default()
-        };
         self.set_phase("installing the Widget CRD and creating Widgets");
         widget::install_crd(self.admin.clone(), Duration::from_secs(30))
             .await
@@ -469,7 +473,7 @@ impl Demo<'_> {
         report.reconciles = snap.reconciles.clone();
 
         self.set_phase("checking fences");
-        self.check_fences(&mut report);
+        self.check_fences(report);
 
         report.duration_seconds = round2(self.started.elapsed().as_secs_f64());
         let mut failures = Vec::new();
@@ -525,7 +529,44 @@ impl Demo<'_> {
         } else {
             "done: invariants VIOLATED"
         });
-        Ok(report)
+        Ok(())
+    }
+
+    /// After a failure: the group as the demo last saw it (stderr) and each replica's metrics (files).
+    async fn diagnose(&mut self) {
+        let g = self.snapshot().await;
+        let mut lines = vec![format!(
+            "diagnosis: coordinator {:?}, generation {:?}, moves in flight {:?}, shards assigned {:?}",
+            g.coordinator,
+            g.assignment.as_ref().map(|a| a.view.generation),
+            g.assignment.as_ref().map(Assignment::moves_in_flight),
+            g.assignment.as_ref().map(|a| a.view.shards.len()),
+        )];
+        for (name, (inc, rep)) in &g.members {
+            let owned = g.owned_by(name).len();
+            match rep {
+                Some(r) => lines.push(format!(
+                    "  {name}/{inc}: owns {owned}, ready {}, leaving {}, applied {}, admitted {}, serving {}",
+                    r.ready,
+                    r.leaving,
+                    r.applied_generation,
+                    r.admitted.len(),
+                    r.serving.len()
+                )),
+                None => lines.push(format!("  {name}/{inc}: owns {owned}, no report")),
+            }
+        }
+        for r in &self.replicas {
+            lines.push(format!("  process {}: alive {}", r.name, r.alive));
+            if let (true, Some(addr)) = (r.alive, &r.metrics) {
+                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                    let _ = std::fs::write(self.dir.join(format!("{}.metrics", r.name)), text);
+                }
+            }
+        }
+        for l in lines {
+            self.say(&l);
+        }
     }
 
     async fn create_namespace(&self) -> Result<(), CliError> {
@@ -894,7 +935,7 @@ impl Demo<'_> {
         while self.writer_touched.load(Ordering::Relaxed) < start + n + 1 {
             let g = self.snapshot().await;
             self.draw(&g);
-            if t0.elapsed() > Duration::from_secs(120) {
+            if t0.elapsed() > Duration::from_secs(60) {
                 return Err(CliError::failed("the writer is too slow"));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
