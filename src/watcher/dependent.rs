@@ -216,6 +216,23 @@ impl MapShared {
         }
     }
 
+    /// Forget every primary (the feeding watcher stopped).
+    pub(crate) fn clear(&self) {
+        let mut st = self.lock();
+        let uids: Vec<Arc<str>> = st.primaries.keys().cloned().collect();
+        let mut affected = Vec::new();
+        for uid in uids {
+            if let Some(p) = st.primaries.get(&uid) {
+                affected.extend(p.refs.iter().cloned().map(Changed::Referenced));
+                affected.push(Changed::Primary(p.key.clone()));
+            }
+            Self::remove_locked(&mut st, &uid);
+        }
+        if !affected.is_empty() {
+            self.log_locked(&mut st, affected);
+        }
+    }
+
     fn remove(&self, uid: &str) {
         let mut st = self.lock();
         let uid: Arc<str> = Arc::from(uid);
@@ -919,6 +936,25 @@ mod tests {
         assert_eq!(changed(v), Some(vec![]), "the note is gone");
         obs(Observed::Remove { uid: "u1" });
         assert_eq!(changed(v), Some(vec![key("n1")]));
+    }
+
+    #[test]
+    fn clearing_forgets_every_primary() {
+        let (map, obs) = map();
+        obs(Observed::Upsert {
+            uid: "u1",
+            obj: &job("j1", "d"),
+            shards: &[3],
+        });
+        let v = *map.shared.subscribe().borrow();
+        map.shared.clear();
+        assert!(map.is_empty());
+        assert_eq!(
+            map.shared.shards_of_referenced(&key("d")),
+            Vec::<u32>::new()
+        );
+        assert_eq!(map.shared.changed_since(v), Some(vec![key("d")]));
+        assert_eq!(map.shared.primaries_changed_since(v), Some(vec![key("j1")]));
     }
 
     #[test]

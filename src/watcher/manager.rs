@@ -330,6 +330,10 @@ where
         for sub in self.subs.values() {
             sub.abort.abort();
         }
+        if let Some((map, _)) = &self.settings.feeds {
+            // what this index held is no longer known: a new feeding watcher starts from nothing
+            map.clear();
+        }
         debug!(watcher = %self.settings.name, "sharded watcher stopped: its stream was dropped");
     }
 
