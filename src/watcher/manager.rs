@@ -77,6 +77,8 @@ pub(crate) struct Settings<K: Resource> {
 }
 
 struct Sub {
+    /// The last request failed and nothing succeeded since.
+    failing: bool,
     ranges: RangeSet,
     selector: Option<ShardSelector>,
     synced_rv: Option<String>,
@@ -142,6 +144,7 @@ pub(crate) struct Manager<K: Resource> {
     barriers: BTreeMap<u32, Barrier>,
     reenqueue_wait: BTreeSet<u32>,
     probing: bool,
+    serving_dirty: bool,
     last_error_item: Option<Instant>,
     /// The dependency-map version the index was last re-placed at.
     dep_seen: u64,
@@ -209,6 +212,7 @@ where
             barriers: BTreeMap::new(),
             reenqueue_wait: BTreeSet::new(),
             probing: false,
+            serving_dirty: true,
             last_error_item: None,
             dep_seen: 0,
         }
@@ -480,6 +484,7 @@ where
         self.stats
             .subwatches
             .store(self.subs.len() as u64, Ordering::Relaxed);
+        self.serving_dirty = true;
     }
 
     fn spawn_sub(&mut self, ranges: RangeSet, selector: Option<ShardSelector>, start: Start) {
@@ -515,6 +520,7 @@ where
         self.subs.insert(
             id,
             Sub {
+                failing: false,
                 ranges,
                 selector,
                 passed: parse_rv(synced_rv.as_deref()),
@@ -623,7 +629,9 @@ where
                 if let Some(sub) = self.subs.get_mut(&id) {
                     sub.synced_rv = rv;
                     sub.passed = sub.passed.max(rv_n);
+                    sub.failing = false;
                 }
+                self.serving_dirty = true;
                 // a newly synced sub-watch may make merging possible
                 self.replan(None);
             }
@@ -670,6 +678,10 @@ where
                     return;
                 }
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                if let Some(sub) = self.subs.get_mut(&id) {
+                    sub.failing = true;
+                }
+                self.serving_dirty = true;
                 if invalid_selector {
                     self.fall_back(FlipCause::InvalidSelector);
                 }
@@ -711,9 +723,26 @@ where
     }
 
     fn advance(&mut self, id: SubId, rv: Option<&str>) {
-        if let (Some(sub), Some(rv)) = (self.subs.get_mut(&id), parse_rv(rv)) {
-            sub.passed = sub.passed.max(Some(rv));
+        if let Some(sub) = self.subs.get_mut(&id) {
+            if sub.failing {
+                sub.failing = false;
+                self.serving_dirty = true;
+            }
+            if let Some(rv) = parse_rv(rv) {
+                sub.passed = sub.passed.max(Some(rv));
+            }
         }
+    }
+
+    /// Publish the shards served now: read by a synced sub-watch that is not failing.
+    fn publish_serving(&self) {
+        let serving: BTreeSet<u32> = self
+            .read
+            .iter()
+            .copied()
+            .filter(|s| self.covering(*s).is_some_and(|sub| !sub.failing))
+            .collect();
+        self.reader.set_serving(serving);
     }
 
     // === warm, barrier ===
@@ -1119,6 +1148,10 @@ where
                     .fetch_add(refs.len() as u64, Ordering::Relaxed);
                 self.outq.push_back(Out::Reenqueue(refs));
             }
+        }
+        if self.serving_dirty {
+            self.serving_dirty = false;
+            self.publish_serving();
         }
         // a tombstone every sub-watch has passed can never be replayed again
         if let Some(passed) = self.subs.values().map(|s| s.passed).min().flatten() {

@@ -1,7 +1,8 @@
 mod dependent;
+mod fenced;
 mod group;
 mod model_common;
 mod model_handoff;
 mod model_takeover;
-mod watcher;
 mod realtime;
+mod watcher;
