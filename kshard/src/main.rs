@@ -9,6 +9,12 @@
 //!   the reason on stderr.
 //! - `kshard testserver [--listen ADDR] [--kubeconfig-out PATH] [--shard-selector on|off]` prints
 //!   `serving URL` once it listens (the kubeconfig is written before), then serves until SIGINT/SIGTERM.
+//! - `kshard demo [--json] ...` runs the sharded example operator end to end; with `--json` it prints exactly
+//!   one JSON object on stdout at the end (progress on stderr); exit 0 only when every invariant held.
+//! - `kshard status|explain|pin|unpin|pause|resume [--kubeconfig PATH] [-n NS] [--group G] [--json]` operate
+//!   a live shard group; with `--json` each prints one JSON object.
+//! - `kshard operator ...` (hidden) runs the example operator; with `--metrics-addr` its first stdout line is
+//!   `metrics http://ADDR`.
 #![forbid(unsafe_code)]
 
 mod cli;
