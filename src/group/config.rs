@@ -51,6 +51,9 @@ pub struct GroupConfig {
     pub unhealthy_after_fenced: Duration,
     /// Shadow mode: compute and report ownership, admit nothing (for migrating from leader election).
     pub shadow: bool,
+    /// Admit nothing while this leader-election Lease (`name` in the group namespace, or `namespace/name`)
+    /// has a live holder: run beside the old leader-elected deployment, take over when it is gone.
+    pub legacy_leader_lease: Option<String>,
 }
 
 impl GroupConfig {
@@ -77,6 +80,7 @@ impl GroupConfig {
             move_timeout: Duration::from_secs(60),
             unhealthy_after_fenced: Duration::from_secs(60),
             shadow: false,
+            legacy_leader_lease: None,
         }
     }
 

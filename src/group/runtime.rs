@@ -27,7 +27,7 @@ use super::events::{Events, Kind};
 use super::metrics::GroupMetrics;
 use super::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
 use super::status::{GroupStatus, Health};
-use crate::ownership::{state::Event as OwnEvent, MemberId, MoveId, Ownership, ShardState};
+use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
 /// Why the member task stopped.
@@ -94,6 +94,8 @@ pub(crate) struct Runtime {
     events: Events,
     handoffs: u64,
     takeovers_done: u64,
+    /// The legacy leader Lease: (renewTime last seen, when it last changed on our clock).
+    legacy: Option<(Option<String>, Instant)>,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -138,6 +140,7 @@ impl Runtime {
             events,
             handoffs: 0,
             takeovers_done: 0,
+            legacy: None,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             vacuous_readers: ownership.inner.readers.is_empty(),
@@ -189,6 +192,10 @@ impl Runtime {
     pub(crate) async fn run(mut self, mut leave: oneshot::Receiver<()>) -> Result<(), GroupError> {
         let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member);
         async move {
+            if self.cfg.shadow {
+                info!("shadow mode: ownership is computed and reported, nothing is admitted");
+                self.ownership.set_hold(Some(Hold::Shadow));
+            }
             let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
             let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
             // the streams back off by themselves: a failing watch never blocks renewals in this loop
@@ -255,6 +262,7 @@ impl Runtime {
                     } else {
                         self.renew().await;
                     }
+                    self.check_legacy_leader().await;
                     self.elect().await;
                     if self.leader {
                         self.coordinate().await;
@@ -730,6 +738,57 @@ impl Runtime {
                 self.assignment_cm = None;
             }
             Event::Init | Event::InitDone => {}
+        }
+    }
+
+    /// While a legacy leader-election Lease has a live holder, hold admission (unless in shadow mode,
+    /// which holds it anyway).
+    async fn check_legacy_leader(&mut self) {
+        let Some(spec) = self.cfg.legacy_leader_lease.clone() else {
+            return;
+        };
+        let (ns, name) = match spec.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (self.cfg.namespace.clone(), spec.clone()),
+        };
+        let api: Api<Lease> = Api::namespaced(self.leases.clone().into_client(), &ns);
+        let now = Instant::now();
+        let live = match self.bounded(api.get_opt(&name)).await {
+            Ok(Some(l)) => {
+                let spec = l.spec.unwrap_or_default();
+                let renew = spec.renew_time.map(|t| t.0.to_string());
+                let duration =
+                    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+                let changed_at = match &self.legacy {
+                    Some((seen, at)) if *seen == renew => *at,
+                    _ => now,
+                };
+                self.legacy = Some((renew, changed_at));
+                spec.holder_identity.is_some_and(|h| !h.is_empty())
+                    && now.duration_since(changed_at) < duration
+            }
+            Ok(None) => false,
+            // cannot tell: keep the current hold
+            Err(err) => {
+                debug!(error = %err, "cannot read the legacy leader lease");
+                return;
+            }
+        };
+        if self.cfg.shadow {
+            return;
+        }
+        let held = self.ownership.admission_hold().is_some();
+        if live && !held {
+            info!(lease = %spec, "a legacy leader holds its lease: admitting nothing until it is gone");
+            self.ownership.set_hold(Some(Hold::LegacyLeader));
+        } else if !live && held {
+            info!(lease = %spec, "the legacy leader is gone: admitting owned shards");
+            self.events.emit(
+                Kind::Normal,
+                "LegacyLeaderGone",
+                format!("{spec} has no live holder: admitting"),
+            );
+            self.ownership.set_hold(None);
         }
     }
 

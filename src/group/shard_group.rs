@@ -261,6 +261,24 @@ impl ShardGroupBuilder {
         self
     }
 
+    /// Shadow mode: join, compute and report ownership, admit nothing ([`AdmitError::Held`]). For trying the
+    /// group beside an existing deployment.
+    ///
+    /// [`AdmitError::Held`]: crate::ownership::AdmitError::Held
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.config.shadow = shadow;
+        self
+    }
+
+    /// Admit nothing while the leader-election Lease `lease` (`name` in the group namespace, or
+    /// `namespace/name`) has a live holder — a holder whose `renewTime` this member sees change within its
+    /// `leaseDurationSeconds`. Migrate from leader election by deploying beside the old version: the group
+    /// takes over when the old leader is gone (every owned shard is re-enqueued then).
+    pub fn legacy_leader_lease(mut self, lease: impl Into<String>) -> Self {
+        self.config.legacy_leader_lease = Some(lease.into());
+        self
+    }
+
     /// `/healthz` fails once self-fenced this long (default 60 s).
     pub fn unhealthy_after_fenced(mut self, d: Duration) -> Self {
         self.config.unhealthy_after_fenced = d;

@@ -152,6 +152,15 @@ pub enum AdmitError {
         /// The shard.
         shard: u32,
     },
+    /// Admission is held for the whole member: shadow mode, or a legacy leader-election Lease still has a
+    /// live holder. Retry later (the hold lifting re-enqueues every owned shard).
+    #[error("admission is held ({reason}): shard {shard} is not admitted")]
+    Held {
+        /// The shard.
+        shard: u32,
+        /// Why.
+        reason: &'static str,
+    },
     /// The object cannot be placed in a shard (for example it has no uid under the `uid` key).
     #[error("object cannot be placed in a shard: {0}")]
     Key(#[from] crate::hash::KeyError),
@@ -163,7 +172,9 @@ impl AdmitError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            AdmitError::NotAdmitted { .. } | AdmitError::SelfFenced { .. }
+            AdmitError::NotAdmitted { .. }
+                | AdmitError::SelfFenced { .. }
+                | AdmitError::Held { .. }
         )
     }
 }
@@ -203,6 +214,9 @@ fn precheck(
 ) -> Result<(u64, Arc<Gate>), AdmitError> {
     match snap.state.shard(shard) {
         Some(ShardState::Owned { epoch }) => {
+            if let Some(reason) = inner.hold_reason() {
+                return Err(AdmitError::Held { shard, reason });
+            }
             if snap.state.is_fenced() || !inner.renewal_valid(snap) {
                 return Err(AdmitError::SelfFenced { shard });
             }

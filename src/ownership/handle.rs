@@ -65,9 +65,43 @@ pub(crate) struct Inner {
     changed: watch::Sender<u64>,
     /// The read streams registered by the read path (warm and activation need all of them).
     pub(crate) readers: Arc<crate::watcher::registry::Readers>,
+    /// A member-wide admission hold (0 = none); see [`Hold`].
+    hold: std::sync::atomic::AtomicU8,
+}
+
+/// Why a member admits nothing although it owns shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Hold {
+    /// Shadow mode: ownership is computed and reported, nothing is admitted.
+    Shadow,
+    /// A legacy leader-election Lease still has a live holder (migration from leader election).
+    LegacyLeader,
+}
+
+impl Hold {
+    fn code(self) -> u8 {
+        match self {
+            Hold::Shadow => 1,
+            Hold::LegacyLeader => 2,
+        }
+    }
+
+    fn reason(code: u8) -> Option<&'static str> {
+        match code {
+            1 => Some("shadow mode"),
+            2 => Some("a legacy leader-election lease has a live holder"),
+            _ => None,
+        }
+    }
 }
 
 impl Inner {
+    /// The member-wide admission hold, if any.
+    pub(crate) fn hold_reason(&self) -> Option<&'static str> {
+        Hold::reason(self.hold.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
     }
@@ -131,6 +165,7 @@ impl Ownership {
                 writer: Mutex::new(Vec::new()),
                 changed,
                 readers: Arc::default(),
+                hold: std::sync::atomic::AtomicU8::new(0),
             }),
         }
     }
@@ -271,6 +306,42 @@ impl Ownership {
             snap.renewal = None;
             st.apply_event(Event::SelfFenced)
         })
+    }
+
+    /// Hold (or release) admission for the whole member. Releasing a hold re-enqueues every Owned shard
+    /// (cause [`AdmitCause::Unfenced`]: the member became admissible again).
+    pub(crate) fn set_hold(&self, hold: Option<Hold>) {
+        let code = hold.map_or(0, Hold::code);
+        let before = self
+            .inner
+            .hold
+            .swap(code, std::sync::atomic::Ordering::AcqRel);
+        if before != 0 && code == 0 {
+            self.step_with(|st, _| {
+                let transitions = st
+                    .shards()
+                    .filter(|(_, s)| matches!(s, ShardState::Owned { .. }))
+                    .map(|(shard, from)| ShardTransition {
+                        shard,
+                        from: Some(from),
+                        to: Some(from),
+                        admitted: Some(super::state::AdmitCause::Unfenced),
+                    })
+                    .collect();
+                Applied {
+                    transitions,
+                    ignored: false,
+                }
+            });
+        } else if before != code {
+            self.inner.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// The member-wide admission hold, if any (shadow mode, or a live legacy leader).
+    #[must_use]
+    pub fn admission_hold(&self) -> Option<&'static str> {
+        self.inner.hold_reason()
     }
 
     /// Rejoin as a new incarnation after a takeover (or a lost Lease): everything held is dropped, the

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 pub use admission::{AdmitError, Permit};
 pub use fence::{Fence, FenceError};
-pub use handle::{Ownership, Snapshot, Transitions};
+pub use handle::{Hold, Ownership, Snapshot, Transitions};
 pub use state::{
     Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
     ShardState, ShardTransition,

@@ -77,7 +77,11 @@ where
 pub fn admit<K: Resource>(ownership: &Ownership, obj: &K) -> Result<Permit, Action> {
     match ownership.admit(obj) {
         Ok(permit) => Ok(permit),
-        Err(e @ (AdmitError::NotAdmitted { .. } | AdmitError::SelfFenced { .. })) => {
+        Err(
+            e @ (AdmitError::NotAdmitted { .. }
+            | AdmitError::SelfFenced { .. }
+            | AdmitError::Held { .. }),
+        ) => {
             debug!(error = %e, "held but not admitted: requeue");
             Err(Action::requeue(ownership.requeue_delay()))
         }

@@ -1130,3 +1130,132 @@ async fn a_stale_assignment_written_back_is_ignored() {
     }
     check_fences(&log);
 }
+
+#[tokio::test(start_paused = true)]
+async fn shadow_member_owns_and_reports_but_admits_nothing() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let a = spawn(&server, "a", &log);
+    let shadow = spawn_with(builder(&server, "s").shadow(true), "s", &log);
+    let refs = [&a, &shadow];
+    until(Duration::from_secs(30), "settled", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    let owned: Vec<u32> = owners(&[&shadow]).keys().copied().collect();
+    assert!(
+        !owned.is_empty(),
+        "the shadow member computes and holds its share"
+    );
+    for s in &owned {
+        assert!(matches!(
+            shadow.ownership().admit_shard(*s),
+            Err(kube_shard::ownership::AdmitError::Held { .. })
+        ));
+    }
+    assert_eq!(shadow.ownership().admission_hold(), Some("shadow mode"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        log.lock().unwrap().iter().all(|r| r.member != "s"),
+        "no fence ever issued in shadow mode"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let server = server();
+    setup(&server).await;
+    // the old, leader-elected deployment keeps renewing its lease
+    let leases: Api<Lease> = Api::namespaced(server.client("old"), CP_NS);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("old-leader".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("old-0".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewer = {
+        let (leases, stop) = (leases.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let mut l = leases.get("old-leader").await.unwrap();
+                let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + n).unwrap();
+                l.spec.as_mut().unwrap().renew_time = Some(MicroTime(t));
+                leases
+                    .replace("old-leader", &PostParams::default(), &l)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let log = FenceLog::default();
+    let ms: Vec<Member> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            spawn_with(
+                builder(&server, n).legacy_leader_lease("old-leader"),
+                n,
+                &log,
+            )
+        })
+        .collect();
+    let mut transitions: Vec<_> = ms.iter().map(|m| m.ownership().transitions()).collect();
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "settled", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for m in &ms {
+        assert!(
+            m.ownership().admission_hold().is_some(),
+            "held while the old leader renews"
+        );
+    }
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "nothing admitted beside a live legacy leader"
+    );
+    // the old deployment goes away
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    renewer.await.unwrap();
+    until(
+        Duration::from_secs(30),
+        "admitting after the old leader is gone",
+        || ms.iter().all(|m| m.ownership().admission_hold().is_none()),
+    )
+    .await;
+    for (m, t) in ms.iter().zip(transitions.iter_mut()) {
+        let owned = owned_count(m);
+        let mut reenqueued = 0;
+        while let Some(tr) = t.try_next_transition() {
+            if tr.is_reenqueue() {
+                reenqueued += 1;
+            }
+        }
+        assert!(
+            reenqueued >= owned,
+            "every owned shard re-enqueued when the hold lifts"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !log.lock().unwrap().is_empty(),
+        "fences are issued once the hold lifted"
+    );
+    check_fences(&log);
+}
