@@ -811,38 +811,24 @@ where
         let Some(range) = self.shard_range(shard) else {
             return;
         };
-        let mut selector = self.barrier_selector(range);
+        let selector = self.barrier_selector(range);
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
         tokio::spawn(async move {
-            let mut backoff = subwatch::default_backoff();
-            loop {
-                match subwatch::list_all::<serde_json::Value>(
-                    &client,
-                    &requests,
-                    selector.as_ref(),
-                    &ListFrom::Consistent,
-                    Some(1),
-                )
-                .await
-                {
-                    Ok(l) => {
-                        let rv = parse_rv(l.resource_version.as_deref());
-                        let _ = tx.send(Ctl::BarrierVersion { shard, epoch, rv }).await;
-                        return;
-                    }
-                    Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
-                        selector = None;
-                    }
-                    Err(err) => {
-                        debug!(shard, error = %err, "barrier version LIST failed; retrying");
-                        if tx.is_closed() {
-                            return;
-                        }
-                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
-                    }
-                }
+            let listed = list_retrying::<serde_json::Value>(
+                &client,
+                &requests,
+                selector,
+                ListFrom::Consistent,
+                Some(1),
+                || tx.is_closed(),
+                "barrier version",
+            )
+            .await;
+            if let Some(l) = listed {
+                let rv = parse_rv(l.resource_version.as_deref());
+                let _ = tx.send(Ctl::BarrierVersion { shard, epoch, rv }).await;
             }
         });
     }
@@ -851,46 +837,32 @@ where
         let Some(range) = self.shard_range(shard) else {
             return;
         };
-        let mut selector = self.barrier_selector(range);
+        let selector = self.barrier_selector(range);
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let mut backoff = subwatch::default_backoff();
-            loop {
-                match subwatch::list_all::<K>(
-                    &client,
-                    &requests,
-                    selector.as_ref(),
-                    &ListFrom::NotOlderThan(rv.to_string()),
-                    None,
-                )
-                .await
-                {
-                    Ok(l) => {
-                        let rv = parse_rv(l.resource_version.as_deref());
-                        let _ = tx
-                            .send(Ctl::BarrierListed {
-                                shard,
-                                epoch,
-                                objects: l.items,
-                                rv,
-                            })
-                            .await;
-                        return;
-                    }
-                    Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
-                        selector = None;
-                    }
-                    Err(err) => {
-                        debug!(shard, error = %err, "targeted barrier LIST failed; retrying");
-                        if tx.is_closed() {
-                            return;
-                        }
-                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
-                    }
-                }
+            let listed = list_retrying::<K>(
+                &client,
+                &requests,
+                selector,
+                ListFrom::NotOlderThan(rv.to_string()),
+                None,
+                || tx.is_closed(),
+                "targeted barrier",
+            )
+            .await;
+            if let Some(l) = listed {
+                let rv = parse_rv(l.resource_version.as_deref());
+                let _ = tx
+                    .send(Ctl::BarrierListed {
+                        shard,
+                        epoch,
+                        objects: l.items,
+                        rv,
+                    })
+                    .await;
             }
         });
     }
@@ -901,30 +873,25 @@ where
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let mut backoff = subwatch::default_backoff();
-            loop {
-                match subwatch::list_all::<K>(&client, &requests, None, &ListFrom::Consistent, None)
-                    .await
-                {
-                    Ok(l) => {
-                        let rv = parse_rv(l.resource_version.as_deref());
-                        let _ = tx
-                            .send(Ctl::FullListed {
-                                barriers,
-                                objects: l.items,
-                                rv,
-                            })
-                            .await;
-                        return;
-                    }
-                    Err(err) => {
-                        debug!(error = %err, "barrier LIST failed; retrying");
-                        if tx.is_closed() {
-                            return;
-                        }
-                        tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
-                    }
-                }
+            let listed = list_retrying::<K>(
+                &client,
+                &requests,
+                None,
+                ListFrom::Consistent,
+                None,
+                || tx.is_closed(),
+                "collection barrier",
+            )
+            .await;
+            if let Some(l) = listed {
+                let rv = parse_rv(l.resource_version.as_deref());
+                let _ = tx
+                    .send(Ctl::FullListed {
+                        barriers,
+                        objects: l.items,
+                        rv,
+                    })
+                    .await;
             }
         });
     }
@@ -1191,6 +1158,35 @@ async fn dep_changed(rx: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Opti
             Err(_) => None,
         },
         None => futures::future::pending().await,
+    }
+}
+
+/// LIST until it succeeds, with the default backoff; a selector the server refuses is dropped (the caller
+/// filters the result locally either way). `None` once `stop()` says nobody waits for the result.
+async fn list_retrying<V: DeserializeOwned>(
+    client: &Client,
+    requests: &Requests,
+    mut selector: Option<ShardSelector>,
+    from: ListFrom,
+    limit: Option<u32>,
+    stop: impl Fn() -> bool,
+    what: &'static str,
+) -> Option<subwatch::Listed<V>> {
+    let mut backoff = subwatch::default_backoff();
+    loop {
+        match subwatch::list_all::<V>(client, requests, selector.as_ref(), &from, limit).await {
+            Ok(l) => return Some(l),
+            Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
+                selector = None
+            }
+            Err(err) => {
+                debug!(error = %err, what, "LIST failed; retrying");
+                if stop() {
+                    return None;
+                }
+                tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+            }
+        }
     }
 }
 
