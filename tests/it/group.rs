@@ -315,6 +315,19 @@ pub(crate) async fn assignment(server: &TestServer) -> Option<Assignment> {
     Assignment::decode(&text, s(), ShardKey::Uid).ok()
 }
 
+/// Spawn `names` and wait (at most 30 s of virtual time) until every shard is owned exactly once.
+pub(crate) async fn settled(server: &TestServer, names: &[&str], log: &FenceLog) -> Vec<Member> {
+    let ms: Vec<Member> = names.iter().map(|n| spawn(server, n, log)).collect();
+    {
+        let refs: Vec<&Member> = ms.iter().collect();
+        until(Duration::from_secs(30), "settled", || {
+            each_shard_owned_once(&refs)
+        })
+        .await;
+    }
+    ms
+}
+
 fn server() -> TestServer {
     TestServer::builder().shard_selector(true).build()
 }
@@ -379,17 +392,7 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let mut ms: Vec<Member> = ["a", "b", "c"]
-        .iter()
-        .map(|n| spawn(&server, n, &log))
-        .collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     let before = assignment(&server).await.unwrap();
     let held: Vec<usize> = ms.iter().map(owned_count).collect();
     // 16 shards over 4: quota 4 each
@@ -467,17 +470,7 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b", "c"]
-        .iter()
-        .map(|n| spawn(&server, n, &log))
-        .collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
     // let the coordinator's renewals be continuous for a lease period
     tokio::time::sleep(LEASE * 2).await;
     let victim = &ms[2];
@@ -559,17 +552,7 @@ async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() 
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b", "c"]
-        .iter()
-        .map(|n| spawn(&server, n, &log))
-        .collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     let victim = &ms[1];
     let incarnation = victim.handle.status().member.incarnation.clone();
@@ -642,17 +625,7 @@ async fn apiserver_outage_longer_than_the_lease_causes_no_mass_takeover() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b", "c"]
-        .iter()
-        .map(|n| spawn(&server, n, &log))
-        .collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     let incarnations: Vec<_> = ms.iter().map(|m| m.handle.status().member).collect();
     let gen = assignment(&server).await.unwrap().view.generation;
@@ -948,17 +921,7 @@ async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let mut ms: Vec<Member> = ["a", "b", "c"]
-        .iter()
-        .map(|n| spawn(&server, n, &log))
-        .collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     // slow the joiner's acks down so the moves are still in flight when the coordinator dies
     server.faults().latency(
