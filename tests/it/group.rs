@@ -590,14 +590,7 @@ async fn restart_under_the_same_name_inherits_nothing() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b"].iter().map(|n| spawn(&server, n, &log)).collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     let old = ms[1].handle.status().member.clone();
     ms[1].kill();
@@ -655,14 +648,7 @@ async fn deleted_assignment_is_recreated_above_the_old_generation() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b"].iter().map(|n| spawn(&server, n, &log)).collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b"], &log).await;
     let old = assignment(&server).await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     cms.delete(&format!("{GROUP}-assignment"), &DeleteParams::default())
@@ -694,14 +680,7 @@ async fn corrupt_assignment_keeps_the_last_good_view() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let ms: Vec<Member> = ["a", "b"].iter().map(|n| spawn(&server, n, &log)).collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let ms = settled(&server, &["a", "b"], &log).await;
     let before: Vec<usize> = ms.iter().map(owned_count).collect();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let mut cm = cms.get(&format!("{GROUP}-assignment")).await.unwrap();
@@ -1051,14 +1030,7 @@ async fn a_stale_assignment_written_back_is_ignored() {
     let server = server();
     setup(&server).await;
     let log = FenceLog::default();
-    let mut ms: Vec<Member> = ["a", "b"].iter().map(|n| spawn(&server, n, &log)).collect();
-    {
-        let refs: Vec<&Member> = ms.iter().collect();
-        until(Duration::from_secs(30), "settled", || {
-            each_shard_owned_once(&refs)
-        })
-        .await;
-    }
+    let mut ms = settled(&server, &["a", "b"], &log).await;
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let name = format!("{GROUP}-assignment");
     let stale_text = cms.get(&name).await.unwrap().data.unwrap()[DATA_KEY].clone();

@@ -242,6 +242,24 @@ async fn nothing_owned_still_initializes() {
     );
 }
 
+/// `base` at `generation`, with `shards` still owned by `owner` at epoch 1 and in `handoff`.
+fn handoff_view(
+    base: &AssignmentView,
+    generation: u64,
+    shards: &[u32],
+    owner: &MemberId,
+    handoff: Handoff,
+) -> AssignmentView {
+    let mut view = base.clone();
+    view.generation = generation;
+    shards.iter().fold(view, |v, s| {
+        v.with(
+            *s,
+            ShardAssignment::owned(owner.clone(), 1).with_handoff(handoff.clone()),
+        )
+    })
+}
+
 /// Ownership moves while a writer keeps updating: final stores equal the owned objects at their latest
 /// resourceVersion; the narrowed member lists nothing, the gaining member lists only the gained range.
 #[tokio::test(start_paused = true)]
@@ -291,17 +309,16 @@ async fn handoff_under_writes_loses_nothing_and_lists_only_gains() {
 
     // move shards 2 and 3 from a to b: Moving -> (b warm) -> Draining -> (a released) -> Owned(b)
     let moving: Vec<u32> = vec![2, 3];
-    let mut view2 = view1.clone();
-    view2.generation = 2;
-    for s in &moving {
-        view2 = view2.with(
-            *s,
-            ShardAssignment::owned(a.clone(), 1).with_handoff(Handoff::Moving {
-                id: 7,
-                to: b.clone(),
-            }),
-        );
-    }
+    let view2 = handoff_view(
+        &view1,
+        2,
+        &moving,
+        &a,
+        Handoff::Moving {
+            id: 7,
+            to: b.clone(),
+        },
+    );
     da.apply(&view2);
     db.apply(&view2);
     until(Duration::from_secs(30), "warm", || {
@@ -309,17 +326,16 @@ async fn handoff_under_writes_loses_nothing_and_lists_only_gains() {
         moving.iter().all(|s| acks.iter().any(|k| matches!(k, kube_shard::ownership::Ack::Warm { shard, move_id: 7 } if shard == s)))
     })
     .await;
-    let mut view3 = view1.clone();
-    view3.generation = 3;
-    for s in &moving {
-        view3 = view3.with(
-            *s,
-            ShardAssignment::owned(a.clone(), 1).with_handoff(Handoff::Draining {
-                id: 7,
-                to: b.clone(),
-            }),
-        );
-    }
+    let view3 = handoff_view(
+        &view1,
+        3,
+        &moving,
+        &a,
+        Handoff::Draining {
+            id: 7,
+            to: b.clone(),
+        },
+    );
     da.apply(&view3);
     db.apply(&view3);
     until(Duration::from_secs(30), "released", || {
