@@ -41,6 +41,10 @@ enum Command {
     Pause(crate::ops::GroupArgs),
     /// Resume rebalancing.
     Resume(crate::ops::GroupArgs),
+    /// Drain a member: its shards move to the others (ordinary handoffs) and it gets none until undrained.
+    Drain(crate::ops::DrainArgs),
+    /// Undrain a member: it is planned again and receives its share.
+    Undrain(crate::ops::UndrainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +153,13 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
         ),
         Command::Pause(args) => crate::ops::edit(&args, crate::ops::Edit::Pause, None, &mut out),
         Command::Resume(args) => crate::ops::edit(&args, crate::ops::Edit::Resume, None, &mut out),
+        Command::Drain(args) => crate::ops::drain(&args, &mut out),
+        Command::Undrain(args) => crate::ops::edit(
+            &args.group,
+            crate::ops::Edit::Undrain,
+            Some(&args.member),
+            &mut out,
+        ),
         Command::Demo(args) => {
             drop(out);
             crate::demo::run(args)

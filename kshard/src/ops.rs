@@ -1,6 +1,7 @@
-//! Operations against a live shard group: `kshard status`.
+//! Operations against a live shard group: `kshard status`, `explain`, and the assignment edits `pin`,
+//! `unpin`, `pause`, `resume`, `drain`, `undrain`.
 //!
-//! Read-only: it reads the group's assignment ConfigMap `<group>-assignment` and its Leases (members
+//! `status` and `explain` are read-only: they read the group's assignment ConfigMap `<group>-assignment` and its Leases (members
 //! `<group>-<name>` with their reports, the coordinator `<group>-coordinator`). `S` and the key are taken
 //! from the assignment itself.
 
@@ -44,6 +45,8 @@ pub(crate) struct MemberStatus {
     pub(crate) incarnation: String,
     pub(crate) ready: bool,
     pub(crate) leaving: bool,
+    /// Drained by `kshard drain`: planned with quota 0 until `kshard undrain`.
+    pub(crate) drained: bool,
     /// Seconds since `spec.renewTime` (by this machine's clock).
     pub(crate) lease_age_seconds: Option<f64>,
     pub(crate) owned: usize,
@@ -65,6 +68,8 @@ pub(crate) struct GroupStatusView {
     pub(crate) coordinator: Option<String>,
     pub(crate) generation: u64,
     pub(crate) paused: bool,
+    /// Members drained by `kshard drain` (by name).
+    pub(crate) drained: Vec<String>,
     pub(crate) moves_in_flight: usize,
     pub(crate) members: Vec<MemberStatus>,
     /// Shards without an owner in the assignment.
@@ -176,6 +181,7 @@ pub(crate) async fn read_group(
             incarnation,
             ready: report.ready,
             leaving: report.leaving,
+            drained: a.drained.contains(mname),
             lease_age_seconds: age.map(|x| (x * 10.0).round() / 10.0),
             owned: owned.len(),
             owned_shards: set_string(owned),
@@ -257,6 +263,7 @@ pub(crate) async fn read_group(
         coordinator,
         generation: a.view.generation,
         paused: a.paused,
+        drained: a.drained.iter().cloned().collect(),
         moves_in_flight: a.moves_in_flight(),
         members,
         unowned_count: unowned.len(),
@@ -312,7 +319,11 @@ pub(crate) fn status(args: &StatusArgs, out: &mut impl Write) -> Result<(), CliE
                 .map_or_else(|| "-".to_owned(), |a| format!("{a:.1}s")),
             m.owned,
             m.owned_shards,
-            if m.leaving { "  (leaving)" } else { "" }
+            match (m.leaving, m.drained) {
+                (true, _) => "  (leaving)",
+                (false, true) => "  (drained)",
+                (false, false) => "",
+            }
         )?;
     }
     writeln!(
@@ -370,6 +381,29 @@ pub(crate) struct UnpinArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct DrainArgs {
+    #[command(flatten)]
+    pub(crate) group: GroupArgs,
+    /// The member (name) to drain: its shards move to the other members through ordinary handoffs, and
+    /// it gets none until `kshard undrain` (also after a restart under the same name).
+    pub(crate) member: String,
+    /// Return once the drain is recorded, without waiting for the member to hand its shards off.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+    /// How long to wait for the member to own nothing.
+    #[arg(long, default_value = "5m", value_parser = crate::duration::parse_duration)]
+    pub(crate) timeout: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UndrainArgs {
+    #[command(flatten)]
+    pub(crate) group: GroupArgs,
+    /// The member (name) to plan again.
+    pub(crate) member: String,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ExplainArgs {
     #[command(flatten)]
     group: GroupArgs,
@@ -379,13 +413,15 @@ pub(crate) struct ExplainArgs {
     object: String,
 }
 
-/// What `pin`, `unpin`, `pause` and `resume` do to the assignment.
+/// What `pin`, `unpin`, `pause`, `resume`, `drain` and `undrain` do to the assignment.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Edit {
     Pin(u32),
     Unpin(u32),
     Pause,
     Resume,
+    Drain,
+    Undrain,
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -409,8 +445,9 @@ fn decode_any(name: &str, text: &str) -> Result<(Assignment, ShardCount, ShardKe
     Ok((a, s, key))
 }
 
-/// Change pins or the pause flag with a compare-and-swap on the assignment ConfigMap (the coordinator
-/// reads them at its next pass; the generation increases as with every assignment write).
+/// Change pins, the pause flag or the drained members with a compare-and-swap on the assignment
+/// ConfigMap (the coordinator reads them at its next pass; the generation increases as with every
+/// assignment write), and print the result.
 pub(crate) fn edit(
     args: &GroupArgs,
     edit: Edit,
@@ -420,7 +457,141 @@ pub(crate) fn edit(
     let rt = runtime()?;
     let a = rt.block_on(async {
         let client = crate::operator::client_from(args.kubeconfig.as_deref()).await?;
-        let api: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
+        edit_assignment(&client, args, edit, member).await
+    })?;
+    print_edit(args, &a, None, out)
+}
+
+/// `kshard drain MEMBER`: mark it drained, then (unless `--no-wait`) wait until the assignment gives it
+/// nothing and no move involving it is in flight.
+pub(crate) fn drain(args: &DrainArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let rt = runtime()?;
+    let g = &args.group;
+    let (a, waited) = rt.block_on(async {
+        let client = crate::operator::client_from(g.kubeconfig.as_deref()).await?;
+        let a = edit_assignment(&client, g, Edit::Drain, Some(&args.member)).await?;
+        let view = read_group(client.clone(), &g.namespace, &g.group).await?;
+        if !view.members.iter().any(|m| m.name == args.member) {
+            eprintln!(
+                "warning: group {:?} has no member named {:?} now; it is drained when it joins",
+                g.group, args.member
+            );
+        }
+        if a.paused {
+            eprintln!("warning: the group is paused: the drain starts when it is resumed");
+        }
+        if args.no_wait {
+            return Ok((a, None));
+        }
+        let start = std::time::Instant::now();
+        loop {
+            let a = read_assignment(&client, g).await?;
+            let held = holding(&a, &args.member);
+            if held == 0 {
+                return Ok((a, Some(start.elapsed())));
+            }
+            if start.elapsed() >= args.timeout {
+                return Err(CliError::failed(format!(
+                    "{} still holds {held} shards after {:?}: is another member live (a drained member keeps its shards when it is the only one)? is the group paused?",
+                    args.member, args.timeout
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })?;
+    let extra = serde_json::json!({
+        "member": args.member,
+        "holds": holding(&a, &args.member),
+        "waited_seconds": waited.map(|w| (w.as_secs_f64() * 100.0).round() / 100.0),
+    });
+    print_edit(g, &a, Some(extra), out)
+}
+
+/// Shards `member` (by name) owns or is receiving.
+fn holding(a: &Assignment, member: &str) -> usize {
+    a.view
+        .shards
+        .values()
+        .filter(|sa| {
+            let to = match &sa.handoff {
+                Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => Some(to),
+                _ => None,
+            };
+            sa.owner.name.as_ref() == member || to.is_some_and(|t| t.name.as_ref() == member)
+        })
+        .count()
+}
+
+async fn read_assignment(client: &Client, args: &GroupArgs) -> Result<Assignment, CliError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    let name = format!("{}-assignment", args.group);
+    let cm = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
+        .ok_or_else(|| {
+            CliError::failed(format!("no assignment ConfigMap {}/{name}", args.namespace))
+        })?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DATA_KEY))
+        .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
+    Ok(decode_any(&name, text)?.0)
+}
+
+fn print_edit(
+    args: &GroupArgs,
+    a: &Assignment,
+    extra: Option<serde_json::Value>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let drained: Vec<&String> = a.drained.iter().collect();
+    if args.json {
+        let pins: BTreeMap<String, String> = a
+            .pins
+            .iter()
+            .map(|(s, m)| (s.to_string(), m.clone()))
+            .collect();
+        let mut v = serde_json::json!({"generation": a.view.generation, "paused": a.paused, "pins": pins, "drained": drained});
+        if let (Some(obj), Some(serde_json::Value::Object(more))) = (v.as_object_mut(), extra) {
+            obj.extend(more);
+        }
+        serde_json::to_writer(&mut *out, &v)?;
+        writeln!(out)?;
+    } else {
+        let pins: Vec<String> = a.pins.iter().map(|(s, m)| format!("{s}={m}")).collect();
+        let names: Vec<&str> = drained.iter().map(|s| s.as_str()).collect();
+        write!(
+            out,
+            "generation {}  paused {}  pins [{}]  drained [{}]",
+            a.view.generation,
+            a.paused,
+            pins.join(","),
+            names.join(",")
+        )?;
+        if let Some(extra) = extra {
+            if let Some(w) = extra["waited_seconds"].as_f64() {
+                write!(
+                    out,
+                    "  {} owns nothing after {w:.1}s",
+                    extra["member"].as_str().unwrap_or_default()
+                )?;
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+async fn edit_assignment(
+    client: &Client,
+    args: &GroupArgs,
+    edit: Edit,
+    member: Option<&str>,
+) -> Result<Assignment, CliError> {
+    {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
         let name = format!("{}-assignment", args.group);
         for _ in 0..20 {
             let mut cm = api
@@ -452,6 +623,17 @@ pub(crate) fn edit(
                 }
                 Edit::Pause => a.paused = true,
                 Edit::Resume => a.paused = false,
+                Edit::Drain | Edit::Undrain
+                    if member.is_none_or(|m| m.is_empty() || m.len() > 253) =>
+                {
+                    return Err(CliError::failed("a member name is 1 to 253 characters"));
+                }
+                Edit::Drain => {
+                    a.drained.insert(member.unwrap_or_default().to_owned());
+                }
+                Edit::Undrain => {
+                    a.drained.remove(member.unwrap_or_default());
+                }
             }
             let now_ms =
                 u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
@@ -469,29 +651,7 @@ pub(crate) fn edit(
             }
         }
         Err(CliError::failed(format!("{name}: too many conflicts")))
-    })?;
-    if args.json {
-        let pins: BTreeMap<String, String> = a
-            .pins
-            .iter()
-            .map(|(s, m)| (s.to_string(), m.clone()))
-            .collect();
-        serde_json::to_writer(
-            &mut *out,
-            &serde_json::json!({"generation": a.view.generation, "paused": a.paused, "pins": pins}),
-        )?;
-        writeln!(out)?;
-    } else {
-        let pins: Vec<String> = a.pins.iter().map(|(s, m)| format!("{s}={m}")).collect();
-        writeln!(
-            out,
-            "generation {}  paused {}  pins [{}]",
-            a.view.generation,
-            a.paused,
-            pins.join(",")
-        )?;
     }
-    Ok(())
 }
 
 /// Where an object lives: its key value, hash, shard, and the shard's owner and epoch.

@@ -8,8 +8,11 @@
 //!  "owners":[{"name":"pod-0","incarnation":"a1b2","epoch":1764460800001,"shards":"0-127"},
 //!            {"name":"pod-1","incarnation":"c3d4","epoch":1764460800001,"shards":"128-255"}],
 //!  "moves":[{"shards":"120-127","id":17,"phase":"moving","toName":"pod-1","toIncarnation":"c3d4"}],
-//!  "pins":{"5":"pod-1"},"paused":false}
+//!  "pins":{"5":"pod-1"},"paused":false,"drained":["pod-2"]}
 //! ```
+//!
+//! `drained` (written by `kshard drain`) is omitted while empty, so an assignment without drained members
+//! stays readable by builds that predate the field.
 //!
 //! `S` and the key are immutable for a group: a decoded assignment whose `S` or key differs from the
 //! group's is refused loudly ([`AssignmentError::Mismatch`]). Decoding is strict: every rule broken is an
@@ -47,6 +50,10 @@ pub struct Assignment {
     pub pins: BTreeMap<u32, String>,
     /// Rebalancing paused (`kshard pause`): no new moves are started; takeovers still happen.
     pub paused: bool,
+    /// Drained members, by name (`kshard drain`): planned like leaving members (quota 0, pins to them
+    /// ignored) until undrained, whatever incarnation runs under the name. A drained member stays in the
+    /// group: it renews, and keeps its shards only when no undrained member is live.
+    pub drained: BTreeSet<String>,
 }
 
 impl Assignment {
@@ -60,6 +67,7 @@ impl Assignment {
             next_move_id: 1,
             pins: BTreeMap::new(),
             paused: false,
+            drained: BTreeSet::new(),
         }
     }
 
@@ -128,6 +136,7 @@ impl Assignment {
                 .map(|(s, n)| (s.to_string(), n.clone()))
                 .collect(),
             paused: self.paused,
+            drained: self.drained.iter().cloned().collect(),
         };
         serde_json::to_string(&wire).unwrap_or_default()
     }
@@ -243,6 +252,19 @@ impl Assignment {
             }
             pins.insert(shard, name.clone());
         }
+        let mut drained = BTreeSet::new();
+        for name in &wire.drained {
+            if name.is_empty() || name.len() > 253 {
+                return Err(AssignmentError::Invalid(format!(
+                    "drained member name {name:?}"
+                )));
+            }
+            if !drained.insert(name.clone()) {
+                return Err(AssignmentError::Invalid(format!(
+                    "member {name:?} is drained twice"
+                )));
+            }
+        }
         Ok(Assignment {
             shards,
             key,
@@ -250,6 +272,7 @@ impl Assignment {
             next_move_id: wire.next_move_id.max(1),
             pins,
             paused: wire.paused,
+            drained,
         })
     }
 
@@ -302,6 +325,8 @@ struct Wire {
     pins: BTreeMap<String, String>,
     #[serde(default)]
     paused: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    drained: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -384,6 +409,7 @@ mod tests {
             };
         }
         x.pins.insert(3, "pod-0".into());
+        x.drained.insert("pod-9".into());
         x
     }
 
@@ -427,6 +453,9 @@ mod tests {
             good.replace("\"paused\":false", "\"paused\":false,\"extra\":1"),
             good.replace("\"3\":\"pod-0\"", "\"x\":\"pod-0\""),
             good.replace("\"3\":\"pod-0\"", "\"99\":\"pod-0\""),
+            good.replace("[\"pod-9\"]", "[\"pod-9\",\"pod-9\"]"),
+            good.replace("[\"pod-9\"]", "[\"\"]"),
+            good.replace("[\"pod-9\"]", "\"pod-9\""),
             "x".repeat(MAX_TEXT + 1),
         ];
         for c in cases {
@@ -436,6 +465,16 @@ mod tests {
                 &c[..c.len().min(200)]
             );
         }
+    }
+
+    #[test]
+    fn drained_is_omitted_while_empty_so_older_readers_still_decode() {
+        let mut x = sample();
+        assert!(x.encode().contains("\"drained\":[\"pod-9\"]"));
+        x.drained.clear();
+        let text = x.encode();
+        assert!(!text.contains("drained"), "{text}");
+        assert_eq!(Assignment::decode(&text, s(), ShardKey::Uid).unwrap(), x);
     }
 
     #[test]

@@ -246,7 +246,8 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
                 planner::Member::new(m.id.clone())
                     .with_weight(m.report.as_ref().map_or(1, |r| r.weight.max(1)))
                     .with_joined(m.joined)
-                    .with_leaving(m.leaving())
+                    // a drained member is planned like a leaving one: quota 0, its set moves away
+                    .with_leaving(m.leaving() || cur.drained.contains(&*m.id.name))
                     .with_joining(m.joining)
             })
             .collect();
@@ -618,6 +619,58 @@ mod tests {
         let members = vec![obs("a"), obs("b")];
         let ages = BTreeMap::new();
         assert!(step(&input(&cur, &members, &ages)).assignment.is_none());
+    }
+
+    #[test]
+    fn a_drained_member_gives_its_set_away_but_keeps_it_when_nobody_else_is_live() {
+        let mut cur = settled(&["a", "b"]);
+        cur.drained.insert("a".into());
+        let held = cur.owned_by(&id("a")).len();
+        assert!(held > 0);
+        let ages = BTreeMap::new();
+        // a (drained) and b live: every shard of a moves to b, under the ordinary move bound
+        let members = vec![obs("a"), obs("b")];
+        let mut i = input(&cur, &members, &ages);
+        i.max_concurrent_moves = 2;
+        let next = step(&i).assignment.unwrap();
+        assert_eq!(
+            next.moves_in_flight(),
+            2,
+            "a drain is not exempt from the bound"
+        );
+        i.max_concurrent_moves = 64;
+        let next = step(&i).assignment.unwrap();
+        assert_eq!(next.moves_in_flight(), held);
+        assert!(next
+            .view
+            .shards
+            .values()
+            .filter(|a| a.owner == id("a"))
+            .all(|a| matches!(&a.handoff, Handoff::Moving { to, .. } if *to == id("b"))));
+        // a pin to a drained member is ignored
+        let mut pinned = cur.clone();
+        let b_shard = pinned.owned_by(&id("b")).iter().next().unwrap();
+        pinned.pins.insert(b_shard, "a".into());
+        let out = step(&input(&pinned, &members, &ages));
+        assert!(
+            out.notes.iter().any(|n| n.contains("ignored")),
+            "{:?}",
+            out.notes
+        );
+        let next = out.assignment.unwrap();
+        assert_eq!(next.view.shards[&b_shard].handoff, Handoff::Stable);
+        // only the drained member is live: it keeps everything (a drain never orphans a shard)
+        let alone = vec![obs("a")];
+        let mut only_a = Assignment::empty(cur.shards, cur.key);
+        for s in 0..cur.shards.get() {
+            only_a
+                .view
+                .shards
+                .insert(s, ShardAssignment::owned(id("a"), 1));
+        }
+        only_a.view.generation = 1;
+        only_a.drained.insert("a".into());
+        assert!(step(&input(&only_a, &alone, &ages)).assignment.is_none());
     }
 
     /// The race the handoff model found: the coordinator cancels a Draining move on a read of the source's

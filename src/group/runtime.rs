@@ -912,6 +912,7 @@ impl Runtime {
                     fresh.next_move_id = last.next_move_id;
                     fresh.pins = last.pins.clone();
                     fresh.paused = last.paused;
+                    fresh.drained = last.drained.clone();
                 }
                 fresh
             }

@@ -1194,3 +1194,91 @@ async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
     );
     check_fences(&log);
 }
+
+/// Change the assignment as `kshard pin|pause|drain` do: a compare-and-swap on the ConfigMap, above the
+/// current generation.
+pub(crate) async fn edit_assignment(server: &TestServer, edit: impl Fn(&mut Assignment)) {
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-assignment");
+    for _ in 0..10 {
+        let mut cm = cms.get(&name).await.unwrap();
+        let text = cm.data.as_ref().unwrap()[DATA_KEY].clone();
+        let mut a = Assignment::decode(&text, s(), ShardKey::Uid).unwrap();
+        edit(&mut a);
+        a.view.generation += 1;
+        cm.data
+            .as_mut()
+            .unwrap()
+            .insert(DATA_KEY.into(), a.encode());
+        match cms.replace(&name, &PostParams::default(), &cm).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("editing the assignment: {e}"),
+        }
+    }
+    panic!("too many conflicts editing the assignment");
+}
+
+#[tokio::test(start_paused = true)]
+async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_undrained() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let before = assignment(&server).await.unwrap();
+    let held_by_c = owned_count(&ms[2]);
+    assert!(held_by_c > 0);
+    edit_assignment(&server, |a| {
+        a.drained.insert("c".into());
+    })
+    .await;
+    {
+        let refs: Vec<&Member> = ms.iter().collect();
+        until(Duration::from_secs(30), "c is drained", || {
+            owned_count(refs[2]) == 0 && each_shard_owned_once(&refs[..2])
+        })
+        .await;
+    }
+    let drained = assignment(&server).await.unwrap();
+    let moved = (0..16u32)
+        .filter(|s| before.view.shards[s].owner != drained.view.shards[s].owner)
+        .count();
+    assert_eq!(moved, held_by_c, "a drain moves exactly the drained set");
+    assert_eq!(drained.moves_in_flight(), 0);
+    assert!(
+        drained.drained.contains("c"),
+        "the coordinator keeps the mark"
+    );
+    // the drained member stays in the group (it renews) and gets nothing, also as a new incarnation
+    let c = ms.pop().unwrap();
+    c.kill();
+    tokio::time::sleep(LEASE + GRACE + RETRY * 4).await;
+    ms.push(spawn(&server, "c", &log));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    {
+        let refs: Vec<&Member> = ms.iter().collect();
+        assert_eq!(
+            owned_count(refs[2]),
+            0,
+            "drained by name, not by incarnation"
+        );
+        assert!(each_shard_owned_once(&refs[..2]));
+        assert_eq!(
+            ms[0].handle.metrics().snapshot().live_members,
+            3,
+            "the drained member is a live member"
+        );
+    }
+    // undrain: c gets its share back through ordinary handoffs
+    edit_assignment(&server, |a| {
+        a.drained.remove("c");
+    })
+    .await;
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "c has its share again", || {
+        (5..=6).contains(&owned_count(refs[2])) && each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}

@@ -251,6 +251,39 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     let u = kshard(&["unpin", &shard.to_string()], &kc);
     assert!(u["pins"].as_object().unwrap().is_empty());
 
+    // drain member-b: it hands everything off (the command waits), stays a member, and gets its share
+    // back when undrained
+    let d = kshard(&["drain", "member-b", "--timeout", "30s"], &kc);
+    assert_eq!(d["drained"], serde_json::json!(["member-b"]), "{d}");
+    assert_eq!(d["holds"], 0, "{d}");
+    assert!(d["waited_seconds"].as_f64().is_some(), "{d}");
+    let v: Value = serde_json::from_str(&status(&kc, true).unwrap()).unwrap();
+    let by_name = |v: &Value, n: &str| {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by_name(&v, "member-b")["owned"], 0, "{v}");
+    assert_eq!(by_name(&v, "member-b")["drained"], true, "{v}");
+    assert_eq!(by_name(&v, "member-a")["owned"], 16, "{v}");
+    assert_eq!(v["unowned_count"], 0, "{v}");
+    let text = status(&kc, false).unwrap();
+    assert!(text.contains("(drained)"), "{text}");
+    let u = kshard(&["undrain", "member-b"], &kc);
+    assert_eq!(u["drained"], serde_json::json!([]), "{u}");
+    until(
+        Duration::from_secs(20),
+        "member-b has its share again",
+        || {
+            let v: Value = serde_json::from_str(&status(&kc, true).unwrap()).unwrap();
+            by_name(&v, "member-b")["owned"] == 8 && v["moves_in_flight"] == 0
+        },
+    );
+
     // SIGTERM: a graceful leave, the other member takes everything
     let pid = rustix::process::Pid::from_raw(a.0.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
