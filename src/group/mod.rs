@@ -1,10 +1,12 @@
 //! The shard-group control plane (`docs/DESIGN.md` §2, §3, §7): membership, the coordinator, the
 //! assignment planner, handoff, takeover and lifecycle.
 //!
-//! Only the pure part has landed so far: [`planner`], which turns membership and the current assignment
-//! into a target assignment with the fewest moves, and decides when the first plan may be made (cold-start
-//! settle) and when a join may be planned (join debounce). The Lease-driven membership, the coordinator and
-//! the `ShardGroup` builder land in this module next to it.
+//! Start a member with [`ShardGroup::builder`]; its [`GroupHandle`] gives the [`Ownership`](crate::ownership::Ownership)
+//! for the read path and the reconcile wrapper, status, health, metrics, a graceful leave, and
+//! [`Leadership`] for singleton work on the coordinator Lease. The pure parts are public for tools and
+//! tests: [`planner`] (the target assignment with the fewest moves, cold-start settle, join debounce),
+//! [`assignment`] (the ConfigMap codec) and [`report`] (the member report in its Lease). See
+//! `docs/control-plane.md`.
 
 pub mod assignment;
 pub mod config;
@@ -15,10 +17,12 @@ pub mod planner;
 pub mod report;
 mod runtime;
 mod shard_group;
+pub mod singleton;
 pub mod status;
 
 pub use config::{ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
+pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard};
 pub use status::{GroupStatus, Health};

@@ -10,6 +10,7 @@ use tracing::warn;
 use super::config::{ConfigError, GroupConfig};
 use super::metrics::GroupMetrics;
 use super::runtime::{new_incarnation, GroupError, Runtime};
+use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
 use crate::hash::ShardKey;
 use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig};
@@ -97,7 +98,9 @@ impl ShardGroup {
         let health = Health::new(c.unhealthy_after_fenced);
         let metrics = GroupMetrics::default();
         let (leave_tx, leave_rx) = oneshot::channel();
+        let (leader_tx, leader_rx) = watch::channel(None);
         let handle = GroupHandle {
+            leadership: leader_rx,
             ownership: ownership.clone(),
             status: status_rx,
             health: health.clone(),
@@ -116,12 +119,15 @@ impl ShardGroup {
                     status_tx,
                     health,
                     metrics,
+                    leader_tx,
                     leave_rx,
                 )
                 .await;
             }
             // built when the task first runs, so read streams created after `start` are counted
-            let runtime = Runtime::new(client, config, ownership, me, status_tx, health, metrics);
+            let runtime = Runtime::new(
+                client, config, ownership, me, status_tx, health, metrics, leader_tx,
+            );
             runtime.run(leave_rx).await
         })
     }
@@ -138,6 +144,7 @@ async fn run_dedicated(
     status_tx: watch::Sender<GroupStatus>,
     health: Health,
     metrics: GroupMetrics,
+    leadership: watch::Sender<Option<LeaderTerm>>,
     leave_rx: oneshot::Receiver<()>,
 ) -> Result<(), GroupError> {
     let (done_tx, done_rx) = oneshot::channel();
@@ -156,9 +163,11 @@ async fn run_dedicated(
                             what: "building the member's own client",
                             source,
                         })?;
-                    Runtime::new(client, config, ownership, me, status_tx, health, metrics)
-                        .run(leave_rx)
-                        .await
+                    Runtime::new(
+                        client, config, ownership, me, status_tx, health, metrics, leadership,
+                    )
+                    .run(leave_rx)
+                    .await
                 }),
                 Err(e) => Err(GroupError::Thread(e.to_string())),
             };
@@ -303,6 +312,7 @@ impl ShardGroupBuilder {
 #[derive(Clone, Debug)]
 pub struct GroupHandle {
     ownership: Ownership,
+    leadership: watch::Receiver<Option<LeaderTerm>>,
     status: watch::Receiver<GroupStatus>,
     health: Health,
     metrics: GroupMetrics,
@@ -338,6 +348,13 @@ impl GroupHandle {
     #[must_use]
     pub fn metrics(&self) -> GroupMetrics {
         self.metrics.clone()
+    }
+
+    /// Leadership of the group (the coordinator Lease), for work that must run once per group: see
+    /// [`Leadership::run_singleton`] and the fencing term it hands out.
+    #[must_use]
+    pub fn leadership(&self) -> Leadership {
+        Leadership::new(self.leadership.clone())
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

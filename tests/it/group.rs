@@ -1282,3 +1282,161 @@ async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_u
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
+
+/// One sample of singleton work: who ran it, in which term, when, and until when that term was valid.
+#[derive(Clone, Debug)]
+struct SingletonRun {
+    member: String,
+    term: u64,
+    at: Instant,
+    valid_until: Instant,
+}
+
+fn spawn_singleton(
+    m: &Member,
+    runs: &Arc<Mutex<Vec<SingletonRun>>>,
+) -> tokio::task::JoinHandle<()> {
+    let name = m.name.clone();
+    let runs = runs.clone();
+    let leadership = m.handle.leadership();
+    let probe = leadership.clone();
+    tokio::spawn(
+        m.freeze
+            .wrap(leadership.run_singleton("test", move |guard| {
+                let (name, runs, probe) = (name.clone(), runs.clone(), probe.clone());
+                async move {
+                    while let Ok(term) = guard.check() {
+                        let valid_until = probe.current().map_or(Instant::now(), |t| t.valid_until);
+                        runs.lock().unwrap().push(SingletonRun {
+                            member: name.clone(),
+                            term,
+                            at: Instant::now(),
+                            valid_until,
+                        });
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            })),
+    )
+}
+
+fn leader_of(ms: &[Member]) -> Vec<usize> {
+    (0..ms.len())
+        .filter(|i| ms[*i].handle.leadership().current().is_some())
+        .collect()
+}
+
+/// Terms never overlap: every sample of a later term comes after every sample of an earlier one, and one
+/// term is only ever run by one member. Returns per term: (first sample, last sample, last validity).
+fn check_singleton_runs(runs: &[SingletonRun]) -> BTreeMap<u64, (Instant, Instant, Instant)> {
+    let mut by_term: BTreeMap<u64, Vec<&SingletonRun>> = BTreeMap::new();
+    for r in runs {
+        by_term.entry(r.term).or_default().push(r);
+    }
+    let mut spans = BTreeMap::new();
+    for (term, rs) in &by_term {
+        let members: BTreeSet<&str> = rs.iter().map(|r| r.member.as_str()).collect();
+        assert_eq!(members.len(), 1, "term {term} ran on {members:?}");
+        let first = rs.iter().map(|r| r.at).min().unwrap();
+        let last = rs.iter().map(|r| r.at).max().unwrap();
+        let valid = rs.iter().map(|r| r.valid_until).max().unwrap();
+        eprintln!(
+            "term {term}: {members:?} ran {:?}, valid {:?} past its last sample",
+            last - first,
+            valid - last
+        );
+        spans.insert(*term, (first, last, valid));
+    }
+    let terms: Vec<u64> = spans.keys().copied().collect();
+    for w in terms.windows(2) {
+        assert!(
+            spans[&w[0]].1 < spans[&w[1]].0,
+            "term {} ran before term {} stopped",
+            w[1],
+            w[0]
+        );
+    }
+    spans
+}
+
+#[tokio::test(start_paused = true)]
+async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_leave() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let runs: Arc<Mutex<Vec<SingletonRun>>> = Arc::default();
+    let tasks: Vec<_> = ms.iter().map(|m| spawn_singleton(m, &runs)).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leaders = leader_of(&ms);
+    assert_eq!(leaders.len(), 1, "exactly one leader");
+    let first = leaders[0];
+    let first_term = ms[first].handle.leadership().current().unwrap().term;
+    {
+        let r = runs.lock().unwrap();
+        assert!(!r.is_empty());
+        assert!(r
+            .iter()
+            .all(|x| x.member == ms[first].name && x.term == first_term));
+    }
+    // the term is in the coordinator Lease
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client("admin"), CP_NS);
+    let lease = leases.get(&format!("{GROUP}-coordinator")).await.unwrap();
+    assert_eq!(
+        lease.metadata.annotations.unwrap()[kube_shard::group::singleton::TERM_ANNOTATION],
+        first_term.to_string()
+    );
+
+    // the leader's process stops (frozen): another member leads only after the old term lapsed
+    ms[first].freeze.set(true);
+    let frozen_at = Instant::now();
+    until(Duration::from_secs(30), "a new leader", || {
+        leader_of(&ms).iter().any(|i| *i != first)
+    })
+    .await;
+    let handover = frozen_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = *leader_of(&ms).iter().find(|i| **i != first).unwrap();
+    let second_term = ms[second].handle.leadership().current().unwrap().term;
+    assert!(second_term > first_term, "terms increase");
+    // the old leader resumes: it does not run again in its old term
+    ms[first].freeze.set(false);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(leader_of(&ms), vec![second], "one leader after the resume");
+    eprintln!("singleton handover after a stop: {handover:?} (lease {LEASE:?})");
+    assert!(handover >= LEASE, "nobody leads before the lease expired");
+
+    // a graceful leave of the leader hands leadership over at once
+    let leaver = ms.remove(second);
+    leaver.handle.leave();
+    let left_at = Instant::now();
+    until(Duration::from_secs(30), "a leader after the leave", || {
+        leader_of(&ms).len() == 1
+    })
+    .await;
+    let after_leave = left_at.elapsed();
+    eprintln!("singleton handover after a graceful leave: {after_leave:?}");
+    assert!(after_leave < LEASE, "the leaver released the lease");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let third_term = ms[leader_of(&ms)[0]]
+        .handle
+        .leadership()
+        .current()
+        .unwrap()
+        .term;
+    assert!(third_term > second_term);
+    for t in tasks {
+        t.abort();
+    }
+    let r = runs.lock().unwrap().clone();
+    let spans = check_singleton_runs(&r);
+    let terms: Vec<u64> = spans.keys().copied().collect();
+    assert_eq!(terms, vec![first_term, second_term, third_term]);
+    // after the stop, the successor started only once the stopped leader's term could no longer be valid
+    assert!(
+        spans[&first_term].2 < spans[&second_term].0,
+        "the successor ran while the stopped leader's term was valid"
+    );
+    check_fences(&log);
+}
