@@ -8,9 +8,13 @@
 //! sharded read path; ownership comes from a `ShardGroup`. SIGTERM (or SIGINT) leaves the group
 //! gracefully: the shards move away, then the process exits.
 //!
+//! One piece of work runs once per group, on the coordinator (`Leadership::run_singleton`, with a fencing
+//! term): collecting child ConfigMaps whose Widget is gone (see `gc`), every `--gc-interval`.
+//!
 //! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
 //! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
+mod gc;
 pub(crate) mod http;
 pub(crate) mod widget;
 
@@ -101,6 +105,9 @@ pub(crate) struct OperatorArgs {
     /// Install the Widget CRD if missing (idempotent: every replica may pass it).
     #[arg(long)]
     install_crd: bool,
+    /// How often the singleton (on the coordinator) collects child ConfigMaps whose Widget is gone.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    gc_interval: Duration,
     /// Serve `/metrics`, `/healthz` and `/readyz` on this address (off unless given; port 0 picks one).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -436,6 +443,22 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     read_metrics.register(&mut registry);
     op_metrics.register(&mut registry);
     handle.metrics().register(&mut registry);
+    let gc_metrics = gc::GcMetrics::default();
+    registry.register(
+        "kshard_singleton_term",
+        "The term this member runs the singleton in (0 when it does not lead)",
+        gc_metrics.term.clone(),
+    );
+    registry.register(
+        "kshard_orphans_collected",
+        "Child ConfigMaps whose Widget was gone, deleted by the singleton",
+        gc_metrics.collected.clone(),
+    );
+    registry.register(
+        "kshard_singleton_passes",
+        "Orphan collection passes completed",
+        gc_metrics.passes.clone(),
+    );
 
     // the read path: created before the group task first runs, so its warm reports are awaited
     let widgets: Api<Widget> = match &args.watch_namespace {
@@ -526,6 +549,26 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         )
         .for_each(|_| async {});
     let controller = tokio::spawn(controller);
+    let singleton = {
+        let (client, ns, every) = (
+            client.clone(),
+            args.watch_namespace.clone(),
+            args.gc_interval,
+        );
+        tokio::spawn(
+            handle
+                .leadership()
+                .run_singleton("orphan-children", move |guard| {
+                    gc::collect_orphans(
+                        client.clone(),
+                        ns.clone(),
+                        every,
+                        guard,
+                        gc_metrics.clone(),
+                    )
+                }),
+        )
+    };
 
     let mut group_task = group_task;
     tokio::select! {
@@ -542,6 +585,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     }
     eprintln!("{identity}: leaving the group");
     handle.leave();
+    let _singleton = singleton; // ends with the member's leadership
     let budget = args.drain_timeout + args.lease_duration * 2 + Duration::from_secs(10);
     let left = tokio::time::timeout(budget, &mut group_task).await;
     let _ = stop_tx.send(());

@@ -36,6 +36,7 @@ fn operator(kubeconfig: &Path, name: &str) -> (Running, String) {
         .args(["--settle", "1s", "--join-debounce", "500ms"])
         .args(["--expected-replicas", "2", "--shards", "16"])
         .args(["--install-crd", "--metrics-addr", "127.0.0.1:0"])
+        .args(["--gc-interval", "500ms"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -117,7 +118,7 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     assert!(status(&kc, true).is_none());
 
     let (mut a, a_addr) = operator(&kc, "member-a");
-    let (_b, _b_addr) = operator(&kc, "member-b");
+    let (_b, b_addr) = operator(&kc, "member-b");
     let mut last = Value::Null;
     until(Duration::from_secs(40), "a settled group", || {
         let Some(text) = status(&kc, true) else {
@@ -282,6 +283,53 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
             let v: Value = serde_json::from_str(&status(&kc, true).unwrap()).unwrap();
             by_name(&v, "member-b")["owned"] == 8 && v["moves_in_flight"] == 0
         },
+    );
+
+    // the singleton runs on the coordinator only, and collects a child whose Widget is gone (a bare API
+    // server has no garbage collector)
+    let coordinator = kshard(&["status"], &kc)["coordinator"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let term_of = |addr: &str| -> u64 {
+        http_get(addr, "/metrics")
+            .lines()
+            .find(|l| l.starts_with("kshard_singleton_term "))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap()
+    };
+    let (lead, other_addr) = if coordinator == "member-a" {
+        (&a_addr, &b_addr)
+    } else {
+        (&b_addr, &a_addr)
+    };
+    until(Duration::from_secs(10), "the singleton runs", || {
+        term_of(lead) > 0
+    });
+    assert_eq!(term_of(other_addr), 0, "the singleton runs once");
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(widgets.clone().into_client(), "default");
+    let orphan: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "orphan-widget", "labels": {"example.kube-shard.io/widget": "orphan"},
+            "ownerReferences": [{"apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+                "name": "orphan", "uid": "00000000-0000-4000-8000-000000000000", "controller": true}]}
+    }))
+    .unwrap();
+    rt.block_on(cms.create(&Default::default(), &orphan))
+        .unwrap();
+    until(
+        Duration::from_secs(10),
+        "the orphaned child is collected",
+        || rt.block_on(cms.get_opt("orphan-widget")).unwrap().is_none(),
+    );
+    assert!(
+        rt.block_on(cms.get_opt(&format!("{}-widget", "w1")))
+            .unwrap()
+            .is_some(),
+        "a child with a live Widget stays"
     );
 
     // SIGTERM: a graceful leave, the other member takes everything

@@ -1,0 +1,139 @@
+//! The operator's singleton: collect orphaned child ConfigMaps (whose Widget is gone).
+//!
+//! On a real cluster the garbage collector deletes them through their ownerReference; a bare apiserver
+//! (the embedded test server, or one without a controller manager) has none. This is work that must run
+//! once per group, not per object: after its Widget is deleted no shard owner is asked about a child. It
+//! runs on the coordinator through `Leadership::run_singleton`, re-checks its term before every delete,
+//! and deletes with a uid precondition.
+//!
+//! Order matters: children are listed **before** Widgets. A child in the first list was created before the
+//! Widget list was taken, and its Widget before the child, so a Widget missing from the second list was
+//! really deleted (never "created after the list").
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, ListParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::{Api, Client};
+use kube_shard::group::SingletonGuard;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tracing::{debug, info};
+
+use super::widget::{Widget, CHILD_LABEL};
+
+/// Metrics of the singleton.
+#[derive(Clone, Default)]
+pub(crate) struct GcMetrics {
+    /// The term this member runs the singleton in (0 when it does not).
+    pub(crate) term: Gauge,
+    /// Orphaned children deleted.
+    pub(crate) collected: Counter,
+    /// Collection passes completed.
+    pub(crate) passes: Counter,
+}
+
+/// Run collection passes every `interval` while `guard`'s term lasts.
+pub(crate) async fn collect_orphans(
+    client: Client,
+    namespace: Option<String>,
+    interval: Duration,
+    guard: SingletonGuard,
+    metrics: GcMetrics,
+) {
+    metrics
+        .term
+        .set(i64::try_from(guard.term()).unwrap_or(i64::MAX));
+    let _reset = ResetOnDrop(metrics.term.clone());
+    let (children, widgets): (Api<ConfigMap>, Api<Widget>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    loop {
+        match pass(&children, &widgets, &guard, &metrics).await {
+            Ok(n) if n > 0 => info!(
+                collected = n,
+                term = guard.term(),
+                "orphaned children deleted"
+            ),
+            Ok(_) => {}
+            Err(e) => debug!(error = %e, "orphan collection failed; retrying next pass"),
+        }
+        metrics.passes.inc();
+        tokio::time::sleep(interval).await;
+    }
+}
+
+struct ResetOnDrop(Gauge);
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        self.0.set(0);
+    }
+}
+
+async fn pass(
+    children: &Api<ConfigMap>,
+    widgets: &Api<Widget>,
+    guard: &SingletonGuard,
+    metrics: &GcMetrics,
+) -> Result<usize, kube::Error> {
+    let kids = children
+        .list_metadata(&ListParams::default().labels(CHILD_LABEL))
+        .await?;
+    let live: BTreeSet<String> = widgets
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|w| w.metadata.uid)
+        .collect();
+    let mut collected = 0;
+    for kid in kids.items {
+        let Some((ns, name, uid)) = orphan(&kid, &live) else {
+            continue;
+        };
+        if guard.check().is_err() {
+            break;
+        }
+        let api: Api<ConfigMap> = Api::namespaced(children.clone().into_client(), &ns);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &dp).await {
+            Ok(_) => {
+                collected += 1;
+                metrics.collected.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(collected)
+}
+
+/// `(namespace, name, uid)` of a child whose controlling Widget is not in `live`.
+fn orphan(
+    kid: &PartialObjectMeta<ConfigMap>,
+    live: &BTreeSet<String>,
+) -> Option<(String, String, String)> {
+    let m = &kid.metadata;
+    let owner = m
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Widget")?;
+    if live.contains(&owner.uid) {
+        return None;
+    }
+    Some((m.namespace.clone()?, m.name.clone()?, m.uid.clone()?))
+}
