@@ -105,6 +105,14 @@ pub(crate) struct OperatorArgs {
     /// Install the Widget CRD if missing (idempotent: every replica may pass it).
     #[arg(long)]
     install_crd: bool,
+    /// Shadow mode: join, plan and report ownership, but reconcile nothing (to watch the assignment beside
+    /// the current deployment first).
+    #[arg(long)]
+    shadow: bool,
+    /// Admit nothing while this leader-election Lease (`name` in `--namespace`, or `namespace/name`) has a
+    /// live holder: roll the sharded operator out beside a leader-elected one.
+    #[arg(long, value_name = "LEASE")]
+    legacy_leader_lease: Option<String>,
     /// How often the singleton (on the coordinator) collects child ConfigMaps whose Widget is gone.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     gc_interval: Duration,
@@ -429,6 +437,12 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         .settle(args.settle, args.join_debounce);
     if let Some(n) = args.expected_replicas {
         builder = builder.expected_replicas(n);
+    }
+    if args.shadow {
+        builder = builder.shadow(true);
+    }
+    if let Some(lease) = &args.legacy_leader_lease {
+        builder = builder.legacy_leader_lease(lease.clone());
     }
     let group = builder
         .build()

@@ -25,8 +25,13 @@ fn first_line(child: &mut Child) -> String {
 }
 
 fn operator(kubeconfig: &Path, name: &str) -> (Running, String) {
+    operator_with(kubeconfig, name, &[])
+}
+
+fn operator_with(kubeconfig: &Path, name: &str, extra: &[&str]) -> (Running, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .arg("operator")
+        .args(extra)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--group", "g", "-n", "default", "--identity", name])
@@ -358,4 +363,107 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
             && members[0]["owned"] == 16
             && v["unowned_count"] == 0
     });
+}
+
+#[test]
+fn shadow_operator_owns_shards_but_reconciles_nothing_and_a_legacy_leader_holds_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
+        .arg(&kc)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(first_line(&mut server).starts_with("serving http://"));
+    let _server = Running(server);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async {
+        let yaml = std::fs::read_to_string(&kc).unwrap();
+        let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    });
+    // a legacy leader that keeps renewing its lease
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), "default");
+    let lease = |holder: Option<&str>| -> k8s_openapi::api::coordination::v1::Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "old-leader"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 2,
+                     "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}
+        }))
+        .unwrap()
+    };
+    rt.block_on(leases.create(&Default::default(), &lease(Some("old"))))
+        .unwrap();
+    let renew = || {
+        let l = rt.block_on(leases.get("old-leader")).unwrap();
+        let mut l2 = lease(Some("old"));
+        l2.metadata.resource_version = l.metadata.resource_version;
+        let _ = rt.block_on(leases.replace("old-leader", &Default::default(), &l2));
+    };
+    let (_shadow, _) = operator_with(&kc, "member-a", &["--shadow"]);
+    let (_gated, _) = operator_with(&kc, "member-b", &["--legacy-leader-lease", "old-leader"]);
+    until(Duration::from_secs(40), "a settled group", || {
+        let Some(text) = status(&kc, true) else {
+            renew();
+            return false;
+        };
+        let v: Value = serde_json::from_str(&text).unwrap();
+        renew();
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["owned"] == 8)
+            && v["members"].as_array().unwrap().len() == 2
+    });
+    let ar = kube::api::ApiResource {
+        group: "example.kube-shard.io".into(),
+        version: "v1".into(),
+        api_version: "example.kube-shard.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), "default", &ar);
+    for i in 0..8 {
+        let w: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+            "metadata": {"name": format!("w{i}")}, "spec": {"size": i}
+        }))
+        .unwrap();
+        rt.block_on(widgets.create(&Default::default(), &w))
+            .unwrap();
+    }
+    // while the legacy leader renews, nobody reconciles: the shadow member never, the gated one not yet
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        renew();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let reconciled_by = || -> Vec<String> {
+        rt.block_on(widgets.list(&Default::default()))
+            .unwrap()
+            .items
+            .iter()
+            .filter_map(|w| w.data["status"]["reconciledBy"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(reconciled_by().is_empty(), "{:?}", reconciled_by());
+    // the legacy leader stops: the gated member reconciles its Widgets; the shadow member still nothing
+    until(
+        Duration::from_secs(20),
+        "the gated member reconciles",
+        || !reconciled_by().is_empty(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let by = reconciled_by();
+    assert!(by.iter().all(|m| m == "member-b"), "{by:?}");
 }
