@@ -135,20 +135,25 @@ fn parse_count(s: &str) -> Result<ShardCount, String> {
     s.parse().map_err(|e: kube_shard::ShardError| e.to_string())
 }
 
-/// A kube client from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
-pub(crate) async fn client_from(path: Option<&Path>) -> Result<Client, CliError> {
-    let config = match path {
+/// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
+pub(crate) async fn config_from(path: Option<&Path>) -> Result<kube::Config, CliError> {
+    match path {
         Some(p) => {
             let kc = kube::config::Kubeconfig::read_from(p)
                 .map_err(|e| CliError::failed(format!("kubeconfig {}: {e}", p.display())))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| CliError::failed(format!("kubeconfig {}: {e}", p.display())))?
+                .map_err(|e| CliError::failed(format!("kubeconfig {}: {e}", p.display())))
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| CliError::failed(format!("no kube config: {e}")))?,
-    };
+            .map_err(|e| CliError::failed(format!("no kube config: {e}"))),
+    }
+}
+
+/// A kube client from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
+pub(crate) async fn client_from(path: Option<&Path>) -> Result<Client, CliError> {
+    let config = config_from(path).await?;
     Client::try_from(config).map_err(|e| CliError::failed(format!("kube client: {e}")))
 }
 
@@ -412,7 +417,9 @@ pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
 }
 
 async fn operate(args: OperatorArgs) -> Result<(), CliError> {
-    let client = client_from(args.kubeconfig.as_deref()).await?;
+    let config = config_from(args.kubeconfig.as_deref()).await?;
+    let client = Client::try_from(config.clone())
+        .map_err(|e| CliError::failed(format!("kube client: {e}")))?;
     let read_client = match &args.widget_kubeconfig {
         Some(p) => client_from(Some(p)).await?,
         None => client.clone(),
@@ -434,7 +441,9 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         .takeover_grace(args.takeover_grace)
         .drain_timeout(args.drain_timeout)
         .fence_margin(args.fence_margin)
-        .settle(args.settle, args.join_debounce);
+        .settle(args.settle, args.join_debounce)
+        // renewals on their own thread and client: a burst of reconciles never delays them
+        .dedicated_thread(config);
     if let Some(n) = args.expected_replicas {
         builder = builder.expected_replicas(n);
     }
