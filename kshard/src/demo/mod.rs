@@ -7,7 +7,10 @@
 //! 1. waits until every Widget is reconciled (`status.observedGeneration == metadata.generation`);
 //! 2. starts a writer that keeps changing Widget specs until the end;
 //! 3. in a settled window in which the writer touches every Widget, measures each replica's read
-//!    amplification (distinct Widget uids delivered to its Widget read path ÷ Widgets it owns);
+//!    amplification: on the embedded server, distinct Widget uids delivered to its Widget read path ÷
+//!    Widgets it owns (the server's per-identity accounting); against a cluster (`--kubeconfig`), from the
+//!    replica's own metrics, Widget objects received ÷ those kept by the local filter
+//!    (`kube_shard_read_objects_received` and `kube_shard_read_dropped_out_of_range`, resource `widgets`);
 //! 4. scales to replicas+1 and counts the shards moved against the optimum;
 //! 5. SIGKILLs one replica (not the coordinator) and measures the failover (until its last shard is
 //!    admitted elsewhere);
@@ -914,8 +917,9 @@ impl Demo<'_> {
         }))
     }
 
-    /// In a settled window: reset the accounting, let the writer touch every Widget, then read the
-    /// distinct Widget uids delivered to each replica's Widget read path.
+    /// In a settled window: reset the accounting (read each replica's read counters), let the writer
+    /// touch every Widget, then read the distinct Widget uids delivered to each replica's Widget read path
+    /// (against a cluster: its read counters again).
     async fn measure_amplification(
         &mut self,
     ) -> Result<(Vec<f64>, Vec<Option<f64>>, String), CliError> {
@@ -929,6 +933,8 @@ impl Demo<'_> {
         if let Some(e) = &self.embedded {
             e.server.reset_accounting();
         }
+        // against a cluster: the replicas' own read counters at both ends of the window
+        let counters_before = self.read_counters().await;
         let start = self.writer_touched.load(Ordering::Relaxed);
         let n = self.args.objects as u64;
         let t0 = Instant::now();
@@ -953,6 +959,7 @@ impl Demo<'_> {
                 })
             })
             .collect();
+        let counters_after = self.read_counters().await;
         let g1 = self.snapshot().await;
         if g1.assignment.as_ref().map(|a| a.view.generation) != gen0 {
             self.say("warning: the assignment changed during the amplification window");
@@ -961,24 +968,31 @@ impl Demo<'_> {
         let mut fractions = Vec::new();
         let mut amps = Vec::new();
         let mut modes = BTreeSet::new();
-        for (r, acc) in self.replicas.iter().zip(&accounts) {
+        for (i, (r, acc)) in self.replicas.iter().zip(&accounts).enumerate() {
             let owned: u64 = g1
                 .owned_by(&r.name)
                 .iter()
                 .map(|sh| self.per_shard[sh as usize])
                 .sum();
             fractions.push(round4(owned as f64 / n.max(1) as f64));
-            amps.push(acc.map(|a| {
-                if owned == 0 {
-                    if a == 0 {
+            let amp = match acc {
+                // the embedded server: distinct uids delivered ÷ Widgets owned
+                Some(a) => Some(if owned == 0 {
+                    if *a == 0 {
                         1.0
                     } else {
                         f64::INFINITY
                     }
                 } else {
-                    round4(a as f64 / owned as f64)
-                }
-            }));
+                    round4(*a as f64 / owned as f64)
+                }),
+                // a cluster: the replica's own counters
+                None => match (counters_before[i], counters_after[i]) {
+                    (Some(b), Some(a)) => metered_amplification(b, a),
+                    _ => None,
+                },
+            };
+            amps.push(amp);
             if let Some(addr) = &r.metrics {
                 if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
                     let fb = metric_labeled(
@@ -1004,6 +1018,20 @@ impl Demo<'_> {
             "read amplification {amps:?}, owned fractions {fractions:?}, mode {mode}"
         ));
         Ok((fractions, amps, mode.to_owned()))
+    }
+
+    /// Per replica (`None` when it does not answer): its Widget stream's (objects received, dropped out of
+    /// range) counters.
+    async fn read_counters(&self) -> Vec<Option<(f64, f64)>> {
+        let mut out = Vec::new();
+        for r in &self.replicas {
+            let text = match (&r.metrics, r.alive) {
+                (Some(addr), true) => crate::operator::http::get(addr, "/metrics").await.ok(),
+                _ => None,
+            };
+            out.push(text.as_deref().and_then(read_counters));
+        }
+        out
     }
 
     fn check_fences(&mut self, report: &mut Report) {
@@ -1062,6 +1090,23 @@ fn metric_labeled(text: &str, name: &str, resource: &str) -> Option<f64> {
         let (k, v) = l.rsplit_once(' ')?;
         (k == key).then(|| v.parse().ok())?
     })
+}
+
+/// A replica's Widget read counters: (objects received, dropped out of range by the local filter).
+fn read_counters(text: &str) -> Option<(f64, f64)> {
+    let stream = crate::operator::WIDGET_STREAM;
+    Some((
+        metric_labeled(text, "kube_shard_read_objects_received_total", stream)?,
+        metric_labeled(text, "kube_shard_read_dropped_out_of_range_total", stream)?,
+    ))
+}
+
+/// Read amplification from a replica's counters over a window: received ÷ kept (received − dropped out
+/// of range). 1 when the server filters; ≈ N in fallback mode. `None` when it kept nothing.
+fn metered_amplification(before: (f64, f64), after: (f64, f64)) -> Option<f64> {
+    let received = after.0 - before.0;
+    let kept = received - (after.1 - before.1);
+    (kept > 0.0).then(|| round4(received / kept))
 }
 
 /// Shards moved by a scale-up and the planner's optimum: `Σ max(0, held − quota)` over the old members,
@@ -1188,6 +1233,20 @@ mod tests {
         assert_eq!(commit_order_violations(back.into_iter()), 1);
         let shared = [(1, 5, "a", 10), (1, 5, "b", 11)];
         assert_eq!(commit_order_violations(shared.into_iter()), 1);
+    }
+
+    #[test]
+    fn metered_amplification_is_received_over_kept() {
+        let text = "kube_shard_read_objects_received_total{resource=\"widgets\"} 300\n\
+                    kube_shard_read_dropped_out_of_range_total{resource=\"widgets\"} 200\n";
+        assert_eq!(read_counters(text), Some((300.0, 200.0)));
+        assert_eq!(read_counters("# nothing\n"), None);
+        // server mode: nothing dropped
+        assert_eq!(metered_amplification((10.0, 0.0), (110.0, 0.0)), Some(1.0));
+        // fallback with 3 replicas: two thirds dropped
+        assert_eq!(metered_amplification((0.0, 0.0), (300.0, 200.0)), Some(3.0));
+        // kept nothing: undefined
+        assert_eq!(metered_amplification((5.0, 5.0), (5.0, 5.0)), None);
     }
 
     #[test]
