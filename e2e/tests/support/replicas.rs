@@ -1,0 +1,777 @@
+//! Replica processes of the example operator (`kshard operator`), run locally against the cluster, and
+//! what the group publishes: the assignment ConfigMap and the member Leases.
+//!
+//! Every process is killed when [`Replicas`] is dropped, on a panic too. The work directory (one log per
+//! replica, the shared fence log) is removed after a passing scenario and kept after a failing one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::ListParams;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use kube_shard::group::assignment::{Assignment, DATA_KEY};
+use kube_shard::group::planner::{Member, PlanInput};
+use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use kube_shard::ownership::MemberId;
+use kube_shard::{ShardCount, ShardKey};
+use rustix::process::{kill_process, Pid, Signal};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use super::fences::{fence_log, FenceLogCheck};
+use super::{http_get, kshard_binary, read_counters, sample, WidgetView};
+
+/// Short leases: a member not seen renewing for `LEASE + GRACE` is taken over.
+pub const LEASE: Duration = Duration::from_secs(3);
+/// A member that has not renewed for this long admits nothing.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+pub const RETRY: Duration = Duration::from_millis(500);
+pub const GRACE: Duration = Duration::from_millis(500);
+/// The read path's activation barrier timeout (the library's default).
+pub const BARRIER: Duration = Duration::from_secs(2);
+/// How often the suite polls the group.
+pub const POLL: Duration = Duration::from_millis(200);
+
+/// docs/control-plane.md, "Takeover and the failover bound": crash to the victim's last shard admitted
+/// elsewhere within `lease_duration + takeover_grace + k·retry_period + barrier`, k ≤ 3.
+pub fn failover_bound() -> Duration {
+    LEASE + GRACE + RETRY * 3 + BARRIER
+}
+
+/// What the suite can observe of that bound: members publish the shards they admit in their Lease at
+/// each renewal (up to one retry period later), and the suite polls every [`POLL`].
+pub fn observable_failover_bound() -> Duration {
+    failover_bound() + RETRY + POLL
+}
+
+/// One replica process.
+pub struct Replica {
+    pub name: String,
+    pub metrics: String,
+    child: Child,
+    pid: i32,
+    pub running: bool,
+    pub stopped: bool,
+}
+
+/// A shard group of replica processes.
+pub struct Replicas {
+    client: Client,
+    kubeconfig: PathBuf,
+    /// The namespace of the group's Leases and assignment.
+    pub namespace: String,
+    /// Widgets of this namespace only (else all namespaces).
+    watch_namespace: Option<String>,
+    pub group: String,
+    pub key: ShardKey,
+    pub shards: ShardCount,
+    expected: u32,
+    pub dir: PathBuf,
+    pub fence_log: PathBuf,
+    pub members: Vec<Replica>,
+    /// The assignment's versions since before the first replica started.
+    pub assignments: AssignmentLog,
+    passed: bool,
+}
+
+impl Replicas {
+    /// A group `g` in `namespace` (Leases, assignment) over the Widgets of `watch_namespace` (all when
+    /// `None`), S = 256, cold start planned once `expected` members are present.
+    pub fn new(
+        client: &Client,
+        namespace: &str,
+        watch_namespace: Option<&str>,
+        key: ShardKey,
+        expected: u32,
+    ) -> Replicas {
+        let kubeconfig = std::env::var_os("KUBECONFIG").expect("KUBECONFIG").into();
+        let dir = std::env::temp_dir().join(format!("kshard-e2e-{namespace}"));
+        std::fs::create_dir_all(&dir).expect("create the work directory");
+        let shards = ShardCount::new(256).unwrap();
+        let assignments = AssignmentLog::start(client, namespace, "g", shards, key);
+        Replicas {
+            client: client.clone(),
+            kubeconfig,
+            namespace: namespace.to_owned(),
+            watch_namespace: watch_namespace.map(str::to_owned),
+            group: "g".to_owned(),
+            key,
+            shards,
+            expected,
+            fence_log: dir.join("fences.log"),
+            dir,
+            members: Vec::new(),
+            assignments,
+            passed: false,
+        }
+    }
+
+    /// Start `replica-0` .. `replica-{n-1}` at once (so they join within the cold-start settle window),
+    /// then wait for each one's metrics endpoint.
+    pub async fn start(&mut self, n: u32) {
+        let launched: Vec<_> = (0..n)
+            .map(|i| self.launch(&format!("replica-{i}")))
+            .collect();
+        for (name, child) in launched {
+            self.ready(name, child).await;
+        }
+    }
+
+    /// Start one more replica process and wait for its metrics endpoint.
+    pub async fn spawn(&mut self, name: &str) {
+        let (name, child) = self.launch(name);
+        self.ready(name, child).await;
+    }
+
+    fn launch(&self, name: &str) -> (String, Child) {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let mut cmd = Command::new(kshard_binary());
+        cmd.arg("operator")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--group", &self.group, "--namespace", &self.namespace])
+            .args(["--identity", name]);
+        if let Some(ns) = &self.watch_namespace {
+            cmd.args(["--watch-namespace", ns]);
+        }
+        cmd.args(["--lease-duration", &ms(LEASE)])
+            .args(["--renew-deadline", &ms(RENEW_DEADLINE)])
+            .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
+            .args(["--drain-timeout", "1s", "--fence-margin", "300ms"])
+            .args(["--settle", "3s", "--join-debounce", "500ms"])
+            .args(["--expected-replicas", &self.expected.to_string()])
+            .args(["--hash-key", self.key.as_str()])
+            .args(["--shards", &self.shards.get().to_string()])
+            .args(["--metrics-addr", "127.0.0.1:0", "--install-crd"])
+            // hidden flag (the demo's): one line per committed fenced write
+            .arg("--fence-log")
+            .arg(&self.fence_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        (name.to_owned(), cmd.spawn().expect("run kshard operator"))
+    }
+
+    /// Wait for the first stdout line, `metrics http://ADDR`.
+    async fn ready(&mut self, name: String, mut child: Child) {
+        let pid = child.id().expect("a running child") as i32;
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .unwrap_or_default();
+        let log = self.dir.join(format!("{name}.log"));
+        // pushed before the check, so a failed start is killed on drop too
+        self.members.push(Replica {
+            name: name.clone(),
+            metrics: String::new(),
+            child,
+            pid,
+            running: true,
+            stopped: false,
+        });
+        let Some(metrics) = first.strip_prefix("metrics http://") else {
+            panic!("{name} did not start: {first:?} (log {})", log.display());
+        };
+        if let Some(r) = self.members.last_mut() {
+            r.metrics = metrics.to_owned();
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    }
+
+    pub fn replica(&self, name: &str) -> &Replica {
+        self.members
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no replica {name}"))
+    }
+
+    fn replica_mut(&mut self, name: &str) -> &mut Replica {
+        self.members
+            .iter_mut()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no replica {name}"))
+    }
+
+    /// The names of the processes that run (stopped ones included: they are still members).
+    pub fn live(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|r| r.running)
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    fn signal(&self, name: &str, signal: Signal) {
+        let pid = Pid::from_raw(self.replica(name).pid).expect("a pid");
+        kill_process(pid, signal).expect("signal a replica");
+    }
+
+    /// SIGKILL, and reap.
+    pub async fn kill(&mut self, name: &str) {
+        let r = self.replica_mut(name);
+        r.child.start_kill().expect("SIGKILL");
+        let _ = r.child.wait().await;
+        r.running = false;
+    }
+
+    /// SIGTERM (a graceful leave) and wait for the exit.
+    pub async fn terminate(&mut self, name: &str, limit: Duration) -> ExitStatus {
+        self.signal(name, Signal::TERM);
+        let r = self.replica_mut(name);
+        let status = tokio::time::timeout(limit, r.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not exit within {limit:?} of SIGTERM"))
+            .expect("wait for a replica");
+        r.running = false;
+        status
+    }
+
+    pub fn stop(&mut self, name: &str) {
+        self.signal(name, Signal::STOP);
+        self.replica_mut(name).stopped = true;
+    }
+
+    pub fn resume(&mut self, name: &str) {
+        self.signal(name, Signal::CONT);
+        self.replica_mut(name).stopped = false;
+    }
+
+    /// A replica's `/metrics` (`None` when it does not answer).
+    pub async fn metrics(&self, name: &str) -> Option<String> {
+        let r = self.replica(name);
+        match http_get(&r.metrics, "/metrics").await {
+            Some((200, body)) => Some(body),
+            _ => None,
+        }
+    }
+
+    /// `(objects received, dropped out of range)` of every running replica's Widget stream.
+    pub async fn read_counters(&self) -> BTreeMap<String, (f64, f64)> {
+        let mut out = BTreeMap::new();
+        for name in self.live() {
+            let text = self.metrics(&name).await.unwrap_or_default();
+            let counters = read_counters(&text)
+                .unwrap_or_else(|| panic!("{name}: no Widget read counters in\n{text}"));
+            out.insert(name, counters);
+        }
+        out
+    }
+
+    /// Whether every running replica reads Widgets in fallback mode (`Some(false)`: all in server mode;
+    /// `None`: mixed).
+    pub async fn fallback(&self) -> Option<bool> {
+        let mut modes = BTreeSet::new();
+        for name in self.live() {
+            let text = self.metrics(&name).await.unwrap_or_default();
+            let fallback = sample(&text, "kube_shard_read_fallback", "resource=\"widgets\"");
+            modes.insert(fallback.map(|v| v != 0.0));
+        }
+        match modes.into_iter().collect::<Vec<_>>().as_slice() {
+            [Some(fallback)] => Some(*fallback),
+            _ => None,
+        }
+    }
+
+    /// The assignment and the member Leases, as the cluster has them now.
+    pub async fn snapshot(&self) -> GroupSnap {
+        let mut g = GroupSnap {
+            shards: self.shards,
+            ..GroupSnap::default()
+        };
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        if let Ok(Some(cm)) = cms.get_opt(&format!("{}-assignment", self.group)).await {
+            if let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) {
+                g.assignment = Assignment::decode(text, self.shards, self.key).ok();
+            }
+        }
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.group));
+        if let Ok(list) = leases.list(&lp).await {
+            for l in list.items {
+                let labels = l.metadata.labels.clone().unwrap_or_default();
+                let ann = l.metadata.annotations.clone().unwrap_or_default();
+                let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                if labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator") {
+                    // the holder may be `name` or `name/incarnation`
+                    g.coordinator = holder.map(|h| h.split('/').next().unwrap_or("").to_owned());
+                    continue;
+                }
+                let prefix = format!("{}-", self.group);
+                let Some(name) = l
+                    .metadata
+                    .name
+                    .as_deref()
+                    .and_then(|n| n.strip_prefix(&prefix))
+                else {
+                    continue;
+                };
+                let inc = ann.get(INCARNATION).cloned().unwrap_or_default();
+                let rep = ann
+                    .get(REPORT)
+                    .and_then(|t| MemberReport::decode(t, self.shards).ok());
+                g.members.insert(name.to_owned(), (inc, rep));
+            }
+        }
+        g
+    }
+
+    /// Poll until `cond` holds; panics with what was last seen after `limit`.
+    pub async fn wait(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut cond: impl FnMut(&GroupSnap) -> bool,
+    ) -> GroupSnap {
+        let start = Instant::now();
+        loop {
+            let g = self.snapshot().await;
+            if cond(&g) {
+                return g;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "timed out after {limit:?} waiting for {what}; last seen: {}; logs in {}",
+                    g.describe(),
+                    self.dir.display()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Until the group is settled over exactly the running replicas.
+    pub async fn settled(&self, limit: Duration) -> GroupSnap {
+        let live = self.live();
+        self.wait(&format!("the group to settle over {live:?}"), limit, |g| {
+            g.settled(&live)
+        })
+        .await
+    }
+
+    /// Until every Widget of `namespaces` (`expected` of them) is reconciled by the owner of its shard at
+    /// the shard's epoch, on a settled group. Returns the Widgets and the group as last seen.
+    pub async fn reconciled(
+        &self,
+        namespaces: &[String],
+        expected: usize,
+        limit: Duration,
+    ) -> (Vec<WidgetView>, GroupSnap) {
+        let start = Instant::now();
+        let live = self.live();
+        loop {
+            let g = self.snapshot().await;
+            let widgets = super::list_widgets(&self.client, namespaces).await;
+            let problem = if g.settled(&live) {
+                g.check_widgets(&widgets, expected, self.key)
+            } else {
+                Err(format!("not settled: {}", g.describe()))
+            };
+            match problem {
+                Ok(()) => return (widgets, g),
+                Err(e) if start.elapsed() > limit => panic!(
+                    "after {limit:?} the Widgets are not all reconciled by their owners: {e}; logs in {}",
+                    self.dir.display()
+                ),
+                Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+    }
+
+    /// Core/v1 Events on a member's Lease with one of `reasons`, as `(reason, message)`.
+    pub async fn lease_events(&self, member: &str, reasons: &[&str]) -> Vec<(String, String)> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lease = format!("{}-{member}", self.group);
+        let list = api.list(&ListParams::default()).await.expect("list Events");
+        list.items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(lease.as_str()))
+            .filter_map(|e| Some((e.reason?, e.message.unwrap_or_default())))
+            .filter(|(r, _)| reasons.contains(&r.as_str()))
+            .collect()
+    }
+
+    /// Check the replicas' fence log, each write attributed to the owner the assignment gave its fence
+    /// `(shard, epoch)` to. `stops`: members SIGSTOPped, with the wall-clock time of the stop.
+    pub fn check_fence_log(&self, stops: &[(MemberId, u128)]) -> FenceLogCheck {
+        fence_log(&self.fence_log, &self.assignments.fences(), stops)
+    }
+
+    /// The scenario passed: the work directory is removed on drop.
+    pub fn passed(&mut self) {
+        self.passed = true;
+    }
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for r in &mut self.members {
+            if r.running {
+                // SIGKILL ends a stopped process too
+                let _ = r.child.start_kill();
+            }
+        }
+        if self.passed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!(
+                "e2e: replica logs and fence log kept in {}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+/// The group as read from the cluster: the assignment, the member Leases, the coordinator.
+#[derive(Clone, Debug)]
+pub struct GroupSnap {
+    pub shards: ShardCount,
+    pub assignment: Option<Assignment>,
+    /// name → (incarnation, report)
+    pub members: BTreeMap<String, (String, Option<MemberReport>)>,
+    pub coordinator: Option<String>,
+}
+
+impl Default for GroupSnap {
+    fn default() -> Self {
+        GroupSnap {
+            shards: ShardCount::new(256).unwrap(),
+            assignment: None,
+            members: BTreeMap::new(),
+            coordinator: None,
+        }
+    }
+}
+
+impl GroupSnap {
+    /// Shard → owner name.
+    pub fn owners(&self) -> Vec<Option<String>> {
+        let mut v = vec![None; self.shards.get() as usize];
+        if let Some(a) = &self.assignment {
+            for (shard, sa) in &a.view.shards {
+                v[*shard as usize] = Some(sa.owner.name.to_string());
+            }
+        }
+        v
+    }
+
+    pub fn owner(&self, shard: u32) -> Option<&MemberId> {
+        self.assignment
+            .as_ref()
+            .and_then(|a| a.view.shards.get(&shard))
+            .map(|sa| &sa.owner)
+    }
+
+    pub fn epoch(&self, shard: u32) -> Option<u64> {
+        self.assignment
+            .as_ref()
+            .and_then(|a| a.view.shards.get(&shard))
+            .map(|sa| sa.epoch)
+    }
+
+    pub fn owned_by(&self, name: &str) -> BTreeSet<u32> {
+        self.assignment
+            .as_ref()
+            .map(|a| {
+                a.view
+                    .shards
+                    .iter()
+                    .filter(|(_, sa)| sa.owner.name.as_ref() == name)
+                    .map(|(s, _)| *s)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The shards `names` admit, as published in their Leases.
+    pub fn admitted_by(&self, names: &[String]) -> BTreeSet<u32> {
+        names
+            .iter()
+            .filter_map(|n| self.members.get(n))
+            .filter_map(|(_, r)| r.as_ref())
+            .flat_map(|r| r.admitted.iter().collect::<Vec<_>>())
+            .collect()
+    }
+
+    /// The member id (name/incarnation) a Lease names.
+    pub fn member_id(&self, name: &str) -> Option<MemberId> {
+        self.members
+            .get(name)
+            .map(|(inc, _)| MemberId::new(name, inc.as_str()))
+    }
+
+    /// Settled over exactly `live`: every shard owned by a live member at its current incarnation, no
+    /// moves, every live member applied the assignment and admits exactly what it owns.
+    pub fn settled(&self, live: &[String]) -> bool {
+        let Some(a) = &self.assignment else {
+            return false;
+        };
+        if a.view.shards.len() != self.shards.get() as usize || a.moves_in_flight() != 0 {
+            return false;
+        }
+        for sa in a.view.shards.values() {
+            let name = sa.owner.name.as_ref();
+            if !live.iter().any(|l| l == name) {
+                return false;
+            }
+            match self.members.get(name) {
+                Some((inc, _)) if inc.as_str() == sa.owner.incarnation.as_ref() => {}
+                _ => return false,
+            }
+        }
+        live.iter().all(|name| {
+            let owned: kube_shard::ShardSet = self.owned_by(name).into_iter().collect();
+            matches!(self.members.get(name), Some((_, Some(r)))
+                if !owned.is_empty()
+                    && r.applied_generation == a.view.generation
+                    && r.admitted == owned)
+        })
+    }
+
+    /// Every Widget (`expected` of them) reconciled, by the owner of its shard, at the shard's epoch.
+    pub fn check_widgets(
+        &self,
+        widgets: &[WidgetView],
+        expected: usize,
+        key: ShardKey,
+    ) -> Result<(), String> {
+        if widgets.len() != expected {
+            return Err(format!("{} Widgets, expected {expected}", widgets.len()));
+        }
+        let mut bad = Vec::new();
+        for w in widgets {
+            let shard = w.shard(key, self.shards);
+            let owner = self.owner(shard).map(|m| m.name.to_string());
+            if !w.reconciled() {
+                bad.push(format!(
+                    "{}/{} generation {} observed {:?}",
+                    w.namespace, w.name, w.generation, w.observed
+                ));
+            } else if w.reconciled_by != owner || w.epoch != self.epoch(shard) {
+                bad.push(format!(
+                    "{}/{} (shard {shard}) reconciled by {:?} at {:?}, owner {owner:?} at {:?}",
+                    w.namespace,
+                    w.name,
+                    w.reconciled_by,
+                    w.epoch,
+                    self.epoch(shard)
+                ));
+            }
+        }
+        match bad.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} Widgets, e.g. {}", bad[0])),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let a = self.assignment.as_ref();
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|(n, (inc, r))| {
+                let owned = self.owned_by(n).len();
+                match r {
+                    Some(r) => format!(
+                        "{n}/{inc} owns {owned} admits {} applied {}",
+                        r.admitted.len(),
+                        r.applied_generation
+                    ),
+                    None => format!("{n}/{inc} owns {owned}, no report"),
+                }
+            })
+            .collect();
+        format!(
+            "generation {:?}, shards assigned {:?}, moves in flight {:?}, coordinator {:?}, members [{}]",
+            a.map(|a| a.view.generation),
+            a.map(|a| a.view.shards.len()),
+            a.map(Assignment::moves_in_flight),
+            self.coordinator,
+            members.join("; ")
+        )
+    }
+}
+
+/// Shards whose owner (by name) differs.
+pub fn moved(before: &GroupSnap, after: &GroupSnap) -> u64 {
+    before
+        .owners()
+        .iter()
+        .zip(after.owners())
+        .filter(|(b, a)| **b != *a)
+        .count() as u64
+}
+
+/// The optimum for equal weights, `Σ max(0, held − quota)`, from the owners `before` to the members
+/// `next`: members not in `next` have quota 0; of the rest, the largest holders get ⌈S/N⌉, the others ⌊S/N⌋.
+pub fn optimal_moves(before: &GroupSnap, next: &[String]) -> u64 {
+    let owners = before.owners();
+    let mut holders: BTreeMap<String, u64> = next.iter().map(|n| (n.clone(), 0)).collect();
+    for o in owners.iter().flatten() {
+        *holders.entry(o.clone()).or_default() += 1;
+    }
+    let mut staying: Vec<u64> = next.iter().map(|n| holders[n]).collect();
+    staying.sort_unstable_by(|a, b| b.cmp(a));
+    let s = u64::from(before.shards.get());
+    let n = next.len().max(1) as u64;
+    let (base, rem) = (s / n, s % n);
+    let leavers: u64 = holders
+        .iter()
+        .filter(|(name, _)| !next.contains(name))
+        .map(|(_, held)| held)
+        .sum();
+    let unowned = owners.iter().filter(|o| o.is_none()).count() as u64;
+    leavers
+        + unowned
+        + staying
+            .iter()
+            .enumerate()
+            .map(|(i, held)| held.saturating_sub(base + u64::from((i as u64) < rem)))
+            .sum::<u64>()
+}
+
+/// The moves the planner itself makes from the owners `before` to the members `next` (by name, at their
+/// incarnation in `after`); `leaving` members are still present, marked leaving.
+pub fn planner_moves(
+    before: &GroupSnap,
+    after: &GroupSnap,
+    next: &[String],
+    leaving: &[String],
+) -> usize {
+    let a = before.assignment.as_ref().expect("an assignment");
+    let mut input = PlanInput::new(before.shards)
+        .with_owners(a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)));
+    for name in next {
+        let id = after
+            .member_id(name)
+            .or_else(|| before.member_id(name))
+            .expect("a member id");
+        input = input.with_member(Member::new(id));
+    }
+    for name in leaving {
+        let id = before.member_id(name).expect("a member id");
+        input = input.with_member(Member::new(id).with_leaving(true));
+    }
+    input.plan().expect("a plan").moves().len()
+}
+
+/// Read counters before and after a window → amplification per replica.
+pub fn amplifications(
+    before: &BTreeMap<String, (f64, f64)>,
+    after: &BTreeMap<String, (f64, f64)>,
+) -> BTreeMap<String, Option<f64>> {
+    before
+        .iter()
+        .map(|(name, b)| {
+            let a = after.get(name).copied().unwrap_or(*b);
+            (name.clone(), super::amplification(*b, a))
+        })
+        .collect()
+}
+
+/// Every version of the assignment ConfigMap, as watched from before the replicas start: the moves
+/// between two settled states are counted over all the versions in between (a shard moved away and back
+/// counts twice), and every fence the coordinator handed out is known by `(shard, epoch)`.
+pub struct AssignmentLog {
+    inner: Arc<Mutex<Versions>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Versions {
+    /// (generation, owner per shard)
+    versions: Vec<(u64, Vec<Option<MemberId>>)>,
+    /// (shard, epoch) → the owner the assignment activated at that epoch
+    fences: HashMap<(u32, u64), MemberId>,
+}
+
+impl AssignmentLog {
+    fn start(client: &Client, namespace: &str, group: &str, s: ShardCount, key: ShardKey) -> Self {
+        let inner = Arc::new(Mutex::new(Versions::default()));
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={group}-assignment"));
+        let v = inner.clone();
+        let task = tokio::spawn(async move {
+            let stream = watcher::watcher(api, cfg);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(ev) = stream.next().await {
+                let (Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm))) = ev else {
+                    continue;
+                };
+                let Some(a) = cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(DATA_KEY))
+                    .and_then(|t| Assignment::decode(t, s, key).ok())
+                else {
+                    continue;
+                };
+                let mut owners = vec![None; s.get() as usize];
+                let mut v = v.lock().unwrap();
+                for (shard, sa) in &a.view.shards {
+                    owners[*shard as usize] = Some(sa.owner.clone());
+                    v.fences.insert((*shard, sa.epoch), sa.owner.clone());
+                }
+                if v.versions
+                    .last()
+                    .is_none_or(|(g, _)| *g < a.view.generation)
+                {
+                    v.versions.push((a.view.generation, owners));
+                }
+            }
+        });
+        AssignmentLog { inner, task }
+    }
+
+    /// The index of `generation` (waits up to 10 s for the watch to deliver it).
+    pub async fn index_of(&self, generation: u64) -> usize {
+        for _ in 0..100 {
+            if let Some(i) = self
+                .inner
+                .lock()
+                .unwrap()
+                .versions
+                .iter()
+                .position(|(g, _)| *g == generation)
+            {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the assignment watch never saw generation {generation}");
+    }
+
+    /// (owner changes summed over consecutive versions, versions) from index `from` to `to`.
+    pub fn moves(&self, from: usize, to: usize) -> (u64, usize) {
+        let v = self.inner.lock().unwrap();
+        let changes = v.versions[from..=to]
+            .windows(2)
+            .map(|w| w[0].1.iter().zip(&w[1].1).filter(|(a, b)| a != b).count() as u64)
+            .sum();
+        (changes, to - from)
+    }
+
+    /// Every fence handed out: (shard, epoch) → owner.
+    pub fn fences(&self) -> HashMap<(u32, u64), MemberId> {
+        self.inner.lock().unwrap().fences.clone()
+    }
+}
+
+impl Drop for AssignmentLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
