@@ -7,10 +7,13 @@
 //! 1. waits until every Widget is reconciled (`status.observedGeneration == metadata.generation`);
 //! 2. starts a writer that keeps changing Widget specs until the end;
 //! 3. in a settled window in which the writer touches every Widget, measures each replica's read
-//!    amplification: on the embedded server, distinct Widget uids delivered to its Widget read path ÷
-//!    Widgets it owns (the server's per-identity accounting); against a cluster (`--kubeconfig`), from the
-//!    replica's own metrics, Widget objects received ÷ those kept by the local filter
-//!    (`kube_shard_read_objects_received` and `kube_shard_read_dropped_out_of_range`, resource `widgets`);
+//!    amplification: distinct Widgets delivered to its Widget read path ÷ Widgets it owns — on the embedded
+//!    server from its per-identity accounting (distinct uids), against a cluster (`--kubeconfig`) from the
+//!    replica's own metrics (`kube_shard_read_indexed_objects{resource="widgets"}`, the Widgets its read
+//!    index holds; the demo deletes none). Counting received objects instead would not do: the library's
+//!    `kube_shard_read_dropped_out_of_range` counts only objects a filtering server wrongly sent (which
+//!    turns fallback on), not those fallback mode's local filter leaves out, so received ÷ (received −
+//!    dropped) is 1 in both modes;
 //! 4. scales to replicas+1 and counts the shards moved against the optimum;
 //! 5. SIGKILLs one replica (not the coordinator) and measures the failover (until its last shard is
 //!    admitted elsewhere);
@@ -933,8 +936,6 @@ impl Demo<'_> {
         if let Some(e) = &self.embedded {
             e.server.reset_accounting();
         }
-        // against a cluster: the replicas' own read counters at both ends of the window
-        let counters_before = self.read_counters().await;
         let start = self.writer_touched.load(Ordering::Relaxed);
         let n = self.args.objects as u64;
         let t0 = Instant::now();
@@ -959,7 +960,8 @@ impl Demo<'_> {
                 })
             })
             .collect();
-        let counters_after = self.read_counters().await;
+        // against a cluster: the Widgets each replica's read index holds
+        let held = self.indexed_widgets().await;
         let g1 = self.snapshot().await;
         if g1.assignment.as_ref().map(|a| a.view.generation) != gen0 {
             self.say("warning: the assignment changed during the amplification window");
@@ -975,24 +977,9 @@ impl Demo<'_> {
                 .map(|sh| self.per_shard[sh as usize])
                 .sum();
             fractions.push(round4(owned as f64 / n.max(1) as f64));
-            let amp = match acc {
-                // the embedded server: distinct uids delivered ÷ Widgets owned
-                Some(a) => Some(if owned == 0 {
-                    if *a == 0 {
-                        1.0
-                    } else {
-                        f64::INFINITY
-                    }
-                } else {
-                    round4(*a as f64 / owned as f64)
-                }),
-                // a cluster: the replica's own counters
-                None => match (counters_before[i], counters_after[i]) {
-                    (Some(b), Some(a)) => metered_amplification(b, a),
-                    _ => None,
-                },
-            };
-            amps.push(amp);
+            // distinct Widgets delivered (the embedded server's accounting, else the replica's index)
+            let delivered = acc.or(held[i]);
+            amps.push(delivered.map(|d| per_owned(d, owned)));
             if let Some(addr) = &r.metrics {
                 if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
                     let fb = metric_labeled(
@@ -1020,16 +1007,15 @@ impl Demo<'_> {
         Ok((fractions, amps, mode.to_owned()))
     }
 
-    /// Per replica (`None` when it does not answer): its Widget stream's (objects received, dropped out of
-    /// range) counters.
-    async fn read_counters(&self) -> Vec<Option<(f64, f64)>> {
+    /// Per replica (`None` when it does not answer): the Widgets its read index holds.
+    async fn indexed_widgets(&self) -> Vec<Option<u64>> {
         let mut out = Vec::new();
         for r in &self.replicas {
             let text = match (&r.metrics, r.alive) {
                 (Some(addr), true) => crate::operator::http::get(addr, "/metrics").await.ok(),
                 _ => None,
             };
-            out.push(text.as_deref().and_then(read_counters));
+            out.push(text.as_deref().and_then(indexed_widgets));
         }
         out
     }
@@ -1092,21 +1078,23 @@ fn metric_labeled(text: &str, name: &str, resource: &str) -> Option<f64> {
     })
 }
 
-/// A replica's Widget read counters: (objects received, dropped out of range by the local filter).
-fn read_counters(text: &str) -> Option<(f64, f64)> {
-    let stream = crate::operator::WIDGET_STREAM;
-    Some((
-        metric_labeled(text, "kube_shard_read_objects_received_total", stream)?,
-        metric_labeled(text, "kube_shard_read_dropped_out_of_range_total", stream)?,
-    ))
+/// The Widgets a replica's read index holds (`kube_shard_read_indexed_objects` of its Widget stream).
+fn indexed_widgets(text: &str) -> Option<u64> {
+    let v = metric_labeled(
+        text,
+        "kube_shard_read_indexed_objects",
+        crate::operator::WIDGET_STREAM,
+    )?;
+    (v >= 0.0).then_some(v as u64)
 }
 
-/// Read amplification from a replica's counters over a window: received ÷ kept (received − dropped out
-/// of range). 1 when the server filters; ≈ N in fallback mode. `None` when it kept nothing.
-fn metered_amplification(before: (f64, f64), after: (f64, f64)) -> Option<f64> {
-    let received = after.0 - before.0;
-    let kept = received - (after.1 - before.1);
-    (kept > 0.0).then(|| round4(received / kept))
+/// Read amplification: distinct Widgets delivered ÷ Widgets owned (1 when both are 0).
+fn per_owned(delivered: u64, owned: u64) -> f64 {
+    match (delivered, owned) {
+        (0, 0) => 1.0,
+        (_, 0) => f64::INFINITY,
+        (d, o) => round4(d as f64 / o as f64),
+    }
 }
 
 /// Shards moved by a scale-up and the planner's optimum: `Σ max(0, held − quota)` over the old members,
@@ -1236,17 +1224,16 @@ mod tests {
     }
 
     #[test]
-    fn metered_amplification_is_received_over_kept() {
-        let text = "kube_shard_read_objects_received_total{resource=\"widgets\"} 300\n\
-                    kube_shard_read_dropped_out_of_range_total{resource=\"widgets\"} 200\n";
-        assert_eq!(read_counters(text), Some((300.0, 200.0)));
-        assert_eq!(read_counters("# nothing\n"), None);
-        // server mode: nothing dropped
-        assert_eq!(metered_amplification((10.0, 0.0), (110.0, 0.0)), Some(1.0));
-        // fallback with 3 replicas: two thirds dropped
-        assert_eq!(metered_amplification((0.0, 0.0), (300.0, 200.0)), Some(3.0));
-        // kept nothing: undefined
-        assert_eq!(metered_amplification((5.0, 5.0), (5.0, 5.0)), None);
+    fn amplification_from_the_read_index() {
+        let text = "kube_shard_read_indexed_objects{resource=\"widget-children\"} 7\n\
+                    kube_shard_read_indexed_objects{resource=\"widgets\"} 300\n";
+        assert_eq!(indexed_widgets(text), Some(300));
+        assert_eq!(indexed_widgets("# nothing\n"), None);
+        // server mode: holds what it owns; fallback with 3 replicas: everything
+        assert_eq!(per_owned(100, 100), 1.0);
+        assert_eq!(per_owned(300, 100), 3.0);
+        assert_eq!(per_owned(0, 0), 1.0);
+        assert_eq!(per_owned(5, 0), f64::INFINITY);
     }
 
     #[test]
