@@ -54,6 +54,8 @@ struct Records {
     child_problems: Vec<String>,
     /// Widgets that carry the fence annotation.
     annotated_widgets: BTreeSet<String>,
+    /// Widget WATCH events (not re-list items) per shard.
+    widget_events: HashMap<u32, u64>,
     restarts: u64,
     errors: u64,
 }
@@ -100,9 +102,8 @@ impl Recorder {
             while let Some(ev) = stream.next().await {
                 let mut rec = r.lock().unwrap();
                 match ev {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        rec.widget(&o, &sc, key, shards)
-                    }
+                    Ok(watcher::Event::Apply(o)) => rec.widget(&o, &sc, key, shards, true),
+                    Ok(watcher::Event::InitApply(o)) => rec.widget(&o, &sc, key, shards, false),
                     Ok(watcher::Event::Init) => rec.restarts += 1,
                     Ok(watcher::Event::InitDone) => {
                         if let Some(tx) = ready.take() {
@@ -148,6 +149,11 @@ impl Recorder {
             records,
             tasks: vec![widget_task, child_task],
         }
+    }
+
+    /// Widget WATCH events seen so far, per shard.
+    pub fn widget_events(&self) -> HashMap<u32, u64> {
+        self.records.lock().unwrap().widget_events.clone()
     }
 
     /// Check everything recorded so far, against every fence the assignment handed out (`fences`:
@@ -223,12 +229,22 @@ impl Records {
         scope: &BTreeSet<String>,
         key: ShardKey,
         s: ShardCount,
+        event: bool,
     ) {
         let ns = o.metadata.namespace.clone().unwrap_or_default();
         if !scope.contains(&ns) {
             return;
         }
         let uid = o.metadata.uid.clone().unwrap_or_default();
+        let key_value = if key == ShardKey::Namespace {
+            &ns
+        } else {
+            &uid
+        };
+        let shard = s.shard_of(fnv1a64(key_value.as_bytes()));
+        if event {
+            *self.widget_events.entry(shard).or_default() += 1;
+        }
         let name = format!("{ns}/{}", o.metadata.name.as_deref().unwrap_or(""));
         if o.metadata
             .annotations
@@ -249,17 +265,12 @@ impl Records {
         }
         self.widget_status.insert(uid.clone(), now.clone());
         let Some(epoch) = now.0 else { return };
-        let key_value = if key == ShardKey::Namespace {
-            &ns
-        } else {
-            &uid
-        };
         self.seq += 1;
         self.widgets.push(Write {
             rv: rv_of(&o.metadata),
             seq: self.seq,
             object: name,
-            shard: s.shard_of(fnv1a64(key_value.as_bytes())),
+            shard,
             epoch,
             by: now.1,
         });

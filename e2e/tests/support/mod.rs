@@ -369,22 +369,39 @@ pub fn sample(text: &str, name: &str, label: &str) -> Option<f64> {
     })
 }
 
-/// The read counters of a replica's Widget stream: (objects received, dropped out of range).
-pub fn read_counters(text: &str) -> Option<(f64, f64)> {
-    // the operator's Widget read path is named `widgets` (kshard/src/operator: WIDGET_STREAM)
-    let label = "resource=\"widgets\"";
-    Some((
-        sample(text, "kube_shard_read_objects_received_total", label)?,
-        sample(text, "kube_shard_read_dropped_out_of_range_total", label)?,
-    ))
+/// A replica's Widget read path, from its metrics (the operator names that stream `widgets`:
+/// `WIDGET_STREAM` in kshard/src/operator).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReadPath {
+    /// `kube_shard_read_objects_received_total`: objects received from LISTs and WATCH events.
+    pub received: f64,
+    /// `kube_shard_read_dropped_out_of_range_total`.
+    pub dropped: f64,
+    /// `kube_shard_read_indexed_objects`: objects held in the read index.
+    pub indexed: f64,
+    /// `kube_shard_read_projected_objects`: objects in the owned projection.
+    pub projected: f64,
 }
 
-/// Read amplification over a window: received ÷ kept (received − dropped by the local filter). 1 when the
-/// server filters; ≈ N in fallback mode (every replica receives every Widget and keeps its share).
-pub fn amplification(before: (f64, f64), after: (f64, f64)) -> Option<f64> {
-    let received = after.0 - before.0;
-    let kept = received - (after.1 - before.1);
-    (kept > 0.0).then(|| (received / kept * 10_000.0).round() / 10_000.0)
+impl ReadPath {
+    pub fn parse(text: &str) -> Option<ReadPath> {
+        let label = "resource=\"widgets\"";
+        Some(ReadPath {
+            received: sample(text, "kube_shard_read_objects_received_total", label)?,
+            dropped: sample(text, "kube_shard_read_dropped_out_of_range_total", label)?,
+            indexed: sample(text, "kube_shard_read_indexed_objects", label)?,
+            projected: sample(text, "kube_shard_read_projected_objects", label)?,
+        })
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+/// `a ÷ b` when `b > 0`, to 4 places.
+pub fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| round4(a / b))
 }
 
 /// Every Widget's child ConfigMap exists and was last written under the fence its parent's status was

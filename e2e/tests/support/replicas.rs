@@ -28,7 +28,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::fences::{fence_log, FenceLogCheck};
-use super::{http_get, kshard_binary, read_counters, sample, WidgetView};
+use super::{http_get, kshard_binary, sample, ReadPath, WidgetView};
 
 /// Short leases: a member not seen renewing for `LEASE + GRACE` is taken over.
 pub const LEASE: Duration = Duration::from_secs(3);
@@ -259,14 +259,14 @@ impl Replicas {
         }
     }
 
-    /// `(objects received, dropped out of range)` of every running replica's Widget stream.
-    pub async fn read_counters(&self) -> BTreeMap<String, (f64, f64)> {
+    /// Every running replica's Widget read path.
+    pub async fn read_paths(&self) -> BTreeMap<String, ReadPath> {
         let mut out = BTreeMap::new();
         for name in self.live() {
             let text = self.metrics(&name).await.unwrap_or_default();
-            let counters = read_counters(&text)
-                .unwrap_or_else(|| panic!("{name}: no Widget read counters in\n{text}"));
-            out.insert(name, counters);
+            let path = ReadPath::parse(&text)
+                .unwrap_or_else(|| panic!("{name}: no Widget read path metrics in\n{text}"));
+            out.insert(name, path);
         }
         out
     }
@@ -666,20 +666,6 @@ pub fn planner_moves(
         input = input.with_member(Member::new(id).with_leaving(true));
     }
     input.plan().expect("a plan").moves().len()
-}
-
-/// Read counters before and after a window → amplification per replica.
-pub fn amplifications(
-    before: &BTreeMap<String, (f64, f64)>,
-    after: &BTreeMap<String, (f64, f64)>,
-) -> BTreeMap<String, Option<f64>> {
-    before
-        .iter()
-        .map(|(name, b)| {
-            let a = after.get(name).copied().unwrap_or(*b);
-            (name.clone(), super::amplification(*b, a))
-        })
-        .collect()
 }
 
 /// Every version of the assignment ConfigMap, as watched from before the replicas start: the moves
