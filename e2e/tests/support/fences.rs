@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::DynamicObject;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::ownership::MemberId;
 use kube_shard::token::{FenceToken, FENCE_ANNOTATION};
@@ -97,7 +97,8 @@ impl Recorder {
         let (r, sc) = (records.clone(), scope.clone());
         let widget_task = tokio::spawn(async move {
             let mut ready = Some(ready_w);
-            let stream = watcher::watcher::<DynamicObject>(widgets, watcher::Config::default());
+            let stream = watcher::watcher::<DynamicObject>(widgets, watcher::Config::default())
+                .default_backoff();
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
                 let mut rec = r.lock().unwrap();
@@ -119,7 +120,7 @@ impl Recorder {
         let child_task = tokio::spawn(async move {
             let mut ready = Some(ready_c);
             let cfg = watcher::Config::default().labels(CHILD_LABEL);
-            let stream = watcher::watcher::<ConfigMap>(children, cfg);
+            let stream = watcher::watcher::<ConfigMap>(children, cfg).default_backoff();
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
                 let mut rec = r.lock().unwrap();

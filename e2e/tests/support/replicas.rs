@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::ListParams;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::planner::{Member, PlanInput};
@@ -691,7 +691,7 @@ impl AssignmentLog {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={group}-assignment"));
         let v = inner.clone();
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, cfg);
+            let stream = watcher::watcher(api, cfg).default_backoff();
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
                 let (Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm))) = ev else {
