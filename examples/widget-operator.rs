@@ -266,7 +266,7 @@ async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, 
             child.data = Some(data);
             match cms.create(&permit.fence()?, &child).await {
                 // created before and not in our cache yet: its watch event triggers us again
-                Err(fenced_write::Error::Api(kube::Error::Api(s))) if s.code == 409 => {}
+                Err(e) if e.is_conflict() => {}
                 Err(e) => return Err(e.into()),
                 Ok(_) => {}
             }

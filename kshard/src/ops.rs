@@ -47,6 +47,9 @@ pub(crate) struct MemberStatus {
     pub(crate) leaving: bool,
     /// Drained by `kshard drain`: planned with quota 0 until `kshard undrain`.
     pub(crate) drained: bool,
+    /// Not renewed within its `leaseDurationSeconds` (by this machine's clock): its report is stale and
+    /// does not count toward multi-owned shards.
+    pub(crate) expired: bool,
     /// Seconds since `spec.renewTime` (by this machine's clock).
     pub(crate) lease_age_seconds: Option<f64>,
     pub(crate) owned: usize,
@@ -164,6 +167,12 @@ pub(crate) async fn read_group(
             .as_ref()
             .and_then(|sp| sp.renew_time.as_ref())
             .map(|t| (now_ms - t.0.as_millisecond()) as f64 / 1000.0);
+        let duration = l
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.lease_duration_seconds)
+            .unwrap_or(15);
+        let expired = age.is_none_or(|a| a > f64::from(duration));
         let owned: Vec<u32> = a
             .view
             .shards
@@ -182,6 +191,7 @@ pub(crate) async fn read_group(
             ready: report.ready,
             leaving: report.leaving,
             drained: a.drained.contains(mname),
+            expired,
             lease_age_seconds: age.map(|x| (x * 10.0).round() / 10.0),
             owned: owned.len(),
             owned_shards: set_string(owned),
@@ -190,7 +200,9 @@ pub(crate) async fn read_group(
             applied_generation: report.applied_generation,
             stale_incarnation: stale,
         });
-        reports.insert(mname.to_owned(), report);
+        if !expired {
+            reports.insert(mname.to_owned(), report);
+        }
     }
     members.sort_by(|x, y| x.name.cmp(&y.name));
 
@@ -319,10 +331,11 @@ pub(crate) fn status(args: &StatusArgs, out: &mut impl Write) -> Result<(), CliE
                 .map_or_else(|| "-".to_owned(), |a| format!("{a:.1}s")),
             m.owned,
             m.owned_shards,
-            match (m.leaving, m.drained) {
-                (true, _) => "  (leaving)",
-                (false, true) => "  (drained)",
-                (false, false) => "",
+            match (m.expired, m.leaving, m.drained) {
+                (true, _, _) => "  (expired)",
+                (false, true, _) => "  (leaving)",
+                (false, false, true) => "  (drained)",
+                (false, false, false) => "",
             }
         )?;
     }

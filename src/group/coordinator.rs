@@ -47,11 +47,11 @@ pub(crate) struct Observed {
 }
 
 impl Observed {
-    fn live(&self) -> bool {
+    pub(crate) fn live(&self) -> bool {
         self.alive && !self.gone
     }
 
-    fn leaving(&self) -> bool {
+    pub(crate) fn leaving(&self) -> bool {
         self.report.as_ref().is_some_and(|r| r.leaving)
     }
 }

@@ -279,7 +279,11 @@ impl Runtime {
                         self.coordinate().await;
                     }
                     self.publish_status();
-                    if self.leaving && self.done_leaving() {
+                    if self.leaving && (self.done_leaving() || self.nobody_stays()) {
+                        if !self.done_leaving() {
+                            warn!("leaving while holding shards: no live member stays to take them (the last member, or all leave at once); self-fenced, they are reassigned once this member's lease has expired");
+                            self.ownership.mark_self_fenced();
+                        }
                         self.delete_own_lease().await;
                         info!("left the shard group");
                         return Ok(());
@@ -547,6 +551,23 @@ impl Runtime {
             .as_ref()
             .is_some_and(|a| a.view.shards.values().any(|e| e.owner == self.me));
         !held && !named
+    }
+
+    /// Leaving, and no other live member stays to take our shards: the last member, or every member
+    /// leaving at once (scale to zero, a deleted Deployment). Waiting would only run into the termination
+    /// grace period. Judged only after a lease period of continuous renewals, so that every member that
+    /// renews has been seen to.
+    fn nobody_stays(&self) -> bool {
+        let now = Instant::now();
+        let observed_long_enough = self
+            .continuous_since
+            .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        observed_long_enough
+            && self
+                .members(now)
+                .iter()
+                .filter(|m| m.id != self.me)
+                .all(|m| !m.live() || m.leaving())
     }
 
     async fn delete_own_lease(&mut self) {
@@ -1110,9 +1131,90 @@ impl Runtime {
         for victim in out.takeovers {
             self.take_over(&victim, now).await;
         }
+        if may_take_over {
+            self.collect_dead_lease(now).await;
+        }
         let fresh_needed = self.assignment_missing || self.assignment_cm.is_none();
         if let Some(next) = out.assignment.or_else(|| fresh_needed.then_some(current)) {
             self.write_assignment(next).await;
+        }
+    }
+
+    /// Delete the Lease of one member that is long gone — not seen renewing for `2 × lease_duration +
+    /// grace` — and named nowhere in the assignment (taken over and reassigned, or it owned nothing), so
+    /// the Leases of replaced pods do not pile up. Conditional on the resourceVersion last observed: a
+    /// member that renewed after all keeps its Lease (and one that comes back later finds it gone and
+    /// rejoins as a new incarnation). Also forgets members whose Lease is long deleted.
+    async fn collect_dead_lease(&mut self, now: Instant) {
+        let Some(a) = self.assignment.as_ref() else {
+            return;
+        };
+        let named: BTreeSet<&MemberId> = a
+            .view
+            .shards
+            .values()
+            .flat_map(|e| {
+                let to = match &e.handoff {
+                    crate::ownership::Handoff::Moving { to, .. }
+                    | crate::ownership::Handoff::Draining { to, .. } => Some(to),
+                    crate::ownership::Handoff::Stable => None,
+                };
+                std::iter::once(&e.owner).chain(to)
+            })
+            .collect();
+        let threshold = self.cfg.lease_duration * 2 + self.cfg.takeover_grace;
+        let coordinator = self.cfg.coordinator_lease();
+        let dead = |name: &String, o: &Obs| {
+            !o.role_coordinator
+                && *name != coordinator
+                && !o.id.incarnation.is_empty()
+                && o.id != self.me
+                && now.duration_since(o.last_change) >= threshold
+                && !named.contains(&o.id)
+        };
+        let forget: Vec<String> = self
+            .observed
+            .iter()
+            .filter(|(n, o)| {
+                dead(n, o)
+                    && o.deleted_at
+                        .is_some_and(|d| now.duration_since(d) >= threshold)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let victim = self
+            .observed
+            .iter()
+            .find(|(n, o)| dead(n, o) && o.deleted_at.is_none())
+            .map(|(n, o)| (n.clone(), o.rv.clone(), o.id.clone()));
+        for n in forget {
+            self.observed.remove(&n);
+        }
+        let Some((name, rv, id)) = victim else {
+            return;
+        };
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: Some(rv),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.bounded(self.leases.delete(&name, &dp)).await {
+            Ok(_) => {
+                info!(member = %id, lease = %name, "deleted the Lease of a member long gone");
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
+            }
+            Err(err) if is_not_found(&err) => {
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
+            }
+            Err(err) => {
+                debug!(lease = %name, error = %err, "could not delete a dead member's Lease")
+            }
         }
     }
 

@@ -58,6 +58,21 @@ pub enum Error {
     Api(#[source] kube::Error),
 }
 
+impl Error {
+    /// A precondition failed (409 Conflict: the object changed or was re-created since it was read):
+    /// re-read and retry, usually by requeueing the reconcile.
+    #[must_use]
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api(kube::Error::Api(s)) if s.code == 409)
+    }
+
+    /// Nothing was sent because the fence was no longer valid: this member does not own the shard now.
+    #[must_use]
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Fence(_))
+    }
+}
+
 /// The result of a fenced delete.
 #[derive(Debug)]
 #[non_exhaustive]

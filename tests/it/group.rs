@@ -1440,3 +1440,89 @@ async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_l
     );
     check_fences(&log);
 }
+
+#[tokio::test(start_paused = true)]
+async fn all_members_leaving_at_once_exit_promptly_and_a_later_member_takes_over_safely() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    tokio::time::sleep(LEASE * 2).await;
+    // scale to zero: everyone leaves at once, nobody stays to take the shards
+    let t0 = Instant::now();
+    for m in &ms {
+        m.handle.leave();
+    }
+    until(Duration::from_secs(30), "both members exited", || {
+        ms.iter().all(|m| m.task.is_finished())
+    })
+    .await;
+    let exit = t0.elapsed();
+    eprintln!("scale to zero: every member exited after {exit:?}");
+    assert!(
+        exit <= RETRY * 4,
+        "no member waits for a handoff nobody can take: {exit:?}"
+    );
+    for m in &ms {
+        assert!(
+            m.ownership().admit_shard(0).is_err(),
+            "an exited member admits nothing"
+        );
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client("admin"), CP_NS);
+    for n in ["a", "b"] {
+        assert!(
+            leases
+                .get_opt(&format!("{GROUP}-{n}"))
+                .await
+                .unwrap()
+                .is_none(),
+            "{n} deleted its Lease"
+        );
+    }
+    // a new deployment: the shards are reassigned, never while an old fence could be valid
+    let c = spawn(&server, "c", &log);
+    until(Duration::from_secs(30), "c owns everything", || {
+        owned_count(&c) == 16
+    })
+    .await;
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_of_a_member_long_gone_is_deleted() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(LEASE * 2).await;
+    ms[2].kill();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-c");
+    // taken over (its shards reassigned) first, deleted only after 2 x lease + grace without renewals
+    let killed_at = Instant::now();
+    while leases.get_opt(&name).await.unwrap().is_some() {
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "c's Lease is never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone = killed_at.elapsed();
+    eprintln!("a dead member's Lease deleted {gone:?} after the kill");
+    assert!(gone >= LEASE * 2 + GRACE);
+    let refs: Vec<&Member> = ms[..2].iter().collect();
+    assert!(each_shard_owned_once(&refs));
+    // the live members keep theirs
+    for n in ["a", "b"] {
+        assert!(leases
+            .get_opt(&format!("{GROUP}-{n}"))
+            .await
+            .unwrap()
+            .is_some());
+    }
+    check_fences(&log);
+}

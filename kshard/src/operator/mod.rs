@@ -285,14 +285,10 @@ async fn fenced<T>(
             Ok(v)
         }
         Err(e) => {
-            match &e {
-                fenced_write::Error::Fence(_) => {
-                    ctx.metrics.fence_refused.inc();
-                }
-                fenced_write::Error::Api(kube::Error::Api(s)) if s.code == 409 => {
-                    ctx.metrics.write_conflicts.inc();
-                }
-                _ => {}
+            if e.is_fenced() {
+                ctx.metrics.fence_refused.inc();
+            } else if e.is_conflict() {
+                ctx.metrics.write_conflicts.inc();
             }
             Err(e.into())
         }
@@ -357,9 +353,7 @@ async fn reconcile_widget(
             match fenced(&ctx, &fence, cms.create(&fence, &cm)).await {
                 Ok(_) => {}
                 // created before and not in our cache yet: the cache catches up and triggers us
-                Err(ReconcileError::Write(fenced_write::Error::Api(kube::Error::Api(s))))
-                    if s.code == 409 =>
-                {
+                Err(ReconcileError::Write(e)) if e.is_conflict() => {
                     return Ok(Action::requeue(Duration::from_millis(300)));
                 }
                 Err(e) => return Err(e),
@@ -396,10 +390,7 @@ async fn reconcile_widget(
 
 fn error_policy(_w: Arc<Widget>, err: &ReconcileError, ctx: Arc<Ctx>) -> Action {
     ctx.metrics.errors.inc();
-    let quick = matches!(
-        err,
-        ReconcileError::Write(fenced_write::Error::Api(kube::Error::Api(s))) if s.code == 409
-    );
+    let quick = matches!(err, ReconcileError::Write(e) if e.is_conflict());
     let base = if quick {
         Duration::from_millis(200)
     } else {
