@@ -405,8 +405,9 @@ async fn kshard_demo_against_the_cluster() {
 /// Read amplification over a settled window in which a writer touches every Widget once: the Widget
 /// objects a replica received (Δ`kube_shard_read_objects_received`) ÷ the Widget WATCH events of its
 /// shards in the window, counted by the suite's own watch. Two more figures from the metrics alone:
-/// Δreceived ÷ (Δreceived − Δ`kube_shard_read_dropped_out_of_range`), and the Widgets held in the read
-/// index (`kube_shard_read_indexed_objects`) ÷ the Widgets the replica owns.
+/// Δreceived ÷ (Δreceived − Δ`kube_shard_read_objects_unwanted`) (objects outside the replica's wanted
+/// shards), and the Widgets held in the read index (`kube_shard_read_indexed_objects`) ÷ the Widgets the
+/// replica owns. All three are asserted: ≤ 1.05 in server mode, > 1.5 in fallback mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: KUBECONFIG=... cargo test -p kube-shard-e2e -- --ignored --test-threads=1"]
 async fn steady_state_reconciled_by_owners_with_metered_read_amplification() {
@@ -461,13 +462,15 @@ async fn steady_state_reconciled_by_owners_with_metered_read_amplification() {
             .sum();
         let received = a.received - b.received;
         let dropped = a.dropped - b.dropped;
+        let unwanted = a.unwanted - b.unwanted;
         per_replica.insert(
             r.clone(),
             serde_json::json!({
                 "owned_widgets": owned, "received": received, "own_shard_events": own_events,
                 "dropped_out_of_range": dropped, "indexed": a.indexed, "projected": a.projected,
                 "read_amplification": ratio(received, own_events as f64),
-                "received_over_kept": ratio(received, received - dropped),
+                "unwanted": unwanted,
+                "received_over_wanted": ratio(received, received - unwanted),
                 "indexed_over_owned": ratio(a.indexed, owned as f64),
             }),
         );
@@ -483,7 +486,7 @@ async fn steady_state_reconciled_by_owners_with_metered_read_amplification() {
     for (r, f) in &per_replica {
         let amp = f["read_amplification"].as_f64();
         let held = f["indexed_over_owned"].as_f64();
-        let counters = f["received_over_kept"].as_f64();
+        let counters = f["received_over_wanted"].as_f64();
         let (amp, held, counters) = (amp.unwrap(), held.unwrap(), counters.unwrap());
         if fallback {
             // every replica receives every Widget and keeps its share
@@ -494,6 +497,10 @@ async fn steady_state_reconciled_by_owners_with_metered_read_amplification() {
             assert!(
                 held > 1.5,
                 "{r}: holds {held} × what it owns in fallback mode: {f}"
+            );
+            assert!(
+                counters > 1.5,
+                "{r}: received ÷ wanted {counters} in fallback mode: {f}"
             );
         } else {
             assert!(
@@ -506,7 +513,7 @@ async fn steady_state_reconciled_by_owners_with_metered_read_amplification() {
             );
             assert!(
                 counters <= 1.05,
-                "{r}: received ÷ kept {counters} in server mode: {f}"
+                "{r}: received ÷ wanted {counters} in server mode: {f}"
             );
         }
     }
@@ -735,6 +742,13 @@ async fn sigkill_takeover_and_sigstop_self_fence() {
     let events = group
         .lease_events(&paused, &["SelfFenced", "Rejoined"])
         .await;
+    let (self_fences, rejoins) = match group.metrics(&paused).await {
+        Some(m) => (
+            sample(&m, "kube_shard_self_fences_total", ""),
+            sample(&m, "kube_shard_rejoins_total", ""),
+        ),
+        None => (None, None),
+    };
     group.settled(Duration::from_secs(60)).await;
     let writes = writer.stop().await;
     group.reconciled(&nss, N, Duration::from_secs(60)).await;
@@ -754,6 +768,7 @@ async fn sigkill_takeover_and_sigstop_self_fence() {
             "new_incarnation_in_metrics_after_resume_seconds":
                 resumed.new_incarnation.as_ref().map(|(d, _)| secs(*d)),
             "fence_refused_writes": refused_after - refused_before,
+            "self_fences_total": self_fences, "rejoins_total": rejoins,
             "events": events.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>()},
         "fences": fences.json(), "fence_log": flog.json(),
     }));
@@ -784,6 +799,11 @@ async fn sigkill_takeover_and_sigstop_self_fence() {
             .iter()
             .any(|(r, _)| r == "Rejoined" || r == "SelfFenced"),
         "no SelfFenced/Rejoined Event on {paused}'s Lease: {events:?}"
+    );
+    assert_eq!(
+        (self_fences, rejoins),
+        (Some(1.0), Some(1.0)),
+        "{paused} counts one self-fence and one rejoin"
     );
     fences.assert_clean();
     flog.assert_clean();

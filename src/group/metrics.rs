@@ -41,6 +41,11 @@ pub struct GroupSnapshot {
     pub handoffs_completed: u64,
     /// Takeovers this member performed as coordinator.
     pub takeovers: u64,
+    /// Times this member self-fenced (its renew deadline passed, or it was taken over): the gauge
+    /// `self_fenced` may last only milliseconds before a rejoin, this counter keeps the fact.
+    pub self_fences: u64,
+    /// Times this member rejoined as a new incarnation (after a takeover or a lost Lease).
+    pub rejoins: u64,
     /// Shards no live member admits (alert when sustained).
     pub unowned_shards: u64,
     /// Shards two or more live members admit (must stay 0; transient while reports lag).
@@ -174,6 +179,16 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         "kube_shard_takeovers",
         "Takeovers performed by this member as coordinator",
         |s| s.takeovers,
+    ),
+    (
+        "kube_shard_self_fences",
+        "Times this member self-fenced (renew deadline passed, or taken over)",
+        |s| s.self_fences,
+    ),
+    (
+        "kube_shard_rejoins",
+        "Times this member rejoined as a new incarnation",
+        |s| s.rejoins,
     ),
 ];
 

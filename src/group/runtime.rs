@@ -95,6 +95,10 @@ pub(crate) struct Runtime {
     events: Events,
     handoffs: u64,
     takeovers_done: u64,
+    /// Times this member self-fenced (renew deadline passed, or taken over).
+    self_fences: u64,
+    /// Times this member rejoined as a new incarnation.
+    rejoins: u64,
     /// The legacy leader Lease: (renewTime last seen, when it last changed on our clock).
     legacy: Option<(Option<String>, Instant)>,
     /// Our term on the coordinator Lease while we lead, published to singleton work.
@@ -148,6 +152,8 @@ impl Runtime {
             events,
             handoffs: 0,
             takeovers_done: 0,
+            self_fences: 0,
+            rejoins: 0,
             legacy: None,
             term: None,
             leadership,
@@ -507,6 +513,7 @@ impl Runtime {
                     "renew deadline passed: admitting nothing until the next renewal",
                 );
                 self.fenced_since = Some(now);
+                self.self_fences += 1;
                 self.health.set_fenced_since(Some(now));
                 self.ownership.mark_self_fenced();
             }
@@ -531,6 +538,10 @@ impl Runtime {
         self.last_renew_ok = None;
         self.continuous_since = None;
         self.step_down();
+        if self.fenced_since.is_none() {
+            self.self_fences += 1;
+        }
+        self.rejoins += 1;
         self.fenced_since = Some(Instant::now());
         self.health.set_fenced_since(self.fenced_since);
     }
@@ -1359,6 +1370,8 @@ impl Runtime {
             g.moves_in_flight = status.moves_in_flight as u64;
             g.handoffs_completed = self.handoffs;
             g.takeovers = self.takeovers_done;
+            g.self_fences = self.self_fences;
+            g.rejoins = self.rejoins;
             g.unowned_shards = shards.saturating_sub(admitted.len() as u64);
             g.multi_owned_shards = admitted.values().filter(|n| **n > 1).count() as u64;
             g.owned_not_serving_shards = not_serving.len() as u64;

@@ -604,6 +604,7 @@ where
                 self.stats
                     .objects_received
                     .fetch_add(objects.len() as u64, Ordering::Relaxed);
+                self.count_unwanted(&objects);
                 let (filtered, ranges, passed) =
                     (sub.selector.is_some(), sub.ranges.clone(), sub.passed);
                 if filtered && self.out_of_range(&ranges, &objects) {
@@ -642,6 +643,7 @@ where
             }
             SubMsg::Applied { id, obj, rv } => {
                 self.stats.objects_received.fetch_add(1, Ordering::Relaxed);
+                self.count_unwanted(std::slice::from_ref(&obj));
                 let Some(sub) = self.subs.get(&id) else {
                     return;
                 };
@@ -658,6 +660,7 @@ where
             }
             SubMsg::Deleted { id, obj, rv } => {
                 self.stats.objects_received.fetch_add(1, Ordering::Relaxed);
+                self.count_unwanted(std::slice::from_ref(&obj));
                 let Some(sub) = self.subs.get(&id) else {
                     return;
                 };
@@ -689,6 +692,23 @@ where
             }
         }
         self.check_progress();
+    }
+
+    /// Count received objects outside the wanted ranges (the read amplification of fallback mode).
+    fn count_unwanted(&self, objects: &[K]) {
+        let unwanted = objects
+            .iter()
+            .filter(|o| {
+                self.index
+                    .hash_of(o)
+                    .is_some_and(|h| !self.want.contains(h))
+            })
+            .count();
+        if unwanted > 0 {
+            self.stats
+                .objects_unwanted
+                .fetch_add(unwanted as u64, Ordering::Relaxed);
+        }
     }
 
     /// Whether any object lies outside what `sub` asked for; if so, fall back.

@@ -77,8 +77,13 @@ const COUNTERS: &[(&str, &str, Read)] = &[
     ),
     (
         "kube_shard_read_dropped_out_of_range",
-        "Objects outside the requested ranges, dropped by the local filter",
+        "Objects a server sent outside the selector's ranges (evidence it does not filter; the stream falls back)",
         |s| s.dropped_out_of_range.load(Ordering::Relaxed),
+    ),
+    (
+        "kube_shard_read_objects_unwanted",
+        "Objects received outside the ranges this stream wants (owned and incoming shards); received / (received - unwanted) is the read amplification",
+        |s| s.objects_unwanted.load(Ordering::Relaxed),
     ),
     (
         "kube_shard_read_subwatch_starts",

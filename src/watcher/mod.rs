@@ -663,6 +663,7 @@ pub(crate) struct Stats {
     pub(crate) probes: AtomicU64,
     pub(crate) objects_received: AtomicU64,
     pub(crate) dropped_out_of_range: AtomicU64,
+    pub(crate) objects_unwanted: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) warm_reports: AtomicU64,
     pub(crate) activations: AtomicU64,
@@ -746,6 +747,14 @@ impl WatcherStats {
     #[must_use]
     pub fn dropped_out_of_range(&self) -> u64 {
         Self::get(&self.0.dropped_out_of_range)
+    }
+
+    /// Objects received whose hash lies outside the ranges this stream wants (its owned and incoming
+    /// shards): what fallback mode's full watch costs. `received ÷ (received − unwanted)` is the read
+    /// amplification (1 in server mode, about N with N members in fallback mode).
+    #[must_use]
+    pub fn objects_unwanted(&self) -> u64 {
+        Self::get(&self.0.objects_unwanted)
     }
 
     /// Failed requests (each retried with backoff).

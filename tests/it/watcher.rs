@@ -189,7 +189,15 @@ async fn four_members(gate: bool, objects: usize) -> (Vec<f64>, Vec<ReadMode>, V
             "each projected object is held once, by the store"
         );
         let acct = server.accounting(&format!("m{m}"));
-        amplification.push(acct.distinct_uids as f64 / expected[m].len() as f64);
+        let by_server = acct.distinct_uids as f64 / expected[m].len() as f64;
+        amplification.push(by_server);
+        // the member's own metric agrees with the server's accounting
+        let received = r.stats.objects_received() as f64;
+        let by_metric = received / (received - r.stats.objects_unwanted() as f64);
+        assert!(
+            (by_metric - by_server).abs() <= 0.05 * by_server,
+            "member {m}: metric amplification {by_metric} vs server accounting {by_server}"
+        );
         modes.push(r.stats.mode());
         subwatches.push(r.stats.subwatches());
     }

@@ -436,8 +436,8 @@ pub struct FenceLogCheck {
     pub started_after_stop: Vec<String>,
     /// Writes under a fence the assignment never handed out.
     pub unknown_fences: Vec<String>,
-    /// Writes the log names another member than the fence's owner (the operator names itself once, at
-    /// start: after a rejoin its new incarnation's writes are logged under the old one).
+    /// Writes the log names another member than the fence's owner (the operator logs the incarnation
+    /// its fences were issued to, also after a rejoin): a violation.
     pub logged_as_another_member: usize,
 }
 
@@ -447,6 +447,7 @@ impl FenceLogCheck {
             + self.regressions.len()
             + self.started_after_stop.len()
             + self.unknown_fences.len()
+            + self.logged_as_another_member
     }
 
     pub fn json(&self) -> serde_json::Value {

@@ -375,8 +375,10 @@ pub fn sample(text: &str, name: &str, label: &str) -> Option<f64> {
 pub struct ReadPath {
     /// `kube_shard_read_objects_received_total`: objects received from LISTs and WATCH events.
     pub received: f64,
-    /// `kube_shard_read_dropped_out_of_range_total`.
+    /// `kube_shard_read_dropped_out_of_range_total`: objects a server sent outside the selector.
     pub dropped: f64,
+    /// `kube_shard_read_objects_unwanted_total`: objects received outside the replica's wanted shards.
+    pub unwanted: f64,
     /// `kube_shard_read_indexed_objects`: objects held in the read index.
     pub indexed: f64,
     /// `kube_shard_read_projected_objects`: objects in the owned projection.
@@ -389,6 +391,7 @@ impl ReadPath {
         Some(ReadPath {
             received: sample(text, "kube_shard_read_objects_received_total", label)?,
             dropped: sample(text, "kube_shard_read_dropped_out_of_range_total", label)?,
+            unwanted: sample(text, "kube_shard_read_objects_unwanted_total", label)?,
             indexed: sample(text, "kube_shard_read_indexed_objects", label)?,
             projected: sample(text, "kube_shard_read_projected_objects", label)?,
         })

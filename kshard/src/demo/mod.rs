@@ -10,10 +10,8 @@
 //!    amplification: distinct Widgets delivered to its Widget read path ÷ Widgets it owns — on the embedded
 //!    server from its per-identity accounting (distinct uids), against a cluster (`--kubeconfig`) from the
 //!    replica's own metrics (`kube_shard_read_indexed_objects{resource="widgets"}`, the Widgets its read
-//!    index holds; the demo deletes none). Counting received objects instead would not do: the library's
-//!    `kube_shard_read_dropped_out_of_range` counts only objects a filtering server wrongly sent (which
-//!    turns fallback on), not those fallback mode's local filter leaves out, so received ÷ (received −
-//!    dropped) is 1 in both modes;
+//!    index holds; the demo deletes none: the distinct-uid analog). The e2e suite also checks the event-based
+//!    figure `received ÷ (received − unwanted)` from `kube_shard_read_objects_{received,unwanted}`;
 //! 4. scales to replicas+1 and counts the shards moved against the optimum;
 //! 5. SIGKILLs one replica (not the coordinator) and measures the failover (until its last shard is
 //!    admitted elsewhere);

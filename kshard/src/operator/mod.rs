@@ -231,8 +231,8 @@ impl FenceLog {
 
 struct Ctx {
     client: Client,
-    /// `name/incarnation`, for the fence log.
-    member: String,
+    /// The member's ownership: its current `name/incarnation` (it changes on a rejoin) for the fence log.
+    ownership: Ownership,
     name: String,
     children: Store<ConfigMap>,
     metrics: OpMetrics,
@@ -278,10 +278,13 @@ async fn fenced<T>(
     write: impl std::future::Future<Output = Result<T, fenced_write::Error>>,
 ) -> Result<T, ReconcileError> {
     let start = unix_ns();
+    // the incarnation the fence was issued to: a rejoin revokes every fence of the old one, so a write
+    // that passes its fence check was sent by this incarnation
+    let member = ctx.ownership.snapshot().state().me().to_string();
     match write.await {
         Ok(v) => {
             ctx.metrics.writes.inc();
-            ctx.fence_log.record(&ctx.member, fence, start);
+            ctx.fence_log.record(&member, fence, start);
             Ok(v)
         }
         Err(e) => {
@@ -513,10 +516,6 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     let child_stream = child_watch.events.touched_objects();
 
     let group_task = tokio::spawn(group_task);
-    let member = {
-        let st = handle.status();
-        format!("{}/{}", st.member.name, st.member.incarnation)
-    };
     let fence_log = match &args.fence_log {
         Some(p) => FenceLog(Some(Arc::new(Mutex::new(
             std::fs::OpenOptions::new()
@@ -528,7 +527,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     };
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        member,
+        ownership: ownership.clone(),
         name: identity.clone(),
         children,
         metrics: op_metrics.clone(),
