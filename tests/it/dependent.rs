@@ -386,7 +386,10 @@ async fn children_by_owner_reference_move_with_their_parents(gate: bool, label: 
     assert_eq!(names_of(&pa.store).len(), fam.parents_in(&own_a).len());
 
     // move shards 2 and 3 to b; their parents' children change before b is warm, and while a drains
-    let moving = [2u32, 3];
+    // the two of a's shards with the most parents: uids are random, a fixed pair may carry none
+    let mut of_a: Vec<u32> = own_a.iter().copied().collect();
+    of_a.sort_by_key(|s| std::cmp::Reverse(fam.parents_in(&BTreeSet::from([*s])).len()));
+    let moving = [of_a[0], of_a[1]];
     let moved: BTreeSet<u32> = moving.into_iter().collect();
     let moved_parents = fam.parents_in(&moved);
     assert!(moved_parents.len() >= 2, "the move carries parents");
@@ -735,7 +738,15 @@ async fn referenced_objects_follow_their_referrers(gate: bool) {
     assert!(names_of(&deps_a.store).contains("d-19"));
 
     // move shards 0 and 1 to b; a moving job's reference changes while b is Incoming
-    let moving = [0u32, 1];
+    // the two of a's shards with the most jobs: uids are random, a fixed pair may carry none
+    let jobs_in = |shard: u32| {
+        jobs.values()
+            .filter(|(u, _)| shard_of_uid(u) == shard)
+            .count()
+    };
+    let mut of_a: Vec<u32> = own_a.iter().copied().collect();
+    of_a.sort_by_key(|s| std::cmp::Reverse(jobs_in(*s)));
+    let moving = [of_a[0], of_a[1]];
     let moved: BTreeSet<u32> = moving.into_iter().collect();
     let moving_jobs: Vec<String> = jobs
         .iter()
