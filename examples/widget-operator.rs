@@ -23,7 +23,8 @@
 //! `--replicas N` plans at once when N members are present; `--create N` creates N Widgets. The client is
 //! built with this crate's `kube`, which has no TLS feature: only `http://` servers such as `kshard
 //! testserver` work (enable `rustls-tls` in your operator). The last member to leave has nobody to hand
-//! its shards to: its leave times out and its Lease expires instead. Timings are short for a demo; the
+//! its shards to: it self-fences and ends at once (so do members that all leave together). Timings are
+//! short for a demo; the
 //! library defaults (lease 15 s, renew deadline 10 s, retry 2 s) suit production. The full version
 //! (metrics, health endpoints, every flag) is `kshard operator` in `kshard/src/operator/`.
 
