@@ -535,8 +535,11 @@ fn holding(a: &Assignment, member: &str) -> usize {
         .count()
 }
 
-async fn read_assignment(client: &Client, args: &GroupArgs) -> Result<Assignment, CliError> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+/// The group's assignment ConfigMap and what it decodes to (`S` and the key as the assignment says).
+async fn fetch_assignment(
+    api: &Api<ConfigMap>,
+    args: &GroupArgs,
+) -> Result<(ConfigMap, Assignment, ShardCount), CliError> {
     let name = format!("{}-assignment", args.group);
     let cm = api
         .get_opt(&name)
@@ -550,7 +553,13 @@ async fn read_assignment(client: &Client, args: &GroupArgs) -> Result<Assignment
         .as_ref()
         .and_then(|d| d.get(DATA_KEY))
         .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
-    Ok(decode_any(&name, text)?.0)
+    let (a, s, _) = decode_any(&name, text)?;
+    Ok((cm, a, s))
+}
+
+async fn read_assignment(client: &Client, args: &GroupArgs) -> Result<Assignment, CliError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    Ok(fetch_assignment(&api, args).await?.1)
 }
 
 fn print_edit(
@@ -607,20 +616,7 @@ async fn edit_assignment(
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
         let name = format!("{}-assignment", args.group);
         for _ in 0..20 {
-            let mut cm = api
-                .get_opt(&name)
-                .await
-                .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
-                .ok_or_else(|| {
-                    CliError::failed(format!("no assignment ConfigMap {}/{name}", args.namespace))
-                })?;
-            let text = cm
-                .data
-                .as_ref()
-                .and_then(|d| d.get(DATA_KEY))
-                .cloned()
-                .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
-            let (mut a, s, _) = decode_any(&name, &text)?;
+            let (mut cm, mut a, s) = fetch_assignment(&api, args).await?;
             match edit {
                 Edit::Pin(shard) | Edit::Unpin(shard) if shard >= s.get() => {
                     return Err(CliError::failed(format!(

@@ -638,7 +638,7 @@ impl Demo<'_> {
         let widget_kubeconfig = self.kubeconfig_for(&format!("{name}-widgets"))?;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
         let exe = std::env::current_exe()?;
-        let mut cmd = tokio::process::Command::new(exe);
+        let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("operator")
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -668,7 +668,12 @@ impl Demo<'_> {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true);
-        let mut child = cmd.spawn()?;
+        let mut child = cmd.spawn().map_err(|e| {
+            CliError::failed(format!(
+                "starting {name} ({} operator): {e} (was the binary rebuilt during the demo?)",
+                exe.display()
+            ))
+        })?;
         let stdout = child.stdout.take().expect("piped");
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())

@@ -98,6 +98,36 @@ fn http_get(addr: &str, path: &str) -> String {
     buf
 }
 
+/// `kshard testserver` (gate on) writing its kubeconfig to `<dir>/kubeconfig`.
+fn testserver() -> (tempfile::TempDir, Running) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
+        .arg(dir.path().join("kubeconfig"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(first_line(&mut server).starts_with("serving http://"));
+    (dir, Running(server))
+}
+
+/// A runtime and a client from a kubeconfig.
+fn client_for(kc: &Path) -> (tokio::runtime::Runtime, kube::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async {
+        let yaml = std::fs::read_to_string(kc).unwrap();
+        let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    });
+    (rt, client)
+}
+
 fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
@@ -108,16 +138,8 @@ fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn status_shows_a_settled_group_and_a_graceful_leave() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, _server) = testserver();
     let kc = dir.path().join("kubeconfig");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
-        .arg(&kc)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(first_line(&mut server).starts_with("serving http://"));
-    let _server = Running(server);
 
     // before anything runs there is no group
     assert!(status(&kc, true).is_none());
@@ -179,18 +201,7 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     );
 
     // explain, pin (the shard moves and the new owner reconciles the Widget), pause/resume, unpin
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt.block_on(async {
-        let yaml = std::fs::read_to_string(&kc).unwrap();
-        let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
-            .await
-            .unwrap();
-        kube::Client::try_from(config).unwrap()
-    });
+    let (rt, client) = client_for(&kc);
     let ar = kube::api::ApiResource {
         group: "example.kube-shard.io".into(),
         version: "v1".into(),
@@ -367,28 +378,9 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
 
 #[test]
 fn shadow_operator_owns_shards_but_reconciles_nothing_and_a_legacy_leader_holds_it_back() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, _server) = testserver();
     let kc = dir.path().join("kubeconfig");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
-        .arg(&kc)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(first_line(&mut server).starts_with("serving http://"));
-    let _server = Running(server);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt.block_on(async {
-        let yaml = std::fs::read_to_string(&kc).unwrap();
-        let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
-            .await
-            .unwrap();
-        kube::Client::try_from(config).unwrap()
-    });
+    let (rt, client) = client_for(&kc);
     // a legacy leader that keeps renewing its lease
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(client.clone(), "default");
