@@ -709,7 +709,6 @@ impl Runtime {
         }
     }
 
-    /// Returns whether the coordinator should look again now.
     /// The resourceVersions of our recent writes to the coordinator Lease (newest last). A watch event
     /// carrying an older one of them arrives after we observed the newer write's response: applying it
     /// would make the next write conflict (resourceVersions are opaque, so we never compare them).
@@ -733,6 +732,7 @@ impl Runtime {
         }
     }
 
+    /// Returns whether the coordinator should look again now.
     fn on_lease_event(&mut self, ev: Event<Lease>) -> bool {
         match ev {
             Event::Apply(l) | Event::InitApply(l) => {
