@@ -30,7 +30,7 @@ enum Command {
     /// under load, with the invariants checked.
     Demo(crate::demo::DemoArgs),
     /// Show a live shard group: members, coordinator, generation, moves, unowned shards, the ring.
-    Status(crate::ops::StatusArgs),
+    Status(crate::ops::GroupArgs),
     /// Where an object lives: its hash, shard, and the shard's owner and epoch.
     Explain(crate::ops::ExplainArgs),
     /// Pin a shard to a member (the coordinator moves it there and keeps it there).

@@ -22,22 +22,6 @@ use serde::Serialize;
 
 use crate::cli::CliError;
 
-#[derive(Debug, Args)]
-pub(crate) struct StatusArgs {
-    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, else the in-cluster config).
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
-    /// The namespace of the group's Leases and assignment ConfigMap.
-    #[arg(long, short = 'n', default_value = "default")]
-    namespace: String,
-    /// The shard group.
-    #[arg(long, default_value = "widget-operator")]
-    group: String,
-    /// Print one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
 /// One member as the status shows it.
 #[derive(Debug, Serialize)]
 pub(crate) struct MemberStatus {
@@ -289,7 +273,7 @@ pub(crate) async fn read_group(
     })
 }
 
-pub(crate) fn status(args: &StatusArgs, out: &mut impl Write) -> Result<(), CliError> {
+pub(crate) fn status(args: &GroupArgs, out: &mut impl Write) -> Result<(), CliError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use kube_shard::group::SingletonGuard;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tracing::{debug, info};
+use tracing::{info, warn};
 
 use super::widget::{Widget, CHILD_LABEL};
 
@@ -62,7 +62,7 @@ pub(crate) async fn collect_orphans(
                 "orphaned children deleted"
             ),
             Ok(_) => {}
-            Err(e) => debug!(error = %e, "orphan collection failed; retrying next pass"),
+            Err(e) => warn!(error = %e, "orphan collection failed; retrying next pass"),
         }
         metrics.passes.inc();
         tokio::time::sleep(interval).await;
