@@ -104,14 +104,50 @@
 //!
 //! ## Faults ([`TestServer::faults`], per identity or global, switchable while clients run)
 //!
-//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …, optionally per verb and
-//! resource), [`Faults::latency`], [`Faults::close_watches`], [`Faults::freeze_watches`] (connection
-//! open, nothing sent), [`Faults::partition`] (no answer at all: the in-memory call fails with
-//! [`Refused`], HTTP closes the connection; open watches freeze), [`Faults::outage`] (everyone, for a
-//! duration; every watch ends), [`Faults::compact`] (forces 410s), [`Faults::lagging_lists`]
-//! (`resourceVersion=0` lists from a stale snapshot), [`Faults::gate_skew`] (the gate flips per request
-//! or per connection, as in an HA control plane mid-upgrade) and [`Faults::unfiltered_watch`] (per
-//! resource, LIST filtered but WATCH not: kubernetes/kubernetes#140510).
+//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …), [`Faults::latency`],
+//! [`Faults::close_watches`], [`Faults::freeze_watches`] (connection open, nothing sent),
+//! [`Faults::partition`] (no answer at all: the in-memory call fails with [`Refused`], HTTP closes the
+//! connection; open watches freeze), [`Faults::outage`] (everyone, for a duration; every watch ends),
+//! [`Faults::compact`] (forces 410s), [`Faults::lagging_lists`] (`resourceVersion=0` lists from a stale
+//! snapshot), [`Faults::gate_skew`] (the gate flips per request or per connection, as in an HA control
+//! plane mid-upgrade) and [`Faults::unfiltered_watch`] (per resource, LIST filtered but WATCH not:
+//! kubernetes/kubernetes#140510).
+//!
+//! `fail_next`, `latency`, `close_watches` and `freeze_watches` take a [`Target`]: a [`Scope`] (every
+//! identity or one) narrowed, if you like, to a verb, a resource, a namespace and one object
+//! ([`RequestMatch`]; a [`FailRule`] narrows the same way). The namespace and name are those of the
+//! request's path, or for a LIST or WATCH of a collection the equalities of its `fieldSelector`
+//! (`metadata.name=NAME`, how `watch_object` reads one object):
+//!
+//! ```
+//! use k8s_openapi::api::coordination::v1::Lease;
+//! use kube::api::Api;
+//! use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), kube::Error> {
+//! let server = TestServer::new();
+//! let leases: Api<Lease> = Api::namespaced(server.client("m0"), "default");
+//! for name in ["old", "new"] {
+//!     let l: Lease = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+//!     leases.create(&Default::default(), &l).await?;
+//! }
+//! // Forbidden to read one Lease, and only that one.
+//! server.faults().fail_next(
+//!     Scope::identity("m0"),
+//!     FailRule::status(403)
+//!         .times(u32::MAX)
+//!         .verb(Verb::Get)
+//!         .resource("leases")
+//!         .namespace("default")
+//!         .name("old"),
+//! );
+//! assert!(leases.get("old").await.is_err());
+//! assert!(leases.get("new").await.is_ok());
+//! // The Lease watches of m0 go quiet; its other watches and every request still work.
+//! server.faults().freeze_watches(Scope::identity("m0").resource("leases"), true);
+//! # Ok(()) }
+//! ```
 //!
 //! ## Accounting and fence audit
 //!
@@ -201,7 +237,7 @@ mod watch;
 
 pub use accounting::{Accounting, Verb};
 pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, FencedCommit};
-pub use faults::{FailRule, Faults, GateSkew, Scope};
+pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
 pub use http::{ClientError, HttpServer};
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};

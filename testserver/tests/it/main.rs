@@ -9,5 +9,6 @@ mod faults;
 mod http;
 mod list;
 mod load;
+mod scoped;
 mod shard;
 mod watcher;
