@@ -156,9 +156,13 @@
 //! [`TestServer::fence_audit`] records every committed write that carries a fence — the
 //! `x-kube-shard-fence` header ([`kube_shard::token::FENCE_HEADER`]) or, on main-resource writes, the
 //! `kube-shard.io/fence` annotation in the request body — as `<shard>/<epoch>`, keeps the highest epoch
-//! per (object uid, shard), and flags every later commit with a lower epoch for the same shard
-//! ([`FenceAudit::violations`], [`TestServer::fence_violations`]). A malformed token is an audit error,
-//! never a failed write. Writes refused (409, 404, …) are not commits.
+//! committed **per object uid**, and flags every later commit of that object with a lower epoch,
+//! whatever shard its token names ([`FenceAudit::violations`], [`TestServer::fence_violations`]).
+//! Epochs are generations of one assignment: they only grow, across shards and across a change of the
+//! shard count, so a lower epoch committed later was written under an older assignment — by a second
+//! owner (a member at `S = 16` writing `7/9` after one at `S = 32` wrote `3/10` is flagged). An equal
+//! epoch is not flagged. A malformed token is an audit error, never a failed write. Writes refused (409,
+//! 404, …) are not commits.
 //!
 //! ## Known differences from kube-apiserver
 //!
