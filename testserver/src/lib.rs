@@ -3,7 +3,8 @@
 //! An in-process Kubernetes API server for tests: real `kube::Client`s and the stock
 //! `kube_runtime::watcher`/`reflector` talk to it as to a **bare kube-apiserver** (no
 //! controller-manager), with KEP-5866 `shardSelector` semantics, switchable faults, per-identity
-//! accounting and an audit of fenced writes. No cluster, no container, no socket unless you ask for one.
+//! accounting, an audit of fenced writes and an opt-in recorder of committed history. No cluster, no
+//! container, no socket unless you ask for one.
 //!
 //! ## Use it in your tests
 //!
@@ -164,6 +165,53 @@
 //! epoch is not flagged. A malformed token is an audit error, never a failed write. Writes refused (409,
 //! 404, …) are not commits.
 //!
+//! ## Committed history
+//!
+//! [`TestServer::history`] records, for the objects a test asks for ([`History::record`] with a
+//! [`ResourceFilter`]: a resource, a namespace, a name, a uid), every committed version in commit order
+//! ([`History::of`]): its resourceVersion, the object as committed, the verb, who wrote it, the fence it
+//! carried and whether it was a create, an update or a delete ([`Commit`], [`CommitKind`]). It is
+//! opt-in: nothing is kept for objects no filter covers. Refused writes and no-op updates are not
+//! commits; a DELETE held by finalizers is an update, and the write that removes the last finalizer is
+//! the delete. Use it to replay how an object got where it is, for example every owner change of an
+//! assignment ConfigMap:
+//!
+//! ```
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, Patch, PatchParams, PostParams};
+//! use kube_shard_testserver::{CommitKind, ResourceFilter, TestServer, Verb};
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), kube::Error> {
+//! let server = TestServer::new();
+//! let assignment = ResourceFilter::resource("configmaps").namespace("default").name("shards");
+//! server.history().record(assignment.clone());
+//!
+//! let api: Api<ConfigMap> = Api::namespaced(server.client("coordinator-a"), "default");
+//! let cm = json!({"metadata": {"name": "shards"}, "data": {"0": "m0"}});
+//! let cm: ConfigMap = serde_json::from_value(cm).unwrap();
+//! api.create(&PostParams::default(), &cm).await?;
+//! let moved = Patch::Merge(json!({"data": {"0": "m1"}}));
+//! Api::<ConfigMap>::namespaced(server.client("coordinator-b"), "default")
+//!     .patch("shards", &PatchParams::default(), &moved)
+//!     .await?;
+//!
+//! let commits = server.history().of(&assignment);
+//! let owners: Vec<(String, String)> = commits
+//!     .iter()
+//!     .map(|c| {
+//!         let cm: ConfigMap = c.object_as().unwrap();
+//!         (c.identity.clone(), cm.data.unwrap()["0"].clone())
+//!     })
+//!     .collect();
+//! let want = [("coordinator-a", "m0"), ("coordinator-b", "m1")].map(|(a, b)| (a.into(), b.into()));
+//! assert_eq!(owners, want);
+//! assert_eq!((commits[1].verb, commits[1].change), (Verb::Patch, CommitKind::Updated));
+//! assert!(commits[0].resource_version < commits[1].resource_version);
+//! # Ok(()) }
+//! ```
+//!
 //! ## Known differences from kube-apiserver
 //!
 //! Tests prove only what the server reproduces. What it does **not**:
@@ -224,6 +272,7 @@ mod audit;
 mod controllers;
 mod discovery;
 mod faults;
+mod history;
 mod http;
 mod kubeconfig;
 mod labels;
@@ -242,6 +291,7 @@ mod watch;
 pub use accounting::{Accounting, Verb};
 pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, FencedCommit};
 pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
+pub use history::{Commit, CommitKind, History, ResourceFilter};
 pub use http::{ClientError, HttpServer};
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};

@@ -6,6 +6,7 @@ mod common;
 mod crd;
 mod crud;
 mod faults;
+mod history;
 mod http;
 mod list;
 mod load;
