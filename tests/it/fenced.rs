@@ -37,7 +37,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
     );
     let audit = server.fence_audit();
     assert_eq!(
-        audit.highest_epoch(&uid, shard),
+        audit.highest_epoch(&uid),
         Some(7),
         "the server saw the fence"
     );

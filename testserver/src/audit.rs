@@ -1,5 +1,10 @@
 //! The fence audit: every committed write that carries a fence token, the highest epoch committed per
-//! (object uid, shard), and every later commit with a lower epoch for the same shard.
+//! object uid, and every later commit with a lower epoch for that uid, whatever shard its token names.
+//!
+//! Epochs are generations of one assignment: they only grow, across every shard and across a change of
+//! the shard count (a member of an `S = 32` group that takes an object over from an `S = 16` one writes
+//! under a later generation). So a commit below the highest epoch already committed for its object was
+//! made under an older assignment: two owners wrote the object.
 
 use std::{collections::BTreeMap, sync::Mutex};
 
@@ -41,13 +46,13 @@ pub struct FencedCommit {
     pub resource_version: u64,
 }
 
-/// A commit whose epoch is below one already committed for the same object and shard.
+/// A commit whose epoch is below one already committed for the same object (under any shard).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FenceViolation {
     /// The offending commit.
     pub commit: FencedCommit,
-    /// The highest epoch committed before it for that uid and shard.
+    /// The highest epoch committed before it for that uid.
     pub highest_epoch: u64,
 }
 
@@ -81,8 +86,8 @@ pub struct FenceAudit {
     pub violations: Vec<FenceViolation>,
     /// Malformed fences.
     pub errors: Vec<FenceAuditError>,
-    /// The highest epoch committed per (uid, shard).
-    pub highest: BTreeMap<(String, u32), u64>,
+    /// The highest epoch committed per object uid.
+    pub highest: BTreeMap<String, u64>,
 }
 
 impl FenceAudit {
@@ -92,10 +97,10 @@ impl FenceAudit {
         self.violations.len()
     }
 
-    /// The highest epoch committed for an object and shard.
+    /// The highest epoch committed for an object, under any shard.
     #[must_use]
-    pub fn highest_epoch(&self, uid: &str, shard: u32) -> Option<u64> {
-        self.highest.get(&(uid.to_string(), shard)).copied()
+    pub fn highest_epoch(&self, uid: &str) -> Option<u64> {
+        self.highest.get(uid).copied()
     }
 }
 
@@ -153,8 +158,7 @@ impl Auditor {
             source: fence.source,
             resource_version: w.rv,
         };
-        let key = (w.uid.to_string(), token.shard);
-        match st.highest.get(&key).copied() {
+        match st.highest.get(w.uid).copied() {
             Some(h) if token.epoch < h => {
                 tracing::warn!(
                     uid = w.uid,
@@ -169,7 +173,7 @@ impl Auditor {
                 });
             }
             _ => {
-                st.highest.insert(key, token.epoch);
+                st.highest.insert(w.uid.to_string(), token.epoch);
             }
         }
         st.commits.push(commit);

@@ -1,4 +1,5 @@
-//! Faults, switchable at run time, globally or per identity.
+//! Faults, switchable at run time, globally or per identity, optionally narrowed to a verb, a resource,
+//! a namespace or one object.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -32,9 +33,145 @@ impl Scope {
             Scope::Identity(i) => i == identity,
         }
     }
+
+    /// Only this scope's requests with this verb (see [`Target`]).
+    #[must_use]
+    pub fn verb(self, verb: Verb) -> Target {
+        Target::from(self).verb(verb)
+    }
+
+    /// Only this scope's requests for this resource (see [`Target`]).
+    #[must_use]
+    pub fn resource(self, plural: impl Into<String>) -> Target {
+        Target::from(self).resource(plural)
+    }
+
+    /// Only this scope's requests in this namespace (see [`Target`]).
+    #[must_use]
+    pub fn namespace(self, namespace: impl Into<String>) -> Target {
+        Target::from(self).namespace(namespace)
+    }
+
+    /// Only this scope's requests that name this object (see [`Target`]).
+    #[must_use]
+    pub fn name(self, name: impl Into<String>) -> Target {
+        Target::from(self).name(name)
+    }
 }
 
-/// "Fail the next N requests with this status", optionally only for one verb or resource.
+/// Which requests a fault applies to, beside whose: every field set must match (`None` matches
+/// anything).
+///
+/// A request's namespace and name are those of its path (`.../namespaces/NS/RESOURCE/NAME`); a LIST or
+/// WATCH that has none in its path takes them from the equalities of its `fieldSelector`
+/// (`metadata.name=NAME`, `metadata.namespace=NS`), which is how clients read or watch one object
+/// (`kube::runtime::watcher::watch_object`). So a fault narrowed to a namespace or a name covers no
+/// request across namespaces or over a whole collection, and a fault narrowed to a resource, namespace
+/// or name covers no discovery request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct RequestMatch {
+    /// Only requests with this verb.
+    pub verb: Option<Verb>,
+    /// Only requests for this resource: its plural (`leases`), as the URL names it.
+    pub resource: Option<String>,
+    /// Only requests in this namespace.
+    pub namespace: Option<String>,
+    /// Only requests that name this object.
+    pub name: Option<String>,
+}
+
+impl RequestMatch {
+    fn matches(&self, r: &RequestFacts) -> bool {
+        fn field(want: Option<&String>, have: Option<&str>) -> bool {
+            want.is_none_or(|w| have == Some(w.as_str()))
+        }
+        self.verb.is_none_or(|v| v == r.verb)
+            && field(self.resource.as_ref(), r.resource.as_deref())
+            && field(self.namespace.as_ref(), r.namespace.as_deref())
+            && field(self.name.as_ref(), r.name.as_deref())
+    }
+}
+
+/// Whose requests ([`Scope`]) and which ones ([`RequestMatch`]) a fault applies to. Every fault that
+/// takes one also takes a plain [`Scope`]; narrow it with the builder methods, on the scope or here:
+///
+/// ```
+/// use kube_shard_testserver::{Scope, Target, Verb};
+///
+/// // GETs of one Lease by one member.
+/// let t: Target = Scope::identity("m0")
+///     .verb(Verb::Get)
+///     .resource("leases")
+///     .namespace("legacy")
+///     .name("old");
+/// assert_eq!(t.only.name.as_deref(), Some("old"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Target {
+    /// Whose requests.
+    pub scope: Scope,
+    /// Which of them.
+    pub only: RequestMatch,
+}
+
+impl From<Scope> for Target {
+    fn from(scope: Scope) -> Self {
+        Target {
+            scope,
+            only: RequestMatch::default(),
+        }
+    }
+}
+
+impl Target {
+    /// Only requests with this verb.
+    #[must_use]
+    pub fn verb(mut self, verb: Verb) -> Self {
+        self.only.verb = Some(verb);
+        self
+    }
+
+    /// Only requests for this resource (plural, like `leases`).
+    #[must_use]
+    pub fn resource(mut self, plural: impl Into<String>) -> Self {
+        self.only.resource = Some(plural.into());
+        self
+    }
+
+    /// Only requests in this namespace.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.only.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Only requests that name this object.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.only.name = Some(name.into());
+        self
+    }
+
+    fn covers(&self, r: &RequestFacts) -> bool {
+        self.scope.covers(&r.identity) && self.only.matches(r)
+    }
+}
+
+/// What a fault is matched against: who sent a request, and what it asks.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestFacts {
+    pub(crate) identity: Arc<str>,
+    pub(crate) verb: Verb,
+    /// The plural, for resource requests.
+    pub(crate) resource: Option<String>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: Option<String>,
+}
+
+/// "Fail the next N requests with this status", optionally only for one verb, resource, namespace or
+/// object (as [`RequestMatch`] matches them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FailRule {
@@ -42,10 +179,8 @@ pub struct FailRule {
     pub code: u16,
     /// How many matching requests fail.
     pub times: u32,
-    /// Only requests with this verb.
-    pub verb: Option<Verb>,
-    /// Only requests for this resource (plural, like `configmaps`).
-    pub resource: Option<String>,
+    /// Which requests (AND-ed with the [`Target`] given to [`Faults::fail_next`]).
+    pub only: RequestMatch,
     /// `Retry-After` seconds for a 429 (default 1).
     pub retry_after: u64,
 }
@@ -57,8 +192,7 @@ impl FailRule {
         FailRule {
             code,
             times: 1,
-            verb: None,
-            resource: None,
+            only: RequestMatch::default(),
             retry_after: 1,
         }
     }
@@ -73,14 +207,28 @@ impl FailRule {
     /// Only requests with this verb.
     #[must_use]
     pub fn verb(mut self, verb: Verb) -> Self {
-        self.verb = Some(verb);
+        self.only.verb = Some(verb);
         self
     }
 
     /// Only requests for this resource (plural).
     #[must_use]
     pub fn resource(mut self, plural: impl Into<String>) -> Self {
-        self.resource = Some(plural.into());
+        self.only.resource = Some(plural.into());
+        self
+    }
+
+    /// Only requests in this namespace.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.only.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Only requests that name this object.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.only.name = Some(name.into());
         self
     }
 
@@ -108,12 +256,11 @@ pub enum GateSkew {
 
 #[derive(Debug, Default)]
 struct State {
-    rules: Vec<(Scope, FailRule)>,
-    latency: HashMap<Scope, Duration>,
-    close_all: u64,
-    close: HashMap<String, u64>,
-    freeze_all: bool,
-    freeze: HashSet<String>,
+    rules: Vec<(Target, FailRule)>,
+    latency: HashMap<Target, Duration>,
+    /// Every `close_watches` so far, in order: a watch ends on any entry after its mark that covers it.
+    closes: Vec<Target>,
+    freeze: HashSet<Target>,
     refuse_all: bool,
     refuse: HashSet<String>,
     outage_until: Option<Instant>,
@@ -139,12 +286,9 @@ impl Default for FaultState {
     }
 }
 
-/// What a watch remembers to notice "close all watches".
+/// What a watch remembers to notice a later "close watches": how many had been asked when it opened.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CloseMark {
-    all: u64,
-    mine: u64,
-}
+pub(crate) struct CloseMark(usize);
 
 impl FaultState {
     fn edit<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -170,11 +314,11 @@ impl FaultState {
         })
     }
 
-    pub(crate) fn latency(&self, identity: &str) -> Duration {
+    pub(crate) fn latency(&self, r: &RequestFacts) -> Duration {
         self.read(|s| {
             s.latency
                 .iter()
-                .filter(|(scope, _)| scope.covers(identity))
+                .filter(|(target, _)| target.covers(r))
                 .map(|(_, d)| *d)
                 .max()
                 .unwrap_or_default()
@@ -182,20 +326,10 @@ impl FaultState {
     }
 
     /// Consume one matching fail rule.
-    pub(crate) fn take_failure(
-        &self,
-        identity: &str,
-        verb: Verb,
-        resource: Option<&str>,
-    ) -> Option<ApiError> {
+    pub(crate) fn take_failure(&self, r: &RequestFacts) -> Option<ApiError> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let idx = st.rules.iter().position(|(scope, r)| {
-            scope.covers(identity)
-                && r.times > 0
-                && r.verb.is_none_or(|v| v == verb)
-                && r.resource
-                    .as_deref()
-                    .is_none_or(|want| resource == Some(want))
+        let idx = st.rules.iter().position(|(target, rule)| {
+            rule.times > 0 && target.covers(r) && rule.only.matches(r)
         })?;
         let rule = &mut st.rules[idx].1;
         rule.times -= 1;
@@ -206,25 +340,17 @@ impl FaultState {
         Some(err)
     }
 
-    pub(crate) fn close_mark(&self, identity: &str) -> CloseMark {
-        self.read(|s| CloseMark {
-            all: s.close_all,
-            mine: s.close.get(identity).copied().unwrap_or(0),
-        })
+    pub(crate) fn close_mark(&self) -> CloseMark {
+        self.read(|s| CloseMark(s.closes.len()))
     }
 
-    pub(crate) fn should_close(&self, identity: &str, mark: CloseMark) -> bool {
-        self.read(|s| {
-            s.close_all != mark.all || s.close.get(identity).copied().unwrap_or(0) != mark.mine
-        })
+    pub(crate) fn should_close(&self, r: &RequestFacts, mark: CloseMark) -> bool {
+        self.read(|s| s.closes.iter().skip(mark.0).any(|t| t.covers(r)))
     }
 
-    pub(crate) fn frozen(&self, identity: &str) -> bool {
+    pub(crate) fn frozen(&self, r: &RequestFacts) -> bool {
         self.read(|s| {
-            s.freeze_all
-                || s.freeze.contains(identity)
-                || s.refuse_all
-                || s.refuse.contains(identity)
+            s.refuse_all || s.refuse.contains(&*r.identity) || s.freeze.iter().any(|t| t.covers(r))
         })
     }
 
@@ -278,42 +404,44 @@ impl Faults {
         &self.inner.faults
     }
 
-    /// Fail the next matching requests of `scope` with a `Status` (429s carry `Retry-After`).
-    pub fn fail_next(&self, scope: Scope, rule: FailRule) {
-        self.st().edit(|s| s.rules.push((scope, rule)));
+    /// Fail the next requests of `target` that `rule` matches with a `Status` (429s carry
+    /// `Retry-After`). `target` may be a plain [`Scope`].
+    pub fn fail_next(&self, target: impl Into<Target>, rule: FailRule) {
+        let target = target.into();
+        self.st().edit(|s| s.rules.push((target, rule)));
     }
 
-    /// Delay every request of `scope` by `delay` before it is handled (`None` removes it).
-    pub fn latency(&self, scope: Scope, delay: Option<Duration>) {
+    /// Delay every request of `target` by `delay` before it is handled (`None` removes the delay set
+    /// for exactly that target). Where several targets cover a request, the longest delay applies.
+    pub fn latency(&self, target: impl Into<Target>, delay: Option<Duration>) {
+        let target = target.into();
         self.st().edit(|s| match delay {
             Some(d) => {
-                s.latency.insert(scope, d);
+                s.latency.insert(target, d);
             }
             None => {
-                s.latency.remove(&scope);
+                s.latency.remove(&target);
             }
         });
     }
 
-    /// End every open watch of `scope` (the stream ends cleanly, as when an apiserver shuts down).
-    pub fn close_watches(&self, scope: Scope) {
-        self.st().edit(|s| match scope {
-            Scope::All => s.close_all += 1,
-            Scope::Identity(i) => *s.close.entry(i).or_default() += 1,
-        });
+    /// End every open watch of `target` (the stream ends cleanly, as when an apiserver shuts down).
+    /// Watches opened later are not affected.
+    pub fn close_watches(&self, target: impl Into<Target>) {
+        let target = target.into();
+        self.st().edit(|s| s.closes.push(target));
     }
 
-    /// Freeze (or thaw) the watches of `scope`: connections stay open, nothing is sent, not even a
-    /// timeout's end of stream. Events are kept and delivered on thaw.
-    pub fn freeze_watches(&self, scope: Scope, frozen: bool) {
-        self.st().edit(|s| match scope {
-            Scope::All => s.freeze_all = frozen,
-            Scope::Identity(i) => {
-                if frozen {
-                    s.freeze.insert(i);
-                } else {
-                    s.freeze.remove(&i);
-                }
+    /// Freeze (or thaw) the watches of `target`: connections stay open, nothing is sent, not even a
+    /// timeout's end of stream. Events are kept and delivered on thaw. Thawing removes the freeze set
+    /// for exactly that target.
+    pub fn freeze_watches(&self, target: impl Into<Target>, frozen: bool) {
+        let target = target.into();
+        self.st().edit(|s| {
+            if frozen {
+                s.freeze.insert(target);
+            } else {
+                s.freeze.remove(&target);
             }
         });
     }
@@ -337,7 +465,7 @@ impl Faults {
     pub fn outage(&self, duration: Duration) {
         self.st().edit(|s| {
             s.outage_until = Some(Instant::now() + duration);
-            s.close_all += 1;
+            s.closes.push(Target::from(Scope::All));
         });
     }
 
@@ -375,10 +503,9 @@ impl Faults {
     /// Remove every fault (watches already closed stay closed).
     pub fn clear(&self) {
         self.st().edit(|s| {
-            let (close_all, close) = (s.close_all, std::mem::take(&mut s.close));
+            let closes = std::mem::take(&mut s.closes);
             *s = State {
-                close_all,
-                close,
+                closes,
                 ..State::default()
             };
         });

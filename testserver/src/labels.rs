@@ -168,7 +168,7 @@ pub(crate) struct FieldSelector {
     reqs: Vec<(Field, bool, String)>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Name,
     Namespace,
@@ -220,6 +220,23 @@ impl FieldSelector {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.reqs.is_empty()
+    }
+
+    /// The name an equality requirement fixes (`metadata.name=NAME`), if any.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.equal(Field::Name)
+    }
+
+    /// The namespace an equality requirement fixes (`metadata.namespace=NS`), if any.
+    pub(crate) fn namespace(&self) -> Option<&str> {
+        self.equal(Field::Namespace)
+    }
+
+    fn equal(&self, field: Field) -> Option<&str> {
+        self.reqs
+            .iter()
+            .find(|(f, eq, _)| *eq && *f == field)
+            .map(|(_, _, v)| v.as_str())
     }
 }
 

@@ -3,7 +3,8 @@
 //! An in-process Kubernetes API server for tests: real `kube::Client`s and the stock
 //! `kube_runtime::watcher`/`reflector` talk to it as to a **bare kube-apiserver** (no
 //! controller-manager), with KEP-5866 `shardSelector` semantics, switchable faults, per-identity
-//! accounting and an audit of fenced writes. No cluster, no container, no socket unless you ask for one.
+//! accounting, an audit of fenced writes and an opt-in recorder of committed history. No cluster, no
+//! container, no socket unless you ask for one.
 //!
 //! ## Use it in your tests
 //!
@@ -104,14 +105,50 @@
 //!
 //! ## Faults ([`TestServer::faults`], per identity or global, switchable while clients run)
 //!
-//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …, optionally per verb and
-//! resource), [`Faults::latency`], [`Faults::close_watches`], [`Faults::freeze_watches`] (connection
-//! open, nothing sent), [`Faults::partition`] (no answer at all: the in-memory call fails with
-//! [`Refused`], HTTP closes the connection; open watches freeze), [`Faults::outage`] (everyone, for a
-//! duration; every watch ends), [`Faults::compact`] (forces 410s), [`Faults::lagging_lists`]
-//! (`resourceVersion=0` lists from a stale snapshot), [`Faults::gate_skew`] (the gate flips per request
-//! or per connection, as in an HA control plane mid-upgrade) and [`Faults::unfiltered_watch`] (per
-//! resource, LIST filtered but WATCH not: kubernetes/kubernetes#140510).
+//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …), [`Faults::latency`],
+//! [`Faults::close_watches`], [`Faults::freeze_watches`] (connection open, nothing sent),
+//! [`Faults::partition`] (no answer at all: the in-memory call fails with [`Refused`], HTTP closes the
+//! connection; open watches freeze), [`Faults::outage`] (everyone, for a duration; every watch ends),
+//! [`Faults::compact`] (forces 410s), [`Faults::lagging_lists`] (`resourceVersion=0` lists from a stale
+//! snapshot), [`Faults::gate_skew`] (the gate flips per request or per connection, as in an HA control
+//! plane mid-upgrade) and [`Faults::unfiltered_watch`] (per resource, LIST filtered but WATCH not:
+//! kubernetes/kubernetes#140510).
+//!
+//! `fail_next`, `latency`, `close_watches` and `freeze_watches` take a [`Target`]: a [`Scope`] (every
+//! identity or one) narrowed, if you like, to a verb, a resource, a namespace and one object
+//! ([`RequestMatch`]; a [`FailRule`] narrows the same way). The namespace and name are those of the
+//! request's path, or for a LIST or WATCH of a collection the equalities of its `fieldSelector`
+//! (`metadata.name=NAME`, how `watch_object` reads one object):
+//!
+//! ```
+//! use k8s_openapi::api::coordination::v1::Lease;
+//! use kube::api::Api;
+//! use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), kube::Error> {
+//! let server = TestServer::new();
+//! let leases: Api<Lease> = Api::namespaced(server.client("m0"), "default");
+//! for name in ["old", "new"] {
+//!     let l: Lease = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+//!     leases.create(&Default::default(), &l).await?;
+//! }
+//! // Forbidden to read one Lease, and only that one.
+//! server.faults().fail_next(
+//!     Scope::identity("m0"),
+//!     FailRule::status(403)
+//!         .times(u32::MAX)
+//!         .verb(Verb::Get)
+//!         .resource("leases")
+//!         .namespace("default")
+//!         .name("old"),
+//! );
+//! assert!(leases.get("old").await.is_err());
+//! assert!(leases.get("new").await.is_ok());
+//! // The Lease watches of m0 go quiet; its other watches and every request still work.
+//! server.faults().freeze_watches(Scope::identity("m0").resource("leases"), true);
+//! # Ok(()) }
+//! ```
 //!
 //! ## Accounting and fence audit
 //!
@@ -120,9 +157,60 @@
 //! [`TestServer::fence_audit`] records every committed write that carries a fence — the
 //! `x-kube-shard-fence` header ([`kube_shard::token::FENCE_HEADER`]) or, on main-resource writes, the
 //! `kube-shard.io/fence` annotation in the request body — as `<shard>/<epoch>`, keeps the highest epoch
-//! per (object uid, shard), and flags every later commit with a lower epoch for the same shard
-//! ([`FenceAudit::violations`], [`TestServer::fence_violations`]). A malformed token is an audit error,
-//! never a failed write. Writes refused (409, 404, …) are not commits.
+//! committed **per object uid**, and flags every later commit of that object with a lower epoch,
+//! whatever shard its token names ([`FenceAudit::violations`], [`TestServer::fence_violations`]).
+//! Epochs are generations of one assignment: they only grow, across shards and across a change of the
+//! shard count, so a lower epoch committed later was written under an older assignment — by a second
+//! owner (a member at `S = 16` writing `7/9` after one at `S = 32` wrote `3/10` is flagged). An equal
+//! epoch is not flagged. A malformed token is an audit error, never a failed write. Writes refused (409,
+//! 404, …) are not commits.
+//!
+//! ## Committed history
+//!
+//! [`TestServer::history`] records, for the objects a test asks for ([`History::record`] with a
+//! [`ResourceFilter`]: a resource, a namespace, a name, a uid), every committed version in commit order
+//! ([`History::of`]): its resourceVersion, the object as committed, the verb, who wrote it, the fence it
+//! carried and whether it was a create, an update or a delete ([`Commit`], [`CommitKind`]). It is
+//! opt-in: nothing is kept for objects no filter covers. Refused writes and no-op updates are not
+//! commits; a DELETE held by finalizers is an update, and the write that removes the last finalizer is
+//! the delete. Use it to replay how an object got where it is, for example every owner change of an
+//! assignment ConfigMap:
+//!
+//! ```
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, Patch, PatchParams, PostParams};
+//! use kube_shard_testserver::{CommitKind, ResourceFilter, TestServer, Verb};
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), kube::Error> {
+//! let server = TestServer::new();
+//! let assignment = ResourceFilter::resource("configmaps").namespace("default").name("shards");
+//! server.history().record(assignment.clone());
+//!
+//! let api: Api<ConfigMap> = Api::namespaced(server.client("coordinator-a"), "default");
+//! let cm = json!({"metadata": {"name": "shards"}, "data": {"0": "m0"}});
+//! let cm: ConfigMap = serde_json::from_value(cm).unwrap();
+//! api.create(&PostParams::default(), &cm).await?;
+//! let moved = Patch::Merge(json!({"data": {"0": "m1"}}));
+//! Api::<ConfigMap>::namespaced(server.client("coordinator-b"), "default")
+//!     .patch("shards", &PatchParams::default(), &moved)
+//!     .await?;
+//!
+//! let commits = server.history().of(&assignment);
+//! let owners: Vec<(String, String)> = commits
+//!     .iter()
+//!     .map(|c| {
+//!         let cm: ConfigMap = c.object_as().unwrap();
+//!         (c.identity.clone(), cm.data.unwrap()["0"].clone())
+//!     })
+//!     .collect();
+//! let want = [("coordinator-a", "m0"), ("coordinator-b", "m1")].map(|(a, b)| (a.into(), b.into()));
+//! assert_eq!(owners, want);
+//! assert_eq!((commits[1].verb, commits[1].change), (Verb::Patch, CommitKind::Updated));
+//! assert!(commits[0].resource_version < commits[1].resource_version);
+//! # Ok(()) }
+//! ```
 //!
 //! ## Known differences from kube-apiserver
 //!
@@ -184,6 +272,7 @@ mod audit;
 mod controllers;
 mod discovery;
 mod faults;
+mod history;
 mod http;
 mod kubeconfig;
 mod labels;
@@ -201,7 +290,8 @@ mod watch;
 
 pub use accounting::{Accounting, Verb};
 pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, FencedCommit};
-pub use faults::{FailRule, Faults, GateSkew, Scope};
+pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
+pub use history::{Commit, CommitKind, History, ResourceFilter};
 pub use http::{ClientError, HttpServer};
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};

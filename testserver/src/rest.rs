@@ -11,6 +11,7 @@ use crate::{
     accounting::Verb,
     audit::{FenceSource, RawFence, WriteFacts},
     controllers,
+    history::Writer,
     render::now_rfc3339,
     resources::{ResourceInfo, CRD_GROUP},
     server::Inner,
@@ -289,6 +290,15 @@ fn commit(
 ) -> Arc<Change> {
     let change = store.commit(info, key, value, delete);
     audit(ctx, info, fence, &change);
+    ctx.inner.recorder.commit(
+        Writer {
+            identity: ctx.identity,
+            verb: ctx.verb,
+            fence,
+        },
+        info,
+        &change,
+    );
     after_commit(store, ctx, info, &change);
     change
 }
@@ -582,7 +592,13 @@ fn crd_changed(store: &mut Store, ctx: &WriteCtx<'_>, change: &Change) {
                 for key in keys {
                     if let Some(o) = store.get(&info.store_key, &key) {
                         let final_state = o.value.clone();
-                        store.commit(&info, key, final_state, true);
+                        let gone = store.commit(&info, key, final_state, true);
+                        let system = Writer {
+                            identity: system_ctx(ctx.inner).identity,
+                            verb: Verb::Delete,
+                            fence: None,
+                        };
+                        ctx.inner.recorder.commit(system, &info, &gone);
                     }
                 }
                 store.drop_subs(&info.store_key);

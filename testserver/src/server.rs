@@ -15,6 +15,7 @@ use crate::{
     accounting::{Accounting, Ledger},
     audit::{Auditor, FenceAudit},
     faults::{FaultState, Faults},
+    history::{History, Recorder},
     http::HttpServer,
     kubeconfig,
     service::ApiService,
@@ -108,6 +109,7 @@ pub(crate) struct Inner {
     pub(crate) faults: FaultState,
     pub(crate) ledger: Ledger,
     pub(crate) auditor: Auditor,
+    pub(crate) recorder: Recorder,
     conns: AtomicU64,
     /// The current resourceVersion, for requests waiting for a future one.
     pub(crate) rv_tx: watch::Sender<u64>,
@@ -163,6 +165,7 @@ impl TestServer {
             faults: FaultState::default(),
             ledger: Ledger::default(),
             auditor: Auditor::default(),
+            recorder: Recorder::default(),
             conns: AtomicU64::new(0),
             rv_tx: watch::channel(1).0,
             address: Mutex::new(None),
@@ -257,6 +260,15 @@ impl TestServer {
     /// Forget the fence audit.
     pub fn reset_fence_audit(&self) {
         self.inner.auditor.reset();
+    }
+
+    /// The recorder of committed history: opt in per resource or object with [`History::record`],
+    /// then read an object's every committed version with [`History::of`].
+    #[must_use]
+    pub fn history(&self) -> History {
+        History {
+            inner: self.inner.clone(),
+        }
     }
 
     /// Switch the `ShardedListAndWatch` gate at run time (open watches keep the mode they started with).

@@ -16,6 +16,8 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
 use crate::{
     accounting::{Delivery, Verb},
     discovery::{self, NonResource},
+    faults::RequestFacts,
+    labels::FieldSelector,
     list,
     query::Query,
     render::{self, As},
@@ -143,7 +145,8 @@ pub(crate) async fn handle(
         inner.ledger.refused(&identity);
         return Err(Refused);
     }
-    let delay = inner.faults.latency(&identity);
+    let facts = request_facts(&identity, verb, &route, &q);
+    let delay = inner.faults.latency(&facts);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
         if inner.faults.refused(&identity) {
@@ -151,19 +154,12 @@ pub(crate) async fn handle(
             return Err(Refused);
         }
     }
-    let plural = match &route {
-        Ok(Route::Resource(r)) => Some(r.info.plural.clone()),
-        _ => None,
-    };
-    let result = match inner
-        .faults
-        .take_failure(&identity, verb, plural.as_deref())
-    {
+    let result = match inner.faults.take_failure(&facts) {
         Some(e) => Err(e),
         None => match route {
             Err(e) => Err(e),
             Ok(Route::NonResource(segs)) => non_resource(&inner, &identity, &segs),
-            Ok(Route::Resource(r)) => resource(&inner, &identity, conn, &parts, &q, r, body).await,
+            Ok(Route::Resource(r)) => resource(&inner, facts, conn, &parts, &q, r, body).await,
         },
     };
     Ok(match result {
@@ -175,6 +171,38 @@ pub(crate) async fn handle(
             resp
         }
     })
+}
+
+/// What faults are matched against: the path's resource, namespace and name, or for a collection
+/// the equalities of its `fieldSelector` (how clients read or watch one object).
+fn request_facts(
+    identity: &Arc<str>,
+    verb: Verb,
+    route: &ApiResult<Route>,
+    q: &Query,
+) -> RequestFacts {
+    let mut facts = RequestFacts {
+        identity: identity.clone(),
+        verb,
+        resource: None,
+        namespace: None,
+        name: None,
+    };
+    if let Ok(Route::Resource(r)) = route {
+        facts.resource = Some(r.info.plural.clone());
+        facts.namespace.clone_from(&r.namespace);
+        facts.name.clone_from(&r.name);
+        if r.name.is_none() {
+            let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default()).ok();
+            if let Some(f) = fields {
+                facts.name = f.name().map(str::to_string);
+                if facts.namespace.is_none() {
+                    facts.namespace = f.namespace().map(str::to_string);
+                }
+            }
+        }
+    }
+    facts
 }
 
 fn body_len(resp: &Response<ResponseBody>) -> usize {
@@ -202,7 +230,7 @@ fn non_resource(
 
 async fn resource(
     inner: &Arc<Inner>,
-    identity: &Arc<str>,
+    facts: RequestFacts,
     conn: u64,
     parts: &Parts,
     q: &Query,
@@ -210,6 +238,7 @@ async fn resource(
     body: Bytes,
 ) -> ApiResult<Response<ResponseBody>> {
     let verb = router::verb_of(&parts.method, &r, q)?;
+    let identity = &facts.identity.clone();
     let as_ = As::from_headers(&parts.headers);
     let ns = r.namespace.as_deref();
     let gate = || inner.faults.effective_gate(inner.gate(), conn);
@@ -233,7 +262,7 @@ async fn resource(
         Verb::Watch => {
             let stream = watch::open(
                 inner.clone(),
-                identity.clone(),
+                facts,
                 r.info.clone(),
                 r.namespace.clone(),
                 r.name.clone(),

@@ -14,7 +14,7 @@ use tokio::{
 
 use crate::{
     accounting::Delivery,
-    faults::CloseMark,
+    faults::{CloseMark, RequestFacts},
     list::{parse_rv, wait_for_rv},
     query::{Filter, Query},
     render::{self, As},
@@ -36,7 +36,8 @@ enum Pending {
 #[derive(Debug)]
 pub(crate) struct WatchStream {
     inner: Arc<Inner>,
-    identity: Arc<str>,
+    /// Who watches, and what faults match this watch against.
+    facts: RequestFacts,
     info: Arc<ResourceInfo>,
     filter: Filter,
     name: Option<String>,
@@ -63,7 +64,7 @@ fn invalid_watch(why: &str) -> ApiError {
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn open(
     inner: Arc<Inner>,
-    identity: Arc<str>,
+    facts: RequestFacts,
     info: Arc<ResourceInfo>,
     namespace: Option<String>,
     name: Option<String>,
@@ -161,9 +162,9 @@ pub(crate) async fn open(
     let interval = inner.config.bookmark_interval;
     Ok(WatchStream {
         faults: inner.faults.changes(),
-        close_mark: inner.faults.close_mark(&identity),
+        close_mark: inner.faults.close_mark(),
         inner,
-        identity,
+        facts,
         info,
         filter,
         name,
@@ -181,14 +182,10 @@ impl WatchStream {
     /// The next frame, or `None` when the watch ends (timeout, closed by a fault, resource gone, 410).
     pub(crate) async fn next_frame(&mut self) -> Option<Bytes> {
         loop {
-            if self
-                .inner
-                .faults
-                .should_close(&self.identity, self.close_mark)
-            {
+            if self.inner.faults.should_close(&self.facts, self.close_mark) {
                 return None;
             }
-            if self.inner.faults.frozen(&self.identity) {
+            if self.inner.faults.frozen(&self.facts) {
                 // Nothing at all is sent while frozen, not even the end at the timeout.
                 self.faults.changed().await.ok()?;
                 continue;
@@ -257,16 +254,22 @@ impl WatchStream {
                     }
                 };
                 let frame = frame_json("BOOKMARK", &object);
-                self.inner
-                    .ledger
-                    .delivered(&self.identity, Delivery::Bookmark, [], frame.len());
+                self.inner.ledger.delivered(
+                    &self.facts.identity,
+                    Delivery::Bookmark,
+                    [],
+                    frame.len(),
+                );
                 return Some(frame);
             }
             Pending::Error(e) => {
                 let frame = frame_json("ERROR", &e.to_status());
-                self.inner
-                    .ledger
-                    .delivered(&self.identity, Delivery::WatchEvent, [], frame.len());
+                self.inner.ledger.delivered(
+                    &self.facts.identity,
+                    Delivery::WatchEvent,
+                    [],
+                    frame.len(),
+                );
                 return Some(frame);
             }
         };
@@ -280,7 +283,7 @@ impl WatchStream {
         }
         out.extend_from_slice(b"}\n");
         self.inner.ledger.delivered(
-            &self.identity,
+            &self.facts.identity,
             Delivery::WatchEvent,
             [obj.uid.as_str()],
             out.len(),

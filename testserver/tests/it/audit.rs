@@ -47,24 +47,74 @@ async fn lower_epoch_commits_are_flagged() {
     )
     .await
     .unwrap();
-    // Another shard's epochs are independent.
+    // Epochs are generations of one assignment, comparable across shards: a lower epoch under
+    // another shard is flagged too.
     let _: ConfigMap = client
         .request(fenced_patch("obj", "8/1", json!({"data": {"b": "1"}})))
         .await
         .unwrap();
+    // Another object's epochs are its own.
+    let mut other = cm("other");
+    other.metadata.annotations = Some([(FENCE_ANNOTATION.to_string(), "7/1".to_string())].into());
+    let other = api.create(&PostParams::default(), &other).await.unwrap();
     let audit = server.fence_audit();
-    assert_eq!(audit.commits.len(), 4);
-    assert_eq!(audit.violation_count(), 1);
+    assert_eq!(audit.commits.len(), 5);
+    assert_eq!(audit.violation_count(), 2);
+    let found: Vec<_> = audit
+        .violations
+        .iter()
+        .map(|v| (v.commit.token.shard, v.commit.token.epoch, v.highest_epoch))
+        .collect();
+    assert_eq!(found, [(7, 100, 200), (8, 1, 200)]);
     let v = &audit.violations[0];
-    assert_eq!(
-        (v.commit.token.shard, v.commit.token.epoch, v.highest_epoch),
-        (7, 100, 200)
-    );
     assert_eq!(v.commit.identity, "m1");
     assert_eq!(v.commit.uid, uid);
     assert_eq!(v.commit.source, FenceSource::Annotation);
-    assert_eq!(audit.highest_epoch(&uid, 7), Some(200));
-    assert_eq!(audit.highest_epoch(&uid, 8), Some(1));
+    assert_eq!(audit.violations[1].commit.source, FenceSource::Header);
+    assert_eq!(audit.highest_epoch(&uid), Some(200));
+    assert_eq!(
+        audit.highest_epoch(other.metadata.uid.as_deref().unwrap()),
+        Some(1)
+    );
+    assert_eq!(audit.highest_epoch("no-such-uid"), None);
+}
+
+/// Members of a group at S = 16 and of its successor at S = 32 name different shards for one object;
+/// the epochs they write are generations of one assignment all the same. Keyed by (uid, shard), the
+/// audit would see two unrelated histories here and flag nothing.
+#[tokio::test]
+async fn a_lower_epoch_under_another_shard_count_is_flagged() {
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("admin"), "default");
+    let created = api
+        .create(&PostParams::default(), &cm("widget"))
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let _: ConfigMap = server
+        .client("s32-member")
+        .request(fenced_patch("widget", "3/10", json!({"data": {"a": "1"}})))
+        .await
+        .unwrap();
+    let _: ConfigMap = server
+        .client("s16-member")
+        .request(fenced_patch("widget", "7/9", json!({"data": {"a": "2"}})))
+        .await
+        .unwrap();
+    let audit = server.fence_audit();
+    assert_eq!(server.fence_violations(), 1);
+    let v = &audit.violations[0];
+    assert_eq!(
+        (
+            v.commit.identity.as_str(),
+            v.commit.token.shard,
+            v.commit.token.epoch,
+            v.highest_epoch
+        ),
+        ("s16-member", 7, 9, 10)
+    );
+    assert_eq!(v.commit.uid, uid);
+    assert_eq!(audit.highest_epoch(&uid), Some(10));
 }
 
 #[tokio::test]
