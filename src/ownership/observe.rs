@@ -3,7 +3,7 @@
 //!
 //! Off by default: an [`Ownership`](super::Ownership) without an observer pays one atomic load per fence
 //! issued and per fenced request. With one installed
-//! ([`Ownership::observe_fences`](super::Ownership::observe_fences), feature `test-util`), every fence
+//! (`Ownership::observe_fences`, feature `test-util`), every fence
 //! reports when it was issued (with its `valid_until`) and when its last clone was dropped, and every
 //! [`FencedApi`](super::fenced_write::FencedApi) request reports when it was sent (with the object's uid)
 //! and how it ended: answered, failed, timed out, or cancelled (its future dropped).
