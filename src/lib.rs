@@ -57,6 +57,10 @@ pub mod group;
 pub mod ownership;
 pub mod watcher;
 
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod oracles;
+
 pub use hash::{fnv1a64, KeyError, ShardKey};
 pub use range::{HashRange, RangeError, RangeSet};
 pub use selector::{SelectorError, ShardSelector};

@@ -120,6 +120,13 @@ impl GroupConfig {
                 self.fence_margin, self.renew_deadline
             )));
         }
+        let fence_life = self.renew_deadline.saturating_sub(self.fence_margin);
+        if self.drain_timeout < fence_life {
+            return Err(ConfigError::Invalid(format!(
+                "drain_timeout ({:?}) must be at least renew_deadline − fence_margin ({fence_life:?}): a fence issued before the drain, and a fenced request sent with it, may last that long, and the shard must not move to its next owner meanwhile",
+                self.drain_timeout
+            )));
+        }
         if self.weight == 0 || self.weight > 1000 {
             return Err(ConfigError::Invalid(format!(
                 "weight {} is not from 1 to 1000",
@@ -212,6 +219,26 @@ mod tests {
         assert_eq!(ok().member_lease(), "widgets-pod-0");
     }
 
+    /// F4: a fence issued while Owned lasts up to `renew_deadline − fence_margin`, and a fenced request
+    /// sent with it runs that long; a drain that may release earlier lets the next owner act while it is in
+    /// flight. Such configurations are refused; the boundary is accepted.
+    #[test]
+    fn f04_a_drain_shorter_than_a_fence_is_refused() {
+        let mut c = ok();
+        c.renew_deadline = Duration::from_secs(2);
+        c.lease_duration = Duration::from_secs(3);
+        c.retry_period = Duration::from_millis(500);
+        c.fence_margin = Duration::from_millis(200);
+        c.drain_timeout = Duration::from_secs(1);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("drain_timeout (1s)") && err.contains("1.8s"),
+            "{err}"
+        );
+        c.drain_timeout = Duration::from_millis(1_800);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
     #[test]
     fn each_rule_has_a_clear_error() {
         type Case = (fn(&mut GroupConfig), &'static str);
@@ -232,6 +259,10 @@ mod tests {
             (|c| c.weight = 0, "weight"),
             (|c| c.shards = ShardCount::new(8192).unwrap(), "4096"),
             (|c| c.max_concurrent_moves = 0, "max_concurrent_moves"),
+            (
+                |c| c.drain_timeout = c.renew_deadline - c.fence_margin - Duration::from_millis(1),
+                "drain_timeout",
+            ),
         ];
         for (f, needle) in cases {
             let mut c = ok();

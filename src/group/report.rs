@@ -31,10 +31,19 @@ pub const GROUP_LABEL: &str = "kube-shard.io/group";
 /// The label that tells member Leases (`member`) from the coordinator Lease (`coordinator`).
 pub const ROLE_LABEL: &str = "kube-shard.io/role";
 
+/// The report format this build writes and reads (the `format` field). Reports of builds from before the
+/// report was versioned carry none; a member refuses those and any other version with an error that says
+/// so ([`ReportError::is_other_format`]): members of different formats cannot share a group.
+pub const FORMAT: u32 = 1;
+
 const MAX_REPORT: usize = 256 * 1024;
 
 /// A member's report.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Acks are kept as sets of shards per move id, never expanded per (move, shard): a decoded report holds at
+/// most `S` move ids per kind and names each shard at most once per kind (an honest member acks `warm` once
+/// per Incoming shard and `released` once per shard), so decoding a hostile annotation costs O(S).
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct MemberReport {
     /// Its read streams are registered and synced.
@@ -47,17 +56,39 @@ pub struct MemberReport {
     pub applied_generation: u64,
     /// The highest assignment generation it has ever seen (re-creation starts above it).
     pub seen_generation: u64,
-    /// Its acks.
+    /// Acks added in process (the member's own report, before encoding). A decoded report keeps its acks
+    /// indexed by move id instead: ask [`MemberReport::warm`] and [`MemberReport::released`], which see both.
     pub acks: Vec<Ack>,
     /// The shards it admits work for now.
     pub admitted: ShardSet,
     /// The shards its read streams serve (read and synced).
     pub serving: ShardSet,
+    /// Decoded `warm` acks: move id → shards.
+    pub(crate) warm_acks: BTreeMap<MoveId, ShardSet>,
+    /// Decoded `released` acks: move id → shards.
+    pub(crate) released_acks: BTreeMap<MoveId, ShardSet>,
 }
+
+impl PartialEq for MemberReport {
+    /// Equal content: acks compare as sets, however they are held.
+    fn eq(&self, other: &Self) -> bool {
+        self.ready == other.ready
+            && self.leaving == other.leaving
+            && self.weight == other.weight
+            && self.applied_generation == other.applied_generation
+            && self.seen_generation == other.seen_generation
+            && self.admitted == other.admitted
+            && self.serving == other.serving
+            && self.ack_sets() == other.ack_sets()
+    }
+}
+
+impl Eq for MemberReport {}
 
 #[derive(Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Wire {
+    format: u32,
     #[serde(default)]
     ready: bool,
     #[serde(default)]
@@ -84,11 +115,10 @@ fn one() -> u32 {
 }
 
 impl MemberReport {
-    /// Encode as the annotation's JSON.
-    #[must_use]
-    pub fn encode(&self) -> String {
-        let mut warm: BTreeMap<MoveId, ShardSet> = BTreeMap::new();
-        let mut released: BTreeMap<MoveId, ShardSet> = BTreeMap::new();
+    /// Every ack, in process and decoded: (`warm`, `released`), move id → shards.
+    fn ack_sets(&self) -> (AckSets, AckSets) {
+        let mut warm = self.warm_acks.clone();
+        let mut released = self.released_acks.clone();
         for ack in &self.acks {
             match *ack {
                 Ack::Warm { shard, move_id } => {
@@ -99,7 +129,15 @@ impl MemberReport {
                 }
             }
         }
+        (warm, released)
+    }
+
+    /// Encode as the annotation's JSON.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let (warm, released) = self.ack_sets();
         let wire = Wire {
+            format: FORMAT,
             ready: self.ready,
             leaving: self.leaving,
             weight: self.weight.max(1),
@@ -122,69 +160,150 @@ impl MemberReport {
     /// Decode and validate against the group's `S`.
     pub fn decode(text: &str, shards: ShardCount) -> Result<Self, ReportError> {
         if text.len() > MAX_REPORT {
-            return Err(ReportError(format!(
+            return Err(ReportError::new(format!(
                 "{} bytes is larger than 256 KiB",
                 text.len()
             )));
         }
         if !text.trim_start().starts_with('{') {
-            return Err(ReportError("not a JSON object".into()));
+            return Err(ReportError::new("not a JSON object".into()));
         }
-        let wire: Wire = serde_json::from_str(text).map_err(|e| ReportError(e.to_string()))?;
+        check_format(text)?;
+        let wire: Wire = serde_json::from_str(text).map_err(|e| ReportError::new(e.to_string()))?;
         if wire.weight == 0 || wire.weight > 1000 {
-            return Err(ReportError(format!(
+            return Err(ReportError::new(format!(
                 "weight {} is not from 1 to 1000",
                 wire.weight
             )));
         }
         let set = |what: &str, t: &str| {
-            ShardSet::parse(t, shards).map_err(|e| ReportError(format!("{what}: {e}")))
+            ShardSet::parse(t, shards).map_err(|e| ReportError::new(format!("{what}: {e}")))
         };
-        let mut acks = Vec::new();
-        for (kind, map) in [("warm", &wire.warm), ("released", &wire.released)] {
-            for (m, t) in map {
-                let move_id: MoveId = m
-                    .parse()
-                    .map_err(|_| ReportError(format!("{kind} ack move id {m:?}")))?;
-                for shard in set(kind, t)?.iter() {
-                    acks.push(if kind == "warm" {
-                        Ack::Warm { shard, move_id }
-                    } else {
-                        Ack::Released { shard, move_id }
-                    });
-                }
-            }
-        }
-        acks.sort();
         Ok(MemberReport {
             ready: wire.ready,
             leaving: wire.leaving,
             weight: wire.weight,
             applied_generation: wire.applied_generation,
             seen_generation: wire.seen_generation,
-            acks,
+            acks: Vec::new(),
             admitted: set("admitted", &wire.admitted)?,
             serving: set("serving", &wire.serving)?,
+            warm_acks: ack_sets("warm", &wire.warm, shards)?,
+            released_acks: ack_sets("released", &wire.released, shards)?,
         })
     }
 
     /// Whether the member acked `warm(shard, move_id)`.
     #[must_use]
     pub fn warm(&self, shard: u32, move_id: MoveId) -> bool {
-        self.acks.contains(&Ack::Warm { shard, move_id })
+        self.warm_acks
+            .get(&move_id)
+            .is_some_and(|s| s.contains(shard))
+            || self.acks.contains(&Ack::Warm { shard, move_id })
     }
 
     /// Whether the member acked `released(shard, move_id)`.
     #[must_use]
     pub fn released(&self, shard: u32, move_id: MoveId) -> bool {
-        self.acks.contains(&Ack::Released { shard, move_id })
+        self.released_acks
+            .get(&move_id)
+            .is_some_and(|s| s.contains(shard))
+            || self.acks.contains(&Ack::Released { shard, move_id })
     }
+}
+
+type AckSets = BTreeMap<MoveId, ShardSet>;
+
+/// Decode one kind of acks, bounded: at most `S` move ids, each naming at least one shard, no shard under
+/// two move ids — what an honest member publishes — so the result holds at most `S` shards.
+fn ack_sets(
+    kind: &str,
+    wire: &BTreeMap<String, String>,
+    shards: ShardCount,
+) -> Result<AckSets, ReportError> {
+    let max = shards.get() as usize;
+    if wire.len() > max {
+        return Err(ReportError::new(format!(
+            "{kind} acks: {} move ids, more than S = {max}",
+            wire.len()
+        )));
+    }
+    let mut seen = ShardSet::new();
+    let mut out = AckSets::new();
+    for (m, t) in wire {
+        let move_id: MoveId = m
+            .parse()
+            .map_err(|_| ReportError::new(format!("{kind} ack move id {m:?}")))?;
+        let set =
+            ShardSet::parse(t, shards).map_err(|e| ReportError::new(format!("{kind}: {e}")))?;
+        if set.is_empty() {
+            return Err(ReportError::new(format!("{kind} ack {m} names no shard")));
+        }
+        for shard in set.iter() {
+            if !seen.insert(shard) {
+                return Err(ReportError::new(format!(
+                    "{kind} acks: shard {shard} is acked under two move ids"
+                )));
+            }
+        }
+        if out.insert(move_id, set).is_some() {
+            return Err(ReportError::new(format!("{kind} acks: move id {m} twice")));
+        }
+    }
+    Ok(out)
+}
+
+/// Refuse a report of another format before reading it strictly (a newer format may have fields this build
+/// does not know: the error must say "another format", not "unknown field").
+fn check_format(text: &str) -> Result<(), ReportError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        format: Option<serde_json::Value>,
+    }
+    let probe: Probe = serde_json::from_str(text).map_err(|e| ReportError::new(e.to_string()))?;
+    let found = match probe.format {
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(FORMAT)) => {
+            return Ok(())
+        }
+        Some(v) => format!("format {v}"),
+        None => "no format field (a build from before member reports were versioned)".to_owned(),
+    };
+    Err(ReportError::other_format(format!(
+        "member report with {found}; this build reads format {FORMAT} only: members of different formats cannot share a group (docs/protocol.md, \"Formats\")"
+    )))
 }
 
 /// A member report that could not be decoded (the report is treated as absent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid member report: {0}")]
-pub struct ReportError(String);
+#[error("invalid member report: {msg}")]
+pub struct ReportError {
+    msg: String,
+    other_format: bool,
+}
+
+impl ReportError {
+    fn new(msg: String) -> Self {
+        ReportError {
+            msg,
+            other_format: false,
+        }
+    }
+
+    fn other_format(msg: String) -> Self {
+        ReportError {
+            msg,
+            other_format: true,
+        }
+    }
+
+    /// The report is in another format than this build's [`FORMAT`] (a member of another build): refuse
+    /// loudly, never guess.
+    #[must_use]
+    pub fn is_other_format(&self) -> bool {
+        self.other_format
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -219,6 +338,7 @@ mod tests {
             ],
             admitted: ShardSet::parse("0-15,20", s()).unwrap(),
             serving: ShardSet::parse("0-20", s()).unwrap(),
+            ..MemberReport::default()
         };
         let text = r.encode();
         assert!(text.contains("\"7\":\"3-4\""), "{text}");
@@ -232,22 +352,129 @@ mod tests {
 
     #[test]
     fn hostile_reports_are_errors() {
+        assert!(MemberReport::decode("", s()).is_err());
+        assert!(MemberReport::decode("[]", s()).is_err());
         for bad in [
-            "",
-            "[]",
-            "{\"weight\":0}",
-            "{\"weight\":100000}",
-            "{\"admitted\":\"0-64\"}",
-            "{\"warm\":{\"x\":\"1\"}}",
-            "{\"warm\":{\"1\":\"a\"}}",
-            "{\"unknown\":true}",
-            "{\"appliedGeneration\":-1}",
+            "\"weight\":0",
+            "\"weight\":100000",
+            "\"admitted\":\"0-64\"",
+            "\"warm\":{\"x\":\"1\"}",
+            "\"warm\":{\"1\":\"a\"}",
+            "\"warm\":{\"1\":\"\"}",
+            "\"unknown\":true",
+            "\"appliedGeneration\":-1",
         ] {
-            assert!(MemberReport::decode(bad, s()).is_err(), "{bad}");
+            let text = format!("{{\"format\":{FORMAT},{bad}}}");
+            let err = MemberReport::decode(&text, s()).unwrap_err();
+            assert!(!err.is_other_format(), "{text}: {err}");
         }
         assert!(MemberReport::decode(&"x".repeat(MAX_REPORT + 1), s()).is_err());
-        // an empty object is a valid (empty) report with weight 1
-        assert_eq!(MemberReport::decode("{}", s()).unwrap().weight, 1);
+        // an object with only the format is a valid (empty) report with weight 1
+        let empty = format!("{{\"format\":{FORMAT}}}");
+        assert_eq!(MemberReport::decode(&empty, s()).unwrap().weight, 1);
+    }
+
+    /// Step 5 of issue 14: the report carries a format version; a member refuses, with an error that says
+    /// so, a report without one (a build from before versioning) or of another version — even one with
+    /// fields it does not know.
+    #[test]
+    fn a_report_of_another_format_is_refused_loudly() {
+        let text = MemberReport {
+            weight: 1,
+            ..MemberReport::default()
+        }
+        .encode();
+        assert!(
+            text.starts_with(&format!("{{\"format\":{FORMAT},")),
+            "{text}"
+        );
+        assert_eq!(MemberReport::decode(&text, s()).unwrap().weight, 1);
+        for (bad, found) in [
+            ("{}", "no format"),
+            ("{\"ready\":true,\"weight\":2}", "no format"),
+            ("{\"format\":2,\"somethingNew\":[1,2]}", "format 2"),
+            ("{\"format\":0}", "format 0"),
+            ("{\"format\":\"1\"}", "format \"1\""),
+        ] {
+            let err = MemberReport::decode(bad, s()).unwrap_err();
+            assert!(err.is_other_format(), "{bad}: {err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(found) && msg.contains(&format!("format {FORMAT}")),
+                "{bad}: {msg}"
+            );
+        }
+        // the right format with an unknown field is still refused (strict), but not as another format
+        let err =
+            MemberReport::decode(&format!("{{\"format\":{FORMAT},\"x\":1}}"), s()).unwrap_err();
+        assert!(!err.is_other_format(), "{err}");
+    }
+
+    /// A report of `kind` acks, `"<id>": "<set>"` for ids from 1 while it stays under the size limit.
+    fn hostile(kind: &str, set: &str) -> String {
+        let mut text = format!("{{\"format\":{FORMAT},\"{kind}\":{{");
+        let mut id = 1u64;
+        loop {
+            let entry = format!("\"{id}\":\"{set}\",");
+            if text.len() + entry.len() + 2 > MAX_REPORT {
+                break;
+            }
+            text.push_str(&entry);
+            id += 1;
+        }
+        text.pop();
+        text.push_str("}}");
+        text
+    }
+
+    /// F11: ~15 000 move ids each acking all 4096 shards fit in 256 KiB and used to expand into ~6·10⁷ acks
+    /// (~1 GB). Refused now; an honest report at the limit (every shard warm and released once, 2·S move
+    /// ids) keeps every entry.
+    #[test]
+    fn f11_hostile_ack_sets_are_refused_and_honest_ones_kept() {
+        let big = ShardCount::new(4096).unwrap();
+        for kind in ["warm", "released"] {
+            let text = hostile(kind, "0-4095");
+            assert!(text.len() > 200 * 1024, "{}", text.len());
+            let err = match MemberReport::decode(&text, big) {
+                Ok(r) => panic!(
+                    "a hostile {kind} report of {} bytes was accepted: {} acks",
+                    text.len(),
+                    r.acks.len()
+                ),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(kind) && err.contains("move ids"), "{err}");
+        }
+        // within the move-id cap, a shard acked under two move ids is refused too
+        let two =
+            format!("{{\"format\":{FORMAT},\"released\":{{\"1\":\"0-4095\",\"2\":\"0-4095\"}}}}");
+        let err = MemberReport::decode(&two, big).unwrap_err().to_string();
+        assert!(
+            err.contains("shard 0") && err.contains("two move ids"),
+            "{err}"
+        );
+
+        let mut honest = MemberReport {
+            weight: 1,
+            ..MemberReport::default()
+        };
+        for shard in 0..4096u32 {
+            let m = u64::from(shard);
+            honest.acks.push(Ack::Warm {
+                shard,
+                move_id: 10_000 + m,
+            });
+            honest.acks.push(Ack::Released { shard, move_id: m });
+        }
+        honest.acks.sort();
+        let back = MemberReport::decode(&honest.encode(), big).unwrap();
+        for shard in 0..4096u32 {
+            let m = u64::from(shard);
+            assert!(back.warm(shard, 10_000 + m) && back.released(shard, m));
+            assert!(!back.warm(shard, m) && !back.released(shard, m + 1));
+        }
+        assert_eq!(back, honest);
     }
 
     proptest! {

@@ -20,34 +20,68 @@
 
 use std::future::Future;
 
+use std::time::Duration;
+
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
+
+use crate::ownership::clock::{Clock, Deadline};
 
 /// The Lease annotation that carries the leader's term.
 pub const TERM_ANNOTATION: &str = "kube-shard.io/term";
 
 /// One term of leadership: its number and how long it is valid without another renewal.
+///
+/// Like a fence, a term is valid only while both the runtime clock and the boot clock (which counts suspend)
+/// are before its deadline: a leader suspended past its term finds it ended on resume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaderTerm {
     /// The fencing term: strictly increasing across acquisitions of the coordinator Lease.
     pub term: u64,
-    /// Valid until this instant (extended by every successful renewal of the Lease).
+    /// Valid until this instant on the runtime clock (extended by every successful renewal of the Lease).
     pub valid_until: Instant,
+    /// The same deadline on both clocks.
+    deadline: Deadline,
 }
 
 impl LeaderTerm {
+    /// A term valid until `valid_until` on the runtime clock, and for as long on the system boot clock.
     pub(crate) fn new(term: u64, valid_until: Instant) -> Self {
-        LeaderTerm { term, valid_until }
+        LeaderTerm::new_on(term, valid_until, &Clock::system())
     }
 
-    /// Whether the term is still valid now.
+    /// A term valid until `valid_until`, and for as long from now on `clock`'s boot clock.
+    pub(crate) fn new_on(term: u64, valid_until: Instant, clock: &Clock) -> Self {
+        let now = clock.now();
+        let deadline = now.plus(valid_until.saturating_duration_since(now.runtime));
+        LeaderTerm {
+            term,
+            valid_until,
+            deadline,
+        }
+    }
+
+    /// Whether the term is still valid now, on both system clocks.
     #[must_use]
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        self.is_valid_on(&Clock::system())
+    }
+
+    fn is_valid_on(&self, clock: &Clock) -> bool {
+        !self.left_on(clock).is_zero()
+    }
+
+    /// The time left on the earlier of both clocks.
+    fn left_on(&self, clock: &Clock) -> Duration {
+        self.deadline.remaining(clock.now())
     }
 }
+
+/// How often a running singleton re-reads the boot clock: a suspend the runtime clock did not see ends the
+/// term within this long after resume.
+const BOOT_CHECK: Duration = Duration::from_millis(250);
 
 /// This member no longer leads in the term a guard was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -63,17 +97,23 @@ pub struct NotLeader {
 #[derive(Clone, Debug)]
 pub struct Leadership {
     rx: watch::Receiver<Option<LeaderTerm>>,
+    clock: Clock,
 }
 
 impl Leadership {
     pub(crate) fn new(rx: watch::Receiver<Option<LeaderTerm>>) -> Self {
-        Leadership { rx }
+        Leadership::with_clock(rx, Clock::system())
+    }
+
+    /// Terms judged on `clock` (tests: a boot clock moved by hand).
+    pub(crate) fn with_clock(rx: watch::Receiver<Option<LeaderTerm>>, clock: Clock) -> Self {
+        Leadership { rx, clock }
     }
 
     /// The current term, when this member leads and the term is valid now.
     #[must_use]
     pub fn current(&self) -> Option<LeaderTerm> {
-        (*self.rx.borrow()).filter(LeaderTerm::is_valid)
+        (*self.rx.borrow()).filter(|t| t.is_valid_on(&self.clock))
     }
 
     /// Wait until this member leads (returns at once when it does). `None` when the member has stopped.
@@ -81,7 +121,7 @@ impl Leadership {
         loop {
             let cur = *self.rx.borrow_and_update();
             if let Some(t) = cur {
-                if t.is_valid() {
+                if t.is_valid_on(&self.clock) {
                     return Some(t);
                 }
                 // lapsed: wait for a renewal (a new term) or a change
@@ -96,6 +136,7 @@ impl Leadership {
         self.current().map(|t| SingletonGuard {
             rx: self.rx.clone(),
             term: t.term,
+            clock: self.clock.clone(),
         })
     }
 
@@ -107,11 +148,12 @@ impl Leadership {
             let Some(t) = cur.filter(|t| t.term == term) else {
                 return;
             };
-            if !t.is_valid() {
+            let left = t.left_on(&self.clock);
+            if left.is_zero() {
                 return;
             }
             tokio::select! {
-                () = tokio::time::sleep_until(t.valid_until) => {}
+                () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
                 r = rx.changed() => if r.is_err() { return },
             }
         }
@@ -148,6 +190,7 @@ impl Leadership {
             let guard = SingletonGuard {
                 rx: self.rx.clone(),
                 term: t.term,
+                clock: self.clock.clone(),
             };
             let span = info_span!("singleton", name, term = t.term);
             info!(parent: &span, "term began: starting the singleton");
@@ -175,6 +218,7 @@ impl Leadership {
 pub struct SingletonGuard {
     rx: watch::Receiver<Option<LeaderTerm>>,
     term: u64,
+    clock: Clock,
 }
 
 impl SingletonGuard {
@@ -187,7 +231,7 @@ impl SingletonGuard {
     /// `Ok(term)` while this member still leads in this term and the term is valid now.
     pub fn check(&self) -> Result<u64, NotLeader> {
         match *self.rx.borrow() {
-            Some(t) if t.term == self.term && t.is_valid() => Ok(self.term),
+            Some(t) if t.term == self.term && t.is_valid_on(&self.clock) => Ok(self.term),
             _ => Err(NotLeader { term: self.term }),
         }
     }
@@ -269,6 +313,35 @@ mod tests {
             .await
             .expect("returns when the member stops")
             .unwrap();
+    }
+
+    /// F17 "singleton terms use the runtime clock only": a suspend that only the boot clock sees (the
+    /// runtime clock stops while the machine sleeps) must end the term, as it expires fences.
+    #[tokio::test(start_paused = true)]
+    async fn f17_singleton_term_ends_on_a_suspend_only_the_boot_clock_saw() {
+        let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+        let b = boot.clone();
+        let clock = Clock::with_boot(move || Duration::from_millis(b.load(Ordering::SeqCst)));
+        let term = LeaderTerm::new_on(7, Instant::now() + Duration::from_secs(10), &clock);
+        let (_tx, rx) = watch::channel(Some(term));
+        let leadership = Leadership::with_clock(rx, clock);
+        let guard = leadership.guard().expect("a valid term");
+        assert_eq!(guard.check(), Ok(7));
+        let ended = tokio::spawn({
+            let l = leadership.clone();
+            async move { l.ended(7).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!ended.is_finished());
+        // suspended for 20 s: the runtime clock saw nothing
+        boot.fetch_add(20_000, Ordering::SeqCst);
+        assert_eq!(leadership.current(), None, "the term outlived a suspend");
+        assert_eq!(guard.check(), Err(NotLeader { term: 7 }));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            ended.is_finished(),
+            "the singleton is cancelled within a second"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,7 @@ use std::{
     fmt,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
 };
 
@@ -24,11 +24,13 @@ use super::{
 
 const CLOSED: u64 = 1 << 63;
 
-/// The in-flight count and closed bit of one shard at one holding.
+/// The in-flight count and closed bit of one shard at one holding, and the latest `valid_until` (runtime
+/// clock) of the fences issued on it.
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
     word: AtomicU64,
     zero: Notify,
+    latest: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Gate {
@@ -64,6 +66,18 @@ impl Gate {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.word.load(Ordering::SeqCst) & CLOSED != 0
+    }
+
+    /// Record a fence issued on this gate, valid until `until` on the runtime clock.
+    pub(crate) fn issued(&self, until: tokio::time::Instant) {
+        let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        *latest = Some(latest.map_or(until, |l| l.max(until)));
+    }
+
+    /// The latest `valid_until` of any fence issued on this gate: no request sent with one of them runs
+    /// past it (a fenced write's timeout is its fence's remaining validity).
+    pub(crate) fn latest_valid_until(&self) -> Option<tokio::time::Instant> {
+        *self.latest.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Close and wait until nothing is in flight.

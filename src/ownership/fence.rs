@@ -17,6 +17,7 @@ use super::{
     admission::Gate,
     clock::Deadline,
     handle::{Inner, Snapshot},
+    observe::{next_id, FenceEvent, Tracked},
     state::ShardState,
 };
 use crate::token::FenceToken;
@@ -28,6 +29,8 @@ pub struct Fence {
     gate: Arc<Gate>,
     token: FenceToken,
     valid_until: Deadline,
+    /// Set only while an observer is installed: reports the drop of the last clone.
+    tracked: Option<Arc<Tracked>>,
 }
 
 impl fmt::Debug for Fence {
@@ -47,6 +50,7 @@ impl Clone for Fence {
             gate: self.gate.clone(),
             token: self.token,
             valid_until: self.valid_until,
+            tracked: self.tracked.clone(),
         }
     }
 }
@@ -70,11 +74,29 @@ impl Fence {
             return Err(FenceError::Expired { shard, epoch });
         }
         gate.enter_held();
+        gate.issued(valid_until.runtime);
+        let tracked = inner.observer.get().map(|observer| {
+            let id = next_id();
+            observer.on_event(FenceEvent::Issued {
+                fence: id,
+                member: snap.state.me().clone(),
+                shard,
+                epoch,
+                at: inner.clock.now(),
+                valid_until,
+            });
+            Arc::new(Tracked {
+                id,
+                observer: observer.clone(),
+                clock: inner.clock.clone(),
+            })
+        });
         Ok(Fence {
             inner: inner.clone(),
             gate: gate.clone(),
             token: FenceToken { shard, epoch },
             valid_until,
+            tracked,
         })
     }
 
@@ -101,6 +123,11 @@ impl Fence {
     #[must_use]
     pub fn valid_until(&self) -> Deadline {
         self.valid_until
+    }
+
+    /// The observer's record of this fence, when one is installed.
+    pub(crate) fn tracked(&self) -> Option<&Arc<Tracked>> {
+        self.tracked.as_ref()
     }
 
     /// Re-check at send time: the time left (on the earlier of both clocks) if the fence is still valid.

@@ -25,7 +25,10 @@ use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 use tracing::{debug, info_span, Instrument};
 
-use super::{Fence, FenceError};
+use super::{
+    observe::{InFlight, RequestOutcome},
+    Fence, FenceError,
+};
 use crate::token::{FENCE_ANNOTATION, FENCE_HEADER};
 
 /// Why a fenced write was not done.
@@ -159,7 +162,7 @@ where
     /// fence annotation is stamped.
     pub async fn replace(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
         let mut obj = obj.clone();
-        preconditions(name, obj.meta())?;
+        let uid = preconditions(name, obj.meta())?;
         obj.meta_mut()
             .annotations
             .get_or_insert_with(Default::default)
@@ -169,19 +172,19 @@ where
             .request()
             .replace(name, &PostParams::default(), body)
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "replace").await
+        self.send(fence, req, "replace", Some(&uid)).await
     }
 
     /// Replace the `/status` subresource, with uid and resourceVersion preconditions in the body; the fence
     /// travels in the header only (status writes ignore metadata).
     pub async fn replace_status(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
-        preconditions(name, obj.meta())?;
+        let uid = preconditions(name, obj.meta())?;
         let body = serde_json::to_vec(obj).map_err(Error::Encode)?;
         let req = self
             .request()
             .replace_subresource("status", name, &PostParams::default(), body)
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "replace_status").await
+        self.send(fence, req, "replace_status", Some(&uid)).await
     }
 
     /// A JSON merge patch of the object, made conditional on `uid` and `resource_version` (added to the patch
@@ -203,7 +206,7 @@ where
                 &kube::api::Patch::Merge(&body),
             )
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "patch").await
+        self.send(fence, req, "patch", Some(uid)).await
     }
 
     /// A JSON merge patch of `/status`, conditional on `uid` and `resource_version`.
@@ -225,7 +228,7 @@ where
                 &kube::api::Patch::Merge(&body),
             )
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "patch_status").await
+        self.send(fence, req, "patch_status", Some(uid)).await
     }
 
     /// Create an object (a child, typically) stamped with the fence annotation. A create has no uid or
@@ -241,7 +244,7 @@ where
             .request()
             .create(&PostParams::default(), body)
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "create").await
+        self.send(fence, req, "create", None).await
     }
 
     /// Delete with uid and resourceVersion `Preconditions`.
@@ -263,7 +266,7 @@ where
             .request()
             .delete(name, &dp)
             .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        let text: String = self.send_text(fence, req, "delete").await?;
+        let text: String = self.send_text(fence, req, "delete", Some(uid)).await?;
         let v: Value =
             serde_json::from_str(&text).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
         if v["kind"] == "Status" {
@@ -282,8 +285,9 @@ where
         fence: &Fence,
         req: http::Request<Vec<u8>>,
         verb: &'static str,
+        uid: Option<&str>,
     ) -> Result<K, Error> {
-        let text = self.send_text(fence, req, verb).await?;
+        let text = self.send_text(fence, req, verb, uid).await?;
         serde_json::from_str(&text).map_err(|e| Error::Api(kube::Error::SerdeError(e)))
     }
 
@@ -292,6 +296,7 @@ where
         fence: &Fence,
         mut req: http::Request<Vec<u8>>,
         verb: &'static str,
+        uid: Option<&str>,
     ) -> Result<String, Error> {
         let span = info_span!("fenced_write", verb, fence = %fence.token(), uri = %req.uri());
         async {
@@ -304,22 +309,31 @@ where
             req.headers_mut().insert(FENCE_HEADER, value);
             req.extensions_mut().insert(verb);
             debug!(?timeout, "sending fenced write");
-            match tokio::time::timeout(timeout, self.client.request_text(req)).await {
-                Ok(res) => res.map_err(Error::Api),
-                Err(_) => Err(Error::Timeout(timeout)),
-            }
+            let in_flight = InFlight::start(held.tracked(), uid);
+            let (res, outcome) = match tokio::time::timeout(timeout, self.client.request_text(req))
+                .await
+            {
+                Ok(Ok(text)) => (Ok(text), RequestOutcome::Answered),
+                Ok(Err(e @ kube::Error::Api(_))) => (Err(Error::Api(e)), RequestOutcome::Answered),
+                Ok(Err(e)) => (Err(Error::Api(e)), RequestOutcome::Failed),
+                Err(_) => (Err(Error::Timeout(timeout)), RequestOutcome::TimedOut),
+            };
+            in_flight.end(outcome);
+            res
         }
         .instrument(span)
         .await
     }
 }
 
-fn preconditions(name: &str, meta: &kube::api::ObjectMeta) -> Result<(), Error> {
+/// Both preconditions present; the uid.
+fn preconditions(name: &str, meta: &kube::api::ObjectMeta) -> Result<String, Error> {
     let missing = |field| Error::MissingPrecondition {
         name: name.to_owned(),
         field,
     };
-    meta.uid
+    let uid = meta
+        .uid
         .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| missing("uid"))?;
@@ -327,7 +341,7 @@ fn preconditions(name: &str, meta: &kube::api::ObjectMeta) -> Result<(), Error> 
         .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| missing("resourceVersion"))?;
-    Ok(())
+    Ok(uid.to_owned())
 }
 
 fn conditional_patch(

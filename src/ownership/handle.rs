@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     pub(crate) readers: Arc<crate::watcher::registry::Readers>,
     /// A member-wide admission hold (0 = none); see [`Hold`].
     hold: std::sync::atomic::AtomicU8,
+    /// Where fences and fenced requests report (none by default; see [`super::observe`]).
+    pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
 }
 
 /// Why a member admits nothing although it owns shards.
@@ -166,8 +168,18 @@ impl Ownership {
                 changed,
                 readers: Arc::default(),
                 hold: std::sync::atomic::AtomicU8::new(0),
+                observer: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Report every fence and fenced request of this member to `observer` from now on (see
+    /// [`observe`](super::observe)). Install it before the member issues fences: fences issued earlier are
+    /// not reported. Returns `false` (and changes nothing) if an observer was already installed.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn observe_fences(&self, observer: Arc<dyn super::observe::FenceObserver>) -> bool {
+        self.inner.observer.set(observer).is_ok()
     }
 
     /// The configuration.
@@ -455,13 +467,27 @@ impl Ownership {
         }
     }
 
-    /// Wait until the shard's gate drains (or the drain deadline passes), then release it.
+    /// Wait until the shard's gate drains, or until both the drain deadline and the latest `valid_until` of
+    /// the fences issued on the gate have passed; then release it.
+    ///
+    /// The second bound matters when a fence issued while Owned outlives the drain deadline
+    /// (`drain_timeout < renew_deadline − fence_margin`, which `GroupConfig::validate` refuses): a fenced
+    /// request sent with it may still be in flight, and releasing would let the next owner act meanwhile
+    /// (review finding F4).
     fn spawn_drain(&self, shard: u32, move_id: u64, gate: Arc<Gate>, deadline: Deadline) {
         let this = self.clone();
         let fut = async move {
             let left = deadline.remaining(this.inner.clock.now());
-            let timed_out = tokio::time::timeout(left, gate.drained()).await.is_err();
-            if timed_out {
+            if tokio::time::timeout(left, gate.drained()).await.is_err() {
+                if let Some(until) = gate.latest_valid_until() {
+                    if tokio::time::timeout_at(until, gate.drained()).await.is_ok() {
+                        debug!(
+                            shard,
+                            move_id,
+                            "drained after the drain deadline, before the last fence ended"
+                        );
+                    }
+                }
                 warn!(
                     shard,
                     move_id, "drain deadline passed: every fence for the shard has expired"

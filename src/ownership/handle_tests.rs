@@ -49,12 +49,27 @@ fn config() -> OwnershipConfig {
 
 /// A member owning shard 0 at epoch 1, renewed now.
 fn owning() -> (Ownership, TestDriver, Arc<AtomicU64>) {
+    owning_with(config(), me())
+}
+
+/// `who` owning shard 0 at epoch 1 under `config`, renewed now.
+fn owning_with(config: OwnershipConfig, who: MemberId) -> (Ownership, TestDriver, Arc<AtomicU64>) {
     let (clock, boot) = manual_clock();
-    let (own, drv) = testing::driver_with_clock(config(), me(), clock);
+    let (own, drv) = testing::driver_with_clock(config, who.clone(), clock);
     drv.renew();
-    drv.apply(&AssignmentView::new(1).with(0, ShardAssignment::owned(me(), 1)));
+    drv.apply(&AssignmentView::new(1).with(0, ShardAssignment::owned(who, 1)));
     drv.activate(0, 1);
     (own, drv, boot)
+}
+
+/// F4's timings: a fence lasts `renew − margin` = 1.8 s, longer than the 1 s drain.
+fn f04_config() -> OwnershipConfig {
+    OwnershipConfig {
+        renew_deadline: Duration::from_secs(2),
+        fence_margin: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(1),
+        ..OwnershipConfig::default()
+    }
 }
 
 fn draining_view(generation: u64) -> AssignmentView {
@@ -410,11 +425,10 @@ async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
     let action = reconcile(mine.clone(), ctx.clone()).await.unwrap();
     assert_ne!(action, Action::await_change());
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    // self-fenced: requeue, no call
+    // self-fenced: no call (and no requeue: un-fencing re-enqueues, see f17_held_requeue_loop_stops)
     drv.apply(&AssignmentView::new(3).with(0, ShardAssignment::owned(me(), 1)));
     tokio::time::advance(Duration::from_secs(20)).await;
-    let action = reconcile(mine, ctx.clone()).await.unwrap();
-    assert_ne!(action, Action::await_change());
+    let _ = reconcile(mine, ctx.clone()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     // Incoming: requeue, no call
     let incoming = cm(&uid_in(&own, 7));
@@ -433,9 +447,46 @@ async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// F17 "requeue loop forever": an object held back by a member-wide hold (shadow mode, a live legacy
+/// leader) or by self-fencing is not requeued every 2 s: lifting the hold and un-fencing re-enqueue every
+/// Owned shard through the transitions stream, so the wrapper waits for that.
+#[tokio::test(start_paused = true)]
+async fn f17_held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue() {
+    let (own, drv, _) = owning();
+    let mine = cm(&uid_in(&own, 0));
+    let mut tr = own.transitions();
+    own.set_hold(Some(super::Hold::Shadow));
+    assert_eq!(
+        super::reconcile::admit(&own, mine.as_ref()).unwrap_err(),
+        Action::await_change(),
+        "held: wait for the hold to lift"
+    );
+    own.set_hold(None);
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));
+    assert!(super::reconcile::admit(&own, mine.as_ref()).is_ok());
+
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(
+        super::reconcile::admit(&own, mine.as_ref()).unwrap_err(),
+        Action::await_change(),
+        "self-fenced: wait for the renewal"
+    );
+    drv.renew();
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));
+    assert!(super::reconcile::admit(&own, mine.as_ref()).is_ok());
+    // Outgoing still requeues soon (a cancel-back re-enqueues too, but nothing is lost if it is late)
+    drv.apply(&draining_view(2));
+    assert_ne!(
+        super::reconcile::admit(&own, mine.as_ref()).unwrap_err(),
+        Action::await_change()
+    );
+}
+
 // === fenced writes against a tower-test mock ===
 
-mod fenced {
+pub(crate) mod fenced {
     use super::*;
     use crate::{
         ownership::fenced_write::{Deleted, Error, FencedApi},
@@ -591,6 +642,102 @@ mod fenced {
         ));
         drop(api);
         assert!(handle.next_request().await.is_none());
+    }
+
+    /// A server that takes one request and never answers it.
+    fn silent(mut handle: Handle) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let (_req, _send) = handle.next_request().await.expect("a request");
+            std::future::pending::<()>().await;
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// F4: a fenced request sent while Owned runs until its fence's validity (1.8 s here); a drain whose
+    /// deadline (1 s) comes first must not release the shard while that request is in flight.
+    #[tokio::test(start_paused = true)]
+    async fn f04_drain_waits_for_a_fenced_request_sent_while_owned() {
+        let (own, drv, _) = owning_with(f04_config(), me());
+        let permit = own.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api, handle) = api();
+        let server = silent(handle);
+        let write = tokio::spawn(async move { api.replace(&fence, "x", &cm("u1")).await });
+        settle().await;
+        drop(permit);
+        drv.apply(&draining_view(2));
+        tokio::time::advance(Duration::from_millis(1_100)).await;
+        settle().await;
+        assert!(
+            matches!(own.shard_state(0), Some(ShardState::Outgoing { .. })),
+            "released at the drain deadline while a fenced request sent while Owned is in flight: {:?}",
+            own.shard_state(0)
+        );
+        assert!(
+            own.snapshot().state().acks().is_empty(),
+            "no released ack yet"
+        );
+        // the request times out with its fence (1.8 s after it was sent); then the shard is released
+        let err = write.await.unwrap().unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout(d) if d == Duration::from_millis(1_800)),
+            "{err:?}"
+        );
+        settle().await;
+        assert_eq!(own.shard_state(0), None);
+        assert_eq!(
+            own.snapshot().state().acks(),
+            vec![Ack::Released {
+                shard: 0,
+                move_id: 9
+            }]
+        );
+        server.abort();
+    }
+
+    /// The F4 handoff with two members recorded by the fence oracle: `a` sends a fenced write of `u1` while
+    /// Owned that is never answered, shard 0 moves to `b`, which fences and writes `u1` as soon as `a` has
+    /// released. Returns what the recorder saw once `a`'s request has ended.
+    pub(crate) async fn f04_handoff_history() -> crate::oracles::fences::FenceHistory {
+        let recorder = crate::oracles::fences::FenceRecorder::new();
+        let (a, drv_a, _) = owning_with(f04_config(), me());
+        a.observe_fences(recorder.clone());
+        let (clock, _) = manual_clock();
+        let (b, drv_b) = testing::driver_with_clock(f04_config(), other(), clock);
+        b.observe_fences(recorder.clone());
+        drv_b.renew();
+
+        let permit = a.admit_shard(0).unwrap();
+        let fence = permit.fence().unwrap();
+        let (api_a, handle) = api();
+        let server = silent(handle);
+        let write = tokio::spawn(async move { api_a.replace(&fence, "x", &cm("u1")).await });
+        settle().await;
+        drop(permit);
+        drv_a.apply(&draining_view(2));
+        while a.shard_state(0).is_some() {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            settle().await;
+        }
+        // the coordinator grants shard 0 to b; b activates, fences and writes u1
+        drv_b.renew();
+        drv_b.apply(&AssignmentView::new(3).with(0, ShardAssignment::owned(other(), 3)));
+        drv_b.activate(0, 3);
+        let permit_b = b.admit_shard(0).unwrap();
+        let fence_b = permit_b.fence().unwrap();
+        let (api_b, mut handle_b) = api();
+        let server_b = tokio::spawn(async move { next(&mut handle_b, reply()).await });
+        api_b.replace(&fence_b, "x", &cm("u1")).await.unwrap();
+        server_b.await.unwrap();
+        drop((fence_b, permit_b));
+        let _ = write.await.unwrap();
+        server.abort();
+        recorder.history()
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,12 +20,13 @@ pub mod clock;
 pub mod fence;
 pub mod fenced_write;
 pub mod handle;
+pub mod observe;
 pub mod reconcile;
 pub mod state;
 pub mod static_mode;
 
 #[cfg(test)]
-mod handle_tests;
+pub(crate) mod handle_tests;
 #[cfg(test)]
 mod state_tests;
 

@@ -2,10 +2,14 @@
 //!
 //! - An object another member owns (or nobody): [`Action::await_change`], *without* calling the user's
 //!   reconciler — its owner reconciles it.
-//! - An object this member holds but may not admit now (Incoming, Activating, Outgoing, self-fenced):
-//!   [`Action::requeue`] after a short jittered delay ([`OwnershipConfig::not_admitted_requeue`]), so nothing is
-//!   lost if the shard comes back. (Transitions into admitted also re-enqueue the shard through
+//! - An object this member holds but may not admit now because of its shard's state (Incoming, Activating,
+//!   Outgoing): [`Action::requeue`] after a short jittered delay ([`OwnershipConfig::not_admitted_requeue`]),
+//!   so nothing is lost if the shard comes back. (Transitions into admitted also re-enqueue the shard through
 //!   `Controller::reconcile_on`: see [`Ownership::transitions`].)
+//! - An object held back for the whole member (self-fenced, or a hold: shadow mode, a live legacy leader):
+//!   [`Action::await_change`]. Un-fencing and lifting the hold re-enqueue every Owned shard through
+//!   [`Ownership::transitions`]; a requeue loop would only retry every held object every 2 s for as long as
+//!   the hold lasts (shadow mode runs for days).
 //! - Admitted: the user's reconciler runs with the [`Permit`] as its third argument. Keep it for the whole
 //!   reconcile and take a fence from it right before every side effect.
 //!
@@ -77,13 +81,13 @@ where
 pub fn admit<K: Resource>(ownership: &Ownership, obj: &K) -> Result<Permit, Action> {
     match ownership.admit(obj) {
         Ok(permit) => Ok(permit),
-        Err(
-            e @ (AdmitError::NotAdmitted { .. }
-            | AdmitError::SelfFenced { .. }
-            | AdmitError::Held { .. }),
-        ) => {
+        Err(e @ AdmitError::NotAdmitted { .. }) => {
             debug!(error = %e, "held but not admitted: requeue");
             Err(Action::requeue(ownership.requeue_delay()))
+        }
+        Err(e @ (AdmitError::SelfFenced { .. } | AdmitError::Held { .. })) => {
+            debug!(error = %e, "member held back: the shard is re-enqueued when it is admitted again");
+            Err(Action::await_change())
         }
         Err(AdmitError::NotOwned { shard }) => {
             debug!(shard, "not owned: left to its owner");

@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::{GroupHandle, ShardGroup, ShardGroupBuilder};
+use kube_shard::oracles::fences::FenceRecorder;
 use kube_shard::ownership::Ownership;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;
@@ -24,6 +25,10 @@ pub(crate) const LEASE: Duration = Duration::from_secs(3);
 pub(crate) const RENEW: Duration = Duration::from_secs(2);
 pub(crate) const RETRY: Duration = Duration::from_millis(500);
 pub(crate) const GRACE: Duration = Duration::from_millis(500);
+pub(crate) const MARGIN: Duration = Duration::from_millis(200);
+/// `RENEW − MARGIN`: a fence issued while Owned, and a request sent with it, may last that long, so a drain
+/// may not release a shard sooner (F4; `build()` refuses a shorter drain).
+pub(crate) const DRAIN: Duration = Duration::from_millis(1_800);
 
 pub(crate) fn s() -> ShardCount {
     ShardCount::new(16).unwrap()
@@ -83,10 +88,11 @@ impl<F: Future> Future for Frozen<F> {
 }
 
 /// One fence the logger obtained: `[issued, last_valid]` is when it was seen valid; `valid_until` is the
-/// bound it carried when issued.
+/// bound it carried when issued. `member` is the name, `holder` the `name/incarnation` that held it.
 #[derive(Clone, Debug)]
 pub(crate) struct FenceRecord {
     pub(crate) member: String,
+    pub(crate) holder: String,
     pub(crate) shard: u32,
     pub(crate) epoch: u64,
     pub(crate) issued: Instant,
@@ -94,7 +100,35 @@ pub(crate) struct FenceRecord {
     pub(crate) last_valid: Instant,
 }
 
-pub(crate) type FenceLog = Arc<Mutex<Vec<FenceRecord>>>;
+/// What the members' fences did: the sampled log of the 50 ms logger, and the fence oracle's recorder,
+/// installed on every member's ownership, which sees every fence (valid_until, drop) and fenced request.
+#[derive(Clone)]
+pub(crate) struct FenceLog {
+    records: Arc<Mutex<Vec<FenceRecord>>>,
+    pub(crate) oracle: Arc<FenceRecorder>,
+}
+
+impl Default for FenceLog {
+    fn default() -> Self {
+        FenceLog {
+            records: Arc::default(),
+            oracle: FenceRecorder::new(),
+        }
+    }
+}
+
+impl FenceLog {
+    pub(crate) fn lock(
+        &self,
+    ) -> std::sync::LockResult<std::sync::MutexGuard<'_, Vec<FenceRecord>>> {
+        self.records.lock()
+    }
+
+    /// Report this member's fences to the oracle (before its task runs).
+    pub(crate) fn observe(&self, ownership: &Ownership) {
+        assert!(ownership.observe_fences(self.oracle.clone()));
+    }
+}
 
 pub(crate) struct Member {
     pub(crate) name: String,
@@ -122,8 +156,8 @@ pub(crate) fn builder(server: &TestServer, name: &str) -> ShardGroupBuilder {
         .key(ShardKey::Uid)
         .timings(LEASE, RENEW, RETRY)
         .takeover_grace(GRACE)
-        .drain_timeout(Duration::from_secs(1))
-        .fence_margin(Duration::from_millis(200))
+        .drain_timeout(DRAIN)
+        .fence_margin(MARGIN)
         .settle(Duration::from_secs(1), Duration::from_millis(500))
 }
 
@@ -134,6 +168,7 @@ pub(crate) fn spawn(server: &TestServer, name: &str, log: &FenceLog) -> Member {
 pub(crate) fn spawn_with(b: ShardGroupBuilder, name: &str, log: &FenceLog) -> Member {
     let group = b.build().expect("valid config");
     let (handle, task) = group.start();
+    log.observe(&handle.ownership());
     let freeze = Freeze::default();
     let task = tokio::spawn(freeze.wrap(async move {
         if let Err(e) = task.await {
@@ -177,6 +212,7 @@ async fn fence_logger(member: String, ownership: Ownership, log: FenceLog) {
                         let mut l = log.lock().unwrap();
                         l.push(FenceRecord {
                             member: member.clone(),
+                            holder: ownership.snapshot().state().me().to_string(),
                             shard,
                             epoch: fence.epoch(),
                             issued: now,
@@ -192,9 +228,12 @@ async fn fence_logger(member: String, ownership: Ownership, log: FenceLog) {
     }
 }
 
-/// The safety contract on the log: for one shard, fences of different members are never valid at the same
-/// time, and epochs only increase with issue time.
+/// The safety contract on the log: for one shard, fences of different members (`name/incarnation`) are
+/// never valid at the same time, and epochs only increase with issue time — on the sampled log, and on the
+/// oracle's record of every fence and fenced request (windows up to `valid_until` or the drop of the fence,
+/// extended by requests in flight; per shard and per uid).
 pub(crate) fn check_fences(log: &FenceLog) {
+    log.oracle.assert_exclusive();
     let log = log.lock().unwrap();
     let mut by_shard: BTreeMap<u32, Vec<&FenceRecord>> = BTreeMap::new();
     for r in log.iter() {
@@ -212,7 +251,7 @@ pub(crate) fn check_fences(log: &FenceLog) {
         }
         for (i, a) in recs.iter().enumerate() {
             for b in &recs[i + 1..] {
-                if a.member != b.member {
+                if a.holder != b.holder {
                     assert!(
                         a.last_valid < b.issued || b.last_valid < a.issued,
                         "shard {shard}: overlapping fences {a:?} and {b:?}"
@@ -714,6 +753,12 @@ fn invalid_group_configs_are_refused_at_build_time() {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("renew_deadline"));
+        // F4: a drain shorter than a fence's validity (renew deadline − margin) is refused
+        let err = builder(&server, "a")
+            .drain_timeout(DRAIN - Duration::from_millis(1))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("drain_timeout"), "{err}");
         let err = ShardGroup::builder(server.client("x"), "Bad_Group", "ns")
             .member("a")
             .build()
@@ -736,6 +781,7 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
     let group = builder(server, name).build().expect("valid config");
     let (handle, task) = group.start();
     let ownership = handle.ownership();
+    log.observe(&ownership);
     let api: Api<ConfigMap> = Api::namespaced(server.client(name), crate::watcher::NS);
     // created before the group task runs: its warm reports and barriers are awaited
     let sharded =

@@ -39,7 +39,8 @@ async fn realtime_partitioned_member_is_taken_over_over_http() {
             )
             .takeover_grace(Duration::from_millis(150))
             .fence_margin(Duration::from_millis(100))
-            .drain_timeout(Duration::from_millis(500))
+            // renew deadline − margin: a drain may not release while a fence issued before it lasts
+            .drain_timeout(Duration::from_millis(700))
             .settle(Duration::from_millis(300), Duration::from_millis(150))
             .dedicated_thread(config)
             .build()

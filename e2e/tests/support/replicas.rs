@@ -147,7 +147,8 @@ impl Replicas {
         cmd.args(["--lease-duration", &ms(LEASE)])
             .args(["--renew-deadline", &ms(RENEW_DEADLINE)])
             .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
-            .args(["--drain-timeout", "1s", "--fence-margin", "300ms"])
+            // drain ≥ renew deadline − fence margin (2 s − 0.3 s): the operator refuses a shorter drain
+            .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
             .args(["--settle", "3s", "--join-debounce", "500ms"])
             .args(["--expected-replicas", &self.expected.to_string()])
             .args(["--hash-key", self.key.as_str()])

@@ -655,7 +655,8 @@ impl Demo<'_> {
                 &ms(RENEW),
             ])
             .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
-            .args(["--drain-timeout", "2s", "--fence-margin", "500ms"])
+            // drain ≥ renew deadline − fence margin (3.5 s − 0.5 s): the operator refuses a shorter drain
+            .args(["--drain-timeout", "3s", "--fence-margin", "500ms"])
             .args(["--settle", "2s", "--join-debounce", "1s"])
             .args(["--expected-replicas", &self.args.replicas.to_string()])
             .args(["--hash-key", &self.args.hash_key.to_string()])

@@ -37,7 +37,8 @@ fn operator_with(kubeconfig: &Path, name: &str, extra: &[&str]) -> (Running, Str
         .args(["--group", "g", "-n", "default", "--identity", name])
         .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
         .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
-        .args(["--drain-timeout", "1s", "--fence-margin", "300ms"])
+        // drain ≥ renew deadline − fence margin (2 s − 0.3 s): the operator refuses a shorter drain
+        .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
         .args(["--settle", "1s", "--join-debounce", "500ms"])
         .args(["--expected-replicas", "2", "--shards", "16"])
         .args(["--install-crd", "--metrics-addr", "127.0.0.1:0"])
