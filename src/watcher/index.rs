@@ -111,6 +111,9 @@ pub(crate) struct Index<K> {
     by_ref: HashMap<RefKey, Vec<Arc<str>>>,
     by_shard: HashMap<u32, HashSet<Arc<str>>>,
     tombstones: HashMap<Arc<str>, Option<u64>>,
+    /// Relist floors: `ranges` were listed at `rv`, so an object of those ranges that is not held and whose
+    /// version is not newer was deleted by then — a replayed create of it is ignored (F14).
+    floors: Vec<(RangeSet, u64)>,
     projected: Vec<bool>,
     /// What the consumer holds per name: the uid and the resourceVersion last emitted.
     emitted: HashMap<RefKey, (Arc<str>, Option<u64>)>,
@@ -134,6 +137,7 @@ impl<K: Resource + Clone> Index<K> {
             by_ref: HashMap::new(),
             by_shard: HashMap::new(),
             tombstones: HashMap::new(),
+            floors: Vec::new(),
             projected: vec![false; count.get() as usize],
             emitted: HashMap::new(),
             initialized: false,
@@ -431,6 +435,41 @@ impl<K: Resource + Clone> Index<K> {
         self.reproject(&key, None);
     }
 
+    /// Apply an added or modified object read by a watch: like [`Index::upsert`], but an object that is not
+    /// held and not newer than a relist of its range is a replay of one deleted since, and is ignored.
+    pub(crate) fn upsert_event(&mut self, obj: K) {
+        if self.below_floor(&obj) {
+            return;
+        }
+        self.upsert(obj);
+    }
+
+    fn below_floor(&self, obj: &K) -> bool {
+        let Some(rv) = parse_rv(obj.meta().resource_version.as_deref()) else {
+            return false;
+        };
+        if self.floors.is_empty()
+            || Self::uid_of(obj).is_some_and(|u| self.entries.contains_key(&u))
+        {
+            return false;
+        }
+        // under a placement, an object's hashes can change with the map: only a full relist is a floor
+        let hash = match &self.placement {
+            None => self.key.hash_object(obj).ok(),
+            Some(_) => None,
+        };
+        self.floors.iter().any(|(ranges, floor)| {
+            rv <= *floor && (ranges.is_full() || hash.is_some_and(|h| ranges.contains(h)))
+        })
+    }
+
+    fn add_floor(&mut self, ranges: &RangeSet, rv: u64) {
+        // a newer floor over a superset makes an older one redundant
+        self.floors
+            .retain(|(r, f)| !(*f <= rv && r.is_subset(ranges)));
+        self.floors.push((ranges.clone(), rv));
+    }
+
     /// Apply a deletion observed by a watch (leaves a tombstone).
     pub(crate) fn delete(&mut self, obj: K) {
         let Some(uid) = Self::uid_of(&obj) else {
@@ -498,6 +537,9 @@ impl<K: Resource + Clone> Index<K> {
             self.tombstones.insert(uid.clone(), rv);
             self.forget(&uid, None);
         }
+        if let Some(rv) = relist.rv {
+            self.add_floor(&relist.ranges, rv);
+        }
     }
 
     /// Stop holding everything in `ranges` (no sub-watch reads them any more). Not a deletion: no
@@ -512,13 +554,20 @@ impl<K: Resource + Clone> Index<K> {
         for uid in gone {
             self.forget(&uid, None);
         }
+        // what is read again later is listed again: its old floor must not hide objects
+        for (r, _) in &mut self.floors {
+            *r = r.difference(ranges);
+        }
+        self.floors.retain(|(r, _)| !r.is_empty());
     }
 
-    /// Forget tombstones no older than `rv`: every reader has passed them, so no replay can bring them back.
+    /// Forget tombstones and relist floors no older than `passed`: every reader has passed them, so no
+    /// replay can bring them back.
     pub(crate) fn prune_tombstones(&mut self, passed: Option<u64>) {
         if let Some(passed) = passed {
             self.tombstones
                 .retain(|_, rv| rv.is_none_or(|rv| rv > passed));
+            self.floors.retain(|(_, rv)| *rv > passed);
         }
     }
 
@@ -849,6 +898,41 @@ mod tests {
         assert_eq!(ix.len(), 0);
         ix.prune_tombstones(Some(5));
         ix.upsert(cm("a", "u1", 4));
+        assert_eq!(ix.len(), 1);
+    }
+
+    /// F14: a relist at rv 20 means a not-held object of its ranges at rv ≤ 20 was deleted by then: a
+    /// sub-watch still behind that relist replays its create, which must not be applied.
+    #[test]
+    fn f14_replayed_creates_below_a_relist_floor_are_ignored() {
+        let s = ShardCount::new(1).unwrap();
+        let mut ix = Index::new(ShardKey::Uid, s);
+        ix.set_projected([0]);
+        ix.initialize();
+        drain(&mut ix);
+        ix.relist(Relist {
+            ranges: RangeSet::full(),
+            objects: vec![cm("a", "u1", 3)],
+            rv: Some(20),
+        });
+        assert_eq!(drain(&mut ix), ["apply u1@3"]);
+        ix.upsert_event(cm("y", "u9", 12)); // created at 12, deleted at 15: not in the relist
+        ix.delete(cm("y", "u9", 15));
+        ix.upsert_event(cm("a", "u1", 21)); // held: updates go on
+        ix.upsert_event(cm("z", "u8", 25)); // created after the relist
+        assert_eq!(drain(&mut ix), ["apply u1@21", "apply u8@25"]);
+        // dropped and read again: the floor goes with the range
+        ix.drop_ranges(&RangeSet::full());
+        ix.upsert_event(cm("b", "u7", 5));
+        assert_eq!(ix.len(), 1);
+        // once every reader passed it, the floor is pruned
+        ix.relist(Relist {
+            ranges: RangeSet::full(),
+            objects: vec![],
+            rv: Some(30),
+        });
+        ix.prune_tombstones(Some(30));
+        ix.upsert_event(cm("c", "u6", 29));
         assert_eq!(ix.len(), 1);
     }
 

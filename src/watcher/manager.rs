@@ -4,7 +4,7 @@
 //! It runs in its own task, so a consumer that pauses polling (for example behind `.default_backoff()`)
 //! never delays warm reports or activation: output waits in a queue until the consumer takes it.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,6 +22,7 @@ use tracing::{debug, error, info, warn};
 use super::dependent::{ChangedFn, MapShared};
 use super::index::{parse_rv, Index, Observer, Placement, Relist};
 use super::mode::{FlipCause, ModeDetector, ReadMode};
+use super::outq::OutQueue;
 use super::plan::{self, Action, SubView};
 use super::registry::ReaderGuard;
 use super::request::{ListFrom, Requests};
@@ -81,9 +82,31 @@ struct Sub {
     failing: bool,
     ranges: RangeSet,
     selector: Option<ShardSelector>,
+    /// The version of its last (re)list, or the version it was started from: `Some` once synced.
     synced_rv: Option<String>,
+    /// The newest version the manager processed for it (events, bookmarks, lists), and its exact text:
+    /// re-watches (narrowing, merging, back to server mode) resume from here, never from `synced_rv` (F14).
     passed: Option<u64>,
+    passed_rv: Option<String>,
     abort: AbortHandle,
+}
+
+impl Sub {
+    /// Where a re-watch of this sub-watch's ranges resumes, once it is synced.
+    fn resume_rv(&self) -> Option<String> {
+        self.synced_rv.as_ref()?;
+        self.passed_rv.clone().or_else(|| self.synced_rv.clone())
+    }
+
+    /// The manager processed everything up to `rv` for this sub-watch.
+    fn pass(&mut self, rv: Option<&str>) {
+        if let Some(n) = parse_rv(rv) {
+            if self.passed.is_none_or(|p| n > p) {
+                self.passed = Some(n);
+                self.passed_rv = rv.map(str::to_owned);
+            }
+        }
+    }
 }
 
 struct Barrier {
@@ -132,7 +155,8 @@ pub(crate) struct Manager<K: Resource> {
     sub_rx: mpsc::Receiver<SubMsg<K>>,
     ctl_tx: mpsc::Sender<Ctl<K>>,
     ctl_rx: mpsc::Receiver<Ctl<K>>,
-    outq: VecDeque<Out<K>>,
+    /// Output waiting for the consumer, coalesced per object (see `outq`).
+    outq: OutQueue<K>,
     out: mpsc::Sender<Out<K>>,
     reader: ReaderGuard,
     /// The shards read now, and the ranges they make.
@@ -201,7 +225,7 @@ where
             sub_rx,
             ctl_tx,
             ctl_rx,
-            outq: VecDeque::new(),
+            outq: OutQueue::default(),
             out,
             reader,
             read: BTreeSet::new(),
@@ -318,7 +342,7 @@ where
                 Some(t) = transitions.next_transition() => self.on_transition(t),
                 permit = out.reserve(), if !self.outq.is_empty() => match permit {
                     Ok(permit) => {
-                        if let Some(item) = self.outq.pop_front() {
+                        if let Some(item) = self.outq.pop() {
                             permit.send(item);
                         }
                     }
@@ -362,7 +386,10 @@ where
                 }
                 ShardState::Activating { epoch } => {
                     activating.insert(shard, epoch);
-                    if self.settings.role == Role::Secondary {
+                    // a re-grant of a shard projected until now (a move cancelled while Draining, a new
+                    // epoch for its owner) stays projected: no Delete-then-Apply of the whole shard in
+                    // the store; admission waits for the activation either way (F17 c)
+                    if self.settings.role == Role::Secondary || self.index.is_projected(shard) {
                         projected.push(shard);
                     }
                 }
@@ -441,7 +468,7 @@ where
                     .map(|(id, s)| SubView {
                         id: *id,
                         ranges: s.ranges.clone(),
-                        synced_rv: s.synced_rv.clone(),
+                        resume_rv: s.resume_rv(),
                     })
                     .collect();
                 let actions =
@@ -524,6 +551,7 @@ where
                 ranges,
                 selector,
                 passed: parse_rv(synced_rv.as_deref()),
+                passed_rv: synced_rv.clone(),
                 synced_rv,
                 abort: handle.abort_handle(),
             },
@@ -568,7 +596,7 @@ where
             .subs
             .iter()
             .find(|(_, s)| s.selector.is_none())
-            .map(|(id, s)| (*id, s.synced_rv.clone()));
+            .map(|(id, s)| (*id, s.resume_rv()));
         let Some((full_id, Some(rv))) = full else {
             return;
         };
@@ -628,8 +656,8 @@ where
                     rv: rv_n,
                 });
                 if let Some(sub) = self.subs.get_mut(&id) {
+                    sub.pass(rv.as_deref());
                     sub.synced_rv = rv;
-                    sub.passed = sub.passed.max(rv_n);
                     sub.failing = false;
                 }
                 self.serving_dirty = true;
@@ -655,7 +683,7 @@ where
                 if let Some(f) = &self.settings.transform {
                     f(&mut obj);
                 }
-                self.index.upsert(obj);
+                self.index.upsert_event(obj);
                 self.advance(id, rv.as_deref());
             }
             SubMsg::Deleted { id, obj, rv } => {
@@ -748,9 +776,7 @@ where
                 sub.failing = false;
                 self.serving_dirty = true;
             }
-            if let Some(rv) = parse_rv(rv) {
-                sub.passed = sub.passed.max(Some(rv));
-            }
+            sub.pass(rv);
         }
     }
 
@@ -853,7 +879,7 @@ where
         });
     }
 
-    fn start_targeted_list(&self, shard: u32, epoch: u64, rv: u64) {
+    fn start_targeted_list(&self, shard: u32, epoch: u64, from: ListFrom) {
         let Some(range) = self.shard_range(shard) else {
             return;
         };
@@ -867,7 +893,7 @@ where
                 &client,
                 &requests,
                 selector,
-                ListFrom::NotOlderThan(rv.to_string()),
+                from,
                 None,
                 || tx.is_closed(),
                 "targeted barrier",
@@ -887,7 +913,7 @@ where
         });
     }
 
-    fn start_full_list(&self, barriers: Vec<(u32, u64)>) {
+    fn start_full_list(&self, barriers: Vec<(u32, u64)>, from: ListFrom) {
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
@@ -897,7 +923,7 @@ where
                 &client,
                 &requests,
                 None,
-                ListFrom::Consistent,
+                from,
                 None,
                 || tx.is_closed(),
                 "collection barrier",
@@ -1004,9 +1030,23 @@ where
                 objects,
                 rv,
             } => {
-                let objects = self.transformed(objects);
+                // the mode may have flipped back to server while it listed: hold only what is read then
+                let ranges =
+                    if self.settings.local_only || self.detector.mode() == ReadMode::Fallback {
+                        RangeSet::full()
+                    } else {
+                        self.want.clone()
+                    };
+                let objects: Vec<K> = self
+                    .transformed(objects)
+                    .into_iter()
+                    .filter(|o| {
+                        ranges.is_full()
+                            || self.index.hash_of(o).is_some_and(|h| ranges.contains(h))
+                    })
+                    .collect();
                 self.index.relist(Relist {
-                    ranges: RangeSet::full(),
+                    ranges,
                     objects,
                     rv,
                 });
@@ -1069,24 +1109,31 @@ where
             .filter(|(_, b)| !b.targeted && b.deadline.is_some_and(|d| d <= now))
             .filter_map(|(s, b)| b.target.map(|t| (*s, b.epoch, t)))
             .collect();
-        if self.settings.local_only && !due.is_empty() {
-            // one full watch reads every shard: one LIST settles every due barrier (a takeover of many
-            // shards costs one LIST, not one per shard)
-            for (shard, _, _) in &due {
+        let full_watch = self.settings.local_only || self.detector.mode() == ReadMode::Fallback;
+        if full_watch && !due.is_empty() {
+            // one full watch reads every shard, and a barrier LIST without a selector lists the whole
+            // collection: one LIST settles every barrier whose target is known — due or not (a takeover
+            // of many shards costs one LIST, not one per shard; F16)
+            let batch: Vec<(u32, u64, u64)> = self
+                .barriers
+                .iter()
+                .filter(|(_, b)| !b.targeted)
+                .filter_map(|(s, b)| b.target.map(|t| (*s, b.epoch, t)))
+                .collect();
+            for (shard, _, _) in &batch {
                 if let Some(b) = self.barriers.get_mut(shard) {
                     b.targeted = true;
                 }
             }
-            self.start_full_list(due.iter().map(|(s, e, _)| (*s, *e)).collect());
-            return;
-        }
-        for (shard, epoch, target) in due {
-            if let Some(b) = self.barriers.get_mut(&shard) {
-                b.targeted = true;
+            let from = barrier_list_from(batch.iter().map(|(_, _, t)| *t));
+            self.start_full_list(batch.iter().map(|(s, e, _)| (*s, *e)).collect(), from);
+        } else {
+            for (shard, epoch, target) in due {
+                if let Some(b) = self.barriers.get_mut(&shard) {
+                    b.targeted = true;
+                }
+                self.start_targeted_list(shard, epoch, barrier_list_from([target]));
             }
-            // an unknown target version: list from the most recent state
-            let rv = if target == u64::MAX { 0 } else { target };
-            self.start_targeted_list(shard, epoch, rv);
         }
         if self.probes_enabled() && self.detector.probe_due(now) {
             self.start_probe();
@@ -1104,16 +1151,18 @@ where
         }
         self.index.confirm_handover();
         while let Some(ev) = self.index.pop() {
-            self.outq.push_back(Out::Event(ev));
+            self.outq.push(Out::Event(ev));
         }
         if !self.index.is_initialized() {
             return;
         }
+        // a marker waits until a synced sub-watch covers its shard: before that the index may not hold the
+        // shard's objects yet, and an empty marker taken now would be lost for them (F15)
         let due: Vec<u32> = self
             .reenqueue_wait
             .iter()
             .copied()
-            .filter(|s| self.index.is_projected(*s))
+            .filter(|s| self.index.is_projected(*s) && self.covering(*s).is_some())
             .collect();
         for shard in due {
             self.reenqueue_wait.remove(&shard);
@@ -1133,7 +1182,7 @@ where
                 self.stats
                     .reenqueued
                     .fetch_add(refs.len() as u64, Ordering::Relaxed);
-                self.outq.push_back(Out::Reenqueue(refs));
+                self.outq.push(Out::Reenqueue(refs));
             }
         }
         if self.serving_dirty {
@@ -1164,7 +1213,7 @@ where
             return;
         }
         self.last_error_item = Some(now);
-        self.outq.push_back(Out::Error(watcher::Error::WatchFailed(
+        self.outq.push(Out::Error(watcher::Error::WatchFailed(
             kube::Error::Service(message.into()),
         )));
     }
@@ -1178,6 +1227,23 @@ async fn dep_changed(rx: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Opti
             Err(_) => None,
         },
         None => futures::future::pending().await,
+    }
+}
+
+/// Where a barrier LIST reads from: not older than every target, or a consistent read when a target is
+/// unknown (an unparseable version, `u64::MAX`) — never `resourceVersion=0`, which any cached state
+/// satisfies (F17 a).
+fn barrier_list_from(targets: impl IntoIterator<Item = u64>) -> ListFrom {
+    let mut max = None;
+    for t in targets {
+        if t == u64::MAX {
+            return ListFrom::Consistent;
+        }
+        max = max.max(Some(t));
+    }
+    match max {
+        Some(t) => ListFrom::NotOlderThan(t.to_string()),
+        None => ListFrom::Consistent,
     }
 }
 
@@ -1214,5 +1280,22 @@ async fn sleep_until(t: Option<Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t).await,
         None => futures::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// F17 (a): an unknown barrier version is settled by a consistent read, never `resourceVersion=0`.
+    #[test]
+    fn f17_unparseable_barrier_version_lists_consistently() {
+        assert_eq!(barrier_list_from([u64::MAX]), ListFrom::Consistent);
+        assert_eq!(barrier_list_from([7, u64::MAX, 9]), ListFrom::Consistent);
+        assert_eq!(
+            barrier_list_from([7, 12, 9]),
+            ListFrom::NotOlderThan("12".into())
+        );
+        assert_eq!(barrier_list_from([]), ListFrom::Consistent);
     }
 }

@@ -65,6 +65,7 @@ mod index;
 mod manager;
 mod metrics;
 mod mode;
+mod outq;
 mod plan;
 pub(crate) mod registry;
 mod request;

@@ -7,6 +7,9 @@
 //! also flips it (and is an alarm: our selectors follow the server's rules). Server mode comes back only
 //! after a quiet period that doubles with every flip (hysteresis, so a skewed control plane does not make
 //! the watcher flap) and positive evidence: a re-probe LIST that the server filtered, or a `shardInfo` echo.
+//! After an `invalid shard selector` alarm there is no re-probe at all: the probe's tiny selector passing
+//! says nothing about the selectors the server refused, and going back would send them again every quiet
+//! period. The resource stays in fallback until the watcher is rebuilt (a restart after the fix).
 //!
 //! Pure: no I/O, no async (instants are passed in).
 
@@ -49,6 +52,7 @@ pub(crate) struct ModeDetector {
     probe_after: Option<Instant>,
     base: Duration,
     max: Duration,
+    /// An `invalid shard selector` alarm was raised: never re-probe (F17 b).
     invalid_selector: bool,
 }
 
@@ -87,19 +91,19 @@ impl ModeDetector {
 
     /// Whether a re-probe is due.
     pub(crate) fn probe_due(&self, now: Instant) -> bool {
-        self.mode == ReadMode::Fallback && self.probe_after.is_some_and(|t| now >= t)
+        self.next_probe().is_some_and(|t| now >= t)
     }
 
-    /// When the next re-probe is due, in fallback.
+    /// When the next re-probe is due, in fallback (never after an invalid-selector alarm).
     pub(crate) fn next_probe(&self) -> Option<Instant> {
-        (self.mode == ReadMode::Fallback)
+        (self.mode == ReadMode::Fallback && !self.invalid_selector)
             .then_some(self.probe_after)
             .flatten()
     }
 
     /// The result of a re-probe: `filtered` = the server filtered it. Returns whether the mode flipped back.
     pub(crate) fn probed(&mut self, filtered: bool, now: Instant) -> bool {
-        if self.mode != ReadMode::Fallback {
+        if self.mode != ReadMode::Fallback || self.invalid_selector {
             return false;
         }
         if filtered {
@@ -138,7 +142,7 @@ mod tests {
         assert_eq!(d.mode(), ReadMode::Server);
         // second flip waits twice as long
         let t1 = t0 + base * 3;
-        assert!(d.fall_back(FlipCause::InvalidSelector, t1));
+        assert!(d.fall_back(FlipCause::OutOfRange, t1));
         assert!(!d.probe_due(t1 + base));
         assert!(d.probe_due(t1 + base * 2));
         // capped
@@ -147,5 +151,26 @@ mod tests {
             d.fall_back(FlipCause::OutOfRange, t1);
         }
         assert_eq!(d.next_probe(), Some(t1 + Duration::from_secs(1800)));
+    }
+
+    /// F17 (b): after an invalid-selector alarm, no re-probe brings the refused selectors back.
+    #[tokio::test(start_paused = true)]
+    async fn f17_invalid_selector_stops_reprobes() {
+        let base = Duration::from_secs(60);
+        let mut d = ModeDetector::new(base, Duration::from_secs(1800));
+        let t0 = Instant::now();
+        assert!(d.fall_back(FlipCause::InvalidSelector, t0));
+        assert_eq!(d.next_probe(), None);
+        assert!(!d.probe_due(t0 + base * 100));
+        assert!(
+            !d.probed(true, t0 + base),
+            "a passing probe does not flip back"
+        );
+        assert_eq!(d.mode(), ReadMode::Fallback);
+        // also when the alarm comes while already in fallback
+        let mut d = ModeDetector::new(base, Duration::from_secs(1800));
+        assert!(d.fall_back(FlipCause::OutOfRange, t0));
+        assert!(!d.fall_back(FlipCause::InvalidSelector, t0));
+        assert!(!d.probe_due(t0 + base * 100));
     }
 }

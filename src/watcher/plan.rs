@@ -3,12 +3,15 @@
 //! Given the ranges the member must read and the running sub-watches, decide what to change:
 //!
 //! - a sub-watch whose ranges are all still wanted keeps running;
-//! - one that lost some ranges is **narrowed**: re-watched from its current resourceVersion with the
-//!   smaller selector (a subset misses nothing — no LIST); one that lost all is stopped;
+//! - one that lost some ranges is **narrowed**: re-watched from the last resourceVersion the manager
+//!   processed for it (not its first LIST's: a replay of older history would resurrect deleted objects,
+//!   and after the server's history window it would be a 410 and a LIST) with the smaller selector (a
+//!   subset misses nothing — no LIST); one that lost all is stopped;
 //! - ranges nobody reads yet get a **new** sub-watch that LISTs them, while the others keep running
 //!   (overlap);
 //! - above the cap, synced sub-watches are **merged**: one watch with the union selector from the oldest of
-//!   their resourceVersions (events between are replayed; the index ignores what it already holds);
+//!   their processed resourceVersions (events between are replayed; the index ignores what it already
+//!   holds, and its tombstones and relist floors keep deleted objects out);
 //! - a range set whose selector would exceed the server's size limit is split over several sub-watches.
 //!
 //! Pure: no I/O, no async.
@@ -24,8 +27,9 @@ use crate::selector::ShardSelector;
 pub(crate) struct SubView {
     pub(crate) id: SubId,
     pub(crate) ranges: RangeSet,
-    /// The resourceVersion it has passed, once its initial list completed.
-    pub(crate) synced_rv: Option<String>,
+    /// Once its initial list completed: the newest resourceVersion the manager processed for it (events,
+    /// bookmarks, relists), where a re-watch of its ranges resumes without replaying older history.
+    pub(crate) resume_rv: Option<String>,
 }
 
 /// One change.
@@ -53,9 +57,9 @@ pub(crate) fn plan(key: ShardKey, want: &RangeSet, subs: &[SubView], cap: usize)
         if keep.is_empty() {
             stopped.push(sub.id);
         } else if keep == sub.ranges {
-            after.push((vec![sub.id], keep, sub.synced_rv.clone(), false));
-        } else if sub.synced_rv.is_some() {
-            after.push((vec![sub.id], keep, sub.synced_rv.clone(), true));
+            after.push((vec![sub.id], keep, sub.resume_rv.clone(), false));
+        } else if sub.resume_rv.is_some() {
+            after.push((vec![sub.id], keep, sub.resume_rv.clone(), true));
         } else {
             // still listing: drop it; its wanted ranges are listed again below
             stopped.push(sub.id);
@@ -163,7 +167,7 @@ mod tests {
         SubView {
             id,
             ranges: set(shards),
-            synced_rv: rv.map(Into::into),
+            resume_rv: rv.map(Into::into),
         }
     }
 
