@@ -66,7 +66,6 @@ mod manager;
 mod metrics;
 mod mode;
 mod plan;
-pub(crate) mod registry;
 mod request;
 mod subwatch;
 
