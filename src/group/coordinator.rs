@@ -175,8 +175,9 @@ impl Ctx<'_> {
         self.by_id.get(id).is_some_and(|m| m.live())
     }
 
+    /// Gone only by evidence (F2): a member absent from the observations is unknown, never gone.
     fn gone(&self, id: &MemberId) -> bool {
-        self.by_id.get(id).is_none_or(|m| m.gone)
+        self.by_id.get(id).is_some_and(|m| m.gone)
     }
 
     fn report(&self, id: &MemberId) -> Option<&MemberReport> {
@@ -406,6 +407,13 @@ fn plan(ctx: &Ctx<'_>, pass: &mut Pass) {
     }
 }
 
+/// Move ids are taken from the generation (F17): the first move of generation `g` is `g · 2¹⁶` (S ≤ 2¹⁶
+/// moves per write), so ids are never reused, even by an assignment re-created from scratch — a member's
+/// `released(shard, id)` ack of an earlier move can never complete a later one.
+fn first_move_id(gen: u64) -> MoveId {
+    gen.saturating_mul(1 << 16)
+}
+
 /// Orphans are assigned directly at the new generation: nobody can release them.
 fn assign_orphans(ctx: &Ctx<'_>, pass: &mut Pass, plan: &planner::Plan) {
     for shard in &pass.orphans {
@@ -443,8 +451,8 @@ fn start_moves(ctx: &Ctx<'_>, pass: &mut Pass, plan: &planner::Plan) {
         if !ctx.leaving(from) && in_flight >= ctx.input.max_concurrent_moves {
             continue;
         }
-        let id = pass.next.next_move_id;
-        pass.next.next_move_id += 1;
+        let id = pass.next.next_move_id.max(first_move_id(ctx.gen));
+        pass.next.next_move_id = id.saturating_add(1);
         let moved = entry.clone().with_handoff(Handoff::Moving {
             id,
             to: mv.to.clone(),
@@ -817,5 +825,60 @@ mod tests {
         assert_eq!(e.handoff, Handoff::Stable);
         assert!(e.epoch > old_epoch, "a new epoch, never the old one");
         assert_eq!(e.epoch, next.view.generation);
+    }
+
+    /// F2: an owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and
+    /// nothing is planned around it.
+    #[test]
+    fn f02_an_unobserved_owner_keeps_its_shards() {
+        let cur = settled(&["a", "b"]);
+        let members = vec![obs("a")];
+        let ages = BTreeMap::new();
+        let out = step(&input(&cur, &members, &ages));
+        assert!(
+            out.assignment.is_none(),
+            "b's shards must stay with b: {:?}",
+            out.assignment.map(|a| owners(&a))
+        );
+        assert!(out.takeovers.is_empty());
+        // the runtime passes it as not live and not gone: the same
+        let mut b = obs("b");
+        b.alive = false;
+        let members = vec![obs("a"), b];
+        assert!(step(&input(&cur, &members, &ages)).assignment.is_none());
+    }
+
+    /// F17: move ids come from the generation, so an assignment re-created from scratch (next id 1) never
+    /// reuses the id of an earlier move.
+    #[test]
+    fn f17_move_ids_are_never_reused_after_a_fresh_assignment() {
+        let cur = settled(&["a"]);
+        let members = vec![obs("a"), obs("b")];
+        let ages = BTreeMap::new();
+        let mut i = input(&cur, &members, &ages);
+        i.now_ms = 2_000;
+        let first = step(&i).assignment.unwrap();
+        let ids = |a: &Assignment| -> BTreeSet<MoveId> {
+            a.view
+                .shards
+                .values()
+                .filter_map(|e| match &e.handoff {
+                    Handoff::Moving { id, .. } => Some(*id),
+                    _ => None,
+                })
+                .collect()
+        };
+        let old = ids(&first);
+        assert!(!old.is_empty());
+        // the same owners, re-created: next_move_id starts at 1 again
+        let mut fresh = Assignment::empty(cur.shards, cur.key);
+        fresh.view = cur.view.clone();
+        fresh.view.generation = first.view.generation;
+        let mut i = input(&fresh, &members, &ages);
+        i.now_ms = 3_000;
+        let again = step(&i).assignment.unwrap();
+        let new = ids(&again);
+        assert!(!new.is_empty());
+        assert!(old.is_disjoint(&new), "move ids reused: {old:?} / {new:?}");
     }
 }

@@ -5,4 +5,5 @@ mod model_common;
 mod model_handoff;
 mod model_takeover;
 mod realtime;
+mod safety_group;
 mod watcher;

@@ -2,86 +2,112 @@
 //! takeovers, dead-Lease collection and the conditional assignment write.
 
 use super::*;
+use crate::group::assignment::MAX_GENERATION_STEP;
 
 impl Runtime {
     pub(super) fn on_assignment_event(&mut self, ev: Event<ConfigMap>) {
         match ev {
             Event::Apply(cm) | Event::InitApply(cm) => {
                 self.assignment_missing = false;
+                if let Some(seen) = self.assignment_relisted.as_mut() {
+                    *seen = true;
+                }
                 let text = cm
                     .data
                     .as_ref()
                     .and_then(|d| d.get(DATA_KEY))
                     .cloned()
                     .unwrap_or_default();
-                match Assignment::decode(&text, self.cfg.shards, self.cfg.key) {
-                    Ok(a) => {
-                        self.seen_generation = self.seen_generation.max(a.view.generation);
-                        let newer = self
-                            .assignment
-                            .as_ref()
-                            .is_none_or(|cur| a.view.generation >= cur.view.generation);
-                        if newer {
-                            self.ownership.apply_view(&a.view);
-                            self.assignment = Some(a);
-                            self.assignment_cm = Some(cm);
-                        } else {
-                            debug!(
-                                generation = a.view.generation,
-                                "ignoring an older assignment"
-                            );
-                        }
-                        self.vacuous_progress();
-                    }
+                let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
+                    .map_err(|e| e.to_string())
+                    .and_then(|a| self.sane_generation(a));
+                match decoded {
+                    Ok(a) => self.decoded_assignment(a, cm),
                     Err(err) => {
-                        error!(error = %err, "ALARM: the assignment cannot be decoded; keeping the last good view");
+                        error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
                         self.events.emit(
                             Kind::Warning,
                             "InvalidAssignment",
                             format!("keeping the last good view: {err}"),
                         );
+                        self.assignment_refused = Some(err);
                         self.assignment_cm = Some(cm);
                     }
                 }
             }
-            Event::Delete(_) => {
-                warn!("the assignment ConfigMap was deleted; the coordinator re-creates it above the highest generation reported");
-                self.assignment_missing = true;
-                self.assignment_cm = None;
+            Event::Delete(_) => self.assignment_deleted(),
+            Event::Init => self.assignment_relisted = Some(false),
+            Event::InitDone => {
+                // absent from a relist: deleted meanwhile (the watcher sends no Delete for it)
+                if self.assignment_relisted.take() == Some(false) && self.assignment_cm.is_some() {
+                    self.assignment_deleted();
+                }
+                self.assignment_listed = true;
             }
-            Event::Init | Event::InitDone => {}
         }
+    }
+
+    fn decoded_assignment(&mut self, a: Assignment, cm: ConfigMap) {
+        self.assignment_refused = None;
+        self.seen_generation = self.seen_generation.max(a.view.generation);
+        let newer = self
+            .assignment
+            .as_ref()
+            .is_none_or(|cur| a.view.generation >= cur.view.generation);
+        if newer {
+            self.ownership.apply_view(&a.view);
+            self.assignment = Some(a);
+            self.assignment_cm = Some(cm);
+        } else {
+            debug!(
+                generation = a.view.generation,
+                "ignoring an older assignment"
+            );
+        }
+        self.vacuous_progress();
+    }
+
+    fn assignment_deleted(&mut self) {
+        warn!("the assignment ConfigMap was deleted; the coordinator re-creates it above the highest generation reported, with the owners the members hold");
+        self.assignment_missing = true;
+        self.assignment_cm = None;
+        self.assignment_refused = None;
+    }
+
+    /// F13: a generation more than [`MAX_GENERATION_STEP`] above both our wall clock and the highest
+    /// generation we accepted is refused (a hostile or buggy write, e.g. `u64::MAX`, would otherwise freeze
+    /// the group: generations only grow). A forward-skewed coordinator cannot trip this: it caps each new
+    /// generation at the previous one plus the same bound.
+    fn sane_generation(&self, a: Assignment) -> Result<Assignment, String> {
+        let limit = wall_ms()
+            .max(self.seen_generation)
+            .saturating_add(MAX_GENERATION_STEP);
+        if a.view.generation > limit {
+            return Err(format!(
+                "generation {} is more than {MAX_GENERATION_STEP} ms above both the wall clock and the highest generation seen ({})",
+                a.view.generation, self.seen_generation
+            ));
+        }
+        Ok(a)
     }
 
     pub(super) async fn coordinate(&mut self) {
         let now = Instant::now();
-        let members = self.members(now);
-        // the assignment: ours, or a fresh one above every generation any member reports
-        let current = match (
-            &self.assignment,
-            self.assignment_missing || self.assignment_cm.is_none(),
-        ) {
+        if !self.may_coordinate(now) {
+            return;
+        }
+        let absent = self.assignment_missing || self.assignment_cm.is_none();
+        let current = match (&self.assignment, absent) {
             (Some(a), false) => a.clone(),
-            (last, _) => {
-                let reported = members
-                    .iter()
-                    .filter_map(|m| m.report.as_ref())
-                    .map(|r| r.seen_generation.max(r.applied_generation))
-                    .max()
-                    .unwrap_or(0);
-                let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
-                fresh.view.generation = reported.max(self.seen_generation);
-                if let Some(last) = last {
-                    // keep who owns what: members hold it already
-                    fresh.view.shards = last.view.shards.clone();
-                    fresh.next_move_id = last.next_move_id;
-                    fresh.pins = last.pins.clone();
-                    fresh.paused = last.paused;
-                    fresh.drained = last.drained.clone();
-                }
-                fresh
+            (last, true) => {
+                let last = last.clone();
+                self.recreated(last.as_ref(), now)
             }
+            // a ConfigMap we never decoded: `may_coordinate` refused it
+            (None, false) => return,
         };
+        let members = self.step_members(now, &current);
+        self.displaced.retain(|id, _| named_in(&current, id));
         // move ages
         let in_flight: BTreeSet<MoveId> = current
             .view
@@ -122,10 +148,7 @@ impl Runtime {
         let may_take_over = self
             .continuous_since
             .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now_ms = wall_ms();
         let out = coordinator::step(&StepInput {
             current: &current,
             members: &members,
@@ -155,8 +178,7 @@ impl Runtime {
         if may_take_over {
             self.collect_dead_lease(now).await;
         }
-        let fresh_needed = self.assignment_missing || self.assignment_cm.is_none();
-        if let Some(next) = out.assignment.or_else(|| fresh_needed.then_some(current)) {
+        if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
             self.write_assignment(next).await;
         }
     }
@@ -239,6 +261,64 @@ impl Runtime {
         }
     }
 
+    /// Whether this pass may decide anything. Never over a ConfigMap this member cannot apply (F1: it may
+    /// be another `S`, key or format, whose owners admit on it); never before both watches listed (F2: an
+    /// owner not yet observed would look absent); never while the lease watch is silent (F6).
+    fn may_coordinate(&mut self, now: Instant) -> bool {
+        if let Some(why) = &self.assignment_refused {
+            debug!(reason = %why, "the coordinator cannot apply the assignment and writes nothing over it");
+            return false;
+        }
+        if !self.assignment_listed {
+            return false;
+        }
+        if self.lease_watch_silent(now) {
+            debug!("the lease watch is silent or not listed yet: judging nobody");
+            return false;
+        }
+        true
+    }
+
+    /// The assignment to start from when the ConfigMap is absent (deleted, or never created): above every
+    /// generation any member reports. Owners come from our last good view, or else from what the members
+    /// publish as admitted — never from the planner, which would take shards from members that hold them.
+    /// Without an epoch per shard in the reports, a rebuilt owner is re-granted at the new generation.
+    fn recreated(&self, last: Option<&Assignment>, now: Instant) -> Assignment {
+        let members = self.members(now);
+        let reported = members
+            .iter()
+            .filter_map(|m| m.report.as_ref())
+            .map(|r| r.seen_generation.max(r.applied_generation))
+            .max()
+            .unwrap_or(0);
+        let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
+        fresh.view.generation = reported.max(self.seen_generation);
+        if let Some(last) = last {
+            // keep who owns what: members hold it already
+            fresh.view.shards = last.view.shards.clone();
+            fresh.next_move_id = last.next_move_id;
+            fresh.pins = last.pins.clone();
+            fresh.paused = last.paused;
+            fresh.drained = last.drained.clone();
+            return fresh;
+        }
+        let gen = Assignment::next_generation(fresh.view.generation, wall_ms());
+        let mut rebuilt = false;
+        for m in members.iter().filter(|m| !m.gone) {
+            let Some(r) = &m.report else { continue };
+            for s in r.admitted.iter() {
+                if let std::collections::btree_map::Entry::Vacant(e) = fresh.view.shards.entry(s) {
+                    e.insert(crate::ownership::ShardAssignment::owned(m.id.clone(), gen));
+                    rebuilt = true;
+                }
+            }
+        }
+        if rebuilt {
+            fresh.view.generation = gen;
+        }
+        fresh
+    }
+
     pub(super) async fn take_over(&mut self, victim: &MemberId, now: Instant) {
         let Some((name, o)) = self.observed.iter().find(|(_, o)| &o.id == victim) else {
             return;
@@ -272,6 +352,14 @@ impl Runtime {
             }
             Err(err) if is_conflict(&err) => {
                 debug!(member = %victim, "takeover conflicted: it renewed; re-observing");
+            }
+            // F10: the Lease is gone; the member is gone once `lease_duration + grace` passed since its last
+            // renewal we saw (already true for a takeover candidate)
+            Err(err) if is_not_found(&err) => {
+                debug!(member = %victim, "takeover: the Lease was deleted");
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
             }
             Err(err) => debug!(member = %victim, error = %err, "takeover failed"),
         }
@@ -316,4 +404,22 @@ impl Runtime {
             Err(err) => debug!(error = %err, "assignment write failed"),
         }
     }
+}
+
+/// The wall clock in ms since the Unix epoch (generations only; never for durations).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether `id` owns or receives a shard in `a`.
+fn named_in(a: &Assignment, id: &MemberId) -> bool {
+    a.view.shards.values().any(|e| {
+        e.owner == *id
+            || matches!(&e.handoff,
+                crate::ownership::Handoff::Moving { to, .. }
+                | crate::ownership::Handoff::Draining { to, .. } if to == id)
+    })
 }

@@ -42,7 +42,8 @@ impl Runtime {
         let name = self.cfg.coordinator_lease();
         let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
         let now = Instant::now();
-        let observed = self.observed.get(&name);
+        // a Lease seen deleted is absent: create it again (F7), never replace a copy of what is gone
+        let observed = self.observed.get(&name).filter(|o| o.deleted_at.is_none());
         let current = observed.map(|o| o.lease.clone());
         let held_by_me = observed.is_some_and(|o| o.holder.as_deref() == Some(&holder_me));
         if self.own.is_none() || self.leaving {
@@ -148,6 +149,11 @@ impl Runtime {
             }
             Err(err) => {
                 debug!(error = %err, "coordinator lease not acquired");
+                if is_not_found(&err) {
+                    if let Some(o) = self.observed.get_mut(&name) {
+                        o.deleted_at.get_or_insert(now);
+                    }
+                }
                 self.step_down();
             }
         }

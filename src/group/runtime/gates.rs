@@ -5,8 +5,9 @@ use super::*;
 
 impl Runtime {
     /// Members without read streams have nothing to sync: warm and activation are immediate.
+    /// Judged on each use (F15): a watcher registered after the runtime started has its barrier awaited.
     pub(super) fn vacuous_progress(&self) {
-        if !self.vacuous_readers {
+        if !self.ownership.inner.readers.is_empty() {
             return;
         }
         let snap = self.ownership.snapshot();
@@ -40,7 +41,12 @@ impl Runtime {
         };
         let api: Api<Lease> = Api::namespaced(self.leases.clone().into_client(), &ns);
         let now = Instant::now();
-        let live = match self.bounded(api.get_opt(&name)).await {
+        let read = self.bounded(api.get_opt(&name)).await;
+        if read.is_ok() && self.legacy_alarm {
+            info!(lease = %spec, "the legacy leader lease can be read again");
+            self.legacy_alarm = false;
+        }
+        let live = match read {
             Ok(Some(l)) => {
                 let spec = l.spec.unwrap_or_default();
                 let renew = spec.renew_time.map(|t| t.0.to_string());
@@ -55,10 +61,20 @@ impl Runtime {
                     && now.duration_since(changed_at) < duration
             }
             Ok(None) => false,
-            // cannot tell: keep the current hold
+            // cannot tell: fail closed (F5), hold until a read shows no live holder
             Err(err) => {
-                debug!(error = %err, "cannot read the legacy leader lease");
-                return;
+                if !self.legacy_alarm {
+                    error!(lease = %spec, error = %err, "ALARM: cannot read the legacy leader lease: admitting nothing until a read shows no live holder");
+                    self.events.emit(
+                        Kind::Warning,
+                        "LegacyLeaderUnknown",
+                        format!(
+                            "cannot read {spec}: admitting nothing until it can be read: {err}"
+                        ),
+                    );
+                    self.legacy_alarm = true;
+                }
+                true
             }
         };
         if self.cfg.shadow {

@@ -88,15 +88,18 @@ impl Runtime {
                     .as_ref()
                     .and_then(|a| a.get(INCARNATION).cloned());
                 let mine = theirs.as_deref() == Some(&*self.me.incarnation);
-                let taken = l
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(TAKEN_OVER));
-                let stale = self.observed.get(&name).is_some_and(|o| {
-                    t0.duration_since(o.last_change)
-                        >= self.cfg.lease_duration + self.cfg.takeover_grace
-                });
+                let taken = theirs.is_some()
+                    && l.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(TAKEN_OVER))
+                        == theirs.as_ref();
+                // stale on our own clock, with a watch that is not silent (F3, F6)
+                let stale = !self.lease_watch_silent(t0)
+                    && self.observed.get(&name).is_some_and(|o| {
+                        t0.duration_since(o.last_change)
+                            >= self.cfg.lease_duration + self.cfg.takeover_grace
+                    });
                 if !(mine || taken || stale) {
                     if !self.observed.contains_key(&name) {
                         // start observing it on our own clock
@@ -118,7 +121,17 @@ impl Runtime {
                     self.health.set_collision(true);
                     return;
                 }
-                let body = self.lease_body(Some(&l));
+                // F3: a claim judged stale from our observation is conditional on the resourceVersion we
+                // observed: a renewal since (that our watch has not shown yet) makes it conflict
+                let base = match self.observed.get(&name) {
+                    Some(o) if !(mine || taken) => {
+                        let mut seen = o.lease.clone();
+                        seen.metadata.resource_version = Some(o.rv.clone());
+                        seen
+                    }
+                    _ => l,
+                };
+                let body = self.lease_body(Some(&base));
                 self.bounded(self.leases.replace(&name, &PostParams::default(), &body))
                     .await
             }
@@ -274,6 +287,7 @@ impl Runtime {
             .continuous_since
             .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
         observed_long_enough
+            && !self.lease_watch_silent(now)
             && self
                 .members(now)
                 .iter()

@@ -95,7 +95,6 @@ pub(crate) struct Runtime {
     move_first_seen: BTreeMap<MoveId, Instant>,
     takeovers: VecDeque<Instant>,
     last_membership_change: Instant,
-    vacuous_readers: bool,
     status: watch::Sender<GroupStatus>,
     health: Health,
     fenced_since: Option<Instant>,
@@ -117,6 +116,29 @@ pub(crate) struct Runtime {
     leadership: watch::Sender<Option<LeaderTerm>>,
     /// resourceVersions of our recent writes to the coordinator Lease, newest last.
     coordinator_writes: VecDeque<String>,
+    /// The assignment watch listed once: from then on, no ConfigMap means it is absent.
+    assignment_listed: bool,
+    /// The ConfigMap present is not one this member can apply (another `S`/key/format, corrupt, an absurd
+    /// generation): why. A coordinator never writes over it.
+    assignment_refused: Option<String>,
+    /// During a relist of the assignment watch: whether the ConfigMap was in it.
+    assignment_relisted: Option<bool>,
+    /// When the lease watch last listed (or its view last had a gap), on our clock: an owner not observed
+    /// since is unknown until `lease_duration + grace` later.
+    leases_synced_at: Option<Instant>,
+    /// During a relist of the lease watch: the Lease names in it (the others were deleted meanwhile).
+    leases_relisted: Option<BTreeSet<String>>,
+    /// When the lease watch last delivered anything (a gap in it is a gap in our observations).
+    last_lease_event: Option<Instant>,
+    /// Incarnations replaced on their Lease by another one of the same name: when their renewal was last
+    /// seen to change, and whether they were taken over.
+    displaced: BTreeMap<MemberId, (Instant, bool)>,
+    /// The origin of the planner's join order (ms since this instant).
+    origin: Instant,
+    /// Group Leases ignored for an invalid member identity (warned about once).
+    invalid_leases: BTreeSet<String>,
+    /// The legacy leader Lease cannot be read (alarm raised, admission held).
+    legacy_alarm: bool,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -169,9 +191,18 @@ impl Runtime {
             term: None,
             leadership,
             coordinator_writes: VecDeque::new(),
+            assignment_listed: false,
+            assignment_refused: None,
+            assignment_relisted: None,
+            leases_synced_at: None,
+            leases_relisted: None,
+            last_lease_event: None,
+            displaced: BTreeMap::new(),
+            origin: now,
+            invalid_leases: BTreeSet::new(),
+            legacy_alarm: false,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
-            vacuous_readers: ownership.inner.readers.is_empty(),
             cfg,
             ownership,
             me,
@@ -223,6 +254,9 @@ impl Runtime {
             if self.cfg.shadow {
                 info!("shadow mode: ownership is computed and reported, nothing is admitted");
                 self.ownership.set_hold(Some(Hold::Shadow));
+            } else if self.cfg.legacy_leader_lease.is_some() {
+                // fail closed: held until a successful read shows no live legacy holder
+                self.ownership.set_hold(Some(Hold::LegacyLeader));
             }
             let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
             let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
@@ -244,6 +278,7 @@ impl Runtime {
                 tokio::select! {
                     ev = lease_events.next() => match ev {
                         Some(Ok(ev)) => {
+                            self.lease_watch_delivered(Instant::now());
                             if self.on_lease_event(ev) {
                                 coordinate_soon = true;
                             }
