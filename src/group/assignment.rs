@@ -31,6 +31,10 @@ use crate::shard::{ShardCount, ShardSet};
 /// The data key of the ConfigMap that holds the JSON.
 pub const DATA_KEY: &str = "assignment";
 
+/// How far (ms) a generation may lead both the reader's wall clock and the highest generation it accepted
+/// (one day). Generations are wall-clock ms; a larger one is refused as hostile or broken (F13).
+pub const MAX_GENERATION_STEP: u64 = 24 * 60 * 60 * 1000;
+
 /// The format version this code writes and reads.
 pub const FORMAT: u32 = 1;
 
@@ -72,10 +76,17 @@ impl Assignment {
     }
 
     /// The generation of the next write: `max(previous + 1, now_ms)`, so generations (and the epochs made
-    /// from them) never go backwards, even if the ConfigMap is lost and re-created.
+    /// from them) never go backwards, even if the ConfigMap is lost and re-created — but at most
+    /// `previous + MAX_GENERATION_STEP` once there is a previous one, so one forward-skewed clock moves
+    /// them by at most [`MAX_GENERATION_STEP`] per write (members refuse a generation further than that
+    /// above both their clock and what they accepted).
     #[must_use]
     pub fn next_generation(previous: u64, now_ms: u64) -> u64 {
-        previous.saturating_add(1).max(now_ms)
+        let next = previous.saturating_add(1);
+        if previous == 0 {
+            return next.max(now_ms);
+        }
+        next.max(now_ms.min(previous.saturating_add(MAX_GENERATION_STEP)))
     }
 
     /// Encode to the ConfigMap's JSON.
@@ -482,6 +493,20 @@ mod tests {
         assert_eq!(Assignment::next_generation(5, 3), 6);
         assert_eq!(Assignment::next_generation(5, 1000), 1000);
         assert_eq!(Assignment::next_generation(u64::MAX, 0), u64::MAX);
+    }
+
+    /// F13: one forward-skewed clock moves a generation by at most the bound per write (members refuse
+    /// only what is further ahead), and the first generation is the wall clock.
+    #[test]
+    fn f13_a_skewed_clock_moves_generations_by_at_most_the_bound() {
+        let now = 1_700_000_000_000u64;
+        let skewed = now + 365 * MAX_GENERATION_STEP;
+        assert_eq!(
+            Assignment::next_generation(now, skewed),
+            now + MAX_GENERATION_STEP
+        );
+        assert_eq!(Assignment::next_generation(0, now), now);
+        assert_eq!(Assignment::next_generation(now, now + 5), now + 5);
     }
 
     proptest! {

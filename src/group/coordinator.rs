@@ -18,6 +18,10 @@
 //! | `Stable` | planner moves it, under the move bound | `Moving(new id → target)` |
 //!
 //! Pure: no I/O, no async, no clocks (ages are passed in).
+//!
+//! Public only with the `test-util` feature, for the stateright models (`tests/it/model_*.rs`) to drive the
+//! real step: not a stable API.
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -30,182 +34,304 @@ use crate::ownership::{Handoff, MemberId, MoveId, ShardAssignment};
 
 /// What the coordinator knows of one member (from its Lease, on its own clock).
 #[derive(Clone, Debug)]
-pub(crate) struct Observed {
-    pub(crate) id: MemberId,
+pub struct Observed {
+    /// The member (name and incarnation).
+    pub id: MemberId,
     /// Its renewals were seen to change within `lease_duration`.
-    pub(crate) alive: bool,
+    pub alive: bool,
     /// Its renewals were not seen to change for `lease_duration + grace` (a takeover candidate).
-    pub(crate) expired: bool,
+    pub expired: bool,
     /// A takeover of this incarnation succeeded (or its Lease is gone and expired): it acts no more.
-    pub(crate) gone: bool,
+    pub gone: bool,
     /// Its last decodable report.
-    pub(crate) report: Option<MemberReport>,
+    pub report: Option<MemberReport>,
     /// When it was first seen (ms, for the planner's join order).
-    pub(crate) joined: u64,
+    pub joined: u64,
     /// Its join is still debounced.
-    pub(crate) joining: bool,
+    pub joining: bool,
 }
 
 impl Observed {
-    pub(crate) fn live(&self) -> bool {
+    /// Seen renewing, and not gone.
+    pub fn live(&self) -> bool {
         self.alive && !self.gone
     }
 
-    pub(crate) fn leaving(&self) -> bool {
+    /// Its report says it is leaving.
+    pub fn leaving(&self) -> bool {
         self.report.as_ref().is_some_and(|r| r.leaving)
     }
 }
 
 /// One coordinator pass.
-pub(crate) struct StepInput<'a> {
-    pub(crate) current: &'a Assignment,
-    pub(crate) members: &'a [Observed],
-    pub(crate) now_ms: u64,
+#[derive(Debug)]
+pub struct StepInput<'a> {
+    /// The assignment the pass starts from.
+    pub current: &'a Assignment,
+    /// Every member this coordinator observes.
+    pub members: &'a [Observed],
+    /// The wall clock (ms since the epoch): the next generation is `max(prev + 1, now_ms)`.
+    pub now_ms: u64,
     /// The cold-start settle passed: unowned shards may be assigned and moves planned.
-    pub(crate) ready_to_plan: bool,
+    pub ready_to_plan: bool,
     /// This coordinator renewed continuously for `lease_duration`, so its observations may justify a
     /// takeover.
-    pub(crate) may_take_over: bool,
+    pub may_take_over: bool,
     /// Takeovers still allowed in this lease period.
-    pub(crate) takeover_budget: usize,
+    pub takeover_budget: usize,
     /// Age of each move in flight (from when this coordinator first saw it).
-    pub(crate) move_ages: &'a BTreeMap<MoveId, Duration>,
-    pub(crate) move_timeout: Duration,
-    pub(crate) max_concurrent_moves: usize,
+    pub move_ages: &'a BTreeMap<MoveId, Duration>,
+    /// A `Moving` handoff older than this is cancelled.
+    pub move_timeout: Duration,
+    /// Moves in flight at most (a leaver's set is exempt).
+    pub max_concurrent_moves: usize,
 }
 
 /// What one pass decided.
 #[derive(Debug, Default)]
-pub(crate) struct StepOutput {
+pub struct StepOutput {
     /// The next assignment, when anything changed.
-    pub(crate) assignment: Option<Assignment>,
+    pub assignment: Option<Assignment>,
     /// Members to take over (a conditional write to their Lease).
-    pub(crate) takeovers: Vec<MemberId>,
+    pub takeovers: Vec<MemberId>,
     /// What happened, for Events and logs.
-    pub(crate) notes: Vec<String>,
+    pub notes: Vec<String>,
     /// Moves completed in this pass.
-    pub(crate) completed: usize,
+    pub completed: usize,
 }
 
-pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
+/// One coordinator pass: advance or cancel handoffs, pick takeover candidates, plan.
+pub fn step(input: &StepInput<'_>) -> StepOutput {
     let cur = input.current;
-    let gen = Assignment::next_generation(cur.view.generation, input.now_ms);
-    let by_id: BTreeMap<&MemberId, &Observed> = input.members.iter().map(|m| (&m.id, m)).collect();
-    let live = |id: &MemberId| by_id.get(id).is_some_and(|m| m.live());
-    let gone = |id: &MemberId| by_id.get(id).is_none_or(|m| m.gone);
-    let report = |id: &MemberId| by_id.get(id).and_then(|m| m.report.as_ref());
-
-    let mut next = cur.clone();
-    let mut notes = Vec::new();
-    let mut changed = false;
-    let mut completed = 0usize;
-    // shards that need an owner chosen now (their owner is gone, or they have none)
-    let mut orphans: BTreeSet<u32> = (0..cur.shards.get())
-        .filter(|s| !cur.view.shards.contains_key(s))
-        .collect();
+    let ctx = Ctx {
+        input,
+        gen: Assignment::next_generation(cur.view.generation, input.now_ms),
+        by_id: input.members.iter().map(|m| (&m.id, m)).collect(),
+    };
+    let mut pass = Pass {
+        next: cur.clone(),
+        notes: Vec::new(),
+        changed: false,
+        completed: 0,
+        // shards that need an owner chosen now (their owner is gone, or they have none)
+        orphans: (0..cur.shards.get())
+            .filter(|s| !cur.view.shards.contains_key(s))
+            .collect(),
+    };
 
     // 1. advance or cancel handoffs; orphan shards of gone owners
     for (&shard, a) in &cur.view.shards {
-        let owner = &a.owner;
-        let owner_gone = gone(owner);
-        let new_entry: Option<Option<ShardAssignment>> = match &a.handoff {
-            Handoff::Stable => {
-                if owner_gone {
-                    orphans.insert(shard);
-                    Some(None)
-                } else {
-                    None
-                }
-            }
-            Handoff::Moving { id, to } => {
-                let timed_out = input
-                    .move_ages
-                    .get(id)
-                    .is_some_and(|age| *age >= input.move_timeout);
-                if owner_gone {
-                    if live(to) {
-                        notes.push(format!(
-                            "shard {shard}: owner {owner} gone, target {to} takes it"
-                        ));
-                        Some(Some(ShardAssignment::owned(to.clone(), gen)))
-                    } else {
-                        orphans.insert(shard);
-                        Some(None)
-                    }
-                } else if !live(to) || timed_out {
-                    notes.push(format!(
-                        "shard {shard}: move {id} to {to} cancelled before release ({})",
-                        if timed_out {
-                            "timed out"
-                        } else {
-                            "target not live"
-                        }
-                    ));
-                    Some(Some(ShardAssignment::owned(owner.clone(), a.epoch)))
-                } else if report(to).is_some_and(|r| r.warm(shard, *id)) {
-                    Some(Some(
-                        ShardAssignment::owned(owner.clone(), a.epoch).with_handoff(
-                            Handoff::Draining {
-                                id: *id,
-                                to: to.clone(),
-                            },
-                        ),
-                    ))
-                } else {
-                    None
-                }
-            }
-            Handoff::Draining { id, to } => {
-                let released = report(owner).is_some_and(|r| r.released(shard, *id));
-                if released && live(to) {
-                    completed += 1;
-                    notes.push(format!(
-                        "shard {shard}: move {id} {owner} -> {to} completed"
-                    ));
-                    Some(Some(ShardAssignment::owned(to.clone(), gen)))
-                } else if released && !owner_gone {
-                    notes.push(format!(
-                        "shard {shard}: move {id} cancelled after release: {owner} re-activated"
-                    ));
-                    Some(Some(ShardAssignment::owned(owner.clone(), gen)))
-                } else if owner_gone {
-                    if live(to) {
-                        notes.push(format!(
-                            "shard {shard}: owner {owner} gone while draining, {to} takes it"
-                        ));
-                        Some(Some(ShardAssignment::owned(to.clone(), gen)))
-                    } else {
-                        orphans.insert(shard);
-                        Some(None)
-                    }
-                } else if !live(to) {
-                    // The model found that "before release" cannot be known: the source may have released
-                    // already, and a released shard stays released at its old epoch. A cancel from Draining
-                    // therefore always re-grants the source at a new epoch (docs/protocol.md).
-                    notes.push(format!(
-                        "shard {shard}: move {id} to {to} cancelled while draining: {owner} re-granted at a new epoch"
-                    ));
-                    Some(Some(ShardAssignment::owned(owner.clone(), gen)))
-                } else {
-                    None
-                }
-            }
+        let decided = match &a.handoff {
+            Handoff::Stable => on_stable(&ctx, a),
+            Handoff::Moving { id, to } => on_moving(&ctx, &mut pass, shard, a, *id, to),
+            Handoff::Draining { id, to } => on_draining(&ctx, &mut pass, shard, a, *id, to),
         };
-        if let Some(entry) = new_entry {
-            changed = true;
-            match entry {
-                Some(e) => {
-                    next.view.shards.insert(shard, e);
-                }
-                None => {
-                    next.view.shards.remove(&shard);
-                }
-            }
-        }
+        pass.decide(shard, decided);
     }
 
     // 2. takeover candidates: expired, not yet gone, holding or receiving something
-    let involved: BTreeSet<&MemberId> = cur
+    let takeovers = takeover_candidates(input);
+
+    // any owner in limbo (neither live nor gone) holds its shards; do not plan around it this pass
+    let limbo = pass
+        .next
+        .view
+        .shards
+        .values()
+        .any(|a| !ctx.live(&a.owner) && !ctx.gone(&a.owner));
+
+    // 3. plan: owners for orphans, and rebalancing moves
+    if input.ready_to_plan && !limbo {
+        plan(&ctx, &mut pass);
+    }
+
+    let Pass {
+        mut next,
+        notes,
+        changed,
+        completed,
+        ..
+    } = pass;
+    if changed {
+        next.view.generation = ctx.gen;
+    }
+    StepOutput {
+        assignment: changed.then_some(next),
+        takeovers,
+        notes,
+        completed,
+    }
+}
+
+/// What one pass reads: its input, the generation it would write, and the members by id.
+struct Ctx<'a> {
+    input: &'a StepInput<'a>,
+    gen: u64,
+    by_id: BTreeMap<&'a MemberId, &'a Observed>,
+}
+
+impl Ctx<'_> {
+    fn live(&self, id: &MemberId) -> bool {
+        self.by_id.get(id).is_some_and(|m| m.live())
+    }
+
+    /// Gone only by evidence (F2): a member absent from the observations is unknown, never gone.
+    fn gone(&self, id: &MemberId) -> bool {
+        self.by_id.get(id).is_some_and(|m| m.gone)
+    }
+
+    fn report(&self, id: &MemberId) -> Option<&MemberReport> {
+        self.by_id.get(id).and_then(|m| m.report.as_ref())
+    }
+
+    fn leaving(&self, id: &MemberId) -> bool {
+        self.by_id.get(id).is_some_and(|m| m.leaving())
+    }
+}
+
+/// What one pass has decided so far.
+struct Pass {
+    next: Assignment,
+    notes: Vec<String>,
+    changed: bool,
+    completed: usize,
+    orphans: BTreeSet<u32>,
+}
+
+/// One shard's decision in step 1.
+enum Decided {
+    /// Nothing changes.
+    Keep,
+    /// The shard needs a new owner from the planner (unassigned until then).
+    Orphan,
+    /// The shard's next entry.
+    Set(ShardAssignment),
+}
+
+impl Pass {
+    fn decide(&mut self, shard: u32, decided: Decided) {
+        match decided {
+            Decided::Keep => {}
+            Decided::Orphan => {
+                self.changed = true;
+                self.orphans.insert(shard);
+                self.next.view.shards.remove(&shard);
+            }
+            Decided::Set(e) => {
+                self.changed = true;
+                self.next.view.shards.insert(shard, e);
+            }
+        }
+    }
+}
+
+/// `Stable`: only a gone owner changes anything (its shard becomes an orphan).
+fn on_stable(ctx: &Ctx<'_>, a: &ShardAssignment) -> Decided {
+    if ctx.gone(&a.owner) {
+        Decided::Orphan
+    } else {
+        Decided::Keep
+    }
+}
+
+/// `Moving(id → to)`: advance on the target's warm ack; cancel before release (old epoch) when the target
+/// is not live or the move timed out; a gone owner hands the shard to a live target.
+fn on_moving(
+    ctx: &Ctx<'_>,
+    pass: &mut Pass,
+    shard: u32,
+    a: &ShardAssignment,
+    id: MoveId,
+    to: &MemberId,
+) -> Decided {
+    let owner = &a.owner;
+    let timed_out = ctx
+        .input
+        .move_ages
+        .get(&id)
+        .is_some_and(|age| *age >= ctx.input.move_timeout);
+    if ctx.gone(owner) {
+        if ctx.live(to) {
+            pass.notes.push(format!(
+                "shard {shard}: owner {owner} gone, target {to} takes it"
+            ));
+            Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
+        } else {
+            Decided::Orphan
+        }
+    } else if !ctx.live(to) || timed_out {
+        pass.notes.push(format!(
+            "shard {shard}: move {id} to {to} cancelled before release ({})",
+            if timed_out {
+                "timed out"
+            } else {
+                "target not live"
+            }
+        ));
+        Decided::Set(ShardAssignment::owned(owner.clone(), a.epoch))
+    } else if ctx.report(to).is_some_and(|r| r.warm(shard, id)) {
+        Decided::Set(
+            ShardAssignment::owned(owner.clone(), a.epoch)
+                .with_handoff(Handoff::Draining { id, to: to.clone() }),
+        )
+    } else {
+        Decided::Keep
+    }
+}
+
+/// `Draining(id → to)`: complete on the owner's release ack; every cancel re-grants at a new epoch.
+fn on_draining(
+    ctx: &Ctx<'_>,
+    pass: &mut Pass,
+    shard: u32,
+    a: &ShardAssignment,
+    id: MoveId,
+    to: &MemberId,
+) -> Decided {
+    let owner = &a.owner;
+    let owner_gone = ctx.gone(owner);
+    let released = ctx.report(owner).is_some_and(|r| r.released(shard, id));
+    if released && ctx.live(to) {
+        pass.completed += 1;
+        pass.notes.push(format!(
+            "shard {shard}: move {id} {owner} -> {to} completed"
+        ));
+        Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
+    } else if released && !owner_gone {
+        pass.notes.push(format!(
+            "shard {shard}: move {id} cancelled after release: {owner} re-activated"
+        ));
+        Decided::Set(ShardAssignment::owned(owner.clone(), ctx.gen))
+    } else if owner_gone {
+        if ctx.live(to) {
+            pass.notes.push(format!(
+                "shard {shard}: owner {owner} gone while draining, {to} takes it"
+            ));
+            Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
+        } else {
+            Decided::Orphan
+        }
+    } else if !ctx.live(to) {
+        // The model found that "before release" cannot be known: the source may have released
+        // already, and a released shard stays released at its old epoch. A cancel from Draining
+        // therefore always re-grants the source at a new epoch (docs/protocol.md).
+        pass.notes.push(format!(
+            "shard {shard}: move {id} to {to} cancelled while draining: {owner} re-granted at a new epoch"
+        ));
+        Decided::Set(ShardAssignment::owned(owner.clone(), ctx.gen))
+    } else {
+        Decided::Keep
+    }
+}
+
+/// Members to take over: expired, not yet gone, holding or receiving something, within the budget.
+fn takeover_candidates(input: &StepInput<'_>) -> Vec<MemberId> {
+    let mut takeovers = Vec::new();
+    if !input.may_take_over {
+        return takeovers;
+    }
+    let involved: BTreeSet<&MemberId> = input
+        .current
         .view
         .shards
         .values()
@@ -217,129 +343,127 @@ pub(crate) fn step(input: &StepInput<'_>) -> StepOutput {
             std::iter::once(&a.owner).chain(to)
         })
         .collect();
-    let mut takeovers = Vec::new();
-    if input.may_take_over {
-        for m in input.members {
-            if takeovers.len() >= input.takeover_budget {
-                break;
-            }
-            if m.expired && !m.gone && involved.contains(&m.id) {
-                takeovers.push(m.id.clone());
-            }
+    for m in input.members {
+        if takeovers.len() >= input.takeover_budget {
+            break;
+        }
+        if m.expired && !m.gone && involved.contains(&m.id) {
+            takeovers.push(m.id.clone());
         }
     }
+    takeovers
+}
 
-    // any owner in limbo (neither live nor gone) holds its shards; do not plan around it this pass
-    let limbo = next
+/// Step 3: run the planner over the live members; assign the orphans and start rebalancing moves.
+fn plan(ctx: &Ctx<'_>, pass: &mut Pass) {
+    let cur = ctx.input.current;
+    let candidates: Vec<planner::Member> = ctx
+        .input
+        .members
+        .iter()
+        .filter(|m| m.live())
+        .map(|m| {
+            planner::Member::new(m.id.clone())
+                .with_weight(m.report.as_ref().map_or(1, |r| r.weight.max(1)))
+                .with_joined(m.joined)
+                // a drained member is planned like a leaving one: quota 0, its set moves away
+                .with_leaving(m.leaving() || cur.drained.contains(&*m.id.name))
+                .with_joining(m.joining)
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    // a moving shard is planned where it is going: the planner must not undo it
+    let owners = pass.next.view.shards.iter().map(|(s, a)| {
+        let holder = match &a.handoff {
+            Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => to.clone(),
+            Handoff::Stable => a.owner.clone(),
+        };
+        (*s, holder)
+    });
+    let mut plan_input = PlanInput::new(cur.shards).with_members(candidates);
+    for (s, owner) in owners {
+        plan_input = plan_input.with_owner(s, owner);
+    }
+    for (s, name) in &cur.pins {
+        plan_input = plan_input.with_pin(*s, Arc::<str>::from(name.as_str()));
+    }
+    match plan_input.plan() {
+        Ok(plan) => {
+            for pin in &plan.report().ignored_pins {
+                pass.notes.push(format!(
+                    "pin of shard {} to {} ignored ({:?})",
+                    pin.shard, pin.name, pin.reason
+                ));
+            }
+            assign_orphans(ctx, pass, &plan);
+            // rebalancing moves, bounded (a leaver's set is exempt), not while paused
+            if !cur.paused {
+                start_moves(ctx, pass, &plan);
+            }
+        }
+        Err(err) => pass.notes.push(format!("planner refused the input: {err}")),
+    }
+}
+
+/// Move ids are taken from the generation (F17): the first move of generation `g` is `g · 2¹⁶` (S ≤ 2¹⁶
+/// moves per write), so ids are never reused, even by an assignment re-created from scratch — a member's
+/// `released(shard, id)` ack of an earlier move can never complete a later one.
+fn first_move_id(gen: u64) -> MoveId {
+    gen.saturating_mul(1 << 16)
+}
+
+/// Orphans are assigned directly at the new generation: nobody can release them.
+fn assign_orphans(ctx: &Ctx<'_>, pass: &mut Pass, plan: &planner::Plan) {
+    for shard in &pass.orphans {
+        if let Some(owner) = plan.owner_of(*shard) {
+            pass.next
+                .view
+                .shards
+                .insert(*shard, ShardAssignment::owned(owner.clone(), ctx.gen));
+            pass.changed = true;
+        }
+    }
+}
+
+/// Start the planner's moves of `Stable` shards, under `max_concurrent_moves` (a leaver's set is exempt).
+fn start_moves(ctx: &Ctx<'_>, pass: &mut Pass, plan: &planner::Plan) {
+    let mut in_flight = pass
+        .next
         .view
         .shards
         .values()
-        .any(|a| !live(&a.owner) && !gone(&a.owner));
-
-    // 3. plan: owners for orphans, and rebalancing moves
-    if input.ready_to_plan && !limbo {
-        let candidates: Vec<planner::Member> = input
-            .members
-            .iter()
-            .filter(|m| m.live())
-            .map(|m| {
-                planner::Member::new(m.id.clone())
-                    .with_weight(m.report.as_ref().map_or(1, |r| r.weight.max(1)))
-                    .with_joined(m.joined)
-                    // a drained member is planned like a leaving one: quota 0, its set moves away
-                    .with_leaving(m.leaving() || cur.drained.contains(&*m.id.name))
-                    .with_joining(m.joining)
-            })
-            .collect();
-        if !candidates.is_empty() {
-            // a moving shard is planned where it is going: the planner must not undo it
-            let owners = next.view.shards.iter().map(|(s, a)| {
-                let holder = match &a.handoff {
-                    Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => to.clone(),
-                    Handoff::Stable => a.owner.clone(),
-                };
-                (*s, holder)
-            });
-            let mut plan_input = PlanInput::new(cur.shards).with_members(candidates);
-            for (s, owner) in owners {
-                plan_input = plan_input.with_owner(s, owner);
-            }
-            for (s, name) in &cur.pins {
-                plan_input = plan_input.with_pin(*s, Arc::<str>::from(name.as_str()));
-            }
-            match plan_input.plan() {
-                Ok(plan) => {
-                    for pin in &plan.report().ignored_pins {
-                        notes.push(format!(
-                            "pin of shard {} to {} ignored ({:?})",
-                            pin.shard, pin.name, pin.reason
-                        ));
-                    }
-                    // orphans: assign directly, nobody can release them
-                    for shard in &orphans {
-                        if let Some(owner) = plan.owner_of(*shard) {
-                            next.view
-                                .shards
-                                .insert(*shard, ShardAssignment::owned(owner.clone(), gen));
-                            changed = true;
-                        }
-                    }
-                    // rebalancing moves, bounded (a leaver's set is exempt), not while paused
-                    if !cur.paused {
-                        let mut in_flight = next
-                            .view
-                            .shards
-                            .values()
-                            .filter(|a| a.handoff != Handoff::Stable)
-                            .count();
-                        let mut started = 0usize;
-                        for mv in plan.moves() {
-                            let Some(from) = &mv.from else { continue };
-                            if orphans.contains(&mv.shard) {
-                                continue;
-                            }
-                            let Some(entry) = next.view.shards.get(&mv.shard) else {
-                                continue;
-                            };
-                            if entry.handoff != Handoff::Stable
-                                || &entry.owner != from
-                                || mv.to == *from
-                            {
-                                continue;
-                            }
-                            let exempt = by_id.get(from).is_some_and(|m| m.leaving());
-                            if !exempt && in_flight >= input.max_concurrent_moves {
-                                continue;
-                            }
-                            let id = next.next_move_id;
-                            next.next_move_id += 1;
-                            let moved = entry.clone().with_handoff(Handoff::Moving {
-                                id,
-                                to: mv.to.clone(),
-                            });
-                            next.view.shards.insert(mv.shard, moved);
-                            in_flight += 1;
-                            started += 1;
-                            changed = true;
-                        }
-                        if started > 0 {
-                            notes.push(format!("started {started} moves"));
-                        }
-                    }
-                }
-                Err(err) => notes.push(format!("planner refused the input: {err}")),
-            }
+        .filter(|a| a.handoff != Handoff::Stable)
+        .count();
+    let mut started = 0usize;
+    for mv in plan.moves() {
+        let Some(from) = &mv.from else { continue };
+        if pass.orphans.contains(&mv.shard) {
+            continue;
         }
+        let Some(entry) = pass.next.view.shards.get(&mv.shard) else {
+            continue;
+        };
+        if entry.handoff != Handoff::Stable || &entry.owner != from || mv.to == *from {
+            continue;
+        }
+        if !ctx.leaving(from) && in_flight >= ctx.input.max_concurrent_moves {
+            continue;
+        }
+        let id = pass.next.next_move_id.max(first_move_id(ctx.gen));
+        pass.next.next_move_id = id.saturating_add(1);
+        let moved = entry.clone().with_handoff(Handoff::Moving {
+            id,
+            to: mv.to.clone(),
+        });
+        pass.next.view.shards.insert(mv.shard, moved);
+        in_flight += 1;
+        started += 1;
+        pass.changed = true;
     }
-
-    if changed {
-        next.view.generation = gen;
-    }
-    StepOutput {
-        assignment: changed.then_some(next),
-        takeovers,
-        notes,
-        completed,
+    if started > 0 {
+        pass.notes.push(format!("started {started} moves"));
     }
 }
 
@@ -701,5 +825,60 @@ mod tests {
         assert_eq!(e.handoff, Handoff::Stable);
         assert!(e.epoch > old_epoch, "a new epoch, never the old one");
         assert_eq!(e.epoch, next.view.generation);
+    }
+
+    /// F2: an owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and
+    /// nothing is planned around it.
+    #[test]
+    fn f02_an_unobserved_owner_keeps_its_shards() {
+        let cur = settled(&["a", "b"]);
+        let members = vec![obs("a")];
+        let ages = BTreeMap::new();
+        let out = step(&input(&cur, &members, &ages));
+        assert!(
+            out.assignment.is_none(),
+            "b's shards must stay with b: {:?}",
+            out.assignment.map(|a| owners(&a))
+        );
+        assert!(out.takeovers.is_empty());
+        // the runtime passes it as not live and not gone: the same
+        let mut b = obs("b");
+        b.alive = false;
+        let members = vec![obs("a"), b];
+        assert!(step(&input(&cur, &members, &ages)).assignment.is_none());
+    }
+
+    /// F17: move ids come from the generation, so an assignment re-created from scratch (next id 1) never
+    /// reuses the id of an earlier move.
+    #[test]
+    fn f17_move_ids_are_never_reused_after_a_fresh_assignment() {
+        let cur = settled(&["a"]);
+        let members = vec![obs("a"), obs("b")];
+        let ages = BTreeMap::new();
+        let mut i = input(&cur, &members, &ages);
+        i.now_ms = 2_000;
+        let first = step(&i).assignment.unwrap();
+        let ids = |a: &Assignment| -> BTreeSet<MoveId> {
+            a.view
+                .shards
+                .values()
+                .filter_map(|e| match &e.handoff {
+                    Handoff::Moving { id, .. } => Some(*id),
+                    _ => None,
+                })
+                .collect()
+        };
+        let old = ids(&first);
+        assert!(!old.is_empty());
+        // the same owners, re-created: next_move_id starts at 1 again
+        let mut fresh = Assignment::empty(cur.shards, cur.key);
+        fresh.view = cur.view.clone();
+        fresh.view.generation = first.view.generation;
+        let mut i = input(&fresh, &members, &ages);
+        i.now_ms = 3_000;
+        let again = step(&i).assignment.unwrap();
+        let new = ids(&again);
+        assert!(!new.is_empty());
+        assert!(old.is_disjoint(&new), "move ids reused: {old:?} / {new:?}");
     }
 }

@@ -10,6 +10,10 @@
 
 pub mod assignment;
 pub mod config;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod coordinator;
+#[cfg(not(feature = "test-util"))]
 pub(crate) mod coordinator;
 mod events;
 mod metrics;

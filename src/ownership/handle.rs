@@ -64,7 +64,7 @@ pub(crate) struct Inner {
     writer: Mutex<Vec<mpsc::UnboundedSender<ShardTransition>>>,
     changed: watch::Sender<u64>,
     /// The read streams registered by the read path (warm and activation need all of them).
-    pub(crate) readers: Arc<crate::watcher::registry::Readers>,
+    pub(crate) readers: Arc<super::readers::Readers>,
     /// A member-wide admission hold (0 = none); see [`Hold`].
     hold: std::sync::atomic::AtomicU8,
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).

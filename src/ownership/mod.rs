@@ -7,6 +7,8 @@
 //!   increasing generation and local events. Model-checked (`tests/it/model_*.rs`).
 //! - [`Ownership`] ([`handle`]): the cheap-to-clone handle; arc-swap snapshots, change notifications, the
 //!   [`Transitions`] stream (re-enqueue signals).
+//! - `readers`: the member's registered read streams; a shard is warm (activated) only once every one of
+//!   them synced it (passed its activation barrier).
 //! - [`admission`]: [`Permit`]s, in-flight counts, drains. [`fence`]: [`Fence`]s checked on both
 //!   [`clock`]s.
 //! - [`reconcile`]: the wrapper for `Controller::run`. [`fenced_write`]: uid/resourceVersion-preconditioned,
@@ -21,6 +23,7 @@ pub mod fence;
 pub mod fenced_write;
 pub mod handle;
 pub mod observe;
+pub(crate) mod readers;
 pub mod reconcile;
 pub mod state;
 pub mod static_mode;

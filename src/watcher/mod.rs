@@ -67,7 +67,6 @@ mod metrics;
 mod mode;
 mod outq;
 mod plan;
-pub(crate) mod registry;
 mod request;
 mod subwatch;
 

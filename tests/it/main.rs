@@ -5,5 +5,6 @@ mod model_common;
 mod model_handoff;
 mod model_takeover;
 mod realtime;
+mod safety_group;
 mod safety_read;
 mod watcher;

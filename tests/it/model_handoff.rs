@@ -1,6 +1,8 @@
 //! Model (i): handoff and cancellation. N = 2 members, S = 2 shards, untimed.
 //!
-//! Drives the real [`MemberState::apply`]. Modelled: assignment writes by CAS with generations and move ids
+//! Drives the real [`MemberState::apply`] and, for the protocol as implemented ([`CancelRule::NewEpoch`]),
+//! the real `coordinator::step` for every advance, completion and cancel (`Act::Coordinate`); only move
+//! starts (`StartMove`) and the old rule kept as a regression ([`CancelRule::AsDesigned`]) are hand-written. Modelled: assignment writes by CAS with generations and move ids
 //! (every coordinator step is one atomic read-check-CAS of the current assignment, justified only by acks;
 //! two coordinators interleaving such steps is the same as one coordinator choosing either step, and a CAS
 //! built on a stale read fails, so coordinator overlap is covered), warm/released acks published with delay
@@ -16,12 +18,17 @@
 //! land in fence order; from every reachable state, once faults (new moves, cancels, new work, new writes,
 //! timeouts) stop, a path leads to every shard Owned by exactly one member with no work lost.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use kube_shard::group::assignment::Assignment;
+use kube_shard::group::coordinator::{self, Observed, StepInput};
+use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::{
     state::{Event, Input},
     Ack, AssignmentView, Handoff, MemberId, MemberState, ShardAssignment, ShardState,
 };
+use kube_shard::{ShardCount, ShardKey};
 use stateright::{Model, Property};
 
 use crate::model_common::{check_liveness, check_safety, deep, representative};
@@ -97,6 +104,9 @@ pub enum Act {
     /// [`CancelRule::AsDesigned`] only: a cancel decided on a read of the source's lease that predates its
     /// release ack.
     CancelDrainingStale(u8),
+    /// [`CancelRule::NewEpoch`]: the real `coordinator::step` decides shard `s`, observing the move's target
+    /// live (`true`: advance or complete on its acks) or not (`false`: cancel).
+    Coordinate(u8, bool),
     StartWrite(u8, u8),
     TimeOut(usize),
     Commit(usize),
@@ -278,6 +288,10 @@ impl Model for Handoff2 {
                         }
                     }
                 }
+                H::Moving(..) | H::Draining(..) if self.rule == CancelRule::NewEpoch => {
+                    out.push(Act::Coordinate(s, true));
+                    out.push(Act::Coordinate(s, false));
+                }
                 H::Moving(..) => {
                     out.push(Act::Advance(s));
                     out.push(Act::CancelMoving(s));
@@ -285,9 +299,7 @@ impl Model for Handoff2 {
                 H::Draining(..) => {
                     out.push(Act::Complete(s));
                     out.push(Act::CancelDraining(s));
-                    if self.rule == CancelRule::AsDesigned {
-                        out.push(Act::CancelDrainingStale(s));
-                    }
+                    out.push(Act::CancelDrainingStale(s));
                 }
                 _ => {}
             }
@@ -396,6 +408,12 @@ impl Model for Handoff2 {
                         h: H::Stable,
                     }
                 });
+            }
+            Act::Coordinate(s, target_live) => {
+                let next = real_step(&st, s, target_live)?;
+                st.prev = Some(st.asg.clone());
+                st.asg.gen = next.gen;
+                st.asg.shards[s as usize] = next.shards[s as usize];
             }
             Act::CancelMoving(s) => self.write(&mut st, s, |sh, _| sh.h = H::Stable),
             Act::CancelDraining(s) | Act::CancelDrainingStale(s) => {
@@ -519,6 +537,70 @@ impl Handoff2 {
     }
 }
 
+/// The real coordinator's decision for shard `s` (`kube_shard::group::coordinator::step`), from the current
+/// assignment and the members' published acks, with the move's target observed live or not (every other
+/// member live, nobody gone, no planning: moves are the model's `StartMove`). Only shard `s`'s entry is
+/// taken, so one write still changes one shard (a coordinator whose reads of the other shard's acks lag, or
+/// two coordinators interleaving). `None` when the step leaves shard `s` as it is.
+fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
+    let (H::Moving(_, to) | H::Draining(_, to)) = st.asg.shards[s as usize].h else {
+        return None;
+    };
+    let mut cur = Assignment::empty(ShardCount::new(S as u32).unwrap(), ShardKey::Uid);
+    cur.view = view(&st.asg);
+    cur.next_move_id = st.moves + 1;
+    let members: Vec<Observed> = st
+        .members
+        .iter()
+        .enumerate()
+        .map(|(m, mem)| {
+            let mut report = MemberReport::default();
+            report.weight = 1;
+            report.acks = mem.published.iter().cloned().collect();
+            Observed {
+                id: id(m as u8),
+                alive: m as u8 != to || target_live,
+                expired: false,
+                gone: false,
+                report: Some(report),
+                joined: m as u64,
+                joining: false,
+            }
+        })
+        .collect();
+    let ages = BTreeMap::new();
+    let out = coordinator::step(&StepInput {
+        current: &cur,
+        members: &members,
+        now_ms: 0,
+        ready_to_plan: false,
+        may_take_over: false,
+        takeover_budget: 0,
+        move_ages: &ages,
+        move_timeout: Duration::from_secs(60),
+        max_concurrent_moves: 64,
+    });
+    let next = out.assignment?;
+    let e = next.view.shards.get(&u32::from(s))?;
+    if *e == cur.view.shards[&u32::from(s)] {
+        return None;
+    }
+    let member = |m: &MemberId| (0..3u8).find(|i| id(*i) == *m);
+    let mut asg = st.asg.clone();
+    asg.gen = next.view.generation;
+    asg.shards[s as usize] = Sh {
+        owner: member(&e.owner)?,
+        epoch: e.epoch,
+        h: match &e.handoff {
+            Handoff::Stable => H::Stable,
+            Handoff::Moving { id, to } => H::Moving(*id, member(to)?),
+            Handoff::Draining { id, to } => H::Draining(*id, member(to)?),
+            _ => return None,
+        },
+    };
+    Some(asg)
+}
+
 fn is_fault(a: &Act) -> bool {
     matches!(
         a,
@@ -526,6 +608,7 @@ fn is_fault(a: &Act) -> bool {
             | Act::CancelMoving(_)
             | Act::CancelDraining(_)
             | Act::CancelDrainingStale(_)
+            | Act::Coordinate(_, false)
             | Act::NewWork(_)
             | Act::StartWrite(..)
             | Act::TimeOut(_)

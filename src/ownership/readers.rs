@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::ownership::{state::Event, MoveId, Ownership};
+use super::{state::Event, MoveId, Ownership};
 
 #[derive(Debug, Default)]
 struct ReaderState {

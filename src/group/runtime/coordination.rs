@@ -1,0 +1,425 @@
+//! The coordinator pass: the assignment it reads (and applies as a member), one `coordinator::step`,
+//! takeovers, dead-Lease collection and the conditional assignment write.
+
+use super::*;
+use crate::group::assignment::MAX_GENERATION_STEP;
+
+impl Runtime {
+    pub(super) fn on_assignment_event(&mut self, ev: Event<ConfigMap>) {
+        match ev {
+            Event::Apply(cm) | Event::InitApply(cm) => {
+                self.assignment_missing = false;
+                if let Some(seen) = self.assignment_relisted.as_mut() {
+                    *seen = true;
+                }
+                let text = cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(DATA_KEY))
+                    .cloned()
+                    .unwrap_or_default();
+                let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
+                    .map_err(|e| e.to_string())
+                    .and_then(|a| self.sane_generation(a));
+                match decoded {
+                    Ok(a) => self.decoded_assignment(a, cm),
+                    Err(err) => {
+                        error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
+                        self.events.emit(
+                            Kind::Warning,
+                            "InvalidAssignment",
+                            format!("keeping the last good view: {err}"),
+                        );
+                        self.assignment_refused = Some(err);
+                        self.assignment_cm = Some(cm);
+                    }
+                }
+            }
+            Event::Delete(_) => self.assignment_deleted(),
+            Event::Init => self.assignment_relisted = Some(false),
+            Event::InitDone => {
+                // absent from a relist: deleted meanwhile (the watcher sends no Delete for it)
+                if self.assignment_relisted.take() == Some(false) && self.assignment_cm.is_some() {
+                    self.assignment_deleted();
+                }
+                self.assignment_listed = true;
+            }
+        }
+    }
+
+    fn decoded_assignment(&mut self, a: Assignment, cm: ConfigMap) {
+        self.assignment_refused = None;
+        self.seen_generation = self.seen_generation.max(a.view.generation);
+        let newer = self
+            .assignment
+            .as_ref()
+            .is_none_or(|cur| a.view.generation >= cur.view.generation);
+        if newer {
+            self.ownership.apply_view(&a.view);
+            self.assignment = Some(a);
+            self.assignment_cm = Some(cm);
+        } else {
+            debug!(
+                generation = a.view.generation,
+                "ignoring an older assignment"
+            );
+        }
+        self.vacuous_progress();
+    }
+
+    fn assignment_deleted(&mut self) {
+        warn!("the assignment ConfigMap was deleted; the coordinator re-creates it above the highest generation reported, with the owners the members hold");
+        self.assignment_missing = true;
+        self.assignment_cm = None;
+        self.assignment_refused = None;
+    }
+
+    /// F13: a generation more than [`MAX_GENERATION_STEP`] above both our wall clock and the highest
+    /// generation we accepted is refused (a hostile or buggy write, e.g. `u64::MAX`, would otherwise freeze
+    /// the group: generations only grow). A forward-skewed coordinator cannot trip this: it caps each new
+    /// generation at the previous one plus the same bound.
+    fn sane_generation(&self, a: Assignment) -> Result<Assignment, String> {
+        let limit = wall_ms()
+            .max(self.seen_generation)
+            .saturating_add(MAX_GENERATION_STEP);
+        if a.view.generation > limit {
+            return Err(format!(
+                "generation {} is more than {MAX_GENERATION_STEP} ms above both the wall clock and the highest generation seen ({})",
+                a.view.generation, self.seen_generation
+            ));
+        }
+        Ok(a)
+    }
+
+    pub(super) async fn coordinate(&mut self) {
+        let now = Instant::now();
+        if !self.may_coordinate(now) {
+            return;
+        }
+        let absent = self.assignment_missing || self.assignment_cm.is_none();
+        let current = match (&self.assignment, absent) {
+            (Some(a), false) => a.clone(),
+            (last, true) => {
+                let last = last.clone();
+                self.recreated(last.as_ref(), now)
+            }
+            // a ConfigMap we never decoded: `may_coordinate` refused it
+            (None, false) => return,
+        };
+        let members = self.step_members(now, &current);
+        self.displaced.retain(|id, _| named_in(&current, id));
+        // move ages
+        let in_flight: BTreeSet<MoveId> = current
+            .view
+            .shards
+            .values()
+            .filter_map(|a| match &a.handoff {
+                crate::ownership::Handoff::Moving { id, .. }
+                | crate::ownership::Handoff::Draining { id, .. } => Some(*id),
+                crate::ownership::Handoff::Stable => None,
+            })
+            .collect();
+        self.move_first_seen.retain(|m, _| in_flight.contains(m));
+        for m in &in_flight {
+            self.move_first_seen.entry(*m).or_insert(now);
+        }
+        let ages: BTreeMap<MoveId, Duration> = self
+            .move_first_seen
+            .iter()
+            .map(|(m, t)| (*m, now.duration_since(*t)))
+            .collect();
+        // cold start
+        let live = members.iter().filter(|m| m.alive).count() as u32;
+        let has_owners = !current.view.shards.is_empty();
+        let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
+        let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
+        let ready_to_plan = has_owners || settled || enough;
+        // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
+        while self
+            .takeovers
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= self.cfg.lease_duration)
+        {
+            self.takeovers.pop_front();
+        }
+        let n = members.len();
+        let limit = 1usize.max(n.div_ceil(2).saturating_sub(1));
+        let budget = limit.saturating_sub(self.takeovers.len());
+        let may_take_over = self
+            .continuous_since
+            .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        let now_ms = wall_ms();
+        let out = coordinator::step(&StepInput {
+            current: &current,
+            members: &members,
+            now_ms,
+            ready_to_plan,
+            may_take_over,
+            takeover_budget: budget,
+            move_ages: &ages,
+            move_timeout: self.cfg.move_timeout,
+            max_concurrent_moves: self.cfg.max_concurrent_moves as usize,
+        });
+        for note in &out.notes {
+            info!(note = %note, "coordinator");
+        }
+        self.handoffs += out.completed as u64;
+        if let Some(first) = out.notes.first() {
+            let summary = if out.notes.len() == 1 {
+                first.clone()
+            } else {
+                format!("{first} (and {} more)", out.notes.len() - 1)
+            };
+            self.events.emit(Kind::Normal, "Rebalance", summary);
+        }
+        for victim in out.takeovers {
+            self.take_over(&victim, now).await;
+        }
+        if may_take_over {
+            self.collect_dead_lease(now).await;
+        }
+        if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
+            self.write_assignment(next).await;
+        }
+    }
+
+    /// Delete the Lease of one member that is long gone — not seen renewing for `2 × lease_duration +
+    /// grace` — and named nowhere in the assignment (taken over and reassigned, or it owned nothing), so
+    /// the Leases of replaced pods do not pile up. Conditional on the resourceVersion last observed: a
+    /// member that renewed after all keeps its Lease (and one that comes back later finds it gone and
+    /// rejoins as a new incarnation). Also forgets members whose Lease is long deleted.
+    pub(super) async fn collect_dead_lease(&mut self, now: Instant) {
+        let Some(a) = self.assignment.as_ref() else {
+            return;
+        };
+        let named: BTreeSet<&MemberId> = a
+            .view
+            .shards
+            .values()
+            .flat_map(|e| {
+                let to = match &e.handoff {
+                    crate::ownership::Handoff::Moving { to, .. }
+                    | crate::ownership::Handoff::Draining { to, .. } => Some(to),
+                    crate::ownership::Handoff::Stable => None,
+                };
+                std::iter::once(&e.owner).chain(to)
+            })
+            .collect();
+        let threshold = self.cfg.lease_duration * 2 + self.cfg.takeover_grace;
+        let coordinator = self.cfg.coordinator_lease();
+        let dead = |name: &String, o: &Obs| {
+            !o.role_coordinator
+                && *name != coordinator
+                && !o.id.incarnation.is_empty()
+                && o.id != self.me
+                && now.duration_since(o.last_change) >= threshold
+                && !named.contains(&o.id)
+        };
+        let forget: Vec<String> = self
+            .observed
+            .iter()
+            .filter(|(n, o)| {
+                dead(n, o)
+                    && o.deleted_at
+                        .is_some_and(|d| now.duration_since(d) >= threshold)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let victim = self
+            .observed
+            .iter()
+            .find(|(n, o)| dead(n, o) && o.deleted_at.is_none())
+            .map(|(n, o)| (n.clone(), o.rv.clone(), o.id.clone()));
+        for n in forget {
+            self.observed.remove(&n);
+        }
+        let Some((name, rv, id)) = victim else {
+            return;
+        };
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: Some(rv),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.bounded(self.leases.delete(&name, &dp)).await {
+            Ok(_) => {
+                info!(member = %id, lease = %name, "deleted the Lease of a member long gone");
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
+            }
+            Err(err) if is_not_found(&err) => {
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
+            }
+            Err(err) => {
+                debug!(lease = %name, error = %err, "could not delete a dead member's Lease")
+            }
+        }
+    }
+
+    /// Whether this pass may decide anything. Never over a ConfigMap this member cannot apply (F1: it may
+    /// be another `S`, key or format, whose owners admit on it); never before both watches listed (F2: an
+    /// owner not yet observed would look absent); never while the lease watch is silent (F6).
+    fn may_coordinate(&mut self, now: Instant) -> bool {
+        if let Some(why) = &self.assignment_refused {
+            debug!(reason = %why, "the coordinator cannot apply the assignment and writes nothing over it");
+            return false;
+        }
+        if !self.assignment_listed {
+            return false;
+        }
+        if self.lease_watch_silent(now) {
+            debug!("the lease watch is silent or not listed yet: judging nobody");
+            return false;
+        }
+        true
+    }
+
+    /// The assignment to start from when the ConfigMap is absent (deleted, or never created): above every
+    /// generation any member reports. Owners come from our last good view, or else from what the members
+    /// publish as admitted — never from the planner, which would take shards from members that hold them.
+    /// Without an epoch per shard in the reports, a rebuilt owner is re-granted at the new generation.
+    fn recreated(&self, last: Option<&Assignment>, now: Instant) -> Assignment {
+        let members = self.members(now);
+        let reported = members
+            .iter()
+            .filter_map(|m| m.report.as_ref())
+            .map(|r| r.seen_generation.max(r.applied_generation))
+            .max()
+            .unwrap_or(0);
+        let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
+        fresh.view.generation = reported.max(self.seen_generation);
+        if let Some(last) = last {
+            // keep who owns what: members hold it already
+            fresh.view.shards = last.view.shards.clone();
+            fresh.next_move_id = last.next_move_id;
+            fresh.pins = last.pins.clone();
+            fresh.paused = last.paused;
+            fresh.drained = last.drained.clone();
+            return fresh;
+        }
+        let gen = Assignment::next_generation(fresh.view.generation, wall_ms());
+        let mut rebuilt = false;
+        for m in members.iter().filter(|m| !m.gone) {
+            let Some(r) = &m.report else { continue };
+            for s in r.admitted.iter() {
+                if let std::collections::btree_map::Entry::Vacant(e) = fresh.view.shards.entry(s) {
+                    e.insert(crate::ownership::ShardAssignment::owned(m.id.clone(), gen));
+                    rebuilt = true;
+                }
+            }
+        }
+        if rebuilt {
+            fresh.view.generation = gen;
+        }
+        fresh
+    }
+
+    pub(super) async fn take_over(&mut self, victim: &MemberId, now: Instant) {
+        let Some((name, o)) = self.observed.iter().find(|(_, o)| &o.id == victim) else {
+            return;
+        };
+        if o.deleted_at.is_some() {
+            return;
+        }
+        let name = name.clone();
+        let mut lease = o.lease.clone();
+        // the resourceVersion we last observed: a conflict means it renewed after all
+        lease.metadata.resource_version = Some(o.rv.clone());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TAKEN_OVER.into(), victim.incarnation.to_string());
+        match self
+            .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+            .await
+        {
+            Ok(l) => {
+                warn!(member = %victim, "took over a member that stopped renewing");
+                self.events.emit(
+                    Kind::Warning,
+                    "TookOver",
+                    format!("took over {victim}: no renewal seen for the lease duration"),
+                );
+                self.takeovers_done += 1;
+                self.takeovers.push_back(now);
+                self.observe_lease(l);
+            }
+            Err(err) if is_conflict(&err) => {
+                debug!(member = %victim, "takeover conflicted: it renewed; re-observing");
+            }
+            // F10: the Lease is gone; the member is gone once `lease_duration + grace` passed since its last
+            // renewal we saw (already true for a takeover candidate)
+            Err(err) if is_not_found(&err) => {
+                debug!(member = %victim, "takeover: the Lease was deleted");
+                if let Some(o) = self.observed.get_mut(&name) {
+                    o.deleted_at.get_or_insert(now);
+                }
+            }
+            Err(err) => debug!(member = %victim, error = %err, "takeover failed"),
+        }
+    }
+
+    pub(super) async fn write_assignment(&mut self, next: Assignment) {
+        let name = self.cfg.assignment_name();
+        let mut cm = self.assignment_cm.clone().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        });
+        cm.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        cm.data
+            .get_or_insert_with(Default::default)
+            .insert(DATA_KEY.into(), next.encode());
+        let result = if self.assignment_cm.is_some() {
+            self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
+                .await
+        } else {
+            cm.metadata.resource_version = None;
+            self.bounded(self.cms.create(&PostParams::default(), &cm))
+                .await
+        };
+        match result {
+            Ok(written) => {
+                debug!(generation = next.view.generation, "assignment written");
+                self.seen_generation = self.seen_generation.max(next.view.generation);
+                self.ownership.apply_view(&next.view);
+                self.assignment = Some(next);
+                self.assignment_cm = Some(written);
+                self.assignment_missing = false;
+                self.vacuous_progress();
+            }
+            Err(err) if is_conflict(&err) => debug!("assignment write conflicted; re-reading"),
+            Err(err) => debug!(error = %err, "assignment write failed"),
+        }
+    }
+}
+
+/// The wall clock in ms since the Unix epoch (generations only; never for durations).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether `id` owns or receives a shard in `a`.
+fn named_in(a: &Assignment, id: &MemberId) -> bool {
+    a.view.shards.values().any(|e| {
+        e.owner == *id
+            || matches!(&e.handoff,
+                crate::ownership::Handoff::Moving { to, .. }
+                | crate::ownership::Handoff::Draining { to, .. } if to == id)
+    })
+}

@@ -1,0 +1,182 @@
+//! The coordinator Lease: acquire, renew, release, and the term published to singleton work.
+
+use super::*;
+
+impl Runtime {
+    /// The resourceVersions of our recent writes to the coordinator Lease (newest last). A watch event
+    /// carrying an older one of them arrives after we observed the newer write's response: applying it
+    /// would make the next write conflict (resourceVersions are opaque, so we never compare them).
+    pub(super) fn superseded_by_our_write(&self, l: &Lease) -> bool {
+        if l.metadata.name.as_deref() != Some(self.cfg.coordinator_lease().as_str()) {
+            return false;
+        }
+        let Some(rv) = l.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        let pos = self.coordinator_writes.iter().position(|w| w == rv);
+        pos.is_some_and(|p| p + 1 < self.coordinator_writes.len())
+    }
+
+    pub(super) fn wrote_coordinator_lease(&mut self, l: &Lease) {
+        if let Some(rv) = l.metadata.resource_version.clone() {
+            if self.coordinator_writes.len() >= 8 {
+                self.coordinator_writes.pop_front();
+            }
+            self.coordinator_writes.push_back(rv);
+        }
+    }
+
+    /// Not the coordinator (any more): end our term first, so singleton work stops before anyone else
+    /// could acquire the Lease.
+    pub(super) fn step_down(&mut self) {
+        if self.leader {
+            info!("stepped down as coordinator");
+        }
+        self.leader = false;
+        if self.term.take().is_some() {
+            self.leadership.send_replace(None);
+        }
+    }
+
+    pub(super) async fn elect(&mut self) {
+        let name = self.cfg.coordinator_lease();
+        let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
+        let now = Instant::now();
+        // a Lease seen deleted is absent: create it again (F7), never replace a copy of what is gone
+        let observed = self.observed.get(&name).filter(|o| o.deleted_at.is_none());
+        let current = observed.map(|o| o.lease.clone());
+        let held_by_me = observed.is_some_and(|o| o.holder.as_deref() == Some(&holder_me));
+        if self.own.is_none() || self.leaving {
+            let was_leader = self.leader;
+            self.step_down();
+            if was_leader && held_by_me {
+                self.release_coordinator(current).await;
+            }
+            return;
+        }
+        let expired = observed.is_none_or(|o| {
+            o.holder.is_none() || now.duration_since(o.last_change) >= self.cfg.lease_duration
+        });
+        if !(held_by_me || expired) {
+            self.step_down();
+            return;
+        }
+        let prev_term = current
+            .as_ref()
+            .and_then(|l| {
+                l.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(TERM_ANNOTATION)?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0u64);
+        // a new term on every acquisition, and after our own term lapsed (each run of singleton work has
+        // its own term)
+        let renewing = held_by_me
+            && self
+                .term
+                .is_some_and(|t| t.is_valid() && t.term == prev_term);
+        let term = if renewing {
+            prev_term
+        } else {
+            let now_ms =
+                u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+            Assignment::next_generation(prev_term, now_ms)
+        };
+        let mut lease = current.clone().unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        labels.insert(ROLE_LABEL.into(), "coordinator".into());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TERM_ANNOTATION.into(), term.to_string());
+        let stamp = self.stamp();
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if !held_by_me {
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            spec.acquire_time = Some(stamp.clone());
+        }
+        spec.holder_identity = Some(holder_me.clone());
+        spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
+        spec.renew_time = Some(stamp);
+        let t0 = Instant::now();
+        let result = match current {
+            None => {
+                self.bounded(self.leases.create(&PostParams::default(), &lease))
+                    .await
+            }
+            Some(_) => {
+                self.bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+                    .await
+            }
+        };
+        match result {
+            Ok(l) => {
+                if !self.leader {
+                    info!(term, "became the coordinator");
+                    self.events.emit(
+                        Kind::Normal,
+                        "Coordinator",
+                        format!("became the coordinator (term {term})"),
+                    );
+                }
+                self.leader = true;
+                // valid for less than anyone else waits before acquiring (lease_duration)
+                let valid_until = t0
+                    + self
+                        .cfg
+                        .renew_deadline
+                        .saturating_sub(self.cfg.fence_margin);
+                if !renewing && self.term.is_some() {
+                    info!(term, "our previous term lapsed: a new term");
+                }
+                let t = LeaderTerm::new(term, valid_until);
+                self.term = Some(t);
+                self.leadership.send_replace(Some(t));
+                self.wrote_coordinator_lease(&l);
+                self.observe_lease(l);
+            }
+            Err(err) => {
+                debug!(error = %err, "coordinator lease not acquired");
+                if is_not_found(&err) {
+                    if let Some(o) = self.observed.get_mut(&name) {
+                        o.deleted_at.get_or_insert(now);
+                    }
+                }
+                self.step_down();
+            }
+        }
+    }
+
+    /// A leaving coordinator hands the Lease back (holder cleared, conditional on what we last saw), so the
+    /// next coordinator need not wait for it to expire.
+    pub(super) async fn release_coordinator(&mut self, current: Option<Lease>) {
+        let Some(mut lease) = current else { return };
+        let name = self.cfg.coordinator_lease();
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        match self
+            .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+            .await
+        {
+            Ok(l) => {
+                info!("released the coordinator lease");
+                self.wrote_coordinator_lease(&l);
+                self.observe_lease(l);
+            }
+            Err(err) => debug!(error = %err, "could not release the coordinator lease"),
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! What holds or lifts admission besides ownership: the legacy leader gate, and immediate warm/activation
+//! for members without read streams.
+
+use super::*;
+
+impl Runtime {
+    /// Members without read streams have nothing to sync: warm and activation are immediate.
+    /// Judged on each use (F15): a watcher registered after the runtime started has its barrier awaited.
+    pub(super) fn vacuous_progress(&self) {
+        if !self.ownership.inner.readers.is_empty() {
+            return;
+        }
+        let snap = self.ownership.snapshot();
+        for (shard, st) in snap.state().shards() {
+            match st {
+                ShardState::Incoming {
+                    move_id,
+                    warm: false,
+                } => {
+                    self.ownership
+                        .apply_event(OwnEvent::Warm { shard, move_id });
+                }
+                ShardState::Activating { epoch } => {
+                    self.ownership
+                        .apply_event(OwnEvent::Activated { shard, epoch });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// While a legacy leader-election Lease has a live holder, hold admission (unless in shadow mode,
+    /// which holds it anyway).
+    pub(super) async fn check_legacy_leader(&mut self) {
+        let Some(spec) = self.cfg.legacy_leader_lease.clone() else {
+            return;
+        };
+        let (ns, name) = match spec.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (self.cfg.namespace.clone(), spec.clone()),
+        };
+        let api: Api<Lease> = Api::namespaced(self.leases.clone().into_client(), &ns);
+        let now = Instant::now();
+        let read = self.bounded(api.get_opt(&name)).await;
+        if read.is_ok() && self.legacy_alarm {
+            info!(lease = %spec, "the legacy leader lease can be read again");
+            self.legacy_alarm = false;
+        }
+        let live = match read {
+            Ok(Some(l)) => {
+                let spec = l.spec.unwrap_or_default();
+                let renew = spec.renew_time.map(|t| t.0.to_string());
+                let duration =
+                    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+                let changed_at = match &self.legacy {
+                    Some((seen, at)) if *seen == renew => *at,
+                    _ => now,
+                };
+                self.legacy = Some((renew, changed_at));
+                spec.holder_identity.is_some_and(|h| !h.is_empty())
+                    && now.duration_since(changed_at) < duration
+            }
+            Ok(None) => false,
+            // cannot tell: fail closed (F5), hold until a read shows no live holder
+            Err(err) => {
+                if !self.legacy_alarm {
+                    error!(lease = %spec, error = %err, "ALARM: cannot read the legacy leader lease: admitting nothing until a read shows no live holder");
+                    self.events.emit(
+                        Kind::Warning,
+                        "LegacyLeaderUnknown",
+                        format!(
+                            "cannot read {spec}: admitting nothing until it can be read: {err}"
+                        ),
+                    );
+                    self.legacy_alarm = true;
+                }
+                true
+            }
+        };
+        if self.cfg.shadow {
+            return;
+        }
+        let held = self.ownership.admission_hold().is_some();
+        if live && !held {
+            info!(lease = %spec, "a legacy leader holds its lease: admitting nothing until it is gone");
+            self.ownership.set_hold(Some(Hold::LegacyLeader));
+        } else if !live && held {
+            info!(lease = %spec, "the legacy leader is gone: admitting owned shards");
+            self.events.emit(
+                Kind::Normal,
+                "LegacyLeaderGone",
+                format!("{spec} has no live holder: admitting"),
+            );
+            self.ownership.set_hold(None);
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! This member's own Lease: join (and the same-name claim), renewals, self-fencing, rejoining and leaving.
+
+use super::*;
+
+impl Runtime {
+    pub(super) fn report(&self) -> MemberReport {
+        let snap = self.ownership.snapshot();
+        let st = snap.state();
+        let mut r = MemberReport {
+            ready: self.own.is_some(),
+            leaving: self.leaving,
+            weight: self.cfg.weight,
+            applied_generation: st.generation(),
+            seen_generation: self.seen_generation,
+            acks: st.acks(),
+            ..MemberReport::default()
+        };
+        // serving: what every read stream serves now (synced, not failing); a member without read
+        // streams serves what it holds
+        let streams = self.ownership.inner.readers.serving();
+        for (shard, state) in st.shards() {
+            if st.is_admitted(shard) {
+                r.admitted.insert(shard);
+            }
+            let held = matches!(
+                state,
+                ShardState::Owned { .. } | ShardState::Outgoing { .. }
+            );
+            if held && streams.as_ref().is_none_or(|s| s.contains(&shard)) {
+                r.serving.insert(shard);
+            }
+        }
+        r
+    }
+
+    pub(super) fn lease_body(&self, base: Option<&Lease>) -> Lease {
+        let mut lease = base.cloned().unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.member_lease()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        labels.insert(ROLE_LABEL.into(), "member".into());
+        let ann = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        ann.insert(INCARNATION.into(), self.me.incarnation.to_string());
+        ann.insert(REPORT.into(), self.report().encode());
+        ann.remove(TAKEN_OVER);
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.me.name.to_string());
+        spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
+        spec.renew_time = Some(self.stamp());
+        if spec.acquire_time.is_none() {
+            spec.acquire_time = spec.renew_time.clone();
+        }
+        lease
+    }
+
+    /// Create this member's lease, or claim it from a previous incarnation that is taken over or has not
+    /// renewed for `lease_duration + grace` (two live processes with one name never ping-pong).
+    pub(super) async fn join(&mut self) {
+        let name = self.cfg.member_lease();
+        let existing = match self.bounded(self.leases.get_opt(&name)).await {
+            Ok(l) => l,
+            Err(err) => {
+                debug!(error = %err, "cannot read own lease yet");
+                return;
+            }
+        };
+        let start = self.ownership.inner.clock.now();
+        let t0 = Instant::now();
+        let result = match existing {
+            None => {
+                let body = self.lease_body(None);
+                self.bounded(self.leases.create(&PostParams::default(), &body))
+                    .await
+            }
+            Some(l) => {
+                let theirs = l
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(INCARNATION).cloned());
+                let mine = theirs.as_deref() == Some(&*self.me.incarnation);
+                let taken = theirs.is_some()
+                    && l.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(TAKEN_OVER))
+                        == theirs.as_ref();
+                // stale on our own clock, with a watch that is not silent (F3, F6)
+                let stale = !self.lease_watch_silent(t0)
+                    && self.observed.get(&name).is_some_and(|o| {
+                        t0.duration_since(o.last_change)
+                            >= self.cfg.lease_duration + self.cfg.takeover_grace
+                    });
+                if !(mine || taken || stale) {
+                    if !self.observed.contains_key(&name) {
+                        // start observing it on our own clock
+                        self.observe_lease(l);
+                    }
+                    warn!(
+                        lease = %name,
+                        other = theirs.as_deref().unwrap_or("?"),
+                        "identity collision: another process holds this member name; waiting for its renewals to stop"
+                    );
+                    self.events.emit(
+                        Kind::Warning,
+                        "IdentityCollision",
+                        format!(
+                            "another process holds member name {}; waiting for its renewals to stop",
+                            self.cfg.member
+                        ),
+                    );
+                    self.health.set_collision(true);
+                    return;
+                }
+                // F3: a claim judged stale from our observation is conditional on the resourceVersion we
+                // observed: a renewal since (that our watch has not shown yet) makes it conflict
+                let base = match self.observed.get(&name) {
+                    Some(o) if !(mine || taken) => {
+                        let mut seen = o.lease.clone();
+                        seen.metadata.resource_version = Some(o.rv.clone());
+                        seen
+                    }
+                    _ => l,
+                };
+                let body = self.lease_body(Some(&base));
+                self.bounded(self.leases.replace(&name, &PostParams::default(), &body))
+                    .await
+            }
+        };
+        match result {
+            Ok(l) => {
+                info!(incarnation = %self.me.incarnation, "joined the shard group");
+                self.health.set_collision(false);
+                self.own = Some(l);
+                self.renewed(start, t0);
+            }
+            Err(err) => debug!(error = %err, "join failed; retrying"),
+        }
+    }
+
+    pub(super) fn renewed(&mut self, start: crate::ownership::clock::Now, t0: Instant) {
+        self.ownership.record_renewal(start);
+        let gap = self
+            .last_renew_ok
+            .is_none_or(|prev| t0.duration_since(prev) > self.cfg.renew_deadline);
+        if gap {
+            // our own gap: nothing we observed of others during it may count against them
+            self.reset_observations();
+            self.continuous_since = Some(t0);
+        }
+        self.last_renew_ok = Some(t0);
+        self.fenced_since = None;
+        self.health.set_fenced_since(None);
+    }
+
+    pub(super) async fn renew(&mut self) {
+        let Some(own) = self.own.clone() else { return };
+        let start = self.ownership.inner.clock.now();
+        let t0 = Instant::now();
+        let body = self.lease_body(Some(&own));
+        let name = self.cfg.member_lease();
+        let report = body
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPORT).cloned())
+            .unwrap_or_default();
+        match self
+            .bounded(self.leases.replace(&name, &PostParams::default(), &body))
+            .await
+        {
+            Ok(l) => {
+                self.own = Some(l);
+                self.published = report;
+                self.renewed(start, t0);
+            }
+            Err(err) if is_conflict(&err) => {
+                // someone else wrote our lease: re-read and see whether we were taken over
+                match self.bounded(self.leases.get_opt(&name)).await {
+                    Ok(Some(l)) => {
+                        let ann = l.metadata.annotations.clone().unwrap_or_default();
+                        let taken = ann
+                            .get(TAKEN_OVER)
+                            .is_some_and(|i| i == &*self.me.incarnation)
+                            || ann
+                                .get(INCARNATION)
+                                .is_some_and(|i| i != &*self.me.incarnation);
+                        if taken {
+                            self.taken_over("our lease was taken over");
+                        } else {
+                            self.own = Some(l);
+                        }
+                    }
+                    Ok(None) => self.taken_over("our lease was deleted"),
+                    Err(e) => debug!(error = %e, "cannot re-read own lease"),
+                }
+            }
+            Err(err) if is_not_found(&err) => self.taken_over("our lease was deleted"),
+            Err(err) => {
+                debug!(error = %err, "renewal failed");
+                self.missed_renewal(t0);
+            }
+        }
+    }
+
+    pub(super) fn missed_renewal(&mut self, now: Instant) {
+        let fenced = self
+            .last_renew_ok
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.renew_deadline);
+        if fenced {
+            self.continuous_since = None;
+            if self.fenced_since.is_none() {
+                warn!("renew deadline passed: self-fenced until the next successful renewal");
+                self.events.emit(
+                    Kind::Warning,
+                    "SelfFenced",
+                    "renew deadline passed: admitting nothing until the next renewal",
+                );
+                self.fenced_since = Some(now);
+                self.self_fences += 1;
+                self.health.set_fenced_since(Some(now));
+                self.ownership.mark_self_fenced();
+            }
+        }
+    }
+
+    /// Self-fence at once and rejoin as a new incarnation; the lease is never re-created under the old one.
+    pub(super) fn taken_over(&mut self, why: &str) {
+        error!(
+            reason = why,
+            "self-fencing and rejoining as a new incarnation"
+        );
+        self.events.emit(
+            Kind::Warning,
+            "Rejoined",
+            format!("{why}: self-fenced and rejoining as a new incarnation"),
+        );
+        self.ownership.revoke_renewal();
+        self.me = MemberId::new(self.me.name.clone(), new_incarnation());
+        self.ownership.reincarnate(self.me.clone());
+        self.own = None;
+        self.last_renew_ok = None;
+        self.continuous_since = None;
+        self.step_down();
+        if self.fenced_since.is_none() {
+            self.self_fences += 1;
+        }
+        self.rejoins += 1;
+        self.fenced_since = Some(Instant::now());
+        self.health.set_fenced_since(self.fenced_since);
+    }
+
+    pub(super) fn done_leaving(&self) -> bool {
+        let snap = self.ownership.snapshot();
+        let held = snap.state().shards().any(|(_, st)| {
+            matches!(
+                st,
+                ShardState::Owned { .. }
+                    | ShardState::Outgoing { .. }
+                    | ShardState::Activating { .. }
+            )
+        });
+        // done once nothing is held and the coordinator no longer names us as an owner
+        let named = self
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.view.shards.values().any(|e| e.owner == self.me));
+        !held && !named
+    }
+
+    /// Leaving, and no other live member stays to take our shards: the last member, or every member
+    /// leaving at once (scale to zero, a deleted Deployment). Waiting would only run into the termination
+    /// grace period. Judged only after a lease period of continuous renewals, so that every member that
+    /// renews has been seen to.
+    pub(super) fn nobody_stays(&self) -> bool {
+        let now = Instant::now();
+        let observed_long_enough = self
+            .continuous_since
+            .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        observed_long_enough
+            && !self.lease_watch_silent(now)
+            && self
+                .members(now)
+                .iter()
+                .filter(|m| m.id != self.me)
+                .all(|m| !m.live() || m.leaving())
+    }
+
+    pub(super) async fn delete_own_lease(&mut self) {
+        let name = self.cfg.member_lease();
+        let rv = self
+            .own
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.clone());
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: rv,
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        if let Err(err) = self.bounded(self.leases.delete(&name, &dp)).await {
+            debug!(error = %err, "could not delete own lease (it will expire)");
+        }
+        self.own = None;
+    }
+}

@@ -1,0 +1,354 @@
+//! The member runtime: its Lease, what it observes of the others, the assignment it applies, and — while
+//! it holds the coordinator Lease — the coordinator passes.
+//!
+//! One task, driven by a `select!` over the group's Lease watch, the assignment watch, a tick every
+//! `retry_period`, ownership changes (to publish acks promptly) and the leave signal. Every API call is
+//! bounded by a timeout; every write carries a resourceVersion precondition.
+//!
+//! One file per concept: [`membership`] (this member's own Lease), [`observe`] (the others, on our clock),
+//! [`election`] (the coordinator Lease), [`coordination`] (the assignment and the coordinator pass),
+//! [`gates`] (the legacy leader gate, vacuous readers) and [`publish`] (status and metrics).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use super::assignment::{Assignment, DATA_KEY};
+use super::config::GroupConfig;
+use super::coordinator::{self, Observed, StepInput};
+use super::events::{Events, Kind};
+use super::metrics::GroupMetrics;
+use super::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
+use super::singleton::{LeaderTerm, TERM_ANNOTATION};
+use super::status::{GroupStatus, Health};
+use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
+use crate::shard::ShardSet;
+
+mod coordination;
+mod election;
+mod gates;
+mod membership;
+mod observe;
+mod publish;
+
+/// Why the member task stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupError {
+    /// The Kubernetes API failed in a way that retrying cannot fix (for example RBAC).
+    #[error("shard group {group}: {what}: {source}")]
+    Api {
+        /// The group.
+        group: String,
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The dedicated member thread could not run.
+    #[error("shard group member thread: {0}")]
+    Thread(String),
+}
+
+struct Obs {
+    id: MemberId,
+    rv: String,
+    renew_time: Option<String>,
+    last_change: Instant,
+    first_seen: Instant,
+    report: Option<MemberReport>,
+    taken_over: bool,
+    deleted_at: Option<Instant>,
+    role_coordinator: bool,
+    holder: Option<String>,
+    lease: Lease,
+}
+
+pub(crate) struct Runtime {
+    cfg: GroupConfig,
+    leases: Api<Lease>,
+    cms: Api<ConfigMap>,
+    ownership: Ownership,
+    me: MemberId,
+    own: Option<Lease>,
+    last_renew_ok: Option<Instant>,
+    continuous_since: Option<Instant>,
+    leaving: bool,
+    observed: BTreeMap<String, Obs>,
+    assignment: Option<Assignment>,
+    assignment_cm: Option<ConfigMap>,
+    assignment_missing: bool,
+    seen_generation: u64,
+    leader: bool,
+    move_first_seen: BTreeMap<MoveId, Instant>,
+    takeovers: VecDeque<Instant>,
+    last_membership_change: Instant,
+    status: watch::Sender<GroupStatus>,
+    health: Health,
+    fenced_since: Option<Instant>,
+    last_stamp: std::sync::Mutex<Option<k8s_openapi::jiff::Timestamp>>,
+    /// The report in the Lease as last written: an early renewal is only worth it when it changes.
+    published: String,
+    metrics: GroupMetrics,
+    events: Events,
+    handoffs: u64,
+    takeovers_done: u64,
+    /// Times this member self-fenced (renew deadline passed, or taken over).
+    self_fences: u64,
+    /// Times this member rejoined as a new incarnation.
+    rejoins: u64,
+    /// The legacy leader Lease: (renewTime last seen, when it last changed on our clock).
+    legacy: Option<(Option<String>, Instant)>,
+    /// Our term on the coordinator Lease while we lead, published to singleton work.
+    term: Option<LeaderTerm>,
+    leadership: watch::Sender<Option<LeaderTerm>>,
+    /// resourceVersions of our recent writes to the coordinator Lease, newest last.
+    coordinator_writes: VecDeque<String>,
+    /// The assignment watch listed once: from then on, no ConfigMap means it is absent.
+    assignment_listed: bool,
+    /// The ConfigMap present is not one this member can apply (another `S`/key/format, corrupt, an absurd
+    /// generation): why. A coordinator never writes over it.
+    assignment_refused: Option<String>,
+    /// During a relist of the assignment watch: whether the ConfigMap was in it.
+    assignment_relisted: Option<bool>,
+    /// When the lease watch last listed (or its view last had a gap), on our clock: an owner not observed
+    /// since is unknown until `lease_duration + grace` later.
+    leases_synced_at: Option<Instant>,
+    /// During a relist of the lease watch: the Lease names in it (the others were deleted meanwhile).
+    leases_relisted: Option<BTreeSet<String>>,
+    /// When the lease watch last delivered anything (a gap in it is a gap in our observations).
+    last_lease_event: Option<Instant>,
+    /// Incarnations replaced on their Lease by another one of the same name: when their renewal was last
+    /// seen to change, and whether they were taken over.
+    displaced: BTreeMap<MemberId, (Instant, bool)>,
+    /// The origin of the planner's join order (ms since this instant).
+    origin: Instant,
+    /// Group Leases ignored for an invalid member identity (warned about once).
+    invalid_leases: BTreeSet<String>,
+    /// The legacy leader Lease cannot be read (alarm raised, admission held).
+    legacy_alarm: bool,
+}
+
+/// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
+/// liveness by seeing `renewTime` *change*, so two renewals must never write the same value.
+fn next_stamp(last: Option<k8s_openapi::jiff::Timestamp>) -> k8s_openapi::jiff::Timestamp {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let now = Timestamp::now();
+    let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
+    match last {
+        Some(l) if now <= l => l.checked_add(SignedDuration::from_micros(1)).unwrap_or(l),
+        _ => now,
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+impl Runtime {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        client: Client,
+        cfg: GroupConfig,
+        ownership: Ownership,
+        me: MemberId,
+        status: watch::Sender<GroupStatus>,
+        health: Health,
+        metrics: GroupMetrics,
+        leadership: watch::Sender<Option<LeaderTerm>>,
+    ) -> Self {
+        let now = Instant::now();
+        let events = Events::new(
+            client.clone(),
+            &cfg.namespace,
+            &cfg.member_lease(),
+            &cfg.member,
+        );
+        Runtime {
+            metrics,
+            events,
+            handoffs: 0,
+            takeovers_done: 0,
+            self_fences: 0,
+            rejoins: 0,
+            legacy: None,
+            term: None,
+            leadership,
+            coordinator_writes: VecDeque::new(),
+            assignment_listed: false,
+            assignment_refused: None,
+            assignment_relisted: None,
+            leases_synced_at: None,
+            leases_relisted: None,
+            last_lease_event: None,
+            displaced: BTreeMap::new(),
+            origin: now,
+            invalid_leases: BTreeSet::new(),
+            legacy_alarm: false,
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            cms: Api::namespaced(client, &cfg.namespace),
+            cfg,
+            ownership,
+            me,
+            own: None,
+            last_renew_ok: None,
+            continuous_since: None,
+            leaving: false,
+            observed: BTreeMap::new(),
+            assignment: None,
+            assignment_cm: None,
+            assignment_missing: false,
+            seen_generation: 0,
+            leader: false,
+            move_first_seen: BTreeMap::new(),
+            takeovers: VecDeque::new(),
+            last_membership_change: now,
+            status,
+            health,
+            fenced_since: None,
+            last_stamp: std::sync::Mutex::new(None),
+            published: String::new(),
+        }
+    }
+
+    fn stamp(&self) -> MicroTime {
+        let mut last = self.last_stamp.lock().unwrap_or_else(|e| e.into_inner());
+        let t = next_stamp(*last);
+        *last = Some(t);
+        MicroTime(t)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cfg.retry_period.max(Duration::from_secs(1))
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.timeout(), fut).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service("request timed out".into())),
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut leave: oneshot::Receiver<()>) -> Result<(), GroupError> {
+        let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member);
+        async move {
+            if self.cfg.shadow {
+                info!("shadow mode: ownership is computed and reported, nothing is admitted");
+                self.ownership.set_hold(Some(Hold::Shadow));
+            } else if self.cfg.legacy_leader_lease.is_some() {
+                // fail closed: held until a successful read shows no live legacy holder
+                self.ownership.set_hold(Some(Hold::LegacyLeader));
+            }
+            let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
+            let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
+            // the streams back off by themselves: a failing watch never blocks renewals in this loop
+            let mut lease_events =
+                std::pin::pin!(watcher::watcher(self.leases.clone(), lease_cfg).default_backoff());
+            let cm_cfg = watcher::Config::default()
+                .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
+                .timeout(30);
+            let mut cm_events =
+                std::pin::pin!(watcher::watcher(self.cms.clone(), cm_cfg).default_backoff());
+            let mut changed = self.ownership.changed();
+            let mut tick = tokio::time::interval(self.cfg.retry_period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut leave_armed = true;
+            let mut dirty = true;
+            let mut coordinate_soon = false;
+            loop {
+                tokio::select! {
+                    ev = lease_events.next() => match ev {
+                        Some(Ok(ev)) => {
+                            self.lease_watch_delivered(Instant::now());
+                            if self.on_lease_event(ev) {
+                                coordinate_soon = true;
+                            }
+                        }
+                        Some(Err(err)) => {
+                            debug!(error = %err, "lease watch failed: resetting observation clocks");
+                            self.reset_observations();
+                        }
+                        None => return Ok(()),
+                    },
+                    ev = cm_events.next() => match ev {
+                        Some(Ok(ev)) => self.on_assignment_event(ev),
+                        Some(Err(err)) => debug!(error = %err, "assignment watch failed"),
+                        None => return Ok(()),
+                    },
+                    r = changed.changed() => {
+                        if r.is_err() { return Ok(()); }
+                        self.vacuous_progress();
+                        // publish acks promptly, but a renewal itself changes ownership bookkeeping:
+                        // renew early only when the report would say something new
+                        if self.report().encode() != self.published {
+                            dirty = true;
+                        }
+                    }
+                    r = &mut leave, if leave_armed => {
+                        leave_armed = false;
+                        let _ = r;
+                        info!("leaving the shard group: shards move away before shutdown");
+                        self.leaving = true;
+                        dirty = true;
+                    }
+                    _ = tick.tick() => { dirty = true; }
+                }
+                if coordinate_soon && !dirty && self.leader {
+                    coordinate_soon = false;
+                    self.coordinate().await;
+                    self.publish_status();
+                }
+                if dirty {
+                    dirty = false;
+                    coordinate_soon = false;
+                    if self.own.is_none() {
+                        self.join().await;
+                    } else {
+                        self.renew().await;
+                    }
+                    self.check_legacy_leader().await;
+                    self.elect().await;
+                    if self.leader {
+                        self.coordinate().await;
+                    }
+                    self.publish_status();
+                    if self.leaving && (self.done_leaving() || self.nobody_stays()) {
+                        if !self.done_leaving() {
+                            warn!("leaving while holding shards: no live member stays to take them (the last member, or all leave at once); self-fenced, they are reassigned once this member's lease has expired");
+                            self.ownership.mark_self_fenced();
+                        }
+                        self.delete_own_lease().await;
+                        info!("left the shard group");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// A fresh random incarnation.
+pub(crate) fn new_incarnation() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}

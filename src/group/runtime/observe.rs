@@ -1,0 +1,279 @@
+//! What this member observes of the others, from the group's Lease watch, on its own monotonic clock.
+
+use super::*;
+
+impl Runtime {
+    /// Our view had a gap (a watch error, a relist, a silence, our own renewal gap): nothing we missed may
+    /// count against anyone, so every observation clock starts again now.
+    pub(super) fn reset_observations(&mut self) {
+        let now = Instant::now();
+        for o in self.observed.values_mut() {
+            o.last_change = now;
+        }
+        for (seen, _) in self.displaced.values_mut() {
+            *seen = now;
+        }
+        if self.leases_synced_at.is_some() {
+            self.leases_synced_at = Some(now);
+        }
+    }
+
+    /// How long the lease watch may stay silent: every member renews every `retry_period`, so a longer
+    /// silence is a gap in our view (a backoff pause, a silent watch restart, a frozen connection).
+    fn lease_gap(&self) -> Duration {
+        (self.cfg.lease_duration / 2).max(self.cfg.retry_period * 2)
+    }
+
+    /// The lease watch delivered something: after a silence, restart the observation clocks first.
+    pub(super) fn lease_watch_delivered(&mut self, now: Instant) {
+        if self
+            .last_lease_event
+            .is_some_and(|t| now.duration_since(t) > self.lease_gap())
+        {
+            debug!("the lease watch resumes after a silence: resetting observation clocks");
+            self.reset_observations();
+        }
+        self.last_lease_event = Some(now);
+    }
+
+    /// The lease watch is silent (or never listed): what we observe of others is not current, so nobody
+    /// may be judged on it.
+    pub(super) fn lease_watch_silent(&self, now: Instant) -> bool {
+        self.leases_synced_at.is_none()
+            || self
+                .last_lease_event
+                .is_none_or(|t| now.duration_since(t) > self.lease_gap())
+    }
+
+    /// A member Lease's identity is valid only as this build writes it: named `<group>-<holder>`, the holder a
+    /// member name (1 to 63 characters), an incarnation of 1 to 253 characters. Anything else is ignored:
+    /// the coordinator must never plan for an identity the assignment cannot carry.
+    fn valid_member_lease(&self, name: &str, holder: &str, incarnation: &str) -> bool {
+        !holder.is_empty()
+            && holder.len() <= 63
+            && !incarnation.is_empty()
+            && incarnation.len() <= 253
+            && name
+                .strip_prefix(self.cfg.group.as_str())
+                .and_then(|r| r.strip_prefix('-'))
+                == Some(holder)
+    }
+
+    /// Record a Lease; returns whether anything the coordinator acts on changed (a report, a takeover, a
+    /// new member or incarnation).
+    pub(super) fn observe_lease(&mut self, l: Lease) -> bool {
+        let Some(name) = l.metadata.name.clone() else {
+            return false;
+        };
+        let now = Instant::now();
+        let ann = l.metadata.annotations.clone().unwrap_or_default();
+        let labels = l.metadata.labels.clone().unwrap_or_default();
+        let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+        let renew_time = l
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.to_string());
+        let incarnation = ann.get(INCARNATION).cloned().unwrap_or_default();
+        let member_name = holder.clone().unwrap_or_default();
+        let report = ann
+            .get(REPORT)
+            .and_then(|t| match MemberReport::decode(t, self.cfg.shards) {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    warn!(lease = %name, error = %err, "ignoring an undecodable member report");
+                    None
+                }
+            });
+        let taken_over = ann.get(TAKEN_OVER).is_some_and(|t| t == &incarnation);
+        let rv = l.metadata.resource_version.clone().unwrap_or_default();
+        let coordinator = labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator")
+            || name == self.cfg.coordinator_lease();
+        if !coordinator && !self.valid_member_lease(&name, &member_name, &incarnation) {
+            if !self.observed.contains_key(&name) && self.invalid_leases.insert(name.clone()) {
+                warn!(lease = %name, holder = %member_name, "ignoring a group Lease with an invalid member identity");
+                self.events.emit(
+                    Kind::Warning,
+                    "InvalidMemberLease",
+                    format!("ignoring Lease {name}: not a member identity of this group"),
+                );
+            }
+            return false;
+        }
+        match self.observed.get_mut(&name) {
+            Some(o) => {
+                let mut relevant =
+                    o.report != report || o.taken_over != taken_over || o.deleted_at.is_some();
+                let new_id = MemberId::new(member_name.as_str(), incarnation.as_str());
+                if o.id != new_id {
+                    // another incarnation under this name: the displaced one is not gone by this alone; it
+                    // is gone once taken over, or `lease_duration + grace` after its last renewal we saw
+                    if !o.id.incarnation.is_empty() {
+                        let old = std::mem::replace(&mut o.id, new_id.clone());
+                        self.displaced.insert(old, (o.last_change, o.taken_over));
+                    }
+                    o.id = new_id;
+                    o.first_seen = now;
+                    o.last_change = now;
+                    self.last_membership_change = now;
+                    relevant = true;
+                }
+                if o.renew_time != renew_time {
+                    o.renew_time = renew_time;
+                    o.last_change = now;
+                }
+                o.rv = rv;
+                o.report = report;
+                o.taken_over = taken_over;
+                o.deleted_at = None;
+                o.holder = holder;
+                o.lease = l;
+                relevant
+            }
+            None => {
+                self.last_membership_change = now;
+                self.observed.insert(
+                    name,
+                    Obs {
+                        id: MemberId::new(member_name.as_str(), incarnation.as_str()),
+                        rv,
+                        renew_time,
+                        last_change: now,
+                        first_seen: now,
+                        report,
+                        taken_over,
+                        deleted_at: None,
+                        role_coordinator: coordinator,
+                        holder,
+                        lease: l,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Returns whether the coordinator should look again now.
+    pub(super) fn on_lease_event(&mut self, ev: Event<Lease>) -> bool {
+        match ev {
+            Event::Apply(l) | Event::InitApply(l) => {
+                if let (Some(seen), Some(n)) = (self.leases_relisted.as_mut(), &l.metadata.name) {
+                    seen.insert(n.clone());
+                }
+                let ours = l.metadata.name.as_deref() == Some(self.cfg.member_lease().as_str())
+                    || l.metadata.name.as_deref() == Some(self.cfg.coordinator_lease().as_str());
+                if self.superseded_by_our_write(&l) {
+                    // the watch is behind our own later write, which we observed from its response
+                    return false;
+                }
+                self.observe_lease(l) && !ours
+            }
+            Event::Delete(l) => {
+                if let Some(o) = l.metadata.name.and_then(|n| self.observed.get_mut(&n)) {
+                    o.deleted_at.get_or_insert_with(Instant::now);
+                    self.last_membership_change = Instant::now();
+                }
+                true
+            }
+            // a relist: our view had a gap
+            Event::Init => {
+                self.reset_observations();
+                self.leases_relisted = Some(BTreeSet::new());
+                false
+            }
+            // a Lease missing from the relist was deleted meanwhile (the watcher sends no Delete for it)
+            Event::InitDone => {
+                let now = Instant::now();
+                let seen = self.leases_relisted.take().unwrap_or_default();
+                let mut gone = false;
+                for (name, o) in &mut self.observed {
+                    if !seen.contains(name) && o.deleted_at.is_none() {
+                        debug!(lease = %name, "a Lease vanished during a relist: deleted");
+                        o.deleted_at = Some(now);
+                        gone = true;
+                    }
+                }
+                if gone {
+                    self.last_membership_change = now;
+                }
+                if self.leases_synced_at.is_none() {
+                    self.leases_synced_at = Some(now);
+                }
+                true
+            }
+        }
+    }
+
+    pub(super) fn members(&self, now: Instant) -> Vec<Observed> {
+        let lease_period = self.cfg.lease_duration;
+        let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
+        let mut out = Vec::new();
+        for (name, o) in &self.observed {
+            if o.role_coordinator || name == &self.cfg.coordinator_lease() {
+                continue;
+            }
+            let since = now.duration_since(o.last_change);
+            let deleted = o.deleted_at.is_some();
+            let me = o.id == self.me;
+            out.push(Observed {
+                id: o.id.clone(),
+                alive: me || (!deleted && !o.taken_over && since < lease_period),
+                expired: !me && since >= expiry,
+                gone: o.taken_over || (deleted && since >= expiry),
+                report: if me {
+                    Some(self.report())
+                } else {
+                    o.report.clone()
+                },
+                // the planner's join order: when it was first seen, from a fixed origin (smaller is earlier)
+                joined: o.first_seen.duration_since(self.origin).as_millis() as u64,
+                joining: !me && now.duration_since(o.first_seen) < self.cfg.join_debounce,
+            });
+        }
+        out
+    }
+
+    /// The members for a coordinator pass: the observed ones, plus every member the assignment names that
+    /// is not observed. Such a member is *unknown* (limbo: it holds its shards), never gone by absence: it
+    /// is gone only once taken over, or `lease_duration + grace` on our clock without a renewal of that
+    /// incarnation seen (since it was displaced on its Lease, or since our lease watch listed).
+    pub(super) fn step_members(&self, now: Instant, current: &Assignment) -> Vec<Observed> {
+        let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
+        let mut out = self.members(now);
+        let known: BTreeSet<MemberId> = out.iter().map(|m| m.id.clone()).collect();
+        let mut absent = BTreeSet::new();
+        for e in current.view.shards.values() {
+            absent.insert(&e.owner);
+            match &e.handoff {
+                crate::ownership::Handoff::Moving { to, .. }
+                | crate::ownership::Handoff::Draining { to, .. } => {
+                    absent.insert(to);
+                }
+                crate::ownership::Handoff::Stable => {}
+            }
+        }
+        for id in absent {
+            if known.contains(id) {
+                continue;
+            }
+            let me = *id == self.me;
+            let gone = !me
+                && match self.displaced.get(id) {
+                    Some((seen, taken)) => *taken || now.duration_since(*seen) >= expiry,
+                    None => self
+                        .leases_synced_at
+                        .is_some_and(|t| now.duration_since(t) >= expiry),
+                };
+            out.push(Observed {
+                id: id.clone(),
+                alive: me,
+                expired: false,
+                gone,
+                report: me.then(|| self.report()),
+                joined: 0,
+                joining: false,
+            });
+        }
+        out
+    }
+}

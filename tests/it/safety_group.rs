@@ -1,0 +1,530 @@
+//! The control-plane findings of the safety review (`review-safety.md`, F1–F17), one test per finding,
+//! on testserver's in-memory API server in paused time. Each test failed before its fix (the failure is
+//! quoted in its doc comment).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::Api;
+use kube_shard::group::assignment::DATA_KEY;
+use kube_shard::ShardCount;
+use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
+
+use crate::group::{
+    assignment, builder, check_fences, each_shard_owned_once, edit_assignment, owned_count,
+    settled, setup, spawn, spawn_with, until, FenceLog, Member, CP_NS, GROUP, LEASE,
+};
+
+fn server() -> TestServer {
+    TestServer::builder().shard_selector(true).build()
+}
+
+/// The assignment ConfigMap's text, whatever it encodes.
+async fn assignment_text(server: &TestServer) -> Option<String> {
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
+    let cm = cms.get_opt(&format!("{GROUP}-assignment")).await.unwrap()?;
+    cm.data?.get(DATA_KEY).cloned()
+}
+
+/// A Lease in the control namespace renewed by the test every second until `stop`.
+fn renew_lease_forever(
+    server: &TestServer,
+    who: &str,
+    lease: Lease,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let leases: Api<Lease> = Api::namespaced(server.client(who), CP_NS);
+    tokio::spawn(async move {
+        let name = lease.metadata.name.clone().unwrap();
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+        let mut n = 0i64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let mut l = leases.get(&name).await.unwrap();
+            let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + n).unwrap();
+            l.spec.as_mut().unwrap().renew_time = Some(MicroTime(t));
+            leases
+                .replace(&name, &PostParams::default(), &l)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// F1: a coordinator that cannot decode the assignment (here: a new member with another `S`, as in a
+/// rolling update that changes `S`) must never write over it; the old members keep owning, the new one
+/// admits nothing. Before the fix the S = 32 coordinator planned from scratch and replaced the ConfigMap
+/// while `a` kept admitting its S = 16 shards ("the S = 16 assignment was overwritten").
+#[tokio::test(start_paused = true)]
+async fn f01_a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a"], &log).await;
+    let a = &ms[0];
+    let before = assignment(&server).await.expect("an S = 16 assignment");
+    let c = spawn_with(
+        builder(&server, "c").shards(ShardCount::new(32).unwrap()),
+        "c",
+        &log,
+    );
+    tokio::time::sleep(LEASE).await;
+    // a leaves: c is the only member that may acquire the coordinator Lease
+    a.handle.leave();
+    until(LEASE * 4, "c coordinates", || c.handle.status().coordinator).await;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = assignment(&server).await;
+        let now = now.expect("the S = 16 assignment was overwritten");
+        assert_eq!(now.shards.get(), 16);
+        assert!(
+            now.view
+                .shards
+                .values()
+                .all(|e| e.owner.name.as_ref() == "a"),
+            "owners changed by a coordinator that cannot read the assignment"
+        );
+        let c_owns = c.handle.status().owned.len();
+        assert!(
+            c_owns == 0,
+            "dual admission: c (S = 32) owns {c_owns} shards while a (S = 16) owns {}",
+            owned_count(a)
+        );
+    }
+    assert_eq!(before.shards, assignment(&server).await.unwrap().shards);
+    assert_eq!(
+        owned_count(a),
+        16,
+        "a keeps its shards: nobody may take them"
+    );
+    check_fences(&log);
+}
+
+/// F1 (b): a ConfigMap deleted while the coordinator changes is re-created from the members' published
+/// admitted sets, not planned from scratch: a fresh coordinator keeps every owner.
+#[tokio::test(start_paused = true)]
+async fn f01_a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_sets() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let before = assignment(&server).await.unwrap();
+    // the coordinator dies; the assignment is deleted before anyone else leads
+    let lead = ms
+        .iter()
+        .position(|m| m.handle.status().coordinator)
+        .expect("a coordinator");
+    ms[lead].kill();
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
+    cms.delete(&format!("{GROUP}-assignment"), &DeleteParams::default())
+        .await
+        .unwrap();
+    // a fresh process joins and may become the coordinator
+    let d = spawn_with(builder(&server, "d").expected_replicas(3), "d", &log);
+    let alive: Vec<&Member> = ms
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != lead)
+        .map(|(_, m)| m)
+        .collect();
+    let recreated = {
+        let mut got = None;
+        for _ in 0..600 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if let Some(a) = assignment(&server).await {
+                got = Some(a);
+                break;
+            }
+        }
+        got.expect("re-created")
+    };
+    for m in &alive {
+        let id = m.handle.status().member;
+        for s in before.owned_by(&id).iter() {
+            let e = recreated.view.shards.get(&s);
+            assert!(
+                e.is_some_and(|e| e.owner == id),
+                "shard {s} of the live member {id} lost in the re-created assignment: {e:?}"
+            );
+        }
+    }
+    let mut all = alive.clone();
+    all.push(&d);
+    until(Duration::from_secs(60), "owned once", || {
+        each_shard_owned_once(&all)
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// F2: a fresh process that leads before its lease watch listed must not treat the owners it has not
+/// observed as gone. Before the fix `d` removed every shard from the assignment in one write ("shard 0
+/// lost its owner").
+#[tokio::test(start_paused = true)]
+async fn f02_an_unobserved_owner_is_never_gone() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let _ms = settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(LEASE).await;
+    let before = assignment(&server).await.unwrap();
+    // d's lease watch never lists
+    server.faults().fail_next(
+        Scope::identity("d"),
+        FailRule::status(500)
+            .verb(Verb::List)
+            .resource("leases")
+            .times(100_000),
+    );
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    leases
+        .delete(&format!("{GROUP}-coordinator"), &DeleteParams::default())
+        .await
+        .unwrap();
+    let _d = spawn(&server, "d", &log);
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = assignment(&server).await.expect("decodable");
+        for s in 0..16u32 {
+            let e = now.view.shards.get(&s);
+            let e = e.unwrap_or_else(|| panic!("shard {s} lost its owner"));
+            assert_eq!(
+                e.owner, before.view.shards[&s].owner,
+                "shard {s}: owner changed without a release or a takeover"
+            );
+        }
+    }
+    check_fences(&log);
+}
+
+/// F7: a deleted coordinator Lease is re-created by the members that had observed it, and takeovers
+/// resume. Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
+#[tokio::test(start_paused = true)]
+async fn f07_a_deleted_coordinator_lease_is_recreated() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    tokio::time::sleep(LEASE).await;
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    leases
+        .delete(&format!("{GROUP}-coordinator"), &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    until(LEASE * 5, "a coordinator", || {
+        ms.iter().any(|m| m.handle.status().coordinator)
+    })
+    .await;
+    ms[1].kill();
+    until(Duration::from_secs(30), "b's shards owned by a", || {
+        owned_count(&ms[0]) == 16
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// F5: the legacy leader gate fails closed: a read error holds admission. Before the fix a member whose
+/// reads of the legacy Lease failed (a 403) kept admitting beside a legacy leader that acquired it
+/// ("timed out after 5s waiting for held on read errors").
+#[tokio::test(start_paused = true)]
+async fn f05_the_legacy_gate_holds_on_read_errors() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let a = spawn_with(
+        builder(&server, "a").legacy_leader_lease("old-leader"),
+        "a",
+        &log,
+    );
+    until(Duration::from_secs(30), "settled", || {
+        each_shard_owned_once(&[&a])
+    })
+    .await;
+    assert!(
+        a.ownership().admission_hold().is_none(),
+        "no legacy leader: admitting"
+    );
+    // RBAC for the legacy Lease goes missing, and a legacy leader starts
+    server.faults().fail_next(
+        Scope::identity("a"),
+        FailRule::status(403)
+            .verb(Verb::Get)
+            .resource("leases")
+            .times(100_000),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let old = Lease {
+        metadata: ObjectMeta {
+            name: Some("old-leader".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("old-0".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    let renewer = renew_lease_forever(&server, "old", old, stop.clone());
+    until(Duration::from_secs(5), "held on read errors", || {
+        a.ownership().admission_hold().is_some()
+    })
+    .await;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            a.ownership().admit_shard(0).is_err(),
+            "admitting while the legacy Lease cannot be read"
+        );
+    }
+    // reads work again and show the live holder: still held
+    server.faults().clear();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(a.ownership().admission_hold().is_some());
+    stop.store(true, Ordering::Relaxed);
+    renewer.await.unwrap();
+    until(Duration::from_secs(30), "admitting once it is gone", || {
+        a.ownership().admission_hold().is_none()
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// F12: a group-labelled Lease with an invalid member identity (empty `holderIdentity`, a name that is not
+/// `<group>-<holder>`) is ignored: the coordinator never writes an assignment members cannot decode. Before
+/// the fix the planner moved shards to the empty identity ("the assignment no longer decodes").
+#[tokio::test(start_paused = true)]
+async fn f12_invalid_member_identities_are_ignored() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let evil = |name: &str, holder: &str| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [
+                    ("kube-shard.io/group".to_string(), GROUP.to_string()),
+                    ("kube-shard.io/role".to_string(), "member".to_string()),
+                ]
+                .into(),
+            ),
+            annotations: Some(
+                [(
+                    "kube-shard.io/incarnation".to_string(),
+                    "0123456789abcdef".to_string(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    let r1 = renew_lease_forever(&server, "evil", evil("demo-evil", ""), stop.clone());
+    let r2 = renew_lease_forever(&server, "evil2", evil("demo-x", "b"), stop.clone());
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            assignment(&server).await.is_some(),
+            "the assignment no longer decodes: {:?}",
+            assignment_text(&server).await
+        );
+    }
+    let refs: Vec<&Member> = ms.iter().collect();
+    assert!(each_shard_owned_once(&refs));
+    stop.store(true, Ordering::Relaxed);
+    r1.await.unwrap();
+    r2.await.unwrap();
+    check_fences(&log);
+}
+
+/// F13: an assignment with an absurd generation (`u64::MAX`) is refused, and once it is deleted the group
+/// goes on. Before the fix members applied it and every later generation saturated: the re-created
+/// assignment was never applied ("timed out after 30s waiting for c to own shards").
+#[tokio::test(start_paused = true)]
+async fn f13_an_absurd_generation_is_refused_and_cannot_freeze_the_group() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let gen = ms[0].handle.status().generation;
+    edit_assignment(&server, |a| a.view.generation = u64::MAX - 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for m in &ms {
+        let g = m.handle.status().generation;
+        assert!(g < u64::MAX / 2, "{} applied generation {g}", m.name);
+        assert!(g >= gen);
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
+    cms.delete(&format!("{GROUP}-assignment"), &DeleteParams::default())
+        .await
+        .unwrap();
+    ms.push(spawn(&server, "c", &log));
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "c to own shards", || {
+        owned_count(refs[2]) > 0 && each_shard_owned_once(&refs)
+    })
+    .await;
+    let a = assignment(&server).await.unwrap();
+    assert!(a.view.generation < u64::MAX / 2);
+    check_fences(&log);
+}
+
+/// The incarnation written in a member's Lease.
+async fn lease_incarnation(server: &TestServer, member: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    let l = leases
+        .get_opt(&format!("{GROUP}-{member}"))
+        .await
+        .unwrap()?;
+    l.metadata
+        .annotations?
+        .get("kube-shard.io/incarnation")
+        .cloned()
+}
+
+/// F3: a second process with the same member name whose lease watch is silent (frozen) must not claim the
+/// Lease while its holder renews. Before the fix the claim was judged on the frozen watch and written with a
+/// fresh read's resourceVersion, so it succeeded ("b2 claimed b's Lease while b renews").
+#[tokio::test(start_paused = true)]
+async fn f03_a_same_name_claim_never_displaces_a_renewing_holder() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    let b_inc = lease_incarnation(&server, "b").await.unwrap();
+    server.faults().freeze_watches(Scope::identity("b2"), true);
+    let _b2 = spawn_with(builder(&server, "b2").member("b"), "b2", &log);
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            lease_incarnation(&server, "b").await.as_deref(),
+            Some(b_inc.as_str()),
+            "b2 claimed b's Lease while b renews"
+        );
+    }
+    assert_eq!(&*ms[1].handle.status().member.incarnation, b_inc.as_str());
+    check_fences(&log);
+}
+
+/// F10: a member Lease deleted while the coordinator's lease watch was down (it resumes through a 410 and a
+/// relist, which sends no `Delete` event) must not leave its owner in limbo forever. Before the fix the victim's shards were never
+/// reassigned ("timed out after 30s waiting for the victim's shards to move").
+#[tokio::test(start_paused = true)]
+async fn f10_a_lease_deleted_during_a_relist_is_seen_deleted() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    tokio::time::sleep(LEASE).await;
+    let lead = ms
+        .iter()
+        .position(|m| m.handle.status().coordinator)
+        .expect("a coordinator");
+    let victim = 1 - lead;
+    // the coordinator's lease watch ends and cannot restart for a while (its writes work)
+    let lead_id = Scope::identity(ms[lead].name.as_str());
+    server.faults().fail_next(
+        lead_id.clone(),
+        FailRule::status(500)
+            .verb(Verb::Watch)
+            .resource("leases")
+            .times(3),
+    );
+    server.faults().close_watches(lead_id);
+    ms[victim].kill();
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    leases
+        .delete(
+            &format!("{GROUP}-{}", ms[victim].name),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    // the history the watch would resume from is gone: it relists (no Delete event for the victim)
+    server.faults().compact();
+    until(
+        Duration::from_secs(30),
+        "the victim's shards to move",
+        || owned_count(&ms[lead]) == 16,
+    )
+    .await;
+    check_fences(&log);
+}
+
+/// F6: while the coordinator's lease watch is silent (frozen) but its writes work, it judges nobody: no
+/// move is cancelled for a target that renews. Before the fix every move to the new member was cancelled
+/// "target not live" after a lease period of silence ("move to d cancelled while d renews").
+#[tokio::test(start_paused = true)]
+async fn f06_a_silent_lease_watch_cancels_no_move() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(LEASE).await;
+    let lead = ms
+        .iter()
+        .position(|m| m.handle.status().coordinator)
+        .expect("a coordinator");
+    let lead_name = ms[lead].name.clone();
+    ms.push(spawn(&server, "d", &log));
+    // moves to d in flight (Moving, or Draining while the sources' fences drain)
+    let mut moving = Vec::new();
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(a) = assignment(&server).await {
+            moving = a
+                .view
+                .shards
+                .iter()
+                .filter(|(_, e)| match &e.handoff {
+                    kube_shard::ownership::Handoff::Moving { to, .. }
+                    | kube_shard::ownership::Handoff::Draining { to, .. } => {
+                        to.name.as_ref() == "d"
+                    }
+                    _ => false,
+                })
+                .map(|(s, _)| *s)
+                .collect();
+            if !moving.is_empty() {
+                break;
+            }
+        }
+    }
+    assert!(!moving.is_empty(), "no move to d started");
+    server
+        .faults()
+        .freeze_watches(Scope::identity(lead_name.as_str()), true);
+    for _ in 0..(3 * LEASE.as_millis() / 50) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let a = assignment(&server).await.expect("decodable");
+        for s in &moving {
+            let e = &a.view.shards[s];
+            let cancelled =
+                e.owner.name.as_ref() != "d" && e.handoff == kube_shard::ownership::Handoff::Stable;
+            assert!(!cancelled, "move to d cancelled while d renews: shard {s}");
+        }
+    }
+    server
+        .faults()
+        .freeze_watches(Scope::identity(lead_name.as_str()), false);
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "d owns its share", || {
+        owned_count(refs[3]) > 0 && each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
