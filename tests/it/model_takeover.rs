@@ -1,6 +1,7 @@
 //! Model (ii): takeover and self-fencing. N = 2 names, S = 1 shard; time as inequalities.
 //!
-//! Drives the real [`MemberState::apply`]. Modelled: one lease per member name holding (incarnation,
+//! Drives the real [`MemberState::apply`], and the real `coordinator::step` for the reassignment of a gone
+//! owner's shard (`Reassign`). Modelled: one lease per member name holding (incarnation,
 //! resourceVersion, taken-over mark); renewals as a request *start* (reads the lease) and a conditional
 //! update (CAS on the resourceVersion read); the coordinator's observations of each lease on its own clock;
 //! takeover by a conditional write with the last observed resourceVersion; crashes; a restart under the same
@@ -22,10 +23,17 @@
 //! fence order; from every reachable state, once faults (crashes, expiries/pauses, restarts, new work, new
 //! writes) stop, a path leads to the shard Owned by exactly one live member with no work lost.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube_shard::group::assignment::Assignment;
+use kube_shard::group::coordinator::{self, Observed, StepInput};
+use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::{
     state::{Event, Input},
     AssignmentView, MemberId, MemberState, ShardAssignment, ShardState,
 };
+use kube_shard::{ShardCount, ShardKey};
 use stateright::{Model, Property};
 
 use crate::model_common::{check_liveness, check_safety, deep};
@@ -121,6 +129,54 @@ pub struct Takeover {
 
 fn id(name: u8, inc: u8) -> MemberId {
     MemberId::new(NAMES[name as usize], inc.to_string())
+}
+
+/// The real coordinator's reassignment (`kube_shard::group::coordinator::step`): the owner is gone (its
+/// takeover write succeeded, or another incarnation holds its name's lease), the chosen holder `to` is the
+/// only live member, so the planner gives it the orphaned shard at the new generation. `None` if the step
+/// decides anything else.
+fn real_reassign(asg: &Asg, to: (u8, u8)) -> Option<Asg> {
+    let mut cur = Assignment::empty(ShardCount::new(1).unwrap(), ShardKey::Uid);
+    cur.view = AssignmentView::new(asg.gen).with(
+        0,
+        ShardAssignment::owned(id(asg.owner.0, asg.owner.1), asg.epoch),
+    );
+    let observed = |who: (u8, u8), alive: bool, gone: bool| {
+        let mut report = MemberReport::default();
+        report.weight = 1;
+        Observed {
+            id: id(who.0, who.1),
+            alive,
+            expired: false,
+            gone,
+            report: Some(report),
+            joined: u64::from(who.0),
+            joining: false,
+        }
+    };
+    let mut members = vec![observed(asg.owner, false, true)];
+    if to != asg.owner {
+        members.push(observed(to, true, false));
+    }
+    let ages = BTreeMap::new();
+    let out = coordinator::step(&StepInput {
+        current: &cur,
+        members: &members,
+        now_ms: 0,
+        ready_to_plan: true,
+        may_take_over: false,
+        takeover_budget: 0,
+        move_ages: &ages,
+        move_timeout: Duration::from_secs(60),
+        max_concurrent_moves: 64,
+    });
+    let next = out.assignment?;
+    let e = next.view.shards.get(&0)?;
+    (e.owner == id(to.0, to.1)).then_some(Asg {
+        gen: next.view.generation,
+        owner: to,
+        epoch: e.epoch,
+    })
 }
 
 fn fenceable(p: &Proc) -> Option<u64> {
@@ -417,11 +473,7 @@ impl Model for Takeover {
             Act::Reassign(n) => {
                 let holder = st.leases[n as usize].holder;
                 st.prev = Some(st.asg);
-                st.asg = Asg {
-                    gen: st.asg.gen + 1,
-                    owner: (n, holder),
-                    epoch: st.asg.gen + 1,
-                };
+                st.asg = real_reassign(&st.asg, (n, holder))?;
             }
             Act::Apply(i, stale) => {
                 let v = if stale { st.prev? } else { st.asg };
