@@ -172,7 +172,7 @@ fn real_reassign(asg: &Asg, to: (u8, u8)) -> Option<Asg> {
     });
     let next = out.assignment?;
     let e = next.view.shards.get(&0)?;
-    (e.owner == id(to.0, to.1)).then(|| Asg {
+    (e.owner == id(to.0, to.1)).then_some(Asg {
         gen: next.view.generation,
         owner: to,
         epoch: e.epoch,
