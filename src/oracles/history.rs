@@ -170,9 +170,11 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Check the history; empty when every owner change was justified.
-#[must_use]
-pub fn check(history: &OwnershipHistory) -> Vec<Violation> {
+/// One owner change: (shard, assignment rv, previous owner's last version, new owner).
+type Change<'a> = (u32, u64, &'a ShardOwner, &'a ShardOwner);
+
+/// Every owner change in the history, in resourceVersion order.
+fn changes(history: &OwnershipHistory) -> Vec<Change<'_>> {
     let mut versions: Vec<&AssignmentVersion> = history.assignments.iter().collect();
     versions.sort_by_key(|v| v.rv);
     let mut last: BTreeMap<u32, &ShardOwner> = BTreeMap::new();
@@ -180,20 +182,36 @@ pub fn check(history: &OwnershipHistory) -> Vec<Violation> {
     for v in versions {
         for (shard, now) in &v.shards {
             if let Some(prev) = last.get(shard) {
-                if prev.owner != now.owner && !justified(history, *shard, prev, v.rv) {
-                    out.push(Violation::Unjustified {
-                        shard: *shard,
-                        rv: v.rv,
-                        from: prev.owner.clone(),
-                        to: now.owner.clone(),
-                        move_id: prev.move_id,
-                    });
+                if prev.owner != now.owner {
+                    out.push((*shard, v.rv, *prev, now));
                 }
             }
             last.insert(*shard, now);
         }
     }
     out
+}
+
+/// How many owner changes (not counting first assignments) the history holds: what [`check`] judges.
+#[must_use]
+pub fn owner_changes(history: &OwnershipHistory) -> usize {
+    changes(history).len()
+}
+
+/// Check the history; empty when every owner change was justified.
+#[must_use]
+pub fn check(history: &OwnershipHistory) -> Vec<Violation> {
+    changes(history)
+        .into_iter()
+        .filter(|(shard, rv, prev, _)| !justified(history, *shard, prev, *rv))
+        .map(|(shard, rv, prev, now)| Violation::Unjustified {
+            shard,
+            rv,
+            from: prev.owner.clone(),
+            to: now.owner.clone(),
+            move_id: prev.move_id,
+        })
+        .collect()
 }
 
 /// A Lease version of `prev.owner` committed before `rv` releases `shard` under its move or marks it taken over.

@@ -72,6 +72,11 @@ fn clean() -> OwnershipHistory {
 #[test]
 fn a_released_move_and_a_takeover_justify_their_changes() {
     assert_eq!(check(&clean()), vec![]);
+    assert_eq!(
+        owner_changes(&clean()),
+        2,
+        "shard 1 by move 7, shard 0 by takeover"
+    );
     assert_justified(&clean());
 }
 

@@ -423,7 +423,11 @@ async fn three_members_settle_into_one_plan() {
         .iter()
         .filter(|m| m.handle.metrics().snapshot().coordinator);
     assert_eq!(coordinators.count(), 1);
-    crate::oracle_support::check_ownership_history(&server);
+    assert_eq!(
+        crate::oracle_support::check_ownership_history(&server),
+        0,
+        "a cold start changes no owner"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -503,7 +507,10 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
     // drain-before-activate; it must stay short (no barrier to wait for here: no read streams)
     eprintln!("graceful leave: longest stretch with a shard served by nobody: {longest:?}");
     assert!(longest <= RETRY, "handoff gap {longest:?}");
-    crate::oracle_support::check_ownership_history(&server);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -571,7 +578,10 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
             );
         }
     }
-    crate::oracle_support::check_ownership_history(&server);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     // the takeover is visible as an Event and a counter
     let events: Api<k8s_openapi::api::core::v1::Event> =
@@ -631,7 +641,10 @@ async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() 
     let g = victim.handle.metrics().snapshot();
     assert_eq!((g.self_fences, g.rejoins), (1, 1), "{g:?}");
     assert_eq!(ms[0].handle.metrics().snapshot().self_fences, 0);
-    crate::oracle_support::check_ownership_history(&server);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -989,7 +1002,10 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
         latest.len(),
         seen.lock().unwrap().values().map(Vec::len).sum::<usize>()
     );
-    crate::oracle_support::check_ownership_history(&server);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -1050,7 +1066,10 @@ async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
         0,
         "every move finished or was cancelled"
     );
-    crate::oracle_support::check_ownership_history(&server);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }

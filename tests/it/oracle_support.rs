@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
 use kube_shard::oracles::history::{
-    assert_justified, AssignmentVersion, LeaseVersion, OwnershipHistory,
+    assert_justified, owner_changes, AssignmentVersion, LeaseVersion, OwnershipHistory,
 };
 use kube_shard::oracles::quiescence::FencedCommit;
 use kube_shard::token::FENCE_ANNOTATION;
@@ -88,7 +88,7 @@ fn member_lease(c: &Commit) -> Option<LeaseVersion> {
     ))
 }
 
-/// The ownership-history oracle on what was recorded; returns the number of assignment versions checked.
+/// The ownership-history oracle on what was recorded; returns the number of owner changes it judged.
 pub(crate) fn check_ownership_history(server: &TestServer) -> usize {
     let h = ownership_history(server);
     assert!(
@@ -96,7 +96,13 @@ pub(crate) fn check_ownership_history(server: &TestServer) -> usize {
         "no assignment version recorded: was record_group called before the members started?"
     );
     assert_justified(&h);
-    h.assignments.len()
+    let changes = owner_changes(&h);
+    eprintln!(
+        "ownership history: {} assignment and {} lease versions, {changes} owner changes, all justified",
+        h.assignments.len(),
+        h.leases.len()
+    );
+    changes
 }
 
 /// Every recorded commit that `filter` covers, as the fence-epoch oracle's input (the raw
