@@ -375,6 +375,7 @@ fn server() -> TestServer {
 async fn three_members_settle_into_one_plan() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let ms: Vec<Member> = ["a", "b", "c"]
         .iter()
@@ -422,6 +423,11 @@ async fn three_members_settle_into_one_plan() {
         .iter()
         .filter(|m| m.handle.metrics().snapshot().coordinator);
     assert_eq!(coordinators.count(), 1);
+    assert_eq!(
+        crate::oracle_support::check_ownership_history(&server),
+        0,
+        "a cold start changes no owner"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -430,6 +436,7 @@ async fn three_members_settle_into_one_plan() {
 async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     let before = assignment(&server).await.unwrap();
@@ -500,6 +507,10 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
     // drain-before-activate; it must stay short (no barrier to wait for here: no read streams)
     eprintln!("graceful leave: longest stretch with a shard served by nobody: {longest:?}");
     assert!(longest <= RETRY, "handoff gap {longest:?}");
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -508,6 +519,7 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
 async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fences_end() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     // let the coordinator's renewals be continuous for a lease period
@@ -566,6 +578,10 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
             );
         }
     }
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     // the takeover is visible as an Event and a counter
     let events: Api<k8s_openapi::api::core::v1::Event> =
@@ -590,6 +606,7 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
 async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
@@ -624,6 +641,10 @@ async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() 
     let g = victim.handle.metrics().snapshot();
     assert_eq!((g.self_fences, g.rejoins), (1, 1), "{g:?}");
     assert_eq!(ms[0].handle.metrics().snapshot().self_fences, 0);
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -852,6 +873,10 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
 async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
+    server.history().record(
+        kube_shard_testserver::ResourceFilter::resource("configmaps").namespace(crate::watcher::NS),
+    );
     let all = crate::watcher::seed(&server.client("admin"), 300).await;
     let log = FenceLog::default();
     let seen: Seen = Arc::default();
@@ -936,10 +961,50 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
         },
     )
     .await;
+    // the quiescence oracle: committed fence epochs per uid never went back (the writer's edits carry no
+    // fence, the members write none here: the check covers whatever fenced commit there is), and each
+    // latest version was reconciled by the owner of its shard in the final assignment
+    {
+        use kube_shard::oracles::quiescence::{assert_quiescent, ObjectState, Reconcile};
+        let objects_filter = kube_shard_testserver::ResourceFilter::resource("configmaps")
+            .namespace(crate::watcher::NS);
+        let commits = crate::oracle_support::fenced_commits(&server, &objects_filter);
+        assert!(
+            commits.len() >= latest.len(),
+            "the objects' history was recorded"
+        );
+        let owners = crate::oracle_support::final_owners(&assignment(&server).await.unwrap());
+        let version = |v: &str| v.parse::<u64>().expect("numeric versions");
+        let objects: Vec<ObjectState> = latest
+            .iter()
+            .map(|(name, (uid, v))| ObjectState {
+                key: name.clone(),
+                shard: crate::watcher::shard_of_uid(uid),
+                generation: version(v),
+            })
+            .collect();
+        let reconciles: Vec<Reconcile> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|(name, rs)| {
+                rs.iter().map(|(m, v)| Reconcile {
+                    member: m.clone(),
+                    key: name.clone(),
+                    generation: version(v),
+                })
+            })
+            .collect();
+        assert_quiescent(&commits, &objects, &owners, &reconciles);
+    }
     eprintln!(
         "churn: {rounds} write rounds over {} objects; {} reconciles recorded",
         latest.len(),
         seen.lock().unwrap().values().map(Vec::len).sum::<usize>()
+    );
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
     );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
@@ -949,6 +1014,7 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
 async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
@@ -1000,6 +1066,10 @@ async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
         0,
         "every move finished or was cancelled"
     );
+    assert!(
+        crate::oracle_support::check_ownership_history(&server) > 0,
+        "the oracle judged the scenario's owner changes"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -1015,6 +1085,7 @@ async fn randomized_churn_keeps_the_safety_contract() {
         .unwrap_or(6);
     let server = server();
     setup(&server).await;
+    crate::oracle_support::record_group(&server);
     let log = FenceLog::default();
     let mut next_name = 0u32;
     let mut live: Vec<Member> = Vec::new();
@@ -1071,6 +1142,7 @@ async fn randomized_churn_keeps_the_safety_contract() {
         each_shard_owned_once(&refs)
     })
     .await;
+    crate::oracle_support::check_ownership_history(&server);
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }

@@ -4,6 +4,7 @@ mod group;
 mod model_common;
 mod model_handoff;
 mod model_takeover;
+mod oracle_support;
 mod realtime;
 mod safety_group;
 mod safety_read;
