@@ -7,4 +7,5 @@ mod model_takeover;
 mod realtime;
 mod safety_group;
 mod safety_read;
+mod safety_scenarios;
 mod watcher;

@@ -1,0 +1,395 @@
+//! Scenario families of the safety review (issue 14, steps 4 and 5) on testserver's in-memory API server
+//! in paused time, with the whole stack where the scenario needs it: a `ShardGroup`, a sharded reflector
+//! and a kube `Controller` whose trigger stream goes through `predicate_filter(generation)`.
+//!
+//! No lost work through `predicate_filter`: the filter drops every re-emission of a generation it has
+//! already passed, and the admission wrapper answers `await_change` to a held or self-fenced member, so an
+//! object whose last reconcile did not succeed and that never changes again is reconciled only if the
+//! library re-enqueues it (`Sharded::reenqueue`) when its shard becomes admitted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
+use kube::Api;
+use kube_shard::group::ShardGroupBuilder;
+use kube_shard_testserver::TestServer;
+
+use crate::group::{
+    builder, check_fences, each_shard_owned_once, owned_count, setup, until, FenceLog, Freeze,
+    Member,
+};
+use crate::watcher::shard_of_uid;
+
+const NS: &str = "widgets";
+
+fn server() -> TestServer {
+    TestServer::builder().shard_selector(true).build()
+}
+
+// === Widgets: a custom resource, so `metadata.generation` is maintained ===
+
+fn widget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.kube-shard.io", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+fn widgets(server: &TestServer, who: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(server.client(who), NS, &widget_resource())
+}
+
+/// Install the Widget CRD and create `n` Widgets; name → uid.
+async fn seed_widgets(server: &TestServer, n: usize) -> BTreeMap<String, String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let admin = server.client("admin");
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.kube-shard.io"},
+        "spec": {
+            "group": "example.kube-shard.io",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap();
+    Api::<CustomResourceDefinition>::all(admin.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .unwrap();
+    Api::<Namespace>::all(admin)
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NS.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .unwrap();
+    let api = widgets(server, "admin");
+    let mut out = BTreeMap::new();
+    for i in 0..n {
+        let mut w = DynamicObject::new(&format!("w-{i}"), &widget_resource()).within(NS);
+        w.data = serde_json::json!({"spec": {"v": 0}});
+        let w = api.create(&PostParams::default(), &w).await.unwrap();
+        out.insert(w.metadata.name.unwrap(), w.metadata.uid.unwrap());
+    }
+    out
+}
+
+/// Change every Widget's spec (a new generation).
+async fn bump_widgets(server: &TestServer, names: impl Iterator<Item = &String>, v: u32) {
+    let api = widgets(server, "writer");
+    for n in names {
+        let patch = serde_json::json!({"spec": {"v": v}});
+        api.patch(n, &Default::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+// === a full-stack worker that records every reconcile ===
+
+/// One reconcile the worker's reconciler ran (past the admission wrapper).
+#[derive(Clone, Debug)]
+struct Rec {
+    member: String,
+    name: String,
+    generation: i64,
+    ok: bool,
+}
+
+#[derive(Clone, Default)]
+struct Recs(Arc<Mutex<Vec<Rec>>>);
+
+impl Recs {
+    fn any(&self, f: impl Fn(&Rec) -> bool) -> bool {
+        self.0.lock().unwrap().iter().any(f)
+    }
+
+    /// `member` reconciled `name` at `generation` successfully.
+    fn done(&self, member: &str, name: &str, generation: i64) -> bool {
+        self.any(|r| r.ok && r.member == member && r.name == name && r.generation == generation)
+    }
+
+    fn failed(&self, member: &str, name: &str) -> bool {
+        self.any(|r| !r.ok && r.member == member && r.name == name)
+    }
+}
+
+/// A member with the whole stack: its group (from `b`), a sharded reflector of Widgets, and a Controller
+/// whose trigger stream goes through `predicate_filter(generation)` and whose reconciles go through the
+/// admission wrapper. While `failing` is set, every reconcile this member runs fails (the error policy
+/// retries it after a second).
+fn spawn_widget_worker(
+    server: &TestServer,
+    b: ShardGroupBuilder,
+    name: &str,
+    log: &FenceLog,
+    recs: &Recs,
+    failing: Arc<AtomicBool>,
+) -> Member {
+    use futures::StreamExt;
+    use kube::runtime::predicates;
+    use kube::runtime::{controller::Action, watcher, Controller, PredicateConfig, WatchStreamExt};
+    use kube_shard::ownership::reconcile;
+
+    let group = b.build().expect("valid config");
+    let (handle, task) = group.start();
+    let ownership = handle.ownership();
+    log.observe(&ownership);
+    let sharded = kube_shard::ShardedWatcher::new_with(
+        widgets(server, name),
+        watcher::Config::default(),
+        ownership.clone(),
+        widget_resource(),
+    )
+    .barrier_timeout(Duration::from_secs(1))
+    .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let trigger = sharded
+        .events
+        .applied_objects()
+        .predicate_filter(predicates::generation, PredicateConfig::default());
+    let who = name.to_owned();
+    let recs = recs.clone();
+    let controller = Controller::for_stream_with(trigger, store, widget_resource())
+        .reconcile_on(sharded.reenqueue)
+        .run(
+            reconcile::wrap(
+                ownership.clone(),
+                move |w: Arc<DynamicObject>, _ctx: Arc<()>, permit| {
+                    let rec = Rec {
+                        member: who.clone(),
+                        name: w.metadata.name.clone().unwrap_or_default(),
+                        generation: w.metadata.generation.unwrap_or_default(),
+                        ok: !failing.load(Ordering::Relaxed) && permit.fence().is_ok(),
+                    };
+                    let ok = rec.ok;
+                    recs.0.lock().unwrap().push(rec);
+                    async move {
+                        if ok {
+                            Ok(Action::await_change())
+                        } else {
+                            Err(std::io::Error::other("reconcile failed"))
+                        }
+                    }
+                },
+            ),
+            |_, _, _| Action::requeue(Duration::from_secs(1)),
+            Arc::new(()),
+        )
+        .for_each(|_| async {});
+    let freeze = Freeze::default();
+    let task = tokio::spawn(freeze.wrap(async move {
+        let group = async move {
+            if let Err(e) = task.await {
+                panic!("member task failed: {e}");
+            }
+        };
+        futures::future::join(group, controller).await;
+    }));
+    let logger = tokio::spawn(freeze.wrap(crate::group::fence_logger(
+        name.to_owned(),
+        handle.ownership(),
+        log.clone(),
+    )));
+    Member {
+        name: name.to_owned(),
+        handle,
+        task,
+        logger,
+        freeze,
+    }
+}
+
+/// A leader-election Lease held by `holder` (renewed by `safety_group::renew_lease_forever`).
+fn legacy_lease(name: &str, holder: &str) -> k8s_openapi::api::coordination::v1::Lease {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+fn admits(m: &Member, uid: &str) -> bool {
+    m.ownership().admit_shard(shard_of_uid(uid)).is_ok()
+}
+
+// === 1. no lost work through predicate_filter ===
+
+/// An object whose reconciles keep failing on its owner `a` while its shard moves to `b` (a scale-up, then
+/// `a`'s graceful leave), and that never changes again, is reconciled by `b`.
+#[tokio::test(start_paused = true)]
+async fn a_failed_reconcile_moved_with_its_shard_is_done_by_the_new_owner() {
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 40).await;
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let a = spawn_widget_worker(
+        &server,
+        builder(&server, "a"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(true)),
+    );
+    until(Duration::from_secs(30), "a tried every widget", || {
+        uids.keys().all(|n| recs.failed("a", n))
+    })
+    .await;
+    let b = spawn_widget_worker(
+        &server,
+        builder(&server, "b"),
+        "b",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+    );
+    until(Duration::from_secs(60), "a and b settle", || {
+        owned_count(&b) > 0 && each_shard_owned_once(&[&a, &b])
+    })
+    .await;
+    until(
+        Duration::from_secs(30),
+        "b reconciled every widget of the shards it received",
+        || {
+            uids.iter()
+                .filter(|(_, u)| admits(&b, u))
+                .all(|(n, _)| recs.done("b", n, 1))
+        },
+    )
+    .await;
+    a.handle.leave();
+    until(Duration::from_secs(60), "b owns everything", || {
+        owned_count(&b) == 16
+    })
+    .await;
+    until(Duration::from_secs(30), "b reconciled every widget", || {
+        uids.keys().all(|n| recs.done("b", n, 1))
+    })
+    .await;
+    assert!(
+        !recs.any(|r| r.ok && r.member == "a"),
+        "a's reconciles all failed: the work was b's to do"
+    );
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
+
+/// A Widget seen while its owner is held by the legacy leader gate was refused by the admission wrapper
+/// (`await_change`) and the filter will never pass its generation again: it is reconciled when the hold
+/// lifts.
+#[tokio::test(start_paused = true)]
+async fn a_widget_refused_under_a_hold_is_done_when_the_hold_lifts() {
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 20).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let renewer = crate::safety_group::renew_lease_forever(
+        &server,
+        "old",
+        legacy_lease("old-leader", "old-0"),
+        stop.clone(),
+    );
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let a = spawn_widget_worker(
+        &server,
+        builder(&server, "a").legacy_leader_lease("old-leader"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+    );
+    until(Duration::from_secs(30), "a owns everything", || {
+        owned_count(&a) == 16
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(a.ownership().admission_hold().is_some(), "held");
+    assert!(
+        !recs.any(|_| true),
+        "nothing reconciled beside a live legacy leader"
+    );
+    stop.store(true, Ordering::Relaxed);
+    renewer.await.unwrap();
+    until(Duration::from_secs(30), "a reconciled every widget", || {
+        uids.keys().all(|n| recs.done("a", n, 1))
+    })
+    .await;
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
+
+/// A Widget changed while its owner is self-fenced (its Lease writes fail) is refused by the admission
+/// wrapper (`await_change`); the filter will not pass that generation again: it is reconciled once the
+/// member renews and un-fences.
+#[tokio::test(start_paused = true)]
+async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renewal() {
+    use kube_shard_testserver::{FailRule, Scope};
+
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 20).await;
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let a = spawn_widget_worker(
+        &server,
+        builder(&server, "a"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+    );
+    until(Duration::from_secs(30), "a reconciled every widget", || {
+        uids.keys().all(|n| recs.done("a", n, 1))
+    })
+    .await;
+    server.faults().fail_next(
+        Scope::identity("a"),
+        FailRule::status(500).resource("leases").times(1_000_000),
+    );
+    until(Duration::from_secs(30), "a self-fences", || {
+        a.ownership().is_self_fenced()
+    })
+    .await;
+    bump_widgets(&server, uids.keys(), 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(a.ownership().is_self_fenced(), "still self-fenced");
+    assert!(
+        !recs.any(|r| r.generation == 2),
+        "nothing reconciled while self-fenced"
+    );
+    server.faults().clear();
+    until(Duration::from_secs(60), "a reconciled every change", || {
+        uids.keys().all(|n| recs.done("a", n, 2))
+    })
+    .await;
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
