@@ -393,3 +393,99 @@ async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renew
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
+
+// === 2. mixed S in one group ===
+
+/// `a` and `b` at S = 16 settle (full stack, Widgets); `c` at S = 32 joins the same group and namespace and
+/// becomes the coordinator once the old one leaves (`b` cannot take the coordinator Lease). `c` refuses
+/// the assignment loudly (a Warning `InvalidAssignment` Event), never writes over it, and reconciles
+/// nothing: no Widget is reconciled by two generations. Extends `safety_group::f01_*` with the whole
+/// stack, a second S = 16 member and the Event.
+#[tokio::test(start_paused = true)]
+async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube_shard::ShardCount;
+    use kube_shard_testserver::{FailRule, Scope};
+
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 40).await;
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let ok = || Arc::new(AtomicBool::new(false));
+    let a = spawn_widget_worker(&server, builder(&server, "a"), "a", &log, &recs, ok());
+    let b = spawn_widget_worker(&server, builder(&server, "b"), "b", &log, &recs, ok());
+    until(Duration::from_secs(60), "a and b settle", || {
+        owned_count(&a) > 0 && each_shard_owned_once(&[&a, &b])
+    })
+    .await;
+    until(Duration::from_secs(30), "every widget reconciled", || {
+        uids.keys()
+            .all(|n| recs.done("a", n, 1) || recs.done("b", n, 1))
+    })
+    .await;
+    let before = crate::group::assignment(&server).await.expect("S = 16");
+    // the old coordinator leaves; b may not take the coordinator Lease, so c (S = 32) coordinates
+    let (lead, other) = if a.handle.status().coordinator {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    assert!(lead.handle.status().coordinator, "a coordinator");
+    server.faults().fail_next(
+        Scope::identity(other.name.as_str()),
+        FailRule::status(500)
+            .resource("leases")
+            .name(format!("{}-coordinator", crate::group::GROUP))
+            .times(1_000_000),
+    );
+    let c = spawn_widget_worker(
+        &server,
+        builder(&server, "c").shards(ShardCount::new(32).unwrap()),
+        "c",
+        &log,
+        &recs,
+        ok(),
+    );
+    tokio::time::sleep(crate::group::LEASE).await;
+    lead.handle.leave();
+    until(Duration::from_secs(30), "c coordinates", || {
+        c.handle.status().coordinator
+    })
+    .await;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = crate::group::assignment(&server).await;
+        let now = now.expect("the S = 16 assignment was overwritten");
+        assert!(
+            now.view.generation >= before.view.generation,
+            "generation went back"
+        );
+        assert!(
+            now.view
+                .shards
+                .values()
+                .all(|e| ["a", "b"].contains(&e.owner.name.as_ref())),
+            "an owner outside the S = 16 members: {now:?}"
+        );
+        assert!(c.handle.status().owned.is_empty(), "c owns shards");
+        for s in 0..32 {
+            assert!(c.ownership().admit_shard(s).is_err(), "c admits shard {s}");
+        }
+    }
+    assert!(
+        !recs.any(|r| r.member == "c"),
+        "c reconciled a Widget beside the S = 16 owners"
+    );
+    let events: Api<Event> = Api::namespaced(server.client("admin"), crate::group::CP_NS);
+    let refused = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("InvalidAssignment"));
+    assert!(refused, "c's refusal is not visible as an Event");
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
