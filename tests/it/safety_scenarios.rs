@@ -111,6 +111,7 @@ struct Rec {
     name: String,
     generation: i64,
     ok: bool,
+    at: tokio::time::Instant,
 }
 
 #[derive(Clone, Default)]
@@ -178,6 +179,7 @@ fn spawn_widget_worker(
                         name: w.metadata.name.clone().unwrap_or_default(),
                         generation: w.metadata.generation.unwrap_or_default(),
                         ok: !failing.load(Ordering::Relaxed) && permit.fence().is_ok(),
+                        at: tokio::time::Instant::now(),
                     };
                     let ok = rec.ok;
                     recs.0.lock().unwrap().push(rec);
@@ -486,6 +488,144 @@ async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing(
         .into_iter()
         .any(|e| e.reason.as_deref() == Some("InvalidAssignment"));
     assert!(refused, "c's refusal is not visible as an Event");
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
+}
+
+// === 3. a change of S is a new group ===
+
+/// `builder` for `name` in group `group` (the suite's timings).
+fn builder_in(server: &TestServer, group: &str, name: &str) -> ShardGroupBuilder {
+    use kube_shard::group::ShardGroup;
+    ShardGroup::builder(server.client(name), group, crate::group::CP_NS)
+        .member(name)
+        .shards(crate::group::s())
+        .key(kube_shard::ShardKey::Uid)
+        .timings(
+            crate::group::LEASE,
+            crate::group::RENEW,
+            crate::group::RETRY,
+        )
+        .takeover_grace(crate::group::GRACE)
+        .drain_timeout(crate::group::DRAIN)
+        .fence_margin(crate::group::MARGIN)
+        .settle(Duration::from_secs(1), Duration::from_millis(500))
+}
+
+/// Step 5: roll S = 16 (group `old`, two members) to S = 32 (group `new`, two members) under a writer that
+/// keeps changing Widgets. The new group is configured with `legacy_leader_lease("control/old-coordinator")`:
+/// it admits nothing while the old group's coordinator Lease has a live holder. Then the old members leave
+/// gracefully. No Widget is reconciled by both generations at overlapping times (every success of an old
+/// member precedes every success of a new one, per Widget), and at the end every Widget's latest
+/// generation is reconciled by a new member.
+#[tokio::test(start_paused = true)]
+async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
+    use kube_shard::ShardCount;
+
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 30).await;
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let ok = || Arc::new(AtomicBool::new(false));
+    let old: Vec<Member> = ["o1", "o2"]
+        .iter()
+        .map(|n| spawn_widget_worker(&server, builder_in(&server, "old", n), n, &log, &recs, ok()))
+        .collect();
+    until(Duration::from_secs(60), "the old group settles", || {
+        old.iter().map(owned_count).sum::<usize>() == 16
+    })
+    .await;
+    until(Duration::from_secs(30), "every widget reconciled", || {
+        uids.keys()
+            .all(|n| recs.done("o1", n, 1) || recs.done("o2", n, 1))
+    })
+    .await;
+    // the writer changes every Widget, round after round
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (server, stop) = (server.clone(), stop.clone());
+        let names: Vec<String> = uids.keys().cloned().collect();
+        tokio::spawn(async move {
+            let mut v = 0;
+            while !stop.load(Ordering::Relaxed) {
+                v += 1;
+                bump_widgets(&server, names.iter(), v).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let new: Vec<Member> = ["n1", "n2"]
+        .iter()
+        .map(|n| {
+            let b = builder_in(&server, "new", n)
+                .shards(ShardCount::new(32).unwrap())
+                .legacy_leader_lease(format!("{}/old-coordinator", crate::group::CP_NS));
+            spawn_widget_worker(&server, b, n, &log, &recs, ok())
+        })
+        .collect();
+    tokio::time::sleep(crate::group::LEASE * 3).await;
+    for m in &new {
+        assert!(
+            m.ownership().admission_hold().is_some(),
+            "{} admits beside the old group's live coordinator",
+            m.name
+        );
+    }
+    assert!(!recs.any(|r| r.member.starts_with('n')), "held");
+    for m in &old {
+        m.handle.leave();
+    }
+    until(
+        Duration::from_secs(60),
+        "the new group owns every shard",
+        || {
+            new.iter().map(owned_count).sum::<usize>() == 32
+                && new.iter().all(|m| m.ownership().admission_hold().is_none())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let api = widgets(&server, "admin");
+    let latest: BTreeMap<String, i64> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|w| (w.metadata.name.unwrap(), w.metadata.generation.unwrap()))
+        .collect();
+    until(
+        Duration::from_secs(60),
+        "every widget's latest generation reconciled by a new member",
+        || {
+            latest
+                .iter()
+                .all(|(n, g)| recs.done("n1", n, *g) || recs.done("n2", n, *g))
+        },
+    )
+    .await;
+    let all = recs.0.lock().unwrap().clone();
+    for n in uids.keys() {
+        let last_old = all
+            .iter()
+            .filter(|r| r.ok && &r.name == n && r.member.starts_with('o'))
+            .map(|r| r.at)
+            .max();
+        let first_new = all
+            .iter()
+            .filter(|r| r.ok && &r.name == n && r.member.starts_with('n'))
+            .map(|r| r.at)
+            .min();
+        if let (Some(o), Some(f)) = (last_old, first_new) {
+            assert!(
+                o < f,
+                "{n}: reconciled by the old group at {o:?} after the new group at {f:?}"
+            );
+        }
+    }
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
