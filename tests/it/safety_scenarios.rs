@@ -629,3 +629,75 @@ async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
+
+// === 4. observers with partial or lagging views ===
+
+/// Only the coordinator's Lease watch goes quiet (the fault is narrowed to `leases`; its assignment watch
+/// and every write work) during a scale-up with moves in flight. For three lease periods: no move to the
+/// joiner is cancelled ("target not live"), no shard leaves its owner for anyone but the joiner (no
+/// takeover of a renewing member, no Draining re-granted to its source). Extends `safety_group::f06_*`
+/// (which freezes every watch of the coordinator) to the narrowed fault and to every shard.
+#[tokio::test(start_paused = true)]
+async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
+    use kube_shard::ownership::Handoff;
+    use kube_shard_testserver::Scope;
+
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = crate::group::settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(crate::group::LEASE).await;
+    let lead = ms
+        .iter()
+        .position(|m| m.handle.status().coordinator)
+        .expect("a coordinator");
+    let lead_name = ms[lead].name.clone();
+    ms.push(crate::group::spawn(&server, "d", &log));
+    let to_d = |h: &Handoff| match h {
+        Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => to.name.as_ref() == "d",
+        _ => false,
+    };
+    let mut before = None;
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(a) = crate::group::assignment(&server).await {
+            if a.view.shards.values().any(|e| to_d(&e.handoff)) {
+                before = Some(a);
+                break;
+            }
+        }
+    }
+    let before = before.expect("no move to d started");
+    let frozen = Scope::identity(lead_name.as_str()).resource("leases");
+    server.faults().freeze_watches(frozen.clone(), true);
+    let mut prev = before.clone();
+    for _ in 0..(3 * crate::group::LEASE.as_millis() / 50) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = crate::group::assignment(&server).await.expect("decodable");
+        for (s, e) in &now.view.shards {
+            let was = &before.view.shards[s];
+            assert!(
+                e.owner == was.owner || e.owner.name.as_ref() == "d",
+                "shard {s} left {} for {} while every member renews",
+                was.owner,
+                e.owner
+            );
+            let p = &prev.view.shards[s];
+            if to_d(&p.handoff) {
+                let cancelled = e.owner.name.as_ref() != "d" && e.handoff == Handoff::Stable;
+                assert!(
+                    !cancelled,
+                    "move of shard {s} to d cancelled while d renews"
+                );
+            }
+        }
+        prev = now;
+    }
+    server.faults().freeze_watches(frozen, false);
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "d owns its share", || {
+        owned_count(refs[3]) > 0 && each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
