@@ -144,15 +144,73 @@ fn spawn_widget_worker(
     recs: &Recs,
     failing: Arc<AtomicBool>,
 ) -> Member {
-    use futures::StreamExt;
-    use kube::runtime::predicates;
-    use kube::runtime::{controller::Action, watcher, Controller, PredicateConfig, WatchStreamExt};
-    use kube_shard::ownership::reconcile;
+    spawn_widget_worker_late(server, b, name, log, recs, failing, None)
+}
+
+/// [`spawn_widget_worker`], whose watcher and Controller are created `late` after the group started
+/// (`None`: before its task runs).
+fn spawn_widget_worker_late(
+    server: &TestServer,
+    b: ShardGroupBuilder,
+    name: &str,
+    log: &FenceLog,
+    recs: &Recs,
+    failing: Arc<AtomicBool>,
+    late: Option<Duration>,
+) -> Member {
+    use futures::FutureExt;
 
     let group = b.build().expect("valid config");
     let (handle, task) = group.start();
     let ownership = handle.ownership();
     log.observe(&ownership);
+    let controller = match late {
+        None => widget_controller(server, name, ownership, recs, failing).boxed(),
+        Some(delay) => {
+            let (server, name, recs) = (server.clone(), name.to_owned(), recs.clone());
+            async move {
+                tokio::time::sleep(delay).await;
+                widget_controller(&server, &name, ownership, &recs, failing).await;
+            }
+            .boxed()
+        }
+    };
+    let freeze = Freeze::default();
+    let task = tokio::spawn(freeze.wrap(async move {
+        let group = async move {
+            if let Err(e) = task.await {
+                panic!("member task failed: {e}");
+            }
+        };
+        futures::future::join(group, controller).await;
+    }));
+    let logger = tokio::spawn(freeze.wrap(crate::group::fence_logger(
+        name.to_owned(),
+        handle.ownership(),
+        log.clone(),
+    )));
+    Member {
+        name: name.to_owned(),
+        handle,
+        task,
+        logger,
+        freeze,
+    }
+}
+
+/// The sharded reflector of Widgets and the Controller over it (built now, run by the future).
+fn widget_controller(
+    server: &TestServer,
+    name: &str,
+    ownership: kube_shard::ownership::Ownership,
+    recs: &Recs,
+    failing: Arc<AtomicBool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    use futures::StreamExt;
+    use kube::runtime::predicates;
+    use kube::runtime::{controller::Action, watcher, Controller, PredicateConfig, WatchStreamExt};
+    use kube_shard::ownership::reconcile;
+
     let sharded = kube_shard::ShardedWatcher::new_with(
         widgets(server, name),
         watcher::Config::default(),
@@ -168,7 +226,7 @@ fn spawn_widget_worker(
         .predicate_filter(predicates::generation, PredicateConfig::default());
     let who = name.to_owned();
     let recs = recs.clone();
-    let controller = Controller::for_stream_with(trigger, store, widget_resource())
+    Controller::for_stream_with(trigger, store, widget_resource())
         .reconcile_on(sharded.reenqueue)
         .run(
             reconcile::wrap(
@@ -195,28 +253,7 @@ fn spawn_widget_worker(
             |_, _, _| Action::requeue(Duration::from_secs(1)),
             Arc::new(()),
         )
-        .for_each(|_| async {});
-    let freeze = Freeze::default();
-    let task = tokio::spawn(freeze.wrap(async move {
-        let group = async move {
-            if let Err(e) = task.await {
-                panic!("member task failed: {e}");
-            }
-        };
-        futures::future::join(group, controller).await;
-    }));
-    let logger = tokio::spawn(freeze.wrap(crate::group::fence_logger(
-        name.to_owned(),
-        handle.ownership(),
-        log.clone(),
-    )));
-    Member {
-        name: name.to_owned(),
-        handle,
-        task,
-        logger,
-        freeze,
-    }
+        .for_each(|_| async {})
 }
 
 /// A leader-election Lease held by `holder` (renewed by `safety_group::renew_lease_forever`).
@@ -700,4 +737,47 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
     })
     .await;
     check_fences(&log);
+}
+
+/// F15: a watcher (and its Controller) registered after the group started, while the member is held by
+/// the legacy leader gate, sees every Widget once (the filter passes generation 1, the wrapper refuses);
+/// when the hold lifts, its shards' objects are re-enqueued to it and reconciled.
+#[tokio::test(start_paused = true)]
+async fn a_watcher_registered_after_the_start_gets_the_work_of_a_hold_lift() {
+    let server = server();
+    setup(&server).await;
+    let uids = seed_widgets(&server, 20).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let renewer = crate::safety_group::renew_lease_forever(
+        &server,
+        "old",
+        legacy_lease("old-leader", "old-0"),
+        stop.clone(),
+    );
+    let log = FenceLog::default();
+    let recs = Recs::default();
+    let a = spawn_widget_worker_late(
+        &server,
+        builder(&server, "a").legacy_leader_lease("old-leader"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+        Some(Duration::from_secs(8)),
+    );
+    until(Duration::from_secs(30), "a owns everything", || {
+        owned_count(&a) == 16
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(a.ownership().admission_hold().is_some(), "held");
+    assert!(!recs.any(|_| true), "nothing reconciled while held");
+    stop.store(true, Ordering::Relaxed);
+    renewer.await.unwrap();
+    until(Duration::from_secs(30), "a reconciled every widget", || {
+        uids.keys().all(|n| recs.done("a", n, 1))
+    })
+    .await;
+    check_fences(&log);
+    assert_eq!(server.fence_violations(), 0);
 }
