@@ -56,7 +56,7 @@ impl Freeze {
         }
     }
 
-    fn wrap<F: Future + Send + 'static>(
+    pub(crate) fn wrap<F: Future + Send + 'static>(
         &self,
         fut: F,
     ) -> impl Future<Output = F::Output> + Send + 'static {
@@ -190,7 +190,7 @@ pub(crate) fn spawn_with(b: ShardGroupBuilder, name: &str, log: &FenceLog) -> Me
 }
 
 /// Every 50 ms: take a fence for every admitted shard, and re-check the fences held.
-async fn fence_logger(member: String, ownership: Ownership, log: FenceLog) {
+pub(crate) async fn fence_logger(member: String, ownership: Ownership, log: FenceLog) {
     let mut held: BTreeMap<u32, (usize, kube_shard::Fence)> = BTreeMap::new();
     loop {
         let now = Instant::now();

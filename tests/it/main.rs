@@ -8,4 +8,5 @@ mod oracle_support;
 mod realtime;
 mod safety_group;
 mod safety_read;
+mod safety_scenarios;
 mod watcher;

@@ -32,7 +32,7 @@ async fn assignment_text(server: &TestServer) -> Option<String> {
 }
 
 /// A Lease in the control namespace renewed by the test every second until `stop`.
-fn renew_lease_forever(
+pub(crate) fn renew_lease_forever(
     server: &TestServer,
     who: &str,
     lease: Lease,
