@@ -238,11 +238,30 @@ impl Runtime {
         self.cfg.retry_period.max(Duration::from_secs(1))
     }
 
+    /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
+    /// `renew_deadline − fence_margin` from its start, so an answer within that renews and un-fences.
+    /// A fixed 1–2 s bound left a member whose writes commit just above it renewing (so never taken over)
+    /// but never recording a renewal.
+    fn renewal_timeout(&self) -> Duration {
+        self.cfg
+            .renew_deadline
+            .saturating_sub(self.cfg.fence_margin)
+            .max(self.timeout())
+    }
+
     async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        match tokio::time::timeout(self.timeout(), fut).await {
+        self.bounded_by(self.timeout(), fut).await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        limit: Duration,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
             Err(_) => Err(kube::Error::Service("request timed out".into())),
         }
