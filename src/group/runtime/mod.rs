@@ -249,6 +249,12 @@ impl Runtime {
             .max(self.timeout())
     }
 
+    /// A retry period has passed since the last successful renewal started (or there was none).
+    fn renewal_due(&self, now: Instant) -> bool {
+        self.last_renew_ok
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
+    }
+
     async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -330,6 +336,10 @@ impl Runtime {
                         dirty = true;
                     }
                     _ = tick.tick() => { dirty = true; }
+                }
+                // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
+                if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
+                    dirty = true;
                 }
                 if coordinate_soon && !dirty && self.leader {
                     coordinate_soon = false;
