@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
 
-use crate::ownership::clock::{Clock, Deadline};
+use crate::ownership::clock::{Clock, Deadline, Now};
 
 /// The Lease annotation that carries the leader's term.
 pub const TERM_ANNOTATION: &str = "kube-shard.io/term";
@@ -48,11 +48,24 @@ pub struct LeaderTerm {
 
 impl LeaderTerm {
     /// A term valid until `valid_until` on the runtime clock, and for as long on the system boot clock.
+    #[cfg(test)]
     pub(crate) fn new(term: u64, valid_until: Instant) -> Self {
         LeaderTerm::new_on(term, valid_until, &Clock::system())
     }
 
+    /// A term that lasts `life` from `start`, read on both clocks when its renewal request was sent (F17): a
+    /// suspend while the request was in flight counts against the term, on the boot clock too.
+    pub(crate) fn started(term: u64, start: Now, life: Duration) -> Self {
+        let deadline = start.plus(life);
+        LeaderTerm {
+            term,
+            valid_until: deadline.runtime,
+            deadline,
+        }
+    }
+
     /// A term valid until `valid_until`, and for as long from now on `clock`'s boot clock.
+    #[cfg(test)]
     pub(crate) fn new_on(term: u64, valid_until: Instant, clock: &Clock) -> Self {
         let now = clock.now();
         let deadline = now.plus(valid_until.saturating_duration_since(now.runtime));
@@ -313,6 +326,29 @@ mod tests {
             .await
             .expect("returns when the member stops")
             .unwrap();
+    }
+
+    /// F17 follow-up: a term's boot-clock deadline counts from its renewal's start, so a suspend while the
+    /// request was in flight shortens it. Before, the term was built after the answer
+    /// (`LeaderTerm::new(term, t0 + life)`) and its boot deadline counted from then.
+    #[tokio::test(start_paused = true)]
+    async fn f17_a_suspend_during_the_renewal_request_counts_against_the_term() {
+        let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+        let b = boot.clone();
+        let clock = Clock::with_boot(move || Duration::from_millis(b.load(Ordering::SeqCst)));
+        let start = clock.now();
+        // the request is answered after a 9 s suspend the runtime clock did not see
+        boot.fetch_add(9_000, Ordering::SeqCst);
+        let term = LeaderTerm::started(7, start, Duration::from_secs(10));
+        let (_tx, rx) = watch::channel(Some(term));
+        let leadership = Leadership::with_clock(rx, clock);
+        assert_eq!(leadership.current().map(|t| t.term), Some(7));
+        boot.fetch_add(1_500, Ordering::SeqCst);
+        assert_eq!(
+            leadership.current(),
+            None,
+            "the term outlived start + life on the boot clock"
+        );
     }
 
     /// F17 "singleton terms use the runtime clock only": a suspend that only the boot clock sees (the

@@ -258,6 +258,8 @@ pub enum GateSkew {
 struct State {
     rules: Vec<(Target, FailRule)>,
     latency: HashMap<Target, Duration>,
+    /// Delays applied to the answer, after the request was handled (a write has committed).
+    slow_answers: HashMap<Target, Duration>,
     /// Every `close_watches` so far, in order: a watch ends on any entry after its mark that covers it.
     closes: Vec<Target>,
     freeze: HashSet<Target>,
@@ -317,6 +319,17 @@ impl FaultState {
     pub(crate) fn latency(&self, r: &RequestFacts) -> Duration {
         self.read(|s| {
             s.latency
+                .iter()
+                .filter(|(target, _)| target.covers(r))
+                .map(|(_, d)| *d)
+                .max()
+                .unwrap_or_default()
+        })
+    }
+
+    pub(crate) fn answer_latency(&self, r: &RequestFacts) -> Duration {
+        self.read(|s| {
+            s.slow_answers
                 .iter()
                 .filter(|(target, _)| target.covers(r))
                 .map(|(_, d)| *d)
@@ -421,6 +434,21 @@ impl Faults {
             }
             None => {
                 s.latency.remove(&target);
+            }
+        });
+    }
+
+    /// Handle every request of `target` at once — a write commits — but hold its answer back by `delay`
+    /// (`None` removes the delay set for exactly that target): a loaded apiserver whose clients time out
+    /// on requests that did commit. Where several targets cover a request, the longest delay applies.
+    pub fn slow_answers(&self, target: impl Into<Target>, delay: Option<Duration>) {
+        let target = target.into();
+        self.st().edit(|s| match delay {
+            Some(d) => {
+                s.slow_answers.insert(target, d);
+            }
+            None => {
+                s.slow_answers.remove(&target);
             }
         });
     }

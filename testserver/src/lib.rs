@@ -105,7 +105,7 @@
 //!
 //! ## Faults ([`TestServer::faults`], per identity or global, switchable while clients run)
 //!
-//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …), [`Faults::latency`],
+//! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …), [`Faults::latency`], [`Faults::slow_answers`],
 //! [`Faults::close_watches`], [`Faults::freeze_watches`] (connection open, nothing sent),
 //! [`Faults::partition`] (no answer at all: the in-memory call fails with [`Refused`], HTTP closes the
 //! connection; open watches freeze), [`Faults::outage`] (everyone, for a duration; every watch ends),

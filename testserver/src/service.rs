@@ -159,9 +159,15 @@ pub(crate) async fn handle(
         None => match route {
             Err(e) => Err(e),
             Ok(Route::NonResource(segs)) => non_resource(&inner, &identity, &segs),
-            Ok(Route::Resource(r)) => resource(&inner, facts, conn, &parts, &q, r, body).await,
+            Ok(Route::Resource(r)) => {
+                resource(&inner, facts.clone(), conn, &parts, &q, r, body).await
+            }
         },
     };
+    let slow = inner.faults.answer_latency(&facts);
+    if !slow.is_zero() {
+        tokio::time::sleep(slow).await;
+    }
     Ok(match result {
         Ok(resp) => resp,
         Err(e) => {

@@ -110,7 +110,8 @@ impl Runtime {
         spec.holder_identity = Some(holder_me.clone());
         spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
         spec.renew_time = Some(stamp);
-        let t0 = Instant::now();
+        // both clocks, read before the request: a suspend while it is in flight counts against the term
+        let start = crate::ownership::clock::Clock::system().now();
         let result = match current {
             None => {
                 self.bounded(self.leases.create(&PostParams::default(), &lease))
@@ -133,15 +134,14 @@ impl Runtime {
                 }
                 self.leader = true;
                 // valid for less than anyone else waits before acquiring (lease_duration)
-                let valid_until = t0
-                    + self
-                        .cfg
-                        .renew_deadline
-                        .saturating_sub(self.cfg.fence_margin);
+                let life = self
+                    .cfg
+                    .renew_deadline
+                    .saturating_sub(self.cfg.fence_margin);
                 if !renewing && self.term.is_some() {
                     info!(term, "our previous term lapsed: a new term");
                 }
-                let t = LeaderTerm::new(term, valid_until);
+                let t = LeaderTerm::started(term, start, life);
                 self.term = Some(t);
                 self.leadership.send_replace(Some(t));
                 self.wrote_coordinator_lease(&l);

@@ -175,7 +175,10 @@ impl Runtime {
             .and_then(|a| a.get(REPORT).cloned())
             .unwrap_or_default();
         match self
-            .bounded(self.leases.replace(&name, &PostParams::default(), &body))
+            .bounded_by(
+                self.renewal_timeout(),
+                self.leases.replace(&name, &PostParams::default(), &body),
+            )
             .await
         {
             Ok(l) => {

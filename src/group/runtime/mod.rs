@@ -238,11 +238,36 @@ impl Runtime {
         self.cfg.retry_period.max(Duration::from_secs(1))
     }
 
+    /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
+    /// `renew_deadline − fence_margin` from its start, so an answer within that renews and un-fences.
+    /// A fixed 1–2 s bound left a member whose writes commit just above it renewing (so never taken over)
+    /// but never recording a renewal.
+    fn renewal_timeout(&self) -> Duration {
+        self.cfg
+            .renew_deadline
+            .saturating_sub(self.cfg.fence_margin)
+            .max(self.timeout())
+    }
+
+    /// A retry period has passed since the last successful renewal started (or there was none).
+    fn renewal_due(&self, now: Instant) -> bool {
+        self.last_renew_ok
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
+    }
+
     async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        match tokio::time::timeout(self.timeout(), fut).await {
+        self.bounded_by(self.timeout(), fut).await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        limit: Duration,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
             Err(_) => Err(kube::Error::Service("request timed out".into())),
         }
@@ -311,6 +336,10 @@ impl Runtime {
                         dirty = true;
                     }
                     _ = tick.tick() => { dirty = true; }
+                }
+                // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
+                if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
+                    dirty = true;
                 }
                 if coordinate_soon && !dirty && self.leader {
                     coordinate_soon = false;
