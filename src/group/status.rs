@@ -50,6 +50,7 @@ struct HealthState {
     fenced_since: Option<Instant>,
     collision: bool,
     joined: bool,
+    assignment_refused: Option<String>,
 }
 
 /// Liveness and readiness of a member, for `/healthz` and `/readyz`. Cheap to clone.
@@ -83,6 +84,10 @@ impl Health {
         self.lock().collision = collision;
     }
 
+    pub(crate) fn set_assignment_refused(&self, why: Option<String>) {
+        self.lock().assignment_refused = why;
+    }
+
     /// `/healthz`: false once the member has been self-fenced for longer than the configured bound (a
     /// restart gets a fresh incarnation and a fresh chance to renew).
     #[must_use]
@@ -92,12 +97,21 @@ impl Health {
             .is_none_or(|t| t.elapsed() < self.unhealthy_after_fenced)
     }
 
-    /// `/readyz`: the member joined (its Lease is established and renewing) and no other process holds
-    /// its name.
+    /// `/readyz`: the member joined (its Lease is established and renewing), no other process holds
+    /// its name, and it can apply the group's assignment.
     #[must_use]
     pub fn is_ready(&self) -> bool {
         let s = self.lock();
-        s.joined && !s.collision && s.fenced_since.is_none()
+        s.joined && !s.collision && s.fenced_since.is_none() && s.assignment_refused.is_none()
+    }
+
+    /// Why this member refuses the group's assignment ConfigMap, while it does: another `S`, key or
+    /// format (a mixed rollout: a change of `S` or the key is a new group), corrupt data, or an absurd
+    /// generation. The member keeps its last good view, admits nothing it does not hold under that view,
+    /// and never writes over the ConfigMap; it is not ready meanwhile.
+    #[must_use]
+    pub fn assignment_refused(&self) -> Option<String> {
+        self.lock().assignment_refused.clone()
     }
 
     /// Another live process holds this member's name (an identity collision alarm).

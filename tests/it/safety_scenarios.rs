@@ -525,6 +525,18 @@ async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing(
         .into_iter()
         .any(|e| e.reason.as_deref() == Some("InvalidAssignment"));
     assert!(refused, "c's refusal is not visible as an Event");
+    let health = c.handle.health();
+    assert!(
+        health
+            .assignment_refused()
+            .is_some_and(|why| why.contains("16")),
+        "c's health does not say why it refuses the assignment: {:?}",
+        health.assignment_refused()
+    );
+    assert!(
+        !health.is_ready(),
+        "c is ready while it refuses the assignment"
+    );
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }

@@ -30,6 +30,7 @@ impl Runtime {
                             "InvalidAssignment",
                             format!("keeping the last good view: {err}"),
                         );
+                        self.health.set_assignment_refused(Some(err.clone()));
                         self.assignment_refused = Some(err);
                         self.assignment_cm = Some(cm);
                     }
@@ -49,6 +50,7 @@ impl Runtime {
 
     fn decoded_assignment(&mut self, a: Assignment, cm: ConfigMap) {
         self.assignment_refused = None;
+        self.health.set_assignment_refused(None);
         self.seen_generation = self.seen_generation.max(a.view.generation);
         let newer = self
             .assignment
@@ -72,6 +74,7 @@ impl Runtime {
         self.assignment_missing = true;
         self.assignment_cm = None;
         self.assignment_refused = None;
+        self.health.set_assignment_refused(None);
     }
 
     /// F13: a generation more than [`MAX_GENERATION_STEP`] above both our wall clock and the highest
