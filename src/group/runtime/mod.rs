@@ -139,6 +139,12 @@ pub(crate) struct Runtime {
     invalid_leases: BTreeSet<String>,
     /// The legacy leader Lease cannot be read (alarm raised, admission held).
     legacy_alarm: bool,
+    /// The legacy leader Lease has a live holder (or cannot be read).
+    legacy_live: bool,
+    /// Group Leases whose member report is of another format (another build): why, per Lease name.
+    foreign_formats: BTreeMap<String, String>,
+    /// The admission hold this runtime set (see [`Runtime::update_hold`]).
+    hold: Option<Hold>,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -201,6 +207,9 @@ impl Runtime {
             origin: now,
             invalid_leases: BTreeSet::new(),
             legacy_alarm: false,
+            legacy_live: false,
+            foreign_formats: BTreeMap::new(),
+            hold: None,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             cfg,
@@ -278,11 +287,10 @@ impl Runtime {
         async move {
             if self.cfg.shadow {
                 info!("shadow mode: ownership is computed and reported, nothing is admitted");
-                self.ownership.set_hold(Some(Hold::Shadow));
-            } else if self.cfg.legacy_leader_lease.is_some() {
-                // fail closed: held until a successful read shows no live legacy holder
-                self.ownership.set_hold(Some(Hold::LegacyLeader));
             }
+            // fail closed: held until a successful read shows no live legacy holder
+            self.legacy_live = self.cfg.legacy_leader_lease.is_some();
+            self.update_hold();
             let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
             let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
             // the streams back off by themselves: a failing watch never blocks renewals in this loop
