@@ -11,10 +11,12 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::Api;
-use kube_shard_testserver::TestServer;
+use kube_shard::ownership::Handoff;
+use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
 
 use crate::group::{
-    check_fences, each_shard_owned_once, settled, setup, until, FenceLog, Member, CP_NS, GROUP,
+    assignment, check_fences, each_shard_owned_once, edit_assignment, settled, setup, until,
+    FenceLog, Member, CP_NS, DRAIN, GROUP, LEASE,
 };
 use crate::safety_group::renew_lease_forever;
 
@@ -139,4 +141,129 @@ fn metric(m: &Member, name: &str) -> String {
         .filter(|l| l.starts_with(name))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Settle `a` and `b`, freeze the assignment watch of the one that does not coordinate (its renewals still
+/// work; with `no_direct_reads`, every GET of a ConfigMap it sends fails too), and move one of its shards to
+/// the coordinator by editing the assignment. Returns the members, the frozen member's index and the shard.
+async fn stalled_move(
+    server: &TestServer,
+    log: &FenceLog,
+    no_direct_reads: bool,
+) -> (Vec<Member>, usize, u32) {
+    let ms = settled(server, &["a", "b"], log).await;
+    let frozen = usize::from(ms[0].handle.status().coordinator);
+    let lead = 1 - frozen;
+    assert!(ms[lead].handle.status().coordinator, "a coordinator");
+    let who = Scope::identity(ms[frozen].name.as_str());
+    server
+        .faults()
+        .freeze_watches(who.clone().resource("configmaps"), true);
+    if no_direct_reads {
+        server.faults().fail_next(
+            who,
+            FailRule::status(500)
+                .verb(Verb::Get)
+                .resource("configmaps")
+                .times(1_000_000),
+        );
+    }
+    let target = ms[lead].handle.status().member;
+    let shard = ms[frozen].handle.status().owned.iter().next().unwrap();
+    edit_assignment(server, |a| {
+        let id = a.next_move_id;
+        a.view.shards.get_mut(&shard).unwrap().handoff = Handoff::Moving {
+            id,
+            to: target.clone(),
+        };
+        a.next_move_id = id + 1;
+    })
+    .await;
+    (ms, frozen, shard)
+}
+
+/// Wait until `shard`'s handoff in the assignment is `Stable` again; returns how long it took.
+async fn move_ends(server: &TestServer, shard: u32, limit: Duration) -> Duration {
+    let start = tokio::time::Instant::now();
+    loop {
+        let a = assignment(server).await.unwrap();
+        if a.view.shards[&shard].handoff == Handoff::Stable {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for the move to end: {:?}",
+            a.view.shards[&shard]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// F9: a source whose assignment watch is stuck (frozen open) never applies `Draining`. Before the fix the
+/// move stayed `Draining` for good ("timed out after 120s waiting for the move to end"). Now the
+/// coordinator tells the source through its own Lease (read at every renewal), the source reads the
+/// assignment directly, drains and releases: the move completes although the watch stays frozen.
+#[tokio::test(start_paused = true)]
+async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
+    let waited = move_ends(&server, shard, Duration::from_secs(120)).await;
+    let a = assignment(&server).await.unwrap();
+    assert_eq!(
+        a.view.shards[&shard].owner.name.as_ref(),
+        ms[1 - frozen].name.as_str(),
+        "the move completed through the lease channel (after {waited:?}), not cancelled"
+    );
+    assert!(
+        waited < LEASE * 3 + DRAIN,
+        "the lease channel took {waited:?}"
+    );
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "every shard admitted once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// F9, when even the direct read fails (the source's assignment watch is frozen and every GET of the
+/// ConfigMap it sends fails): the move must not stay `Draining` forever. Before the fix: "timed out after
+/// 120s waiting for the move to end". After the stall timeout the coordinator cancels it and re-grants the
+/// source at a new epoch; the source keeps admitting the shard throughout.
+#[tokio::test(start_paused = true)]
+async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let (ms, frozen, shard) = stalled_move(&server, &log, true).await;
+    let before = assignment(&server).await.unwrap().view.shards[&shard].epoch;
+    let stall = crate::group::builder(&server, "x")
+        .build()
+        .unwrap()
+        .config()
+        .drain_stall_timeout();
+    let limit = stall + LEASE * 2;
+    let start = tokio::time::Instant::now();
+    loop {
+        assert!(
+            ms[frozen].ownership().admit_shard(shard).is_ok(),
+            "the source stopped admitting shard {shard} without having applied Draining"
+        );
+        let a = assignment(&server).await.unwrap();
+        let e = &a.view.shards[&shard];
+        if e.handoff == Handoff::Stable {
+            assert_eq!(e.owner.name.as_ref(), ms[frozen].name.as_str(), "cancelled");
+            assert!(e.epoch > before, "re-granted at a new epoch");
+            break;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for the move to end: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(start.elapsed() >= stall / 2, "cancelled early");
+    check_fences(&log);
 }

@@ -111,26 +111,7 @@ impl Runtime {
         };
         let members = self.step_members(now, &current);
         self.displaced.retain(|id, _| named_in(&current, id));
-        // move ages
-        let in_flight: BTreeSet<MoveId> = current
-            .view
-            .shards
-            .values()
-            .filter_map(|a| match &a.handoff {
-                crate::ownership::Handoff::Moving { id, .. }
-                | crate::ownership::Handoff::Draining { id, .. } => Some(*id),
-                crate::ownership::Handoff::Stable => None,
-            })
-            .collect();
-        self.move_first_seen.retain(|m, _| in_flight.contains(m));
-        for m in &in_flight {
-            self.move_first_seen.entry(*m).or_insert(now);
-        }
-        let ages: BTreeMap<MoveId, Duration> = self
-            .move_first_seen
-            .iter()
-            .map(|(m, t)| (*m, now.duration_since(*t)))
-            .collect();
+        let ages = self.move_ages(&current, now);
         // cold start
         let live = members.iter().filter(|m| m.alive).count() as u32;
         let has_owners = !current.view.shards.is_empty();
@@ -161,6 +142,7 @@ impl Runtime {
             takeover_budget: budget,
             move_ages: &ages,
             move_timeout: self.cfg.move_timeout,
+            drain_stall_timeout: self.cfg.drain_stall_timeout(),
             max_concurrent_moves: self.cfg.max_concurrent_moves as usize,
         });
         for note in &out.notes {
@@ -184,6 +166,29 @@ impl Runtime {
         if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
             self.write_assignment(next).await;
         }
+    }
+
+    /// The age of each move in flight in its current phase, on our clock: from when we first saw it
+    /// `Moving`, or `Draining`.
+    fn move_ages(&mut self, current: &Assignment, now: Instant) -> BTreeMap<MoveId, Duration> {
+        let in_flight: BTreeSet<(MoveId, bool)> = current
+            .view
+            .shards
+            .values()
+            .filter_map(|a| match &a.handoff {
+                crate::ownership::Handoff::Moving { id, .. } => Some((*id, false)),
+                crate::ownership::Handoff::Draining { id, .. } => Some((*id, true)),
+                crate::ownership::Handoff::Stable => None,
+            })
+            .collect();
+        self.move_first_seen.retain(|m, _| in_flight.contains(m));
+        for m in &in_flight {
+            self.move_first_seen.entry(*m).or_insert(now);
+        }
+        self.move_first_seen
+            .iter()
+            .map(|((m, _), t)| (*m, now.duration_since(*t)))
+            .collect()
     }
 
     /// Delete the Lease of one member that is long gone — not seen renewing for `2 × lease_duration +

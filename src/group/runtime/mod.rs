@@ -92,7 +92,8 @@ pub(crate) struct Runtime {
     assignment_missing: bool,
     seen_generation: u64,
     leader: bool,
-    move_first_seen: BTreeMap<MoveId, Instant>,
+    /// When we first saw each move in flight in its phase (`true`: `Draining`).
+    move_first_seen: BTreeMap<(MoveId, bool), Instant>,
     takeovers: VecDeque<Instant>,
     last_membership_change: Instant,
     status: watch::Sender<GroupStatus>,
