@@ -857,10 +857,12 @@ mod tests {
             Handoff::Draining { id: 7, to: id("b") };
         draining.next_move_id = 8;
         let mut members = vec![obs("a"), obs("b")];
-        members[1].report.as_mut().unwrap().acks.push(Ack::Warm {
-            shard,
-            move_id: 7,
-        });
+        members[1]
+            .report
+            .as_mut()
+            .unwrap()
+            .acks
+            .push(Ack::Warm { shard, move_id: 7 });
         let mut ages = BTreeMap::from([(7, Duration::from_secs(59))]);
         let mut i = input(&draining, &members, &ages);
         i.now_ms = 50_000;

@@ -145,7 +145,7 @@ fn metric(m: &Member, name: &str) -> String {
 
 /// Settle `a` and `b`, freeze the assignment watch of the one that does not coordinate (its renewals still
 /// work; with `no_direct_reads`, every GET of a ConfigMap it sends fails too), and move one of its shards to
-/// the coordinator by editing the assignment. Returns the members, the frozen member's index and the shard.
+/// the coordinator: by a pin, or (with `no_direct_reads`) by writing the move into the assignment. Returns the members, the frozen member's index and the shard.
 async fn stalled_move(
     server: &TestServer,
     log: &FenceLog,
@@ -171,12 +171,18 @@ async fn stalled_move(
     let target = ms[lead].handle.status().member;
     let shard = ms[frozen].handle.status().owned.iter().next().unwrap();
     edit_assignment(server, |a| {
-        let id = a.next_move_id;
-        a.view.shards.get_mut(&shard).unwrap().handoff = Handoff::Moving {
-            id,
-            to: target.clone(),
-        };
-        a.next_move_id = id + 1;
+        if no_direct_reads {
+            // a move the planner does not repeat once cancelled
+            let id = a.next_move_id;
+            a.view.shards.get_mut(&shard).unwrap().handoff = Handoff::Moving {
+                id,
+                to: target.clone(),
+            };
+            a.next_move_id = id + 1;
+        } else {
+            // a pin: the coordinator moves the shard, and the planner keeps it there
+            a.pins.insert(shard, target.name.to_string());
+        }
     })
     .await;
     (ms, frozen, shard)
@@ -209,6 +215,10 @@ async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() 
     setup(&server).await;
     let log = FenceLog::default();
     let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
+    until(Duration::from_secs(5), "the coordinator starts the move", || {
+        ms[1 - frozen].handle.status().moves_in_flight > 0
+    })
+    .await;
     let waited = move_ends(&server, shard, Duration::from_secs(120)).await;
     let a = assignment(&server).await.unwrap();
     assert_eq!(

@@ -8,33 +8,10 @@ impl Runtime {
     pub(super) fn on_assignment_event(&mut self, ev: Event<ConfigMap>) {
         match ev {
             Event::Apply(cm) | Event::InitApply(cm) => {
-                self.assignment_missing = false;
                 if let Some(seen) = self.assignment_relisted.as_mut() {
                     *seen = true;
                 }
-                let text = cm
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(DATA_KEY))
-                    .cloned()
-                    .unwrap_or_default();
-                let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
-                    .map_err(|e| e.to_string())
-                    .and_then(|a| self.sane_generation(a));
-                match decoded {
-                    Ok(a) => self.decoded_assignment(a, cm),
-                    Err(err) => {
-                        error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
-                        self.events.emit(
-                            Kind::Warning,
-                            "InvalidAssignment",
-                            format!("keeping the last good view: {err}"),
-                        );
-                        self.health.set_assignment_refused(Some(err.clone()));
-                        self.assignment_refused = Some(err);
-                        self.assignment_cm = Some(cm);
-                    }
-                }
+                self.assignment_seen(cm);
             }
             Event::Delete(_) => self.assignment_deleted(),
             Event::Init => self.assignment_relisted = Some(false),
@@ -44,6 +21,34 @@ impl Runtime {
                     self.assignment_deleted();
                 }
                 self.assignment_listed = true;
+            }
+        }
+    }
+
+    /// The assignment ConfigMap as read (from the watch, or directly after a hint in our Lease).
+    pub(super) fn assignment_seen(&mut self, cm: ConfigMap) {
+        self.assignment_missing = false;
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(DATA_KEY))
+            .cloned()
+            .unwrap_or_default();
+        let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
+            .map_err(|e| e.to_string())
+            .and_then(|a| self.sane_generation(a));
+        match decoded {
+            Ok(a) => self.decoded_assignment(a, cm),
+            Err(err) => {
+                error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
+                self.events.emit(
+                    Kind::Warning,
+                    "InvalidAssignment",
+                    format!("keeping the last good view: {err}"),
+                );
+                self.health.set_assignment_refused(Some(err.clone()));
+                self.assignment_refused = Some(err);
+                self.assignment_cm = Some(cm);
             }
         }
     }
@@ -163,6 +168,7 @@ impl Runtime {
         if may_take_over {
             self.collect_dead_lease(now).await;
         }
+        self.nudge_lagging_members(&current, now).await;
         if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
             self.write_assignment(next).await;
         }

@@ -7,7 +7,8 @@
 //!
 //! One file per concept: [`membership`] (this member's own Lease), [`observe`] (the others, on our clock),
 //! [`election`] (the coordinator Lease), [`coordination`] (the assignment and the coordinator pass),
-//! [`gates`] (the legacy leader gate, vacuous readers) and [`publish`] (status and metrics).
+//! [`gates`] (the legacy leader gate, vacuous readers), [`channel`] (the member Lease as control channel)
+//! and [`publish`] (status and metrics).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -35,6 +36,7 @@ use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
+mod channel;
 mod coordination;
 mod election;
 mod gates;
@@ -146,6 +148,12 @@ pub(crate) struct Runtime {
     foreign_formats: BTreeMap<String, String>,
     /// The admission hold this runtime set (see [`Runtime::update_hold`]).
     hold: Option<Hold>,
+    /// Coordinator: since when each live member's applied generation is behind the assignment.
+    lag_since: BTreeMap<MemberId, Instant>,
+    /// Coordinator: when we last told each lagging member through its Lease.
+    nudged: BTreeMap<MemberId, Instant>,
+    /// Member: the highest assignment hint we followed (read the assignment directly for).
+    hint_followed: u64,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -211,6 +219,9 @@ impl Runtime {
             legacy_live: false,
             foreign_formats: BTreeMap::new(),
             hold: None,
+            lag_since: BTreeMap::new(),
+            nudged: BTreeMap::new(),
+            hint_followed: 0,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             cfg,
