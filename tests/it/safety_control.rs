@@ -215,9 +215,11 @@ async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() 
     setup(&server).await;
     let log = FenceLog::default();
     let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
-    until(Duration::from_secs(5), "the coordinator starts the move", || {
-        ms[1 - frozen].handle.status().moves_in_flight > 0
-    })
+    until(
+        Duration::from_secs(5),
+        "the coordinator starts the move",
+        || ms[1 - frozen].handle.status().moves_in_flight > 0,
+    )
     .await;
     let waited = move_ends(&server, shard, Duration::from_secs(120)).await;
     let a = assignment(&server).await.unwrap();
@@ -275,5 +277,53 @@ async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeou
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(start.elapsed() >= stall / 2, "cancelled early");
+    check_fences(&log);
+}
+
+/// F9: the coordinator's lease watch hangs in a LIST that never answers (a black-holed connection: kube's
+/// watcher bounds neither a LIST nor a watch start). Before the fix it stayed blind for good and a new
+/// member never got shards ("timed out after 60s waiting for c owns shards"). Now a lease watch silent for
+/// a lease period is restarted, and the new LIST answers.
+#[tokio::test(start_paused = true)]
+async fn f09_a_hung_lease_list_is_restarted() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let lead = usize::from(ms[1].handle.status().coordinator);
+    assert!(ms[lead].handle.status().coordinator, "a coordinator");
+    let lists = Scope::identity(ms[lead].name.as_str())
+        .verb(Verb::List)
+        .resource("leases");
+    // the coordinator's lease watch ends and cannot restart for a while; the history it would resume
+    // from is compacted away, so it lists again — and that LIST hangs for an hour (later ones answer)
+    let lead_id = Scope::identity(ms[lead].name.as_str());
+    server.faults().fail_next(
+        lead_id.clone(),
+        FailRule::status(500)
+            .verb(Verb::Watch)
+            .resource("leases")
+            .times(3),
+    );
+    server.faults().close_watches(lead_id.resource("leases"));
+    server
+        .faults()
+        .latency(lists.clone(), Some(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.faults().compact();
+    // its watch retries back off for several seconds before the 410 sends it to LIST
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    server.faults().latency(lists, None);
+    ms.push(crate::group::spawn(&server, "c", &log));
+    let c = &ms[2];
+    until(Duration::from_secs(60), "c owns shards", || {
+        crate::group::owned_count(c) > 0
+    })
+    .await;
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(60), "every shard admitted once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
     check_fences(&log);
 }

@@ -414,7 +414,16 @@ impl Runtime {
                 self.assignment_missing = false;
                 self.vacuous_progress();
             }
-            Err(err) if is_conflict(&err) => debug!("assignment write conflicted; re-reading"),
+            // our view is behind: read the assignment directly rather than trust our watch to catch up
+            // (F9: it may be stuck)
+            Err(err) if is_conflict(&err) => {
+                debug!("assignment write conflicted; re-reading");
+                match self.bounded(self.cms.get_opt(&name)).await {
+                    Ok(Some(cm)) => self.assignment_seen(cm),
+                    Ok(None) => {}
+                    Err(err) => debug!(error = %err, "cannot re-read the assignment"),
+                }
+            }
             Err(err) => debug!(error = %err, "assignment write failed"),
         }
     }

@@ -303,11 +303,9 @@ impl Runtime {
             // fail closed: held until a successful read shows no live legacy holder
             self.legacy_live = self.cfg.legacy_leader_lease.is_some();
             self.update_hold();
-            let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
-            let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
             // the streams back off by themselves: a failing watch never blocks renewals in this loop
-            let mut lease_events =
-                std::pin::pin!(watcher::watcher(self.leases.clone(), lease_cfg).default_backoff());
+            let mut lease_events = self.lease_watch();
+            let mut lease_watch_started = Instant::now();
             let cm_cfg = watcher::Config::default()
                 .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
                 .timeout(30);
@@ -355,7 +353,18 @@ impl Runtime {
                         self.leaving = true;
                         dirty = true;
                     }
-                    _ = tick.tick() => { dirty = true; }
+                    _ = tick.tick() => {
+                        dirty = true;
+                        // F9: a LIST or watch start that never answers (a black-holed connection) is not
+                        // bounded by kube's watcher; a lease watch silent for a lease period is restarted
+                        let now = Instant::now();
+                        if self.lease_watch_stuck(now, lease_watch_started) {
+                            warn!("the lease watch delivered nothing for a lease period: restarting it");
+                            lease_events = self.lease_watch();
+                            lease_watch_started = now;
+                            self.reset_observations();
+                        }
+                    }
                 }
                 // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
                 if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
@@ -394,6 +403,27 @@ impl Runtime {
         }
         .instrument(span)
         .await
+    }
+}
+
+impl Runtime {
+    /// The group's Lease watch (members renew every retry period, so it is never quiet for long).
+    fn lease_watch(&self) -> futures::stream::BoxStream<'static, watcher::Result<Event<Lease>>> {
+        let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
+        let cfg = watcher::Config::default().labels(&selector).timeout(30);
+        watcher::watcher(self.leases.clone(), cfg)
+            .default_backoff()
+            .boxed()
+    }
+
+    /// The lease watch has delivered nothing for a lease period, neither since it was (re)started: its LIST
+    /// or watch start hangs. Every member, this one included, renews every retry period.
+    fn lease_watch_stuck(&self, now: Instant, started: Instant) -> bool {
+        let period = self.cfg.lease_duration;
+        now.duration_since(started) >= period
+            && self
+                .last_lease_event
+                .is_none_or(|t| now.duration_since(t) >= period)
     }
 }
 
