@@ -327,3 +327,81 @@ async fn f09_a_hung_lease_list_is_restarted() {
     .await;
     check_fences(&log);
 }
+
+/// F8 part B: the coordinator's pass shares the member task with its renewals. Writes answered after
+/// 0.95 s (within the per-call bound of 1 s) — its coordinator Lease, a takeover, the assignment — made one
+/// pass outlast the coordinator's fence (RENEW − MARGIN = 1.8 s). Before the fix two things failed, each
+/// shown again with its fix planted away: the task took one watch event per slow round, so its lease
+/// watch looked silent and it judged nobody ("the victim's shards were not taken over"); and with the
+/// watches drained, it refused its own owned shards during slow passes ("the coordinator refused its owned
+/// shards 6 times during slow passes"). Now every delivered event is applied before acting, and a renewal
+/// that falls due goes between the pass's requests.
+#[tokio::test(start_paused = true)]
+async fn f08b_a_slow_coordinator_pass_never_fences_the_coordinator() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(LEASE).await;
+    let lead = ms
+        .iter()
+        .position(|m| m.handle.status().coordinator)
+        .expect("a coordinator");
+    let victim = (lead + 1) % 3;
+    let me = Scope::identity(ms[lead].name.as_str());
+    let slow = Some(Duration::from_millis(950));
+    // every write of the coordinator's but its renewals is slow (within the 1 s bound per call): the
+    // coordinator Lease, the victim's takeover, the assignment
+    for lease in [
+        format!("{GROUP}-coordinator"),
+        format!("{GROUP}-{}", ms[victim].name),
+    ] {
+        server.faults().latency(
+            me.clone().verb(Verb::Update).resource("leases").name(lease),
+            slow,
+        );
+    }
+    server
+        .faults()
+        .latency(me.verb(Verb::Update).resource("configmaps"), slow);
+    ms[victim].kill();
+    let lead_id = ms[lead].handle.status().member;
+    // sample the coordinator's admission of what it owns every 50 ms, until the takeover is done and a
+    // few more slow passes ran
+    let mut refused = 0;
+    let mut done_at = None;
+    let start = tokio::time::Instant::now();
+    while done_at.is_none_or(|t: tokio::time::Instant| t.elapsed() < LEASE * 2) {
+        assert!(
+            start.elapsed() < LEASE * 8,
+            "the victim's shards were not taken over"
+        );
+        let owned = crate::group::owners(&[&ms[lead]]);
+        if owned
+            .keys()
+            .any(|s| ms[lead].ownership().admit_shard(*s).is_err())
+        {
+            refused += 1;
+        }
+        let held: usize = ms
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != victim)
+            .map(|(_, m)| crate::group::owned_count(m))
+            .sum();
+        if held == 16 && done_at.is_none() {
+            done_at = Some(tokio::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        ms[lead].handle.status().member,
+        lead_id,
+        "the coordinator rejoined"
+    );
+    assert_eq!(
+        refused, 0,
+        "the coordinator refused its owned shards {refused} times during slow passes"
+    );
+    check_fences(&log);
+}

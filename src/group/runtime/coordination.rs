@@ -162,13 +162,24 @@ impl Runtime {
             };
             self.events.emit(Kind::Normal, "Rebalance", summary);
         }
+        // F8: a renewal that falls due goes between the pass's requests; a pass that lost the
+        // coordinator Lease or our own Lease meanwhile stops
         for victim in out.takeovers {
+            if !self.renew_between().await {
+                return;
+            }
             self.take_over(&victim, now).await;
         }
-        if may_take_over {
+        if may_take_over && self.renew_between().await {
             self.collect_dead_lease(now).await;
         }
+        if !self.renew_between().await {
+            return;
+        }
         self.nudge_lagging_members(&current, now).await;
+        if !self.renew_between().await {
+            return;
+        }
         if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
             self.write_assignment(next).await;
         }

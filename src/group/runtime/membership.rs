@@ -179,6 +179,17 @@ impl Runtime {
         }
     }
 
+    /// Between two requests of a longer sequence (a coordinator pass): renew first if a renewal is due,
+    /// so no sequence of bounded requests outlasts our fence (F8). Returns whether we still hold our
+    /// Lease and, as before, the coordinator role.
+    pub(super) async fn renew_between(&mut self) -> bool {
+        let leader = self.leader;
+        if self.own.is_some() && self.renewal_due(Instant::now()) {
+            self.renew().await;
+        }
+        self.own.is_some() && self.leader == leader
+    }
+
     async fn renew_once(&mut self) -> Renewal {
         let Some(own) = self.own.clone() else {
             return Renewal::Done;

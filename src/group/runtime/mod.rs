@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -319,23 +319,12 @@ impl Runtime {
             let mut coordinate_soon = false;
             loop {
                 tokio::select! {
-                    ev = lease_events.next() => match ev {
-                        Some(Ok(ev)) => {
-                            self.lease_watch_delivered(Instant::now());
-                            if self.on_lease_event(ev) {
-                                coordinate_soon = true;
-                            }
-                        }
-                        Some(Err(err)) => {
-                            debug!(error = %err, "lease watch failed: resetting observation clocks");
-                            self.reset_observations();
-                        }
+                    ev = lease_events.next() => match self.lease_item(ev) {
+                        Some(soon) => coordinate_soon |= soon,
                         None => return Ok(()),
                     },
-                    ev = cm_events.next() => match ev {
-                        Some(Ok(ev)) => self.on_assignment_event(ev),
-                        Some(Err(err)) => debug!(error = %err, "assignment watch failed"),
-                        None => return Ok(()),
+                    ev = cm_events.next() => if !self.assignment_item(ev) {
+                        return Ok(());
                     },
                     r = changed.changed() => {
                         if r.is_err() { return Ok(()); }
@@ -366,12 +355,34 @@ impl Runtime {
                         }
                     }
                 }
+                // apply everything the watches have delivered already before acting: one event per
+                // iteration would let slow passes starve the watches (F8)
+                for _ in 0..MAX_DRAINED {
+                    let mut any = false;
+                    if let Some(ev) = lease_events.next().now_or_never() {
+                        any = true;
+                        match self.lease_item(ev) {
+                            Some(soon) => coordinate_soon |= soon,
+                            None => return Ok(()),
+                        }
+                    }
+                    if let Some(ev) = cm_events.next().now_or_never() {
+                        any = true;
+                        if !self.assignment_item(ev) {
+                            return Ok(());
+                        }
+                    }
+                    if !any {
+                        break;
+                    }
+                }
                 // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
                 if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
                     dirty = true;
                 }
                 if coordinate_soon && !dirty && self.leader {
                     coordinate_soon = false;
+                    self.renew_between().await;
                     self.coordinate().await;
                     self.publish_status();
                 }
@@ -384,8 +395,9 @@ impl Runtime {
                         self.renew().await;
                     }
                     self.check_legacy_leader().await;
+                    self.renew_between().await;
                     self.elect().await;
-                    if self.leader {
+                    if self.leader && self.renew_between().await {
                         self.coordinate().await;
                     }
                     self.publish_status();
@@ -406,7 +418,36 @@ impl Runtime {
     }
 }
 
+/// Watch events applied at most between two rounds of requests.
+const MAX_DRAINED: usize = 10_000;
+
 impl Runtime {
+    /// One item of the lease watch: `None` when the stream ended, else whether the coordinator should
+    /// look again now.
+    fn lease_item(&mut self, ev: Option<watcher::Result<Event<Lease>>>) -> Option<bool> {
+        match ev? {
+            Ok(ev) => {
+                self.lease_watch_delivered(Instant::now());
+                Some(self.on_lease_event(ev))
+            }
+            Err(err) => {
+                debug!(error = %err, "lease watch failed: resetting observation clocks");
+                self.reset_observations();
+                Some(false)
+            }
+        }
+    }
+
+    /// One item of the assignment watch: false when the stream ended.
+    fn assignment_item(&mut self, ev: Option<watcher::Result<Event<ConfigMap>>>) -> bool {
+        match ev {
+            Some(Ok(ev)) => self.on_assignment_event(ev),
+            Some(Err(err)) => debug!(error = %err, "assignment watch failed"),
+            None => return false,
+        }
+        true
+    }
+
     /// The group's Lease watch (members renew every retry period, so it is never quiet for long).
     fn lease_watch(&self) -> futures::stream::BoxStream<'static, watcher::Result<Event<Lease>>> {
         let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
