@@ -269,11 +269,13 @@
 
 mod accounting;
 mod audit;
+mod builtins;
 mod controllers;
 mod discovery;
 mod faults;
 mod history;
 mod http;
+mod kinds;
 mod kubeconfig;
 mod labels;
 mod list;
@@ -282,16 +284,19 @@ mod render;
 mod resources;
 mod rest;
 mod router;
+mod scale;
 mod server;
 mod service;
 mod status;
 mod store;
+mod tls;
 mod watch;
 
 pub use accounting::{Accounting, Verb};
 pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, FencedCommit};
 pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
 pub use history::{Commit, CommitKind, History, ResourceFilter};
-pub use http::{ClientError, HttpServer};
+pub use http::{ClientError, HttpServer, Transport};
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};
+pub use tls::TlsError;
