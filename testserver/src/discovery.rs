@@ -62,6 +62,13 @@ pub(crate) fn serve(inner: &Inner, segs: &[String]) -> ApiResult<NonResource> {
             v["apiVersion"] = json!("v1");
             v
         }
+        ["openapi", "v3"] => crate::openapi::root(reg),
+        ["openapi", "v3", "api", v] => {
+            crate::openapi::group_version(reg, "", v).ok_or_else(ApiError::no_route)?
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            crate::openapi::group_version(reg, g, v).ok_or_else(ApiError::no_route)?
+        }
         ["api", v] => resource_list(reg, "", v)?,
         ["apis", g, v] => resource_list(reg, g, v)?,
         _ => return Err(ApiError::no_route()),

@@ -279,6 +279,7 @@ mod kinds;
 mod kubeconfig;
 mod labels;
 mod list;
+mod openapi;
 mod query;
 mod render;
 mod resources;
