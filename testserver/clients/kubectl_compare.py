@@ -22,9 +22,6 @@ import time
 
 # Command name -> why the outputs differ (mirrored in testserver/README.md).
 KNOWN_DIFFERENCES = {
-    "get deploy (table)": "Table columns: testserver serves Name and Age only (no READY, UP-TO-DATE, AVAILABLE)",
-    "get ns (table)": "Table columns: no STATUS column",
-    "get svc (table)": "Table columns: no TYPE, CLUSTER-IP, EXTERNAL-IP, PORT(S)",
 }
 
 MANIFESTS = {
@@ -60,6 +57,9 @@ def commands(ns):
         ("get deploy (table)", ["get", "deploy"] + n),
         ("get svc -o json", ["get", "svc", "web", "-o", "json"] + n),
         ("get svc (table)", ["get", "svc", "web"] + n),
+        ("get svc -o wide", ["get", "svc", "web", "-o", "wide"] + n),
+        ("get deploy -o wide", ["get", "deploy", "-o", "wide"] + n),
+        ("get secret (table)", ["get", "secret", "s1"] + n),
         ("get ns (table)", ["get", "ns", ns]),
         ("label", ["label", "cm", "c1", "tier=front"] + n),
         ("annotate", ["annotate", "cm", "c1", "note=hello"] + n),

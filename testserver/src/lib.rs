@@ -258,6 +258,7 @@
 mod accounting;
 mod audit;
 mod builtins;
+mod columns;
 mod controllers;
 mod discovery;
 mod faults;

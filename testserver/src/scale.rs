@@ -119,7 +119,7 @@ fn apply_scale(info: &ResourceInfo, obj: &Value, scale: &Value) -> ApiResult<Val
 }
 
 /// `matchLabels`/`matchExpressions` (or a plain map, as ReplicationControllers have) as a selector string.
-fn selector_string(sel: &Value) -> String {
+pub(crate) fn selector_string(sel: &Value) -> String {
     let Some(m) = sel.as_object() else {
         return String::new();
     };
