@@ -239,7 +239,8 @@
 //!   (`fieldValidation` is accepted, not enforced), only the defaults listed above, no CRD version
 //!   conversion.
 //! - Request bodies are JSON only: kubectl's `create <kind> NAME` generators send protobuf and get a
-//!   415 (`kubectl create -f` works). Tables have Name/(Data)/Age columns only. No `/log`, `/exec`,
+//!   415 (`kubectl create -f` works). Tables have the real columns for a few kinds only (Name and Age
+//!   for the others). No `/log`, `/exec`,
 //!   `/proxy`, `/eviction`; no OpenAPI schemas (`kubectl explain` does not work).
 //! - One global history (default 10 000 changes, [`Builder::history`]) stands in for the watch caches
 //!   and etcd compaction; bookmarks come exactly every [`Config::bookmark_interval`].
