@@ -8,6 +8,7 @@ creating one object of each kind with --dry-run=server and reading metadata.gene
 """
 import json
 import os
+import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "discovery.json")
@@ -97,6 +98,8 @@ def main():
     out.extend(rows)
     out.append("];\n")
     open(OUT, "w").write("".join(out))
+    # Formatted as `cargo fmt` leaves it, so a re-generation from the same capture changes nothing.
+    subprocess.run(["rustfmt", "--edition", "2021", OUT], check=True)
     print(f"wrote {os.path.relpath(OUT)}: {len(rows)} resources in {len(groups)} groups")
 
 
