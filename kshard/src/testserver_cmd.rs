@@ -1,13 +1,14 @@
-//! `kshard testserver`: run kube-shard's in-process API server standalone, over HTTP, for `kubectl`
-//! and any kube client.
+//! `kshard testserver`: run kube-shard's in-process API server standalone, over HTTPS (a CA of its own,
+//! in the kubeconfig) or plain HTTP, for `kubectl` and any kube client.
 //!
-//! Output contract: the first stdout line is `serving <URL>`; a kubeconfig (one `token:` user) is
-//! written before it when `--kubeconfig-out` is given. Runs until interrupted (SIGINT or SIGTERM).
+//! Output contract: the first stdout line is `serving <URL>`; a kubeconfig (one `token:` user, and the
+//! server's CA as `certificate-authority-data` over HTTPS) is written before it when `--kubeconfig-out`
+//! is given. Runs until interrupted (SIGINT or SIGTERM).
 
 use std::{io::Write, net::SocketAddr, path::PathBuf};
 
 use clap::Args;
-use kube_shard_testserver::TestServer;
+use kube_shard_testserver::{TestServer, Transport};
 
 use crate::cli::CliError;
 
@@ -25,6 +26,10 @@ pub(crate) struct TestserverArgs {
     /// The identity the kubeconfig's token stands for (requests are accounted per identity).
     #[arg(long, default_value = "admin")]
     identity: String,
+    /// Serve plain HTTP instead of HTTPS (kubectl sends no token over plain HTTP: every request
+    /// gets a 401; for clients of your own).
+    #[arg(long)]
+    plain_http: bool,
     /// Also run garbage collection and namespace finalisation (a bare kube-apiserver does not).
     #[arg(long)]
     controllers: bool,
@@ -40,7 +45,12 @@ pub(crate) fn run(args: &TestserverArgs, out: &mut impl Write) -> Result<(), Cli
             .shard_selector(args.shard_selector == "on")
             .controllers(args.controllers)
             .build();
-        let http = server.serve_http_on(args.listen).await?;
+        let transport = if args.plain_http {
+            Transport::PlainHttp
+        } else {
+            Transport::Https
+        };
+        let http = server.serve_http_with(args.listen, transport).await?;
         if let Some(path) = &args.kubeconfig_out {
             http.write_kubeconfig(path, &args.identity)?;
         }

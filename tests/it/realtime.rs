@@ -21,7 +21,7 @@ async fn kube_config(yaml: &str) -> kube::Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn realtime_partitioned_member_is_taken_over_over_http() {
     let server = TestServer::builder().shard_selector(true).build();
-    let http = server.serve_http().await.unwrap();
+    let http = server.serve_plain_http().await.unwrap();
     setup(&server).await;
     let lease = Duration::from_millis(1200);
     let mut handles = Vec::new();

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::{
+    kinds::{SERVER_GIT_VERSION, SERVER_MINOR},
     resources::{Registry, ResourceInfo},
     server::Inner,
     status::{ApiError, ApiResult},
@@ -16,17 +17,6 @@ pub(crate) enum NonResource {
     Text(&'static str),
 }
 
-const VERBS: [&str; 8] = [
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
-
 pub(crate) fn serve(inner: &Inner, segs: &[String]) -> ApiResult<NonResource> {
     let parts: Vec<&str> = segs.iter().map(String::as_str).collect();
     let store = inner.lock_store();
@@ -34,9 +24,9 @@ pub(crate) fn serve(inner: &Inner, segs: &[String]) -> ApiResult<NonResource> {
     let json = match parts.as_slice() {
         ["healthz" | "livez" | "readyz", ..] => return Ok(NonResource::Text("ok")),
         ["version"] => json!({
-            "major": "1", "minor": "36", "emulationMajor": "1", "emulationMinor": "36",
+            "major": "1", "minor": SERVER_MINOR, "emulationMajor": "1", "emulationMinor": SERVER_MINOR,
             "minCompatibilityMajor": "1", "minCompatibilityMinor": "35",
-            "gitVersion": "v1.36.0-kube-shard-testserver", "gitCommit": "", "gitTreeState": "clean",
+            "gitVersion": format!("{SERVER_GIT_VERSION}-kube-shard-testserver"), "gitCommit": "", "gitTreeState": "clean",
             "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25", "compiler": "gc",
             "platform": "linux/amd64",
         }),
@@ -62,11 +52,22 @@ pub(crate) fn serve(inner: &Inner, segs: &[String]) -> ApiResult<NonResource> {
             json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
         }
         ["apis", g] => {
-            let vs = reg.groups().remove(*g).ok_or_else(ApiError::no_route)?;
+            let (_, vs) = reg
+                .groups()
+                .into_iter()
+                .find(|(name, _)| name == g)
+                .ok_or_else(ApiError::no_route)?;
             let mut v = group_json(g, &vs);
             v["kind"] = json!("APIGroup");
             v["apiVersion"] = json!("v1");
             v
+        }
+        ["openapi", "v3"] => crate::openapi::root(reg),
+        ["openapi", "v3", "api", v] => {
+            crate::openapi::group_version(reg, "", v).ok_or_else(ApiError::no_route)?
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            crate::openapi::group_version(reg, g, v).ok_or_else(ApiError::no_route)?
         }
         ["api", v] => resource_list(reg, "", v)?,
         ["apis", g, v] => resource_list(reg, g, v)?,
@@ -96,7 +97,7 @@ fn resource_list(reg: &Registry, group: &str, version: &str) -> ApiResult<Value>
     for i in infos {
         let mut r = json!({
             "name": i.plural, "singularName": i.singular, "namespaced": i.namespaced,
-            "kind": i.kind, "verbs": VERBS,
+            "kind": i.kind, "verbs": i.verbs,
         });
         if !i.short_names.is_empty() {
             r["shortNames"] = json!(i.short_names);
@@ -109,6 +110,12 @@ fn resource_list(reg: &Registry, group: &str, version: &str) -> ApiResult<Value>
             resources.push(json!({
                 "name": format!("{}/status", i.plural), "singularName": "", "namespaced": i.namespaced,
                 "kind": i.kind, "verbs": ["get", "patch", "update"],
+            }));
+        }
+        if i.scale {
+            resources.push(json!({
+                "name": format!("{}/scale", i.plural), "singularName": "", "namespaced": i.namespaced,
+                "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"],
             }));
         }
         if i.builtin && i.plural == "namespaces" {

@@ -1,4 +1,5 @@
-//! `labelSelector` (equality- and set-based) and `fieldSelector` (`metadata.name`, `metadata.namespace`).
+//! `labelSelector` (equality- and set-based) and `fieldSelector` (`metadata.name`, `metadata.namespace`
+//! and the per-resource field labels of the real server, such as `involvedObject.*` for events).
 
 use serde_json::Value;
 
@@ -162,16 +163,51 @@ fn parse_req(part: &str) -> Result<(String, Op), String> {
     Ok((key_ok(part)?, Op::Exists))
 }
 
-/// A parsed field selector.
+/// A parsed field selector: `field=value`, `field==value`, `field!=value`, ANDed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FieldSelector {
-    reqs: Vec<(Field, bool, String)>,
+    reqs: Vec<(String, bool, String)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    Name,
-    Namespace,
+/// The fields every resource supports.
+const META_FIELDS: [&str; 2] = ["metadata.name", "metadata.namespace"];
+
+/// The fields beyond `metadata.name`/`metadata.namespace` the real server's field label conversions
+/// accept, per (group, plural).
+fn extra_fields(group: &str, plural: &str) -> &'static [&'static str] {
+    match (group, plural) {
+        ("", "events") => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        ("", "secrets") => &["type"],
+        ("", "pods") => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        ("", "nodes") => &["spec.unschedulable"],
+        ("", "namespaces") => &["status.phase"],
+        ("", "replicationcontrollers") | ("apps", "replicasets") => &["status.replicas"],
+        ("", "services") => &["spec.clusterIP", "spec.type"],
+        ("batch", "jobs") => &["status.successful"],
+        ("certificates.k8s.io", "certificatesigningrequests") => &["spec.signerName"],
+        _ => &[],
+    }
 }
 
 impl FieldSelector {
@@ -193,29 +229,28 @@ impl FieldSelector {
                     "invalid selector: '{text}'; can't understand '{part}'"
                 )));
             };
-            let field = match field.trim() {
-                "metadata.name" => Field::Name,
-                "metadata.namespace" => Field::Namespace,
-                other => {
-                    return Err(ApiError::bad_request(format!(
-                        "field label not supported: {other}"
-                    )))
-                }
-            };
-            reqs.push((field, eq, value.trim().to_string()));
+            reqs.push((field.trim().to_string(), eq, value.trim().to_string()));
         }
         Ok(FieldSelector { reqs })
     }
 
+    /// Refuse fields the resource has no field label for, as the real server does (400).
+    pub(crate) fn check_supported(&self, group: &str, plural: &str) -> Result<(), ApiError> {
+        let extra = extra_fields(group, plural);
+        for (f, _, _) in &self.reqs {
+            if !META_FIELDS.contains(&f.as_str()) && !extra.contains(&f.as_str()) {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {f}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn matches(&self, obj: &Value) -> bool {
-        let meta = &obj["metadata"];
-        self.reqs.iter().all(|(f, eq, want)| {
-            let have = match f {
-                Field::Name => meta["name"].as_str().unwrap_or_default(),
-                Field::Namespace => meta["namespace"].as_str().unwrap_or_default(),
-            };
-            (have == want) == *eq
-        })
+        self.reqs
+            .iter()
+            .all(|(f, eq, want)| (field_value(obj, f) == *want) == *eq)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -224,19 +259,43 @@ impl FieldSelector {
 
     /// The name an equality requirement fixes (`metadata.name=NAME`), if any.
     pub(crate) fn name(&self) -> Option<&str> {
-        self.equal(Field::Name)
+        self.equal("metadata.name")
     }
 
     /// The namespace an equality requirement fixes (`metadata.namespace=NS`), if any.
     pub(crate) fn namespace(&self) -> Option<&str> {
-        self.equal(Field::Namespace)
+        self.equal("metadata.namespace")
     }
 
-    fn equal(&self, field: Field) -> Option<&str> {
+    fn equal(&self, field: &str) -> Option<&str> {
         self.reqs
             .iter()
-            .find(|(f, eq, _)| *eq && *f == field)
+            .find(|(f, eq, _)| *eq && f == field)
             .map(|(_, _, v)| v.as_str())
+    }
+}
+
+/// A field's value as the server's field set renders it: strings as they are, numbers and booleans
+/// as text, missing as "". An event's `source` is `source.component`.
+fn field_value(obj: &Value, field: &str) -> String {
+    let path = if field == "source" {
+        "source.component"
+    } else {
+        field
+    };
+    let mut v = obj;
+    for seg in path.split('.') {
+        match v.get(seg) {
+            Some(next) => v = next,
+            None => return String::new(),
+        }
+    }
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -284,6 +343,17 @@ mod tests {
                 .unwrap()
                 .matches(&o)
         );
-        assert!(FieldSelector::parse("spec.x=1").is_err());
+        let unsupported = FieldSelector::parse("spec.x=1").unwrap();
+        assert!(unsupported.check_supported("", "configmaps").is_err());
+        let ev = json!({"involvedObject": {"kind": "Pod", "name": "p"}, "source": {"component": "kubelet"}});
+        let sel =
+            FieldSelector::parse("involvedObject.kind=Pod,involvedObject.name=p,source=kubelet")
+                .unwrap();
+        assert!(sel.check_supported("", "events").is_ok());
+        assert!(sel.matches(&ev));
+        assert!(sel.check_supported("", "configmaps").is_err());
+        assert!(!FieldSelector::parse("involvedObject.name=q")
+            .unwrap()
+            .matches(&ev));
     }
 }

@@ -43,11 +43,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Over HTTP (for `kubectl`, other processes, or a `kube::Client` built from a kubeconfig), with the
-//! same behaviour: [`TestServer::serve_http`] binds `127.0.0.1:0`; [`HttpServer::write_kubeconfig`]
-//! writes an ordinary kubeconfig with a `token:` user (`kube-shard-testserver:<identity>`); the server
-//! stops when the handle is dropped. `kshard testserver --listen ADDR --kubeconfig-out PATH
-//! [--shard-selector on|off]` runs it standalone.
+//! Over HTTPS (for `kubectl`, other processes, or a `kube::Client` built from a kubeconfig), with the
+//! same behaviour: [`TestServer::serve_http`] binds `127.0.0.1:0` with a CA generated for this server;
+//! [`HttpServer::write_kubeconfig`] writes an ordinary kubeconfig with that CA as
+//! `certificate-authority-data` and a `token:` user (`kube-shard-testserver:<identity>`);
+//! [`HttpServer::client`] brings its own rustls connector (ring), so your crate needs no TLS feature of
+//! `kube`. Plain HTTP is [`TestServer::serve_plain_http`] ([`Transport::PlainHttp`]; kubectl sends no
+//! token over it). The server stops when the handle is dropped. `kshard testserver --listen ADDR
+//! --kubeconfig-out PATH [--shard-selector on|off] [--plain-http]` runs it standalone.
 //!
 //! ```
 //! # use kube_shard_testserver::TestServer;
@@ -55,7 +58,8 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let server = TestServer::new();
 //! let http = server.serve_http().await?;
-//! let client = http.client("kubectl").await?; // loaded from the kubeconfig it writes
+//! assert!(http.url().starts_with("https://127.0.0.1:"));
+//! let client = http.client("kubectl").await?; // TLS verified with the server's own CA
 //! let version = client.apiserver_version().await?;
 //! assert_eq!(version.minor, "36");
 //! # Ok(()) }
@@ -63,25 +67,34 @@
 //!
 //! ## What it serves
 //!
-//! - core/v1 `namespaces` (with `/status` and `/finalize`), `configmaps`, `secrets`, `events`;
-//!   `coordination.k8s.io/v1` `leases`; `apiextensions.k8s.io/v1` `customresourcedefinitions`. Creating a
-//!   CRD serves its resource at once (namespaced or cluster-scoped, every served version, a `/status`
-//!   subresource when declared) and sets its `NamesAccepted`/`Established` conditions.
-//! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP[/VERSION]`), `/version`, `/healthz`.
-//! - `default`, `kube-system`, `kube-public` and `kube-node-lease` exist from the start.
+//! - Every built-in resource of kube-apiserver v1.36.2 (68 in 21 groups), stored generically and
+//!   discovered as the real server lists them; the table is generated from discovery captured from the
+//!   real server (`testserver/kinds/`). `/status` where the real server has it, `/scale` on
+//!   Deployments, ReplicaSets, StatefulSets and ReplicationControllers, `namespaces/{name}/finalize`.
+//!   Defaults of Deployments, pod templates and Services, Service `clusterIP` allocation, Secret
+//!   `stringData`, immutable Secrets and ConfigMaps, `generation` on the kinds that keep it, the field
+//!   selectors of the real server (`involvedObject.*` on events, ...), review resources that allow
+//!   everything.
+//! - `apiextensions.k8s.io/v1` `customresourcedefinitions`: creating a CRD serves its resource at once
+//!   (namespaced or cluster-scoped, every served version, a `/status` subresource when declared) and
+//!   sets its `NamesAccepted`/`Established` conditions.
+//! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP[/VERSION]`), a minimal OpenAPI v3 (enough for
+//!   kubectl's server-side field validation), `/version`, `/healthz`.
+//! - `default`, `kube-system`, `kube-public`, `kube-node-lease` and the `kubernetes` Service exist from
+//!   the start.
 //!
 //! ## Semantics (as kube-apiserver)
 //!
 //! - Objects: random UUID v4 `uid`; one global `resourceVersion` counter; `creationTimestamp`;
-//!   `generation` on custom resources and CRDs, bumped on changes outside `metadata` (and `status` when
-//!   the status subresource exists); create answers 201, 409 `AlreadyExists`, `generateName`; namespaced
+//!   `generation` on custom resources, CRDs and the built-in kinds that keep it, bumped on changes
+//!   outside `metadata` (and `status` when the status subresource exists); create answers 201, 409 `AlreadyExists`, `generateName`; namespaced
 //!   creates need the namespace (404) and refuse a terminating one (403); replace answers 409 on a stale
 //!   `resourceVersion` or a different `uid`; a no-op update keeps the `resourceVersion`; merge and JSON
 //!   patches (a `resourceVersion` in the patch is a precondition); delete with `uid`/`resourceVersion`
 //!   preconditions; finalizers set `deletionTimestamp` and keep the object until the last is removed;
 //!   `deletecollection`; a `/status` write changes only `.status`.
 //! - Lists: `labelSelector` (equality and set-based), `fieldSelector` (`metadata.name`,
-//!   `metadata.namespace`), `limit`/`continue` over a consistent snapshot (pages are read at the first
+//!   `metadata.namespace` and the real server's per-resource fields), `limit`/`continue` over a consistent snapshot (pages are read at the first
 //!   page's resourceVersion even while writes go on), `resourceVersion` with `resourceVersionMatch`
 //!   (`NotOlderThan`, `Exact`; a future one waits 3 s, then 504 "Too large resource version"),
 //!   metadata-only (`Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`) and
@@ -214,51 +227,27 @@
 //!
 //! ## Known differences from kube-apiserver
 //!
-//! Tests prove only what the server reproduces. What it does **not**:
+//! Tests prove only what the server reproduces. The full list is in the crate's `README.md`
+//! (`testserver/README.md` in the repository), checked with kubectl against the real server in CI. In
+//! short:
 //!
 //! - **No authentication or authorization**: any token `kube-shard-testserver:<identity>` is accepted
-//!   (a missing or other token is a 401); no RBAC, no admission (webhooks, quota, LimitRange,
-//!   ValidatingAdmissionPolicy), no API priority and fairness (429s only when injected).
-//! - **Server-side apply is approximated as a JSON merge patch**: no `managedFields` (never kept), no
-//!   field ownership or conflicts, `force` ignored, fields dropped from an applied configuration are not
-//!   removed. A strategic merge patch is also applied as a JSON merge patch (lists are replaced, not
-//!   merged by key). An apply to a missing object creates it.
-//! - **Validation is minimal**: object names, metadata JSON types, label syntax, configmap/secret data
-//!   types, CRD names and storage versions. Everything else is stored as sent: no OpenAPI schema
-//!   validation, pruning, defaulting or CEL rules for custom resources, no version conversion (all served
-//!   versions of a CRD share one storage; only `apiVersion` is rewritten), no type checks of other
-//!   built-in fields.
-//! - Field selectors only on `metadata.name` and `metadata.namespace` (the real server has more per
-//!   resource, such as `type` for secrets and `involvedObject.*` for events).
-//! - One global history of changes (default 10 000, [`Builder::history`]) stands in for the per-resource
-//!   watch caches and etcd's 5-minute compaction: a watch or continue token older than it gets a 410.
-//!   `resourceVersion=0` lists honour `limit` (as a cacher serving snapshots does).
-//! - Bookmarks come exactly every interval (and 2 s before a watch's timeout, as the cacher sends
-//!   them), without the cacher's jitter; a watch without `timeoutSeconds` lasts 1800 s (the real server picks at random between
-//!   `--min-request-timeout` and twice it). A frozen watch ignores its timeout until thawed.
-//! - KEP-5866 selectors are parsed by kube-shard's strict parser: CEL forms the real server accepts but
-//!   kube-shard never sends (comments, escape sequences, double, triple or raw quotes, parentheses) are
-//!   answered with the invalid-selector 500 here. `remainingItemCount` on sharded pages counts the
-//!   unfiltered remainder (as 1.36 gets it wrong). `shardInfo` is not put on `Table` answers.
-//! - Deletion: no graceful deletion period (nothing here has one); `propagationPolicy` `Orphan` and
-//!   `Foreground` add the `orphan`/`foregroundDeletion` finalizers as the real server does, and only the
-//!   opt-in controllers mode ([`Builder::controllers`]) processes them. Deleting a built-in object
-//!   answers a `Status`, a custom resource the object.
-//! - Deleting a CRD removes its instances and stops serving it synchronously (the real finalizer
-//!   controller takes a moment); CRD names are not checked for conflicts with other resources.
-//! - Controllers mode runs garbage collection and namespace finalisation synchronously inside the write
-//!   that triggers them; the real controllers are asynchronous and eventually consistent. In the default
-//!   bare mode a deleted namespace stays `Terminating` until its `spec.finalizers` are cleared through
-//!   `/finalize`, and owned objects are never collected.
-//! - Discovery is served in the legacy format only (no aggregated discovery; clients fall back), and
-//!   there is no OpenAPI (`/openapi/v2`, `/openapi/v3` are 404: `kubectl apply` needs
-//!   `--validate=false`, `kubectl explain` does not work). JSON only (no protobuf or CBOR), HTTP/1.1
-//!   without TLS or compression; `Table` has Name/(Data)/Age columns only and watches do not serve
-//!   `Table`. No `/scale`, `/proxy`, `/log`, `/exec`, no `selfLink`, no events TTL.
-//! - Timestamps have second precision and come from the wall clock (not tokio time). The
-//!   resourceVersion counter starts low and grows by one per write (treat it as opaque, as always).
-//! - Faults model failures as seen from a client: a partition answers nothing and freezes that
-//!   identity's watches; an outage ends every watch and refuses every request until it is over.
+//!   (a missing or other token is a 401); no RBAC, no admission, no API priority and fairness.
+//! - **Server-side apply and strategic merge are approximated as JSON merge patches** (no
+//!   `managedFields`, no field ownership).
+//! - **Validation and defaulting are minimal**: no schemas for built-in kinds or custom resources
+//!   (`fieldValidation` is accepted, not enforced), only the defaults listed above, no CRD version
+//!   conversion.
+//! - Request bodies are JSON only: kubectl's `create <kind> NAME` generators send protobuf and get a
+//!   415 (`kubectl create -f` works). Tables have the real columns for a few kinds only (Name and Age
+//!   for the others). No `/log`, `/exec`,
+//!   `/proxy`, `/eviction`; no OpenAPI schemas (`kubectl explain` does not work).
+//! - One global history (default 10 000 changes, [`Builder::history`]) stands in for the watch caches
+//!   and etcd compaction; bookmarks come exactly every [`Config::bookmark_interval`].
+//! - KEP-5866 selectors are parsed by kube-shard's strict parser (CEL forms kube-shard never sends are
+//!   an invalid-selector 500).
+//! - The opt-in controllers mode ([`Builder::controllers`]) runs garbage collection and namespace
+//!   finalisation synchronously; the default bare mode runs neither, like a bare kube-apiserver.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -269,29 +258,36 @@
 
 mod accounting;
 mod audit;
+mod builtins;
+mod columns;
 mod controllers;
 mod discovery;
 mod faults;
 mod history;
 mod http;
+mod kinds;
 mod kubeconfig;
 mod labels;
 mod list;
+mod openapi;
 mod query;
 mod render;
 mod resources;
 mod rest;
 mod router;
+mod scale;
 mod server;
 mod service;
 mod status;
 mod store;
+mod tls;
 mod watch;
 
 pub use accounting::{Accounting, Verb};
 pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, FencedCommit};
 pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
 pub use history::{Commit, CommitKind, History, ResourceFilter};
-pub use http::{ClientError, HttpServer};
+pub use http::{ClientError, HttpServer, Transport};
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};
+pub use tls::TlsError;

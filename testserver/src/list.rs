@@ -159,7 +159,7 @@ pub(crate) async fn list(
     gate: bool,
     as_: As,
 ) -> ApiResult<Page> {
-    let filter = Filter::parse(q, gate)?;
+    let filter = Filter::parse(q, gate, info)?;
     let limit = parse_limit(q)?;
     let at = resolve_at(inner, q).await?;
     let store = inner.lock_store();
@@ -289,7 +289,7 @@ pub(crate) fn delete_collection(
     gate: bool,
     opts: &DeleteOptions,
 ) -> ApiResult<Page> {
-    let filter = Filter::parse(q, gate)?;
+    let filter = Filter::parse(q, gate, info)?;
     let fence = ctx.fence_header.clone().map(|raw| crate::audit::RawFence {
         raw,
         source: crate::audit::FenceSource::Header,

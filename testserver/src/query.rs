@@ -6,6 +6,7 @@ use kube_shard::{fnv1a64, SelectorError, ShardKey, ShardSelector};
 
 use crate::{
     labels::{FieldSelector, LabelSelector},
+    resources::ResourceInfo,
     status::{ApiError, ApiResult},
     store::Obj,
 };
@@ -57,9 +58,10 @@ pub(crate) fn shard_error(e: &SelectorError) -> ApiError {
 impl Filter {
     /// `gate` is the `ShardedListAndWatch` gate as this request sees it: off, `shardSelector` is ignored
     /// entirely (even an invalid one).
-    pub(crate) fn parse(q: &Query, gate: bool) -> ApiResult<Self> {
+    pub(crate) fn parse(q: &Query, gate: bool, info: &ResourceInfo) -> ApiResult<Self> {
         let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default())?;
+        fields.check_supported(&info.group, &info.plural)?;
         let shard = match q.get("shardSelector") {
             Some(s) if gate && !s.is_empty() => {
                 Some(s.parse::<ShardSelector>().map_err(|e| shard_error(&e))?)

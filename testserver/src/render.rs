@@ -105,24 +105,20 @@ pub(crate) fn table<O: std::ops::Deref<Target = Obj>>(
     cont: Option<&str>,
 ) -> Value {
     let now = jiff::Timestamp::now();
+    let (before, after) = crate::columns::of(info);
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
     ];
-    let data_column = info.builtin && (info.plural == "configmaps" || info.plural == "secrets");
-    if data_column {
-        columns.push(json!({"name": "Data", "type": "integer", "format": "", "description": "Number of entries in data.", "priority": 0}));
-    }
+    columns.extend(before.iter().map(|c| c.definition()));
     columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}));
+    columns.extend(after.iter().map(|c| c.definition()));
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
             let mut cells = vec![json!(o.name())];
-            if data_column {
-                let n = o.value["data"].as_object().map_or(0, |m| m.len())
-                    + o.value["binaryData"].as_object().map_or(0, |m| m.len());
-                cells.push(json!(n));
-            }
+            cells.extend(before.iter().map(|c| (c.cell)(&o.value)));
             cells.push(json!(age(now, &o.value)));
+            cells.extend(after.iter().map(|c| (c.cell)(&o.value)));
             json!({"cells": cells, "object": partial(o)})
         })
         .collect();

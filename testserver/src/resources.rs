@@ -16,8 +16,14 @@ pub(crate) struct ResourceInfo {
     pub(crate) namespaced: bool,
     /// Serves a `/status` subresource (and a main-resource write ignores `.status`).
     pub(crate) status: bool,
+    /// Serves a `/scale` subresource (`autoscaling/v1` `Scale` over `spec.replicas`).
+    pub(crate) scale: bool,
     /// Built into kube-apiserver (not from a CRD): only these echo `shardInfo` on LIST.
     pub(crate) builtin: bool,
+    /// Kept in storage (lists and watches); `false` for create-only review resources.
+    pub(crate) stored: bool,
+    /// The verbs discovery lists.
+    pub(crate) verbs: Vec<String>,
     /// `metadata.generation` is maintained (custom resources and CRDs).
     pub(crate) generation: bool,
     pub(crate) short_names: Vec<String>,
@@ -35,31 +41,25 @@ impl ResourceInfo {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn builtin(
-        group: &str,
-        version: &str,
-        plural: &str,
-        kind: &str,
-        namespaced: bool,
-        status: bool,
-        generation: bool,
-        short: &[&str],
-    ) -> Self {
+    fn builtin(k: &crate::kinds::Kind) -> Self {
+        let strings = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         ResourceInfo {
-            group: group.into(),
-            version: version.into(),
-            plural: plural.into(),
-            singular: kind.to_lowercase(),
-            kind: kind.into(),
-            list_kind: format!("{kind}List"),
-            namespaced,
-            status,
+            group: k.group.into(),
+            version: k.version.into(),
+            plural: k.plural.into(),
+            singular: k.singular.into(),
+            kind: k.kind.into(),
+            list_kind: format!("{}List", k.kind),
+            namespaced: k.namespaced,
+            status: k.subresources.contains(&"status"),
+            scale: k.subresources.contains(&"scale"),
             builtin: true,
-            generation,
-            short_names: short.iter().map(|s| s.to_string()).collect(),
-            categories: Vec::new(),
-            store_key: store_key(group, plural),
+            generation: k.generation,
+            stored: k.verbs.contains(&"list"),
+            verbs: strings(k.verbs),
+            short_names: strings(k.short_names),
+            categories: strings(k.categories),
+            store_key: store_key(k.group, k.plural),
         }
     }
 }
@@ -70,6 +70,18 @@ pub(crate) fn store_key(group: &str, plural: &str) -> Arc<str> {
 
 pub(crate) const CRD_GROUP: &str = "apiextensions.k8s.io";
 
+/// The verbs of a custom resource.
+const CRD_VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
 /// The resource registry. Keyed by (group, version, plural).
 #[derive(Debug)]
 pub(crate) struct Registry {
@@ -77,55 +89,13 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// Every resource of the generated table ([`crate::kinds::KINDS`]).
     pub(crate) fn with_builtins() -> Self {
         let mut r = Registry {
             by_gvr: BTreeMap::new(),
         };
-        for info in [
-            ResourceInfo::builtin(
-                "",
-                "v1",
-                "namespaces",
-                "Namespace",
-                false,
-                true,
-                false,
-                &["ns"],
-            ),
-            ResourceInfo::builtin(
-                "",
-                "v1",
-                "configmaps",
-                "ConfigMap",
-                true,
-                false,
-                false,
-                &["cm"],
-            ),
-            ResourceInfo::builtin("", "v1", "secrets", "Secret", true, false, false, &[]),
-            ResourceInfo::builtin("", "v1", "events", "Event", true, false, false, &["ev"]),
-            ResourceInfo::builtin(
-                "coordination.k8s.io",
-                "v1",
-                "leases",
-                "Lease",
-                true,
-                false,
-                false,
-                &[],
-            ),
-            ResourceInfo::builtin(
-                CRD_GROUP,
-                "v1",
-                "customresourcedefinitions",
-                "CustomResourceDefinition",
-                false,
-                true,
-                true,
-                &["crd", "crds"],
-            ),
-        ] {
-            r.insert(info);
+        for k in crate::kinds::KINDS {
+            r.insert(ResourceInfo::builtin(k));
         }
         r
     }
@@ -161,15 +131,24 @@ impl Registry {
         self.by_gvr.values().find(|i| &*i.store_key == key).cloned()
     }
 
-    /// Served group versions, core first, then groups by name, versions in registration order.
-    pub(crate) fn groups(&self) -> BTreeMap<String, Vec<String>> {
-        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for info in self.by_gvr.values() {
-            let versions = out.entry(info.group.clone()).or_default();
+    /// Served groups with their versions, preferred first: the built-in groups in the real server's
+    /// order, then the groups of CRDs by name (versions in registration order).
+    pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
+        let mut out: Vec<(String, Vec<String>)> = crate::kinds::GROUPS
+            .iter()
+            .map(|(g, vs)| (g.to_string(), vs.iter().map(|v| v.to_string()).collect()))
+            .collect();
+        let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for info in self.by_gvr.values().filter(|i| !i.builtin) {
+            if out.iter().any(|(g, _)| *g == info.group) {
+                continue;
+            }
+            let versions = extra.entry(info.group.clone()).or_default();
             if !versions.contains(&info.version) {
                 versions.push(info.version.clone());
             }
         }
+        out.extend(extra);
         out
     }
 
@@ -223,7 +202,10 @@ impl Registry {
                 list_kind: list_kind.clone(),
                 namespaced,
                 status,
+                scale: false,
                 builtin: false,
+                stored: true,
+                verbs: CRD_VERBS.iter().map(|v| v.to_string()).collect(),
                 generation: true,
                 short_names: short_names.clone(),
                 categories: categories.clone(),

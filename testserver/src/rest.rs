@@ -68,6 +68,24 @@ pub(crate) fn bootstrap(inner: &Inner) {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         create_locked(&mut store, &ctx, &info, None, obj, false).expect("bootstrap namespace");
     }
+    let services = store
+        .registry
+        .get("", "v1", "services")
+        .expect("services are built in");
+    let kubernetes = json!({
+        "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"clusterIP": crate::builtins::kubernetes_service_ip(),
+                 "ports": [{"name": "https", "port": 443, "targetPort": 6443}]},
+    });
+    create_locked(
+        &mut store,
+        &ctx,
+        &services,
+        Some("default"),
+        kubernetes,
+        false,
+    )
+    .expect("bootstrap the kubernetes service");
     store.compact();
     drop(store);
     publish_rv(inner);
@@ -258,6 +276,11 @@ fn fence_of(ctx: &WriteCtx<'_>, body: Option<&Value>) -> Option<RawFence> {
     })
 }
 
+/// The fence of a write that carries no object of its own (a subresource): the header only.
+pub(crate) fn header_fence(ctx: &WriteCtx<'_>) -> Option<RawFence> {
+    fence_of(ctx, None)
+}
+
 /// The header name, for the HTTP layer.
 pub(crate) const FENCE_HEADER_NAME: &str = FENCE_HEADER;
 
@@ -417,7 +440,7 @@ pub(crate) fn create_locked(
             m.remove("status");
         }
     }
-    defaults_on_create(info, &mut obj)?;
+    defaults_on_create(store, info, &mut obj)?;
     if dry_run {
         let mut preview = obj;
         preview["metadata"]["resourceVersion"] = json!("");
@@ -446,10 +469,11 @@ fn check_namespace_open(store: &Store, info: &ResourceInfo, ns: &str, name: &str
     }
 }
 
-fn defaults_on_create(info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+fn defaults_on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
     if !info.builtin {
         return Ok(());
     }
+    crate::builtins::on_create(store, info, obj)?;
     match (info.group.as_str(), info.plural.as_str()) {
         ("", "namespaces") => {
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
@@ -811,6 +835,7 @@ fn next_state(
         // spec.finalizers change only through /finalize.
         body["spec"] = old.value["spec"].clone();
     }
+    crate::builtins::on_update(info, &old.value, &mut body)?;
     Ok(body)
 }
 
@@ -888,6 +913,32 @@ impl PatchType {
     }
 }
 
+/// Apply a merge (strategic and apply approximated as merge) or JSON patch to `target`.
+pub(crate) fn apply_patch(target: &mut Value, ptype: PatchType, patch: Value) -> ApiResult<()> {
+    match ptype {
+        PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request(
+                    "error decoding patch: not a JSON object",
+                ));
+            }
+            merge_patch(target, &patch);
+        }
+        PatchType::Json => {
+            let ops: json_patch::Patch = serde_json::from_value(patch)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            json_patch::patch(target, &ops).map_err(|e| {
+                ApiError::new(
+                    422,
+                    Some("Invalid"),
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn patch(
     ctx: &WriteCtx<'_>,
@@ -943,27 +994,7 @@ pub(crate) fn patch(
         return Err(ApiError::not_found(&info.group, &info.plural, name));
     };
     let mut patched = old.value.clone();
-    match ptype {
-        PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
-            if !patch.is_object() {
-                return Err(ApiError::bad_request(
-                    "error decoding patch: not a JSON object",
-                ));
-            }
-            merge_patch(&mut patched, &patch);
-        }
-        PatchType::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(&mut patched, &ops).map_err(|e| {
-                ApiError::new(
-                    422,
-                    Some("Invalid"),
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })?;
-        }
-    }
+    apply_patch(&mut patched, ptype, patch)?;
     let next = next_state(info, &old, patched, status_write)?;
     let obj = finish_update(&mut store, ctx, info, key, &old, next, fence.as_ref());
     drop(store);

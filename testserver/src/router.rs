@@ -83,6 +83,7 @@ pub(crate) fn route(inner: &Inner, path: &str) -> ApiResult<Route> {
     }
     if let Some(s) = &sub {
         let ok = (s == "status" && info.status)
+            || (s == "scale" && info.scale)
             || (s == "finalize" && info.builtin && info.plural == "namespaces");
         if !ok || legacy_watch {
             return Err(ApiError::no_route());
@@ -121,9 +122,16 @@ pub(crate) fn verb_of(method: &Method, r: &ResourceRoute, q: &Query) -> ApiResul
     let has_name = r.name.is_some();
     if let Some(sub) = &r.sub {
         return match (method.as_str(), sub.as_str()) {
-            ("GET", "status") => Ok(Verb::Get),
+            ("GET", "status" | "scale") => Ok(Verb::Get),
             ("PUT", _) => Ok(Verb::Update),
-            ("PATCH", "status") => Ok(Verb::Patch),
+            ("PATCH", "status" | "scale") => Ok(Verb::Patch),
+            _ => Err(ApiError::method_not_allowed()),
+        };
+    }
+    if !r.info.stored {
+        // Review resources (TokenReview, SubjectAccessReview, ...) answer a create and nothing else.
+        return match (method.as_str(), has_name) {
+            ("POST", false) => Ok(Verb::Create),
             _ => Err(ApiError::method_not_allowed()),
         };
     }

@@ -16,7 +16,7 @@ use crate::{
     audit::{Auditor, FenceAudit},
     faults::{FaultState, Faults},
     history::{History, Recorder},
-    http::HttpServer,
+    http::{HttpServer, Transport},
     kubeconfig,
     service::ApiService,
     store::Store,
@@ -98,6 +98,10 @@ impl Builder {
     pub fn build(self) -> TestServer {
         TestServer::from_config(self.config)
     }
+}
+
+fn loopback() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
 /// State shared by every handle, service and watch.
@@ -194,24 +198,40 @@ impl TestServer {
         format!("{}{identity}", crate::http::TOKEN_PREFIX)
     }
 
-    /// Serve HTTP on `127.0.0.1` at an ephemeral port. The server stops when the handle is dropped.
+    /// Serve HTTPS on `127.0.0.1` at an ephemeral port, with a CA generated for this server (see
+    /// [`HttpServer::kubeconfig_yaml`]). The server stops when the handle is dropped.
     pub async fn serve_http(&self) -> std::io::Result<HttpServer> {
-        self.serve_http_on("127.0.0.1:0".parse().expect("valid address"))
-            .await
+        self.serve_http_on(loopback()).await
     }
 
-    /// Serve HTTP on `addr`.
+    /// Serve HTTPS on `addr`.
     pub async fn serve_http_on(&self, addr: std::net::SocketAddr) -> std::io::Result<HttpServer> {
-        HttpServer::start(self.inner.clone(), addr).await
+        self.serve_http_with(addr, Transport::Https).await
     }
 
-    /// A kubeconfig (YAML) for `url` with `identity`'s token.
+    /// Serve plain HTTP on `127.0.0.1` at an ephemeral port (kubectl sends no token over plain HTTP:
+    /// use [`TestServer::serve_http`] for it).
+    pub async fn serve_plain_http(&self) -> std::io::Result<HttpServer> {
+        self.serve_http_with(loopback(), Transport::PlainHttp).await
+    }
+
+    /// Serve on `addr` over `transport`.
+    pub async fn serve_http_with(
+        &self,
+        addr: std::net::SocketAddr,
+        transport: Transport,
+    ) -> std::io::Result<HttpServer> {
+        HttpServer::start(self.inner.clone(), addr, transport).await
+    }
+
+    /// A kubeconfig (YAML) for `url` with `identity`'s token and no CA (for a plain HTTP server;
+    /// [`HttpServer::kubeconfig_yaml`] adds the CA of an HTTPS one).
     #[must_use]
     pub fn kubeconfig_yaml(url: &str, identity: &str) -> String {
-        kubeconfig::render(url, identity, &Self::token(identity))
+        kubeconfig::render(url, identity, &Self::token(identity), None)
     }
 
-    /// Write a kubeconfig for `url` with `identity`'s token.
+    /// Write a kubeconfig for `url` with `identity`'s token and no CA.
     pub fn write_kubeconfig(
         path: impl AsRef<Path>,
         url: &str,

@@ -217,6 +217,27 @@ fn body_len(resp: &Response<ResponseBody>) -> usize {
         .unwrap_or_default() as usize
 }
 
+/// Bodies are JSON (or YAML for apply): a protobuf or CBOR body gets the 415 after which client-go
+/// (kubectl's typed clients send protobuf) retries in JSON.
+fn refuse_binary_body(parts: &Parts, body: &[u8]) -> ApiResult<()> {
+    let ct = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let media = ct.split(';').next().unwrap_or_default().trim();
+    if !body.is_empty()
+        && (media == "application/vnd.kubernetes.protobuf" || media == "application/cbor")
+    {
+        return Err(ApiError::new(
+            415,
+            Some("UnsupportedMediaType"),
+            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct:?})"),
+        ));
+    }
+    Ok(())
+}
+
 fn non_resource(
     inner: &Inner,
     identity: &str,
@@ -245,6 +266,7 @@ async fn resource(
 ) -> ApiResult<Response<ResponseBody>> {
     let verb = router::verb_of(&parts.method, &r, q)?;
     let identity = &facts.identity.clone();
+    refuse_binary_body(parts, &body)?;
     let as_ = As::from_headers(&parts.headers);
     let ns = r.namespace.as_deref();
     let gate = || inner.faults.effective_gate(inner.gate(), conn);
@@ -264,7 +286,23 @@ async fn resource(
             .is_some_and(|ct| ct.starts_with("application/apply-patch")),
     };
     let name = r.name.as_deref().unwrap_or_default();
+    let scale = r.sub.as_deref() == Some("scale");
     let reply = match verb {
+        Verb::Create if !r.info.stored => {
+            let value = crate::builtins::review(&r.info, identity, rest::parse_body(&body)?)?;
+            rest::Reply::Json { code: 201, value }
+        }
+        Verb::Get if scale => crate::scale::get(inner, &r.info, ns, name)?,
+        Verb::Update if scale => crate::scale::write(&ctx, &r.info, ns, name, None, &body)?,
+        Verb::Patch if scale => {
+            let ct = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let ptype = PatchType::from_content_type(ct)?;
+            crate::scale::write(&ctx, &r.info, ns, name, Some(ptype), &body)?
+        }
         Verb::Watch => {
             let stream = watch::open(
                 inner.clone(),

@@ -72,7 +72,7 @@ pub(crate) async fn open(
     gate: bool,
     as_: As,
 ) -> ApiResult<WatchStream> {
-    let mut filter = Filter::parse(q, gate)?;
+    let mut filter = Filter::parse(q, gate, &info)?;
     if filter.shard.is_some() && inner.faults.watch_unfiltered(&info.plural) {
         filter.shard = None;
     }

@@ -103,7 +103,13 @@ fn http_get(addr: &str, path: &str) -> String {
 fn testserver() -> (tempfile::TempDir, Running) {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["testserver", "--shard-selector", "on", "--kubeconfig-out"])
+        .args([
+            "testserver",
+            "--plain-http",
+            "--shard-selector",
+            "on",
+            "--kubeconfig-out",
+        ])
         .arg(dir.path().join("kubeconfig"))
         .stdout(Stdio::piped())
         .spawn()

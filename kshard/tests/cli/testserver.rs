@@ -38,6 +38,7 @@ async fn testserver_serves_a_kubeconfig_client_and_sharded_lists() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args([
             "testserver",
+            "--plain-http",
             "--listen",
             "127.0.0.1:0",
             "--shard-selector",

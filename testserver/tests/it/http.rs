@@ -1,4 +1,5 @@
-//! The same server over HTTP: kubeconfig, bearer tokens, curl-like raw requests, the stock watcher.
+//! The same server over HTTPS (default) and plain HTTP: kubeconfig with the server's CA, bearer
+//! tokens, curl-like raw requests, the stock watcher.
 
 use std::time::Duration;
 
@@ -28,14 +29,17 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubeconfig_client_and_raw_requests() {
+async fn kubeconfig_client_and_raw_requests_over_plain_http() {
     let server = TestServer::builder().shard_selector(true).build();
-    let http = server.serve_http().await.unwrap();
+    let http = server.serve_plain_http().await.unwrap();
+    assert!(http.url().starts_with("http://127.0.0.1:"));
+    assert!(http.ca_pem().is_none());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     http.write_kubeconfig(&path, "alice").unwrap();
     let yaml = std::fs::read_to_string(&path).unwrap();
     assert!(yaml.contains("token: \"kube-shard-testserver:alice\""));
+    assert!(!yaml.contains("certificate-authority-data"));
 
     let client = http.client("alice").await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -102,4 +106,77 @@ async fn stock_watcher_over_http() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(server.accounting("w").bookmarks >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_by_default_with_the_servers_ca_in_the_kubeconfig() {
+    let server = TestServer::new();
+    let http = server.serve_http().await.unwrap();
+    assert!(http.url().starts_with("https://127.0.0.1:"));
+    let yaml = http.kubeconfig_yaml("alice");
+    let ca = http.ca_pem().unwrap();
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"));
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+    assert_eq!(cluster.server.as_deref(), Some(http.url().as_str()));
+    let data = cluster.certificate_authority_data.as_deref().unwrap();
+    use base64::Engine;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .unwrap();
+    assert_eq!(String::from_utf8(decoded).unwrap(), ca);
+
+    let client = http.client("alice").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    api.create(&PostParams::default(), &cm("over-https"))
+        .await
+        .unwrap();
+    assert_eq!(server.accounting("alice").requests(Verb::Create), 1);
+
+    // Plain HTTP to the TLS port gets no answer.
+    let (code, _) = raw_get_lenient(http.addr()).await;
+    assert_eq!(code, None);
+
+    // Each server has its own CA: the server's CA verifies it, another server's CA does not.
+    let other = TestServer::new().serve_http().await.unwrap();
+    assert_ne!(other.ca_pem(), http.ca_pem());
+    handshake(http.addr(), http.ca_pem().unwrap())
+        .await
+        .unwrap();
+    let err = handshake(http.addr(), other.ca_pem().unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("certificate"), "{err}");
+}
+
+/// A TLS handshake with `127.0.0.1` trusting only `ca_pem`.
+async fn handshake(addr: std::net::SocketAddr, ca_pem: &str) -> std::io::Result<()> {
+    use base64::Engine;
+    let body: String = ca_pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.into()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    connector.connect(name, tcp).await.map(drop)
+}
+
+async fn raw_get_lenient(addr: std::net::SocketAddr) -> (Option<u16>, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = "GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let _ = s.write_all(req.as_bytes()).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.get(9..12).and_then(|c| c.parse().ok());
+    (code, text)
 }

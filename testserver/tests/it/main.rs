@@ -2,6 +2,7 @@
 //! watcher and reflector. One binary; modules by topic.
 
 mod audit;
+mod builtins;
 mod common;
 mod crd;
 mod crud;

@@ -1,0 +1,283 @@
+//! What kube-apiserver's strategies do for built-in kinds without any controller: defaults on create
+//! (Deployments and pod templates, Services), `stringData` → `data`, immutable Secrets and ConfigMaps,
+//! Service `clusterIP` allocation, and the answers of the review resources (not stored).
+
+use base64::{engine::general_purpose::STANDARD, Engine};
+use serde_json::{json, Map, Value};
+
+use crate::{
+    resources::ResourceInfo,
+    status::{ApiError, ApiResult},
+    store::Store,
+};
+
+/// The Service network (realkube's `--service-cluster-ip-range`); `.1` is the `kubernetes` Service.
+const SERVICE_NET: [u8; 3] = [10, 96, 0];
+
+fn is(info: &ResourceInfo, group: &str, plural: &str) -> bool {
+    info.builtin && info.group == group && info.plural == plural
+}
+
+/// Defaults and allocations on create (after the generic metadata is set).
+pub(crate) fn on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+    if info.status && !is(info, "", "namespaces") {
+        // Strategies reset status on create; a Service starts with an empty load balancer.
+        obj["status"] = if is(info, "", "services") {
+            json!({"loadBalancer": {}})
+        } else {
+            json!({})
+        };
+    }
+    match (info.group.as_str(), info.plural.as_str()) {
+        ("", "secrets") => string_data(obj),
+        ("", "services") => service_defaults(store, info, obj)?,
+        ("", "pods") => {
+            if let Some(spec) = obj.get_mut("spec") {
+                pod_spec_defaults(spec);
+            }
+        }
+        ("apps", "deployments") => deployment_defaults(obj),
+        ("apps", "replicasets" | "statefulsets" | "daemonsets")
+        | ("", "replicationcontrollers")
+        | ("batch", "jobs") => template_defaults(obj.pointer_mut("/spec/template/spec")),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Conversions and checks on every main-resource write of an existing object: `old` → `next`.
+pub(crate) fn on_update(info: &ResourceInfo, old: &Value, next: &mut Value) -> ApiResult<()> {
+    if !info.builtin {
+        return Ok(());
+    }
+    match (info.group.as_str(), info.plural.as_str()) {
+        ("", "secrets") => {
+            string_data(next);
+            immutable(info, old, next)
+        }
+        ("", "configmaps") => immutable(info, old, next),
+        ("", "services") => keep_cluster_ip(info, old, next),
+        _ => Ok(()),
+    }
+}
+
+/// `stringData` is write-only: merged into `data` (base64), then dropped.
+fn string_data(obj: &mut Value) {
+    let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) else {
+        return;
+    };
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (k, v) in sd {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = json!(STANDARD.encode(text));
+    }
+}
+
+/// An object created with `immutable: true` keeps its data, binaryData and immutability.
+fn immutable(info: &ResourceInfo, old: &Value, next: &Value) -> ApiResult<()> {
+    if old["immutable"] != json!(true) {
+        return Ok(());
+    }
+    let name = old["metadata"]["name"].as_str().unwrap_or_default();
+    for field in ["immutable", "data", "binaryData"] {
+        let norm = |v: &Value| match v.get(field) {
+            Some(Value::Object(m)) if m.is_empty() => Value::Null,
+            Some(v) => v.clone(),
+            None => Value::Null,
+        };
+        if norm(old) != norm(next) {
+            return Err(ApiError::invalid(
+                &info.group,
+                &info.kind,
+                name,
+                field,
+                "Forbidden: field is immutable when `immutable` is set",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn service_defaults(store: &Store, info: &ResourceInfo, svc: &mut Value) -> ApiResult<()> {
+    if !svc["spec"].is_object() {
+        svc["spec"] = json!({});
+    }
+    let spec = &mut svc["spec"];
+    let ty = spec["type"].as_str().unwrap_or("ClusterIP").to_string();
+    spec["type"] = json!(ty);
+    if spec.get("sessionAffinity").is_none() {
+        spec["sessionAffinity"] = json!("None");
+    }
+    if let Some(ports) = spec["ports"].as_array_mut() {
+        for p in ports {
+            if p.get("protocol").is_none() {
+                p["protocol"] = json!("TCP");
+            }
+            if p.get("targetPort").is_none() {
+                p["targetPort"] = p["port"].clone();
+            }
+        }
+    }
+    if ty == "ExternalName" {
+        return Ok(());
+    }
+    if spec.get("internalTrafficPolicy").is_none() {
+        spec["internalTrafficPolicy"] = json!("Cluster");
+    }
+    let ip = match spec["clusterIP"].as_str().filter(|s| !s.is_empty()) {
+        Some(ip) => ip.to_string(),
+        None => allocate_cluster_ip(store, info).ok_or_else(|| {
+            ApiError::new(
+                500,
+                Some("InternalError"),
+                "Internal error occurred: failed to allocate a serviceIP: range is full",
+            )
+        })?,
+    };
+    spec["clusterIP"] = json!(ip);
+    spec["clusterIPs"] = json!([ip]);
+    if ip != "None" || spec.get("ipFamilies").is_none() {
+        spec["ipFamilies"] = json!(["IPv4"]);
+    }
+    if spec.get("ipFamilyPolicy").is_none() {
+        spec["ipFamilyPolicy"] = json!("SingleStack");
+    }
+    Ok(())
+}
+
+/// The lowest free address of the Service network from `.2` (`.1` is the `kubernetes` Service;
+/// the real allocator picks at random).
+fn allocate_cluster_ip(store: &Store, info: &ResourceInfo) -> Option<String> {
+    let used: Vec<String> = store
+        .current(&info.store_key, None)
+        .iter()
+        .filter_map(|o| o.value["spec"]["clusterIP"].as_str().map(str::to_string))
+        .collect();
+    (2..=254u8)
+        .map(|last| {
+            format!(
+                "{}.{}.{}.{last}",
+                SERVICE_NET[0], SERVICE_NET[1], SERVICE_NET[2]
+            )
+        })
+        .find(|ip| !used.contains(ip))
+}
+
+/// The address of the `kubernetes` Service the server creates for itself.
+pub(crate) fn kubernetes_service_ip() -> String {
+    format!("{}.{}.{}.1", SERVICE_NET[0], SERVICE_NET[1], SERVICE_NET[2])
+}
+
+/// An update that leaves `clusterIP` out keeps the allocated one; changing it is refused.
+fn keep_cluster_ip(info: &ResourceInfo, old: &Value, next: &mut Value) -> ApiResult<()> {
+    let old_ip = old["spec"]["clusterIP"].clone();
+    if !next["spec"].is_object() {
+        next["spec"] = json!({});
+    }
+    match next["spec"]["clusterIP"].as_str() {
+        None | Some("") => {
+            next["spec"]["clusterIP"] = old_ip;
+            next["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
+            Ok(())
+        }
+        Some(ip) if Some(ip) == old_ip.as_str() => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            &info.group,
+            &info.kind,
+            old["metadata"]["name"].as_str().unwrap_or_default(),
+            "spec.clusterIPs[0]",
+            "Invalid value: field is immutable",
+        )),
+    }
+}
+
+fn set_default(obj: &mut Map<String, Value>, key: &str, value: Value) {
+    obj.entry(key.to_string()).or_insert(value);
+}
+
+fn deployment_defaults(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    set_default(spec, "replicas", json!(1));
+    set_default(spec, "progressDeadlineSeconds", json!(600));
+    set_default(spec, "revisionHistoryLimit", json!(10));
+    set_default(
+        spec,
+        "strategy",
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
+    );
+    template_defaults(obj.pointer_mut("/spec/template/spec"));
+}
+
+fn template_defaults(spec: Option<&mut Value>) {
+    if let Some(spec) = spec {
+        pod_spec_defaults(spec);
+    }
+}
+
+/// The defaults of a pod spec the real server fills in (the common ones; see the docs).
+fn pod_spec_defaults(spec: &mut Value) {
+    let Some(s) = spec.as_object_mut() else {
+        return;
+    };
+    set_default(s, "dnsPolicy", json!("ClusterFirst"));
+    set_default(s, "restartPolicy", json!("Always"));
+    set_default(s, "schedulerName", json!("default-scheduler"));
+    set_default(s, "securityContext", json!({}));
+    set_default(s, "terminationGracePeriodSeconds", json!(30));
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = s.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
+                let tag = image.rsplit('/').next().unwrap_or_default();
+                let latest =
+                    !image.contains('@') && tag.split(':').nth(1).is_none_or(|t| t == "latest");
+                let policy = if latest { "Always" } else { "IfNotPresent" };
+                set_default(c, "imagePullPolicy", json!(policy));
+                set_default(c, "resources", json!({}));
+                set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+                set_default(c, "terminationMessagePolicy", json!("File"));
+            }
+        }
+    }
+}
+
+// === review resources ===
+
+/// What a create of a review resource (not stored) answers: everyone is allowed (there is no
+/// authorization) and a token is authenticated when the server would accept it.
+pub(crate) fn review(info: &ResourceInfo, identity: &str, mut body: Value) -> ApiResult<Value> {
+    body["apiVersion"] = json!(info.api_version());
+    body["kind"] = json!(info.kind);
+    body["metadata"] = json!({"creationTimestamp": null});
+    body["status"] = match info.plural.as_str() {
+        "selfsubjectaccessreviews" | "subjectaccessreviews" | "localsubjectaccessreviews" => {
+            json!({"allowed": true, "reason": "kube-shard-testserver has no authorization"})
+        }
+        "selfsubjectrulesreviews" => json!({
+            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            "incomplete": false,
+        }),
+        "selfsubjectreviews" => json!({"userInfo": user_info(identity)}),
+        "tokenreviews" => {
+            let token = body["spec"]["token"].as_str().unwrap_or_default();
+            match token
+                .strip_prefix(crate::http::TOKEN_PREFIX)
+                .filter(|i| !i.is_empty())
+            {
+                Some(id) => json!({"authenticated": true, "user": user_info(id)}),
+                None => json!({"authenticated": false, "error": "invalid bearer token"}),
+            }
+        }
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    Ok(body)
+}
+
+fn user_info(identity: &str) -> Value {
+    json!({"username": identity, "groups": ["system:authenticated"]})
+}
