@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use kube::Api;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::{GroupHandle, ShardGroup, ShardGroupBuilder};
 use kube_shard::oracles::fences::FenceRecorder;
+use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard::ownership::Ownership;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;
@@ -792,9 +794,19 @@ fn invalid_group_configs_are_refused_at_build_time() {
 
 type Seen = Arc<Mutex<BTreeMap<String, Vec<(String, String)>>>>;
 
+/// The annotation the churn workers' reconciler writes (through `FencedApi`): the data version it saw.
+const RECONCILED: &str = "example.kube-shard.io/reconciled";
+
 /// A member with the full stack: its group, a sharded reflector of ConfigMaps, and a Controller whose
-/// reconciles go through the admission wrapper and record (member, data version) per object.
-fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) -> Member {
+/// reconciles go through the admission wrapper, record (member, data version) per object, and stamp that
+/// version on the object with a fenced patch (counted in `writes` when it commits) unless it is there.
+fn spawn_worker(
+    server: &TestServer,
+    name: &str,
+    log: &FenceLog,
+    seen: &Seen,
+    writes: &Arc<AtomicUsize>,
+) -> Member {
     use futures::StreamExt;
     use kube::runtime::{controller::Action, watcher, Controller, WatchStreamExt};
     use kube_shard::ownership::reconcile;
@@ -812,6 +824,11 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
     let store = sharded.store.clone().unwrap();
     let who = name.to_owned();
     let seen = seen.clone();
+    let writes = writes.clone();
+    let fenced = FencedApi::new(Api::<ConfigMap>::namespaced(
+        server.client(name),
+        crate::watcher::NS,
+    ));
     let controller = Controller::for_stream(sharded.events.applied_objects(), store)
         .reconcile_on(sharded.reenqueue)
         .run(
@@ -820,24 +837,50 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
                 move |cm: Arc<ConfigMap>, _ctx: Arc<()>, permit| {
                     let who = who.clone();
                     let seen = seen.clone();
+                    let writes = writes.clone();
+                    let fenced = fenced.clone();
                     async move {
-                        if permit.fence().is_ok() {
-                            let v = cm
-                                .data
-                                .as_ref()
-                                .and_then(|d| d.get("v"))
-                                .cloned()
-                                .unwrap_or_default();
-                            seen.lock()
-                                .unwrap()
-                                .entry(cm.metadata.name.clone().unwrap())
-                                .or_default()
-                                .push((who, v));
-                            Ok(Action::await_change())
-                        } else {
-                            Ok::<_, std::convert::Infallible>(Action::requeue(
+                        let Ok(fence) = permit.fence() else {
+                            return Ok::<_, std::convert::Infallible>(Action::requeue(
                                 Duration::from_millis(500),
-                            ))
+                            ));
+                        };
+                        let v = cm
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get("v"))
+                            .cloned()
+                            .unwrap_or_default();
+                        let name = cm.metadata.name.clone().unwrap();
+                        seen.lock()
+                            .unwrap()
+                            .entry(name.clone())
+                            .or_default()
+                            .push((who, v.clone()));
+                        let stamped = cm
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(RECONCILED));
+                        if stamped == Some(&v) {
+                            return Ok(Action::await_change());
+                        }
+                        let (uid, rv) = (
+                            cm.metadata.uid.clone(),
+                            cm.metadata.resource_version.clone(),
+                        );
+                        let patch =
+                            serde_json::json!({"metadata": {"annotations": {RECONCILED: v}}});
+                        match fenced
+                            .patch(&fence, &name, &uid.unwrap(), &rv.unwrap(), &patch)
+                            .await
+                        {
+                            Ok(_) => {
+                                writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                Ok(Action::await_change())
+                            }
+                            // a newer version is on its way (a conflict) or the fence lapsed: try again
+                            Err(_) => Ok(Action::requeue(Duration::from_millis(200))),
                         }
                     }
                 },
@@ -880,9 +923,10 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
     let all = crate::watcher::seed(&server.client("admin"), 300).await;
     let log = FenceLog::default();
     let seen: Seen = Arc::default();
+    let writes = Arc::new(AtomicUsize::new(0));
     let mut ms: Vec<Member> = ["a", "b", "c"]
         .iter()
-        .map(|n| spawn_worker(&server, n, &log, &seen))
+        .map(|n| spawn_worker(&server, n, &log, &seen, &writes))
         .collect();
     {
         let refs: Vec<&Member> = ms.iter().collect();
@@ -915,7 +959,7 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
     };
     tokio::time::sleep(LEASE * 2).await;
     // churn: a join, a crash, a graceful leave
-    ms.push(spawn_worker(&server, "d", &log, &seen));
+    ms.push(spawn_worker(&server, "d", &log, &seen, &writes));
     tokio::time::sleep(Duration::from_secs(6)).await;
     ms[1].kill();
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -961,11 +1005,13 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
         },
     )
     .await;
-    // the quiescence oracle: committed fence epochs per uid never went back (the writer's edits carry no
-    // fence, the members write none here: the check covers whatever fenced commit there is), and each
-    // latest version was reconciled by the owner of its shard in the final assignment
+    // the quiescence oracle: committed fence epochs per uid never went back (the members' fenced stamps;
+    // the writer's edits carry no fence of their own), and each latest version was reconciled by the owner
+    // of its shard in the final assignment
     {
-        use kube_shard::oracles::quiescence::{assert_quiescent, ObjectState, Reconcile};
+        use kube_shard::oracles::quiescence::{
+            assert_quiescent, fenced_versions, ObjectState, Reconcile,
+        };
         let objects_filter = kube_shard_testserver::ResourceFilter::resource("configmaps")
             .namespace(crate::watcher::NS);
         let commits = crate::oracle_support::fenced_commits(&server, &objects_filter);
@@ -996,6 +1042,14 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
             })
             .collect();
         assert_quiescent(&commits, &objects, &owners, &reconciles);
+        let written = writes.load(std::sync::atomic::Ordering::Relaxed);
+        let judged = fenced_versions(&commits);
+        eprintln!("churn: {written} fenced writes committed; the epoch check judged {judged} fenced versions");
+        assert!(written > 0, "the reconcilers committed no fenced write");
+        assert!(
+            judged >= written,
+            "the epoch check judged {judged} fenced versions for {written} fenced writes"
+        );
     }
     eprintln!(
         "churn: {rounds} write rounds over {} objects; {} reconciles recorded",

@@ -8,7 +8,7 @@
 //! library re-enqueues it (`Sharded::reenqueue`) when its shard becomes admitted.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::group::ShardGroupBuilder;
+use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard_testserver::TestServer;
 
 use crate::group::{
@@ -114,8 +115,9 @@ struct Rec {
     at: tokio::time::Instant,
 }
 
+/// The reconciles the workers ran, and how many fenced stamps they committed.
 #[derive(Clone, Default)]
-struct Recs(Arc<Mutex<Vec<Rec>>>);
+struct Recs(Arc<Mutex<Vec<Rec>>>, Arc<AtomicUsize>);
 
 impl Recs {
     fn any(&self, f: impl Fn(&Rec) -> bool) -> bool {
@@ -130,12 +132,22 @@ impl Recs {
     fn failed(&self, member: &str, name: &str) -> bool {
         self.any(|r| !r.ok && r.member == member && r.name == name)
     }
+
+    /// How many fenced stamps the workers committed.
+    fn writes(&self) -> usize {
+        self.1.load(Ordering::Relaxed)
+    }
 }
+
+/// The annotation the Widget workers stamp, through `FencedApi`, with the generation they reconciled (a
+/// metadata change: no new generation, so `predicate_filter` does not trigger on it).
+const RECONCILED: &str = "example.kube-shard.io/reconciled";
 
 /// A member with the whole stack: its group (from `b`), a sharded reflector of Widgets, and a Controller
 /// whose trigger stream goes through `predicate_filter(generation)` and whose reconciles go through the
-/// admission wrapper. While `failing` is set, every reconcile this member runs fails (the error policy
-/// retries it after a second).
+/// admission wrapper and stamp the generation on the Widget with a fenced patch. While `failing` is set,
+/// every reconcile this member runs fails (the error policy retries it after a second); so does one whose
+/// stamp does not commit (a conflict with the writer).
 fn spawn_widget_worker(
     server: &TestServer,
     b: ShardGroupBuilder,
@@ -226,27 +238,31 @@ fn widget_controller(
         .predicate_filter(predicates::generation, PredicateConfig::default());
     let who = name.to_owned();
     let recs = recs.clone();
+    let fenced = FencedApi::new(widgets(server, name));
     Controller::for_stream_with(trigger, store, widget_resource())
         .reconcile_on(sharded.reenqueue)
         .run(
             reconcile::wrap(
                 ownership.clone(),
                 move |w: Arc<DynamicObject>, _ctx: Arc<()>, permit| {
+                    let fence = permit.fence();
                     let rec = Rec {
                         member: who.clone(),
                         name: w.metadata.name.clone().unwrap_or_default(),
                         generation: w.metadata.generation.unwrap_or_default(),
-                        ok: !failing.load(Ordering::Relaxed) && permit.fence().is_ok(),
+                        ok: !failing.load(Ordering::Relaxed) && fence.is_ok(),
                         at: tokio::time::Instant::now(),
                     };
                     let ok = rec.ok;
                     recs.0.lock().unwrap().push(rec);
+                    let (fenced, writes) = (fenced.clone(), recs.1.clone());
                     async move {
-                        if ok {
-                            Ok(Action::await_change())
-                        } else {
-                            Err(std::io::Error::other("reconcile failed"))
-                        }
+                        let (true, Ok(fence)) = (ok, fence) else {
+                            return Err(std::io::Error::other("reconcile failed"));
+                        };
+                        stamp(&fenced, &fence, &w).await?;
+                        writes.fetch_add(1, Ordering::Relaxed);
+                        Ok(Action::await_change())
                     }
                 },
             ),
@@ -254,6 +270,30 @@ fn widget_controller(
             Arc::new(()),
         )
         .for_each(|_| async {})
+}
+
+/// Stamp `w`'s generation on it through `FencedApi` (conditional on the version reconciled), unless there.
+async fn stamp(
+    fenced: &FencedApi<DynamicObject>,
+    fence: &kube_shard::Fence,
+    w: &DynamicObject,
+) -> Result<(), std::io::Error> {
+    let g = w.metadata.generation.unwrap_or_default().to_string();
+    let meta = &w.metadata;
+    if meta.annotations.as_ref().and_then(|a| a.get(RECONCILED)) == Some(&g) {
+        return Ok(());
+    }
+    let (name, uid, rv) = (
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({"metadata": {"annotations": {RECONCILED: g}}});
+    fenced
+        .patch(fence, name, uid, rv, &patch)
+        .await
+        .map(|_| ())
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// A leader-election Lease held by `holder` (renewed by `safety_group::renew_lease_forever`).
@@ -574,6 +614,8 @@ async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
     let server = server();
     setup(&server).await;
     let uids = seed_widgets(&server, 30).await;
+    let widget_filter = kube_shard_testserver::ResourceFilter::resource("widgets").namespace(NS);
+    server.history().record(widget_filter.clone());
     let log = FenceLog::default();
     let recs = Recs::default();
     let ok = || Arc::new(AtomicBool::new(false));
@@ -675,6 +717,25 @@ async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
             );
         }
     }
+    // the fenced stamps: the epoch check (and testserver's fence audit) judged real writes of every Widget
+    let commits = crate::oracle_support::fenced_commits(&server, &widget_filter);
+    let judged = kube_shard::oracles::quiescence::fenced_versions(&commits);
+    eprintln!(
+        "S change: {} fenced stamps committed; the epoch check judged {judged} fenced versions",
+        recs.writes()
+    );
+    assert!(
+        recs.writes() > 0,
+        "the reconcilers committed no fenced write"
+    );
+    assert!(judged >= recs.writes(), "{judged} < {}", recs.writes());
+    for uid in uids.values() {
+        assert!(
+            server.fence_audit().highest_epoch(uid).is_some(),
+            "no fenced write of {uid} audited"
+        );
+    }
+    kube_shard::oracles::quiescence::assert_quiescent(&commits, &[], &BTreeMap::new(), &[]);
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
