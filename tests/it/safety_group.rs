@@ -203,6 +203,49 @@ async fn f02_an_unobserved_owner_is_never_gone() {
     check_fences(&log);
 }
 
+/// F17 (join order, the runtime's half): the coordinator orders members by when it first saw them (smaller
+/// is earlier), not by their age. `x` coordinates and holds half, `a` the other half; `b` joins, then `c`
+/// two seconds later, both still debouncing (a 30 s join debounce) when `a` leaves: `a`'s whole set goes to
+/// `b`, the earlier joiner. With the fix planted away (`joined` = the age, as at 886ae0b) it went to `c`:
+/// "a's set must go whole to b, the earlier joiner (b, c, x owned); left: (0, 8, 8), right: (8, 0, 8)".
+#[tokio::test(start_paused = true)]
+async fn f17_a_leavers_set_goes_to_the_earliest_joined_member() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let slow =
+        |n: &str| builder(&server, n).settle(Duration::from_secs(1), Duration::from_secs(30));
+    let x = spawn_with(slow("x"), "x", &log);
+    until(LEASE * 5, "x coordinates and owns everything", || {
+        x.handle.status().coordinator && owned_count(&x) == 16
+    })
+    .await;
+    let a = spawn_with(slow("a"), "a", &log);
+    until(Duration::from_secs(90), "x and a share the shards", || {
+        owned_count(&a) == 8 && owned_count(&x) == 8
+    })
+    .await;
+    let b = spawn_with(slow("b"), "b", &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = spawn_with(slow("c"), "c", &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.handle.leave();
+    until(Duration::from_secs(20), "a hands its set over", || {
+        owned_count(&a) == 0 && [&x, &b, &c].iter().map(|m| owned_count(m)).sum::<usize>() == 16
+    })
+    .await;
+    assert!(
+        x.handle.status().coordinator,
+        "x coordinated the whole scenario"
+    );
+    assert_eq!(
+        (owned_count(&b), owned_count(&c), owned_count(&x)),
+        (8, 0, 8),
+        "a's set must go whole to b, the earlier joiner (b, c, x owned)"
+    );
+    check_fences(&log);
+}
+
 /// F7: a deleted coordinator Lease is re-created by the members that had observed it, and takeovers
 /// resume. Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
 #[tokio::test(start_paused = true)]
