@@ -375,10 +375,8 @@ fn server() -> TestServer {
 
 #[tokio::test(start_paused = true)]
 async fn three_members_settle_into_one_plan() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms: Vec<Member> = ["a", "b", "c"]
         .iter()
         .map(|n| spawn(&server, n, &log))
@@ -436,10 +434,8 @@ async fn three_members_settle_into_one_plan() {
 
 #[tokio::test(start_paused = true)]
 async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     let before = assignment(&server).await.unwrap();
     let held: Vec<usize> = ms.iter().map(owned_count).collect();
@@ -519,10 +515,8 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
 
 #[tokio::test(start_paused = true)]
 async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fences_end() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     // let the coordinator's renewals be continuous for a lease period
     tokio::time::sleep(LEASE * 2).await;
@@ -606,10 +600,8 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
 
 #[tokio::test(start_paused = true)]
 async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     let victim = &ms[1];
@@ -653,10 +645,7 @@ async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() 
 
 #[tokio::test(start_paused = true)]
 async fn restart_under_the_same_name_inherits_nothing() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE * 2).await;
     let old = ms[1].handle.status().member.clone();
     ms[1].kill();
@@ -681,10 +670,7 @@ async fn restart_under_the_same_name_inherits_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn apiserver_outage_longer_than_the_lease_causes_no_mass_takeover() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE * 2).await;
     let incarnations: Vec<_> = ms.iter().map(|m| m.handle.status().member).collect();
     let gen = assignment(&server).await.unwrap().view.generation;
@@ -711,10 +697,7 @@ async fn apiserver_outage_longer_than_the_lease_causes_no_mass_takeover() {
 
 #[tokio::test(start_paused = true)]
 async fn deleted_assignment_is_recreated_above_the_old_generation() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let old = assignment(&server).await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     cms.delete(&format!("{GROUP}-assignment"), &DeleteParams::default())
@@ -743,10 +726,7 @@ async fn deleted_assignment_is_recreated_above_the_old_generation() {
 
 #[tokio::test(start_paused = true)]
 async fn corrupt_assignment_keeps_the_last_good_view() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let before: Vec<usize> = ms.iter().map(owned_count).collect();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let mut cm = cms.get(&format!("{GROUP}-assignment")).await.unwrap();
@@ -914,14 +894,12 @@ fn spawn_worker(
 
 #[tokio::test(start_paused = true)]
 async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
     server.history().record(
         kube_shard_testserver::ResourceFilter::resource("configmaps").namespace(crate::watcher::NS),
     );
     let all = crate::watcher::seed(&server.client("admin"), 300).await;
-    let log = FenceLog::default();
     let seen: Seen = Arc::default();
     let writes = Arc::new(AtomicUsize::new(0));
     let mut ms: Vec<Member> = ["a", "b", "c"]
@@ -1066,10 +1044,8 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
 
 #[tokio::test(start_paused = true)]
 async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     // slow the joiner's acks down so the moves are still in flight when the coordinator dies
@@ -1137,10 +1113,8 @@ async fn randomized_churn_keeps_the_safety_contract() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut next_name = 0u32;
     let mut live: Vec<Member> = Vec::new();
     for _ in 0..3 {
@@ -1203,10 +1177,7 @@ async fn randomized_churn_keeps_the_safety_contract() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_assignment_written_back_is_ignored() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b"]).await;
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let name = format!("{GROUP}-assignment");
     let stale_text = cms.get(&name).await.unwrap().data.unwrap()[DATA_KEY].clone();
@@ -1244,9 +1215,7 @@ async fn a_stale_assignment_written_back_is_ignored() {
 
 #[tokio::test(start_paused = true)]
 async fn shadow_member_owns_and_reports_but_admits_nothing() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
+    let (server, log) = crate::support::group_server().await;
     let a = spawn(&server, "a", &log);
     let shadow = spawn_with(builder(&server, "s").shadow(true), "s", &log);
     let refs = [&a, &shadow];
@@ -1278,8 +1247,7 @@ async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     // the old, leader-elected deployment keeps renewing its lease
     let leases: Api<Lease> = Api::namespaced(server.client("old"), CP_NS);
     let lease = Lease {
@@ -1313,7 +1281,6 @@ async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
             }
         })
     };
-    let log = FenceLog::default();
     let ms: Vec<Member> = ["a", "b"]
         .iter()
         .map(|n| {
@@ -1397,10 +1364,7 @@ pub(crate) async fn edit_assignment(server: &TestServer, edit: impl Fn(&mut Assi
 
 #[tokio::test(start_paused = true)]
 async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_undrained() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let before = assignment(&server).await.unwrap();
     let held_by_c = owned_count(&ms[2]);
     assert!(held_by_c > 0);
@@ -1537,10 +1501,7 @@ fn check_singleton_runs(runs: &[SingletonRun]) -> BTreeMap<u64, (Instant, Instan
 
 #[tokio::test(start_paused = true)]
 async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_leave() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let runs: Arc<Mutex<Vec<SingletonRun>>> = Arc::default();
     let tasks: Vec<_> = ms.iter().map(|m| spawn_singleton(m, &runs)).collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1619,10 +1580,7 @@ async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_l
 
 #[tokio::test(start_paused = true)]
 async fn all_members_leaving_at_once_exit_promptly_and_a_later_member_takes_over_safely() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE * 2).await;
     // scale to zero: everyone leaves at once, nobody stays to take the shards
     let t0 = Instant::now();
@@ -1669,10 +1627,7 @@ async fn all_members_leaving_at_once_exit_promptly_and_a_later_member_takes_over
 
 #[tokio::test(start_paused = true)]
 async fn the_lease_of_a_member_long_gone_is_deleted() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE * 2).await;
     ms[2].kill();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =

@@ -9,4 +9,5 @@ mod realtime;
 mod safety_group;
 mod safety_read;
 mod safety_scenarios;
+mod support;
 mod watcher;

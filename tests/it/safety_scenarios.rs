@@ -20,16 +20,11 @@ use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard_testserver::TestServer;
 
 use crate::group::{
-    builder, check_fences, each_shard_owned_once, owned_count, setup, until, FenceLog, Freeze,
-    Member,
+    builder, check_fences, each_shard_owned_once, owned_count, until, FenceLog, Freeze, Member,
 };
 use crate::watcher::shard_of_uid;
 
 const NS: &str = "widgets";
-
-fn server() -> TestServer {
-    TestServer::builder().shard_selector(true).build()
-}
 
 // === Widgets: a custom resource, so `metadata.generation` is maintained ===
 
@@ -314,6 +309,65 @@ fn legacy_lease(name: &str, holder: &str) -> k8s_openapi::api::coordination::v1:
     }
 }
 
+/// 20 Widgets, a legacy leader's Lease `old-leader` renewed until `stop`, and a Widget worker `a` gated on
+/// it (its watcher and Controller created `late` after the start, or at once) that owns every shard.
+struct Held {
+    server: TestServer,
+    uids: BTreeMap<String, String>,
+    stop: Arc<AtomicBool>,
+    renewer: tokio::task::JoinHandle<()>,
+    log: FenceLog,
+    recs: Recs,
+    a: Member,
+}
+
+async fn held_widget_worker(late: Option<Duration>) -> Held {
+    let (server, log) = crate::support::group_server().await;
+    let uids = seed_widgets(&server, 20).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let renewer = crate::safety_group::renew_lease_forever(
+        &server,
+        "old",
+        legacy_lease("old-leader", "old-0"),
+        stop.clone(),
+    );
+    let recs = Recs::default();
+    let a = spawn_widget_worker_late(
+        &server,
+        builder(&server, "a").legacy_leader_lease("old-leader"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+        late,
+    );
+    until(Duration::from_secs(30), "a owns everything", || {
+        owned_count(&a) == 16
+    })
+    .await;
+    Held {
+        server,
+        uids,
+        stop,
+        renewer,
+        log,
+        recs,
+        a,
+    }
+}
+
+/// The hold lifts (the legacy leader stops renewing): `a` reconciles every Widget, fences clean.
+async fn lift_and_reconcile_all(h: Held) {
+    h.stop.store(true, Ordering::Relaxed);
+    h.renewer.await.unwrap();
+    until(Duration::from_secs(30), "a reconciled every widget", || {
+        h.uids.keys().all(|n| h.recs.done("a", n, 1))
+    })
+    .await;
+    check_fences(&h.log);
+    assert_eq!(h.server.fence_violations(), 0);
+}
+
 fn admits(m: &Member, uid: &str) -> bool {
     m.ownership().admit_shard(shard_of_uid(uid)).is_ok()
 }
@@ -324,10 +378,8 @@ fn admits(m: &Member, uid: &str) -> bool {
 /// `a`'s graceful leave), and that never changes again, is reconciled by `b`.
 #[tokio::test(start_paused = true)]
 async fn a_failed_reconcile_moved_with_its_shard_is_done_by_the_new_owner() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 40).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let a = spawn_widget_worker(
         &server,
@@ -385,44 +437,14 @@ async fn a_failed_reconcile_moved_with_its_shard_is_done_by_the_new_owner() {
 /// lifts.
 #[tokio::test(start_paused = true)]
 async fn a_widget_refused_under_a_hold_is_done_when_the_hold_lifts() {
-    let server = server();
-    setup(&server).await;
-    let uids = seed_widgets(&server, 20).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let renewer = crate::safety_group::renew_lease_forever(
-        &server,
-        "old",
-        legacy_lease("old-leader", "old-0"),
-        stop.clone(),
-    );
-    let log = FenceLog::default();
-    let recs = Recs::default();
-    let a = spawn_widget_worker(
-        &server,
-        builder(&server, "a").legacy_leader_lease("old-leader"),
-        "a",
-        &log,
-        &recs,
-        Arc::new(AtomicBool::new(false)),
-    );
-    until(Duration::from_secs(30), "a owns everything", || {
-        owned_count(&a) == 16
-    })
-    .await;
+    let h = held_widget_worker(None).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(a.ownership().admission_hold().is_some(), "held");
+    assert!(h.a.ownership().admission_hold().is_some(), "held");
     assert!(
-        !recs.any(|_| true),
+        !h.recs.any(|_| true),
         "nothing reconciled beside a live legacy leader"
     );
-    stop.store(true, Ordering::Relaxed);
-    renewer.await.unwrap();
-    until(Duration::from_secs(30), "a reconciled every widget", || {
-        uids.keys().all(|n| recs.done("a", n, 1))
-    })
-    .await;
-    check_fences(&log);
-    assert_eq!(server.fence_violations(), 0);
+    lift_and_reconcile_all(h).await;
 }
 
 /// A Widget changed while its owner is self-fenced (its Lease writes fail) is refused by the admission
@@ -432,10 +454,8 @@ async fn a_widget_refused_under_a_hold_is_done_when_the_hold_lifts() {
 async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renewal() {
     use kube_shard_testserver::{FailRule, Scope};
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 20).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let a = spawn_widget_worker(
         &server,
@@ -486,10 +506,8 @@ async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing(
     use kube_shard::ShardCount;
     use kube_shard_testserver::{FailRule, Scope};
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 40).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let ok = || Arc::new(AtomicBool::new(false));
     let a = spawn_widget_worker(&server, builder(&server, "a"), "a", &log, &recs, ok());
@@ -611,12 +629,10 @@ fn builder_in(server: &TestServer, group: &str, name: &str) -> ShardGroupBuilder
 async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
     use kube_shard::ShardCount;
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 30).await;
     let widget_filter = kube_shard_testserver::ResourceFilter::resource("widgets").namespace(NS);
     server.history().record(widget_filter.clone());
-    let log = FenceLog::default();
     let recs = Recs::default();
     let ok = || Arc::new(AtomicBool::new(false));
     let old: Vec<Member> = ["o1", "o2"]
@@ -752,10 +768,7 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
     use kube_shard::ownership::Handoff;
     use kube_shard_testserver::Scope;
 
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = crate::group::settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(crate::group::LEASE).await;
     let lead = ms
         .iter()
@@ -817,40 +830,9 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
 /// when the hold lifts, its shards' objects are re-enqueued to it and reconciled.
 #[tokio::test(start_paused = true)]
 async fn a_watcher_registered_after_the_start_gets_the_work_of_a_hold_lift() {
-    let server = server();
-    setup(&server).await;
-    let uids = seed_widgets(&server, 20).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let renewer = crate::safety_group::renew_lease_forever(
-        &server,
-        "old",
-        legacy_lease("old-leader", "old-0"),
-        stop.clone(),
-    );
-    let log = FenceLog::default();
-    let recs = Recs::default();
-    let a = spawn_widget_worker_late(
-        &server,
-        builder(&server, "a").legacy_leader_lease("old-leader"),
-        "a",
-        &log,
-        &recs,
-        Arc::new(AtomicBool::new(false)),
-        Some(Duration::from_secs(8)),
-    );
-    until(Duration::from_secs(30), "a owns everything", || {
-        owned_count(&a) == 16
-    })
-    .await;
+    let h = held_widget_worker(Some(Duration::from_secs(8))).await;
     tokio::time::sleep(Duration::from_secs(12)).await;
-    assert!(a.ownership().admission_hold().is_some(), "held");
-    assert!(!recs.any(|_| true), "nothing reconciled while held");
-    stop.store(true, Ordering::Relaxed);
-    renewer.await.unwrap();
-    until(Duration::from_secs(30), "a reconciled every widget", || {
-        uids.keys().all(|n| recs.done("a", n, 1))
-    })
-    .await;
-    check_fences(&log);
-    assert_eq!(server.fence_violations(), 0);
+    assert!(h.a.ownership().admission_hold().is_some(), "held");
+    assert!(!h.recs.any(|_| true), "nothing reconciled while held");
+    lift_and_reconcile_all(h).await;
 }
