@@ -57,6 +57,16 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
+    /// How long a move may stay `Draining` without the source's release before the coordinator cancels
+    /// it, re-granting the source at a new epoch (F9): `max(move_timeout, 2 × lease_duration +
+    /// drain_timeout)` — time for a source whose assignment watch is stuck to be told through its Lease
+    /// (a lease period), drain, and publish its release (another lease period at most).
+    #[must_use]
+    pub fn drain_stall_timeout(&self) -> Duration {
+        self.move_timeout
+            .max(self.lease_duration * 2 + self.drain_timeout)
+    }
+
     /// Defaults for `group` in `namespace`, member name from `POD_NAME` or the hostname.
     #[must_use]
     pub fn new(group: impl Into<String>, namespace: impl Into<String>) -> Self {

@@ -13,6 +13,7 @@
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B live | `Owned(B, epoch = generation)` |
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B not live | cancel after release: `Owned(owner, epoch = generation)` |
 //! | `Draining(m → B)` | B not live, no release seen | cancel: `Owned(owner, epoch = generation)` — a release may have happened unseen, so always a new epoch |
+//! | `Draining(m → B)` | no release within `drain_stall_timeout` | cancel: `Owned(owner, epoch = generation)` (F9) |
 //! | any | owner taken over | `Owned(B or planner's choice, epoch = generation)` |
 //! | unowned | planning allowed | `Owned(planner's choice, epoch = generation)` |
 //! | `Stable` | planner moves it, under the move bound | `Moving(new id → target)` |
@@ -79,10 +80,15 @@ pub struct StepInput<'a> {
     pub may_take_over: bool,
     /// Takeovers still allowed in this lease period.
     pub takeover_budget: usize,
-    /// Age of each move in flight (from when this coordinator first saw it).
+    /// Age of each move in flight in its current phase (from when this coordinator first saw it `Moving`,
+    /// or `Draining`).
     pub move_ages: &'a BTreeMap<MoveId, Duration>,
     /// A `Moving` handoff older than this is cancelled.
     pub move_timeout: Duration,
+    /// A `Draining` handoff older than this is cancelled, the source re-granted at a new epoch (F9: a
+    /// source that never applies `Draining`, its assignment watch stuck, must not stall the shard's move
+    /// — nor count against `max_concurrent_moves` — forever).
+    pub drain_stall_timeout: Duration,
     /// Moves in flight at most (a leaver's set is exempt).
     pub max_concurrent_moves: usize,
 }
@@ -291,6 +297,11 @@ fn on_draining(
     let owner = &a.owner;
     let owner_gone = ctx.gone(owner);
     let released = ctx.report(owner).is_some_and(|r| r.released(shard, id));
+    let stalled = ctx
+        .input
+        .move_ages
+        .get(&id)
+        .is_some_and(|age| *age >= ctx.input.drain_stall_timeout);
     if released && ctx.live(to) {
         pass.completed += 1;
         pass.notes.push(format!(
@@ -311,12 +322,17 @@ fn on_draining(
         } else {
             Decided::Orphan
         }
-    } else if !ctx.live(to) {
+    } else if !ctx.live(to) || stalled {
         // The model found that "before release" cannot be known: the source may have released
         // already, and a released shard stays released at its old epoch. A cancel from Draining
         // therefore always re-grants the source at a new epoch (docs/protocol.md).
         pass.notes.push(format!(
-            "shard {shard}: move {id} to {to} cancelled while draining: {owner} re-granted at a new epoch"
+            "shard {shard}: move {id} to {to} cancelled while draining ({}): {owner} re-granted at a new epoch",
+            if stalled {
+                "no release in time"
+            } else {
+                "target not live"
+            }
         ));
         Decided::Set(ShardAssignment::owned(owner.clone(), ctx.gen))
     } else {
@@ -507,6 +523,7 @@ mod tests {
             takeover_budget: 1,
             move_ages: ages,
             move_timeout: Duration::from_secs(60),
+            drain_stall_timeout: Duration::from_secs(60),
             max_concurrent_moves: 64,
         }
     }
@@ -825,6 +842,42 @@ mod tests {
         assert_eq!(e.handoff, Handoff::Stable);
         assert!(e.epoch > old_epoch, "a new epoch, never the old one");
         assert_eq!(e.epoch, next.view.generation);
+    }
+
+    /// F9: a source that never releases (its assignment watch stuck: it never applied `Draining`) while
+    /// the target is live and warm. Before the fix the move stayed `Draining` forever. After
+    /// `drain_stall_timeout` in that phase it is cancelled: the source re-granted at a new epoch.
+    #[test]
+    fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
+        let cur = settled(&["a", "b"]);
+        let mut draining = cur.clone();
+        let shard = draining.owned_by(&id("a")).iter().next().unwrap();
+        let old_epoch = draining.view.shards[&shard].epoch;
+        draining.view.shards.get_mut(&shard).unwrap().handoff =
+            Handoff::Draining { id: 7, to: id("b") };
+        draining.next_move_id = 8;
+        let mut members = vec![obs("a"), obs("b")];
+        members[1]
+            .report
+            .as_mut()
+            .unwrap()
+            .acks
+            .push(Ack::Warm { shard, move_id: 7 });
+        let mut ages = BTreeMap::from([(7, Duration::from_secs(59))]);
+        let mut i = input(&draining, &members, &ages);
+        i.now_ms = 50_000;
+        assert!(
+            step(&i).assignment.is_none(),
+            "within the stall timeout the move waits for the release"
+        );
+        ages.insert(7, Duration::from_secs(60));
+        let mut i = input(&draining, &members, &ages);
+        i.now_ms = 50_000;
+        let next = step(&i).assignment.expect("the stalled move is cancelled");
+        let e = &next.view.shards[&shard];
+        assert_eq!(e.owner, id("a"));
+        assert_eq!(e.handoff, Handoff::Stable);
+        assert!(e.epoch > old_epoch, "a new epoch, never the old one");
     }
 
     /// F2: an owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and

@@ -33,6 +33,11 @@ pub struct GroupSnapshot {
     pub coordinator: bool,
     /// Another process holds this member's name.
     pub identity_collision: bool,
+    /// The member refuses the group's assignment ConfigMap (another `S`, key or format; corrupt; an absurd
+    /// generation): it admits nothing it has not applied, and a coordinator never writes over it.
+    pub assignment_refused: bool,
+    /// A member report of another format (another build) is in the group: nothing is admitted.
+    pub foreign_format: bool,
     /// Members seen renewing.
     pub live_members: u64,
     /// Shards moving per the assignment.
@@ -143,6 +148,16 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "kube_shard_identity_collision",
         "1 while another process holds this member's name",
         |s| u64::from(s.identity_collision),
+    ),
+    (
+        "kube_shard_assignment_refused",
+        "1 while the member refuses the group's assignment (another S, key or format; corrupt)",
+        |s| u64::from(s.assignment_refused),
+    ),
+    (
+        "kube_shard_foreign_report_format",
+        "1 while a member of another build (report format) is in the group: nothing is admitted",
+        |s| u64::from(s.foreign_format),
     ),
     ("kube_shard_live_members", "Members seen renewing", |s| {
         s.live_members

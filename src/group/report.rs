@@ -26,6 +26,10 @@ pub const INCARNATION: &str = "kube-shard.io/incarnation";
 pub const REPORT: &str = "kube-shard.io/report";
 /// The taken-over annotation.
 pub const TAKEN_OVER: &str = "kube-shard.io/taken-over";
+/// Member Lease annotation written by the coordinator (the Lease as control channel, F9): the assignment
+/// generation this member is behind on. The member reads its own Lease at every renewal, so this reaches
+/// it when its assignment watch is stuck; it then reads the assignment directly.
+pub const ASSIGNMENT_HINT: &str = "kube-shard.io/assignment-hint";
 /// The label every Lease of a group carries (value: the group name).
 pub const GROUP_LABEL: &str = "kube-shard.io/group";
 /// The label that tells member Leases (`member`) from the coordinator Lease (`coordinator`).

@@ -51,6 +51,7 @@ struct HealthState {
     collision: bool,
     joined: bool,
     assignment_refused: Option<String>,
+    foreign_format: Option<String>,
 }
 
 /// Liveness and readiness of a member, for `/healthz` and `/readyz`. Cheap to clone.
@@ -88,6 +89,10 @@ impl Health {
         self.lock().assignment_refused = why;
     }
 
+    pub(crate) fn set_foreign_format(&self, why: Option<String>) {
+        self.lock().foreign_format = why;
+    }
+
     /// `/healthz`: false once the member has been self-fenced for longer than the configured bound (a
     /// restart gets a fresh incarnation and a fresh chance to renew).
     #[must_use]
@@ -102,7 +107,11 @@ impl Health {
     #[must_use]
     pub fn is_ready(&self) -> bool {
         let s = self.lock();
-        s.joined && !s.collision && s.fenced_since.is_none() && s.assignment_refused.is_none()
+        s.joined
+            && !s.collision
+            && s.fenced_since.is_none()
+            && s.assignment_refused.is_none()
+            && s.foreign_format.is_none()
     }
 
     /// Why this member refuses the group's assignment ConfigMap, while it does: another `S`, key or
@@ -112,6 +121,13 @@ impl Health {
     #[must_use]
     pub fn assignment_refused(&self) -> Option<String> {
         self.lock().assignment_refused.clone()
+    }
+
+    /// Which group Lease carries a member report of another format (a member of another build), and what
+    /// it says, while one does: the member admits nothing and is not ready until it is gone
+    /// (`docs/protocol.md`, "Formats").
+    pub fn foreign_format(&self) -> Option<String> {
+        self.lock().foreign_format.clone()
     }
 
     /// Another live process holds this member's name (an identity collision alarm).

@@ -79,6 +79,9 @@ pub enum Hold {
     Shadow,
     /// A legacy leader-election Lease still has a live holder (migration from leader election).
     LegacyLeader,
+    /// A member of the group writes another report format (another build): the members cannot be
+    /// sure they read each other's acks alike, so nothing is admitted until it is gone.
+    ForeignFormat,
 }
 
 impl Hold {
@@ -86,6 +89,7 @@ impl Hold {
         match self {
             Hold::Shadow => 1,
             Hold::LegacyLeader => 2,
+            Hold::ForeignFormat => 3,
         }
     }
 
@@ -93,6 +97,7 @@ impl Hold {
         match code {
             1 => Some("shadow mode"),
             2 => Some("a legacy leader-election lease has a live holder"),
+            3 => Some("a member of another build (report format) is in the group"),
             _ => None,
         }
     }

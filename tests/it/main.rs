@@ -6,6 +6,7 @@ mod model_handoff;
 mod model_takeover;
 mod oracle_support;
 mod realtime;
+mod safety_control;
 mod safety_group;
 mod safety_read;
 mod safety_scenarios;

@@ -578,6 +578,7 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
         takeover_budget: 0,
         move_ages: &ages,
         move_timeout: Duration::from_secs(60),
+        drain_stall_timeout: Duration::from_secs(60),
         max_concurrent_moves: 64,
     });
     let next = out.assignment?;

@@ -168,6 +168,7 @@ fn real_reassign(asg: &Asg, to: (u8, u8)) -> Option<Asg> {
         takeover_budget: 0,
         move_ages: &ages,
         move_timeout: Duration::from_secs(60),
+        drain_stall_timeout: Duration::from_secs(60),
         max_concurrent_moves: 64,
     });
     let next = out.assignment?;

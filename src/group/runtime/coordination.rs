@@ -8,33 +8,10 @@ impl Runtime {
     pub(super) fn on_assignment_event(&mut self, ev: Event<ConfigMap>) {
         match ev {
             Event::Apply(cm) | Event::InitApply(cm) => {
-                self.assignment_missing = false;
                 if let Some(seen) = self.assignment_relisted.as_mut() {
                     *seen = true;
                 }
-                let text = cm
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(DATA_KEY))
-                    .cloned()
-                    .unwrap_or_default();
-                let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
-                    .map_err(|e| e.to_string())
-                    .and_then(|a| self.sane_generation(a));
-                match decoded {
-                    Ok(a) => self.decoded_assignment(a, cm),
-                    Err(err) => {
-                        error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
-                        self.events.emit(
-                            Kind::Warning,
-                            "InvalidAssignment",
-                            format!("keeping the last good view: {err}"),
-                        );
-                        self.health.set_assignment_refused(Some(err.clone()));
-                        self.assignment_refused = Some(err);
-                        self.assignment_cm = Some(cm);
-                    }
-                }
+                self.assignment_seen(cm);
             }
             Event::Delete(_) => self.assignment_deleted(),
             Event::Init => self.assignment_relisted = Some(false),
@@ -44,6 +21,34 @@ impl Runtime {
                     self.assignment_deleted();
                 }
                 self.assignment_listed = true;
+            }
+        }
+    }
+
+    /// The assignment ConfigMap as read (from the watch, or directly after a hint in our Lease).
+    pub(super) fn assignment_seen(&mut self, cm: ConfigMap) {
+        self.assignment_missing = false;
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(DATA_KEY))
+            .cloned()
+            .unwrap_or_default();
+        let decoded = Assignment::decode(&text, self.cfg.shards, self.cfg.key)
+            .map_err(|e| e.to_string())
+            .and_then(|a| self.sane_generation(a));
+        match decoded {
+            Ok(a) => self.decoded_assignment(a, cm),
+            Err(err) => {
+                error!(error = %err, "ALARM: the assignment cannot be applied; keeping the last good view, and no coordinator of this build writes over it");
+                self.events.emit(
+                    Kind::Warning,
+                    "InvalidAssignment",
+                    format!("keeping the last good view: {err}"),
+                );
+                self.health.set_assignment_refused(Some(err.clone()));
+                self.assignment_refused = Some(err);
+                self.assignment_cm = Some(cm);
             }
         }
     }
@@ -111,26 +116,7 @@ impl Runtime {
         };
         let members = self.step_members(now, &current);
         self.displaced.retain(|id, _| named_in(&current, id));
-        // move ages
-        let in_flight: BTreeSet<MoveId> = current
-            .view
-            .shards
-            .values()
-            .filter_map(|a| match &a.handoff {
-                crate::ownership::Handoff::Moving { id, .. }
-                | crate::ownership::Handoff::Draining { id, .. } => Some(*id),
-                crate::ownership::Handoff::Stable => None,
-            })
-            .collect();
-        self.move_first_seen.retain(|m, _| in_flight.contains(m));
-        for m in &in_flight {
-            self.move_first_seen.entry(*m).or_insert(now);
-        }
-        let ages: BTreeMap<MoveId, Duration> = self
-            .move_first_seen
-            .iter()
-            .map(|(m, t)| (*m, now.duration_since(*t)))
-            .collect();
+        let ages = self.move_ages(&current, now);
         // cold start
         let live = members.iter().filter(|m| m.alive).count() as u32;
         let has_owners = !current.view.shards.is_empty();
@@ -161,6 +147,7 @@ impl Runtime {
             takeover_budget: budget,
             move_ages: &ages,
             move_timeout: self.cfg.move_timeout,
+            drain_stall_timeout: self.cfg.drain_stall_timeout(),
             max_concurrent_moves: self.cfg.max_concurrent_moves as usize,
         });
         for note in &out.notes {
@@ -181,9 +168,33 @@ impl Runtime {
         if may_take_over {
             self.collect_dead_lease(now).await;
         }
+        self.nudge_lagging_members(&current, now).await;
         if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
             self.write_assignment(next).await;
         }
+    }
+
+    /// The age of each move in flight in its current phase, on our clock: from when we first saw it
+    /// `Moving`, or `Draining`.
+    fn move_ages(&mut self, current: &Assignment, now: Instant) -> BTreeMap<MoveId, Duration> {
+        let in_flight: BTreeSet<(MoveId, bool)> = current
+            .view
+            .shards
+            .values()
+            .filter_map(|a| match &a.handoff {
+                crate::ownership::Handoff::Moving { id, .. } => Some((*id, false)),
+                crate::ownership::Handoff::Draining { id, .. } => Some((*id, true)),
+                crate::ownership::Handoff::Stable => None,
+            })
+            .collect();
+        self.move_first_seen.retain(|m, _| in_flight.contains(m));
+        for m in &in_flight {
+            self.move_first_seen.entry(*m).or_insert(now);
+        }
+        self.move_first_seen
+            .iter()
+            .map(|((m, _), t)| (*m, now.duration_since(*t)))
+            .collect()
     }
 
     /// Delete the Lease of one member that is long gone — not seen renewing for `2 × lease_duration +
@@ -403,7 +414,16 @@ impl Runtime {
                 self.assignment_missing = false;
                 self.vacuous_progress();
             }
-            Err(err) if is_conflict(&err) => debug!("assignment write conflicted; re-reading"),
+            // our view is behind: read the assignment directly rather than trust our watch to catch up
+            // (F9: it may be stuck)
+            Err(err) if is_conflict(&err) => {
+                debug!("assignment write conflicted; re-reading");
+                match self.bounded(self.cms.get_opt(&name)).await {
+                    Ok(Some(cm)) => self.assignment_seen(cm),
+                    Ok(None) => {}
+                    Err(err) => debug!(error = %err, "cannot re-read the assignment"),
+                }
+            }
             Err(err) => debug!(error = %err, "assignment write failed"),
         }
     }

@@ -77,21 +77,47 @@ impl Runtime {
                 true
             }
         };
-        if self.cfg.shadow {
+        self.legacy_live = live;
+        self.update_hold();
+    }
+
+    /// Hold admission for whichever cause applies, the strongest first: shadow mode, a member of another
+    /// build in the group, a live legacy leader. Lifting the last cause re-enqueues every owned shard.
+    pub(super) fn update_hold(&mut self) {
+        let want = if self.cfg.shadow {
+            Some(Hold::Shadow)
+        } else if !self.foreign_formats.is_empty() {
+            Some(Hold::ForeignFormat)
+        } else if self.legacy_live {
+            Some(Hold::LegacyLeader)
+        } else {
+            None
+        };
+        let had = self.hold;
+        if had == want {
             return;
         }
-        let held = self.ownership.admission_hold().is_some();
-        if live && !held {
-            info!(lease = %spec, "a legacy leader holds its lease: admitting nothing until it is gone");
-            self.ownership.set_hold(Some(Hold::LegacyLeader));
-        } else if !live && held {
-            info!(lease = %spec, "the legacy leader is gone: admitting owned shards");
-            self.events.emit(
-                Kind::Normal,
-                "LegacyLeaderGone",
-                format!("{spec} has no live holder: admitting"),
-            );
-            self.ownership.set_hold(None);
+        match (had, want) {
+            (_, Some(Hold::LegacyLeader)) => {
+                info!("a legacy leader holds its lease: admitting nothing until it is gone")
+            }
+            (_, Some(Hold::ForeignFormat)) => {
+                warn!(
+                    "a member of another build is in the group: admitting nothing until it is gone"
+                )
+            }
+            (Some(Hold::LegacyLeader), None) => {
+                info!("the legacy leader is gone: admitting owned shards");
+                self.events.emit(
+                    Kind::Normal,
+                    "LegacyLeaderGone",
+                    "the legacy leader lease has no live holder: admitting".to_owned(),
+                );
+            }
+            (Some(_), None) => info!("admission hold lifted: admitting owned shards"),
+            _ => {}
         }
+        self.hold = want;
+        self.ownership.set_hold(want);
     }
 }

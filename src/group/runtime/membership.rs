@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// What one renewal attempt left to do.
+#[derive(PartialEq, Eq)]
+enum Renewal {
+    Done,
+    /// Our Lease was written by another (not a takeover): renew again with what we read back.
+    Retry,
+}
+
 impl Runtime {
     pub(super) fn report(&self) -> MemberReport {
         let snap = self.ownership.snapshot();
@@ -52,6 +60,7 @@ impl Runtime {
         ann.insert(INCARNATION.into(), self.me.incarnation.to_string());
         ann.insert(REPORT.into(), self.report().encode());
         ann.remove(TAKEN_OVER);
+        self.hint_consumed(ann);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(self.me.name.to_string());
         spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
@@ -162,8 +171,18 @@ impl Runtime {
         self.health.set_fenced_since(None);
     }
 
+    /// Renew our Lease. A conflict that is not a takeover (the coordinator wrote an assignment hint into
+    /// it) is retried at once with what we read back, so it costs the renewal no retry period.
     pub(super) async fn renew(&mut self) {
-        let Some(own) = self.own.clone() else { return };
+        if self.renew_once().await == Renewal::Retry {
+            self.renew_once().await;
+        }
+    }
+
+    async fn renew_once(&mut self) -> Renewal {
+        let Some(own) = self.own.clone() else {
+            return Renewal::Done;
+        };
         let start = self.ownership.inner.clock.now();
         let t0 = Instant::now();
         let body = self.lease_body(Some(&own));
@@ -185,6 +204,8 @@ impl Runtime {
                 self.own = Some(l);
                 self.published = report;
                 self.renewed(start, t0);
+                self.follow_hint().await;
+                Renewal::Done
             }
             Err(err) if is_conflict(&err) => {
                 // someone else wrote our lease: re-read and see whether we were taken over
@@ -199,18 +220,30 @@ impl Runtime {
                                 .is_some_and(|i| i != &*self.me.incarnation);
                         if taken {
                             self.taken_over("our lease was taken over");
-                        } else {
-                            self.own = Some(l);
+                            return Renewal::Done;
                         }
+                        self.own = Some(l);
+                        self.follow_hint().await;
+                        Renewal::Retry
                     }
-                    Ok(None) => self.taken_over("our lease was deleted"),
-                    Err(e) => debug!(error = %e, "cannot re-read own lease"),
+                    Ok(None) => {
+                        self.taken_over("our lease was deleted");
+                        Renewal::Done
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "cannot re-read own lease");
+                        Renewal::Done
+                    }
                 }
             }
-            Err(err) if is_not_found(&err) => self.taken_over("our lease was deleted"),
+            Err(err) if is_not_found(&err) => {
+                self.taken_over("our lease was deleted");
+                Renewal::Done
+            }
             Err(err) => {
                 debug!(error = %err, "renewal failed");
                 self.missed_renewal(t0);
+                Renewal::Done
             }
         }
     }

@@ -7,7 +7,8 @@
 //!
 //! One file per concept: [`membership`] (this member's own Lease), [`observe`] (the others, on our clock),
 //! [`election`] (the coordinator Lease), [`coordination`] (the assignment and the coordinator pass),
-//! [`gates`] (the legacy leader gate, vacuous readers) and [`publish`] (status and metrics).
+//! [`gates`] (the legacy leader gate, vacuous readers), [`channel`] (the member Lease as control channel)
+//! and [`publish`] (status and metrics).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -35,6 +36,7 @@ use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
+mod channel;
 mod coordination;
 mod election;
 mod gates;
@@ -92,7 +94,8 @@ pub(crate) struct Runtime {
     assignment_missing: bool,
     seen_generation: u64,
     leader: bool,
-    move_first_seen: BTreeMap<MoveId, Instant>,
+    /// When we first saw each move in flight in its phase (`true`: `Draining`).
+    move_first_seen: BTreeMap<(MoveId, bool), Instant>,
     takeovers: VecDeque<Instant>,
     last_membership_change: Instant,
     status: watch::Sender<GroupStatus>,
@@ -139,6 +142,18 @@ pub(crate) struct Runtime {
     invalid_leases: BTreeSet<String>,
     /// The legacy leader Lease cannot be read (alarm raised, admission held).
     legacy_alarm: bool,
+    /// The legacy leader Lease has a live holder (or cannot be read).
+    legacy_live: bool,
+    /// Group Leases whose member report is of another format (another build): why, per Lease name.
+    foreign_formats: BTreeMap<String, String>,
+    /// The admission hold this runtime set (see [`Runtime::update_hold`]).
+    hold: Option<Hold>,
+    /// Coordinator: since when each live member's applied generation is behind the assignment.
+    lag_since: BTreeMap<MemberId, Instant>,
+    /// Coordinator: when we last told each lagging member through its Lease.
+    nudged: BTreeMap<MemberId, Instant>,
+    /// Member: the highest assignment hint we followed (read the assignment directly for).
+    hint_followed: u64,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -201,6 +216,12 @@ impl Runtime {
             origin: now,
             invalid_leases: BTreeSet::new(),
             legacy_alarm: false,
+            legacy_live: false,
+            foreign_formats: BTreeMap::new(),
+            hold: None,
+            lag_since: BTreeMap::new(),
+            nudged: BTreeMap::new(),
+            hint_followed: 0,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             cfg,
@@ -278,16 +299,13 @@ impl Runtime {
         async move {
             if self.cfg.shadow {
                 info!("shadow mode: ownership is computed and reported, nothing is admitted");
-                self.ownership.set_hold(Some(Hold::Shadow));
-            } else if self.cfg.legacy_leader_lease.is_some() {
-                // fail closed: held until a successful read shows no live legacy holder
-                self.ownership.set_hold(Some(Hold::LegacyLeader));
             }
-            let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
-            let lease_cfg = watcher::Config::default().labels(&selector).timeout(30);
+            // fail closed: held until a successful read shows no live legacy holder
+            self.legacy_live = self.cfg.legacy_leader_lease.is_some();
+            self.update_hold();
             // the streams back off by themselves: a failing watch never blocks renewals in this loop
-            let mut lease_events =
-                std::pin::pin!(watcher::watcher(self.leases.clone(), lease_cfg).default_backoff());
+            let mut lease_events = self.lease_watch();
+            let mut lease_watch_started = Instant::now();
             let cm_cfg = watcher::Config::default()
                 .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
                 .timeout(30);
@@ -335,7 +353,18 @@ impl Runtime {
                         self.leaving = true;
                         dirty = true;
                     }
-                    _ = tick.tick() => { dirty = true; }
+                    _ = tick.tick() => {
+                        dirty = true;
+                        // F9: a LIST or watch start that never answers (a black-holed connection) is not
+                        // bounded by kube's watcher; a lease watch silent for a lease period is restarted
+                        let now = Instant::now();
+                        if self.lease_watch_stuck(now, lease_watch_started) {
+                            warn!("the lease watch delivered nothing for a lease period: restarting it");
+                            lease_events = self.lease_watch();
+                            lease_watch_started = now;
+                            self.reset_observations();
+                        }
+                    }
                 }
                 // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
                 if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
@@ -374,6 +403,27 @@ impl Runtime {
         }
         .instrument(span)
         .await
+    }
+}
+
+impl Runtime {
+    /// The group's Lease watch (members renew every retry period, so it is never quiet for long).
+    fn lease_watch(&self) -> futures::stream::BoxStream<'static, watcher::Result<Event<Lease>>> {
+        let selector = format!("{GROUP_LABEL}={}", self.cfg.group);
+        let cfg = watcher::Config::default().labels(&selector).timeout(30);
+        watcher::watcher(self.leases.clone(), cfg)
+            .default_backoff()
+            .boxed()
+    }
+
+    /// The lease watch has delivered nothing for a lease period, neither since it was (re)started: its LIST
+    /// or watch start hangs. Every member, this one included, renews every retry period.
+    fn lease_watch_stuck(&self, now: Instant, started: Instant) -> bool {
+        let period = self.cfg.lease_duration;
+        now.duration_since(started) >= period
+            && self
+                .last_lease_event
+                .is_none_or(|t| now.duration_since(t) >= period)
     }
 }
 

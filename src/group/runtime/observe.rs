@@ -76,15 +76,7 @@ impl Runtime {
             .map(|t| t.0.to_string());
         let incarnation = ann.get(INCARNATION).cloned().unwrap_or_default();
         let member_name = holder.clone().unwrap_or_default();
-        let report = ann
-            .get(REPORT)
-            .and_then(|t| match MemberReport::decode(t, self.cfg.shards) {
-                Ok(r) => Some(r),
-                Err(err) => {
-                    warn!(lease = %name, error = %err, "ignoring an undecodable member report");
-                    None
-                }
-            });
+        let report = self.decode_report(&name, ann.get(REPORT));
         let taken_over = ann.get(TAKEN_OVER).is_some_and(|t| t == &incarnation);
         let rv = l.metadata.resource_version.clone().unwrap_or_default();
         let coordinator = labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator")
@@ -153,6 +145,54 @@ impl Runtime {
         }
     }
 
+    /// A member's report, or none when it is missing or undecodable. A report of another format (a member
+    /// of another build) raises the alarm and holds admission until that Lease is gone or speaks this
+    /// build's format again: the two builds may not read each other's acks alike.
+    fn decode_report(&mut self, lease: &str, text: Option<&String>) -> Option<MemberReport> {
+        let decoded = text.map(|t| MemberReport::decode(t, self.cfg.shards));
+        let foreign = match &decoded {
+            Some(Err(err)) if err.is_other_format() => Some(err.to_string()),
+            _ => None,
+        };
+        self.set_foreign_format(lease, foreign);
+        match decoded? {
+            Ok(r) => Some(r),
+            Err(err) => {
+                warn!(lease = %lease, error = %err, "ignoring an undecodable member report");
+                None
+            }
+        }
+    }
+
+    /// Record whether `lease` carries a report of another format, and hold or lift admission to match.
+    pub(super) fn set_foreign_format(&mut self, lease: &str, why: Option<String>) {
+        let changed = match why {
+            Some(why) => {
+                let new = !self.foreign_formats.contains_key(lease);
+                if new {
+                    error!(lease = %lease, error = %why, "ALARM: a member of another build is in the group: admitting nothing until it is gone");
+                    self.events.emit(
+                        Kind::Warning,
+                        "ForeignReportFormat",
+                        format!("Lease {lease}: {why}; admitting nothing until it is gone"),
+                    );
+                }
+                self.foreign_formats.insert(lease.to_owned(), why);
+                new
+            }
+            None => self.foreign_formats.remove(lease).is_some(),
+        };
+        if changed {
+            let why = self
+                .foreign_formats
+                .iter()
+                .next()
+                .map(|(l, w)| format!("Lease {l}: {w}"));
+            self.health.set_foreign_format(why);
+            self.update_hold();
+        }
+    }
+
     /// Returns whether the coordinator should look again now.
     pub(super) fn on_lease_event(&mut self, ev: Event<Lease>) -> bool {
         match ev {
@@ -169,6 +209,9 @@ impl Runtime {
                 self.observe_lease(l) && !ours
             }
             Event::Delete(l) => {
+                if let Some(n) = &l.metadata.name {
+                    self.set_foreign_format(n, None);
+                }
                 if let Some(o) = l.metadata.name.and_then(|n| self.observed.get_mut(&n)) {
                     o.deleted_at.get_or_insert_with(Instant::now);
                     self.last_membership_change = Instant::now();
@@ -192,6 +235,15 @@ impl Runtime {
                         o.deleted_at = Some(now);
                         gone = true;
                     }
+                }
+                let vanished: Vec<String> = self
+                    .foreign_formats
+                    .keys()
+                    .filter(|l| !seen.contains(*l))
+                    .cloned()
+                    .collect();
+                for l in vanished {
+                    self.set_foreign_format(&l, None);
                 }
                 if gone {
                     self.last_membership_change = now;

@@ -62,6 +62,8 @@ impl Runtime {
             g.self_fenced = status.self_fenced;
             g.coordinator = status.coordinator;
             g.identity_collision = self.health.identity_collision();
+            g.assignment_refused = self.assignment_refused.is_some();
+            g.foreign_format = !self.foreign_formats.is_empty();
             g.live_members = status.live_members as u64;
             g.moves_in_flight = status.moves_in_flight as u64;
             g.handoffs_completed = self.handoffs;

@@ -1,0 +1,133 @@
+//! The member Lease as control channel (DESIGN §2, F9): a member whose assignment watch is stuck (frozen
+//! open, a LIST that never answers) still renews, and reads its own Lease back at every renewal. The
+//! coordinator writes the generation a member is behind on into that Lease; the member then reads the
+//! assignment directly (one bounded GET) and applies it as if its watch had delivered it.
+//!
+//! The hint is only a nudge: the member applies what it reads from the ConfigMap, never the hint itself,
+//! so a hostile or stale hint costs at most one GET per renewal.
+
+use super::*;
+use crate::group::report::ASSIGNMENT_HINT;
+
+impl Runtime {
+    /// Coordinator: for every live member whose applied generation has been behind the assignment for a
+    /// lease period on our clock, write the current generation into its Lease (at most once per lease
+    /// period per member; conditional on the resourceVersion last observed, never over a renewal).
+    pub(super) async fn nudge_lagging_members(&mut self, current: &Assignment, now: Instant) {
+        let generation = current.view.generation;
+        let members = self.members(now);
+        let lagging: BTreeSet<MemberId> = members
+            .iter()
+            .filter(|m| m.id != self.me && m.live())
+            .filter(|m| {
+                m.report
+                    .as_ref()
+                    .is_some_and(|r| r.applied_generation < generation)
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        self.lag_since.retain(|id, _| lagging.contains(id));
+        let mut due = Vec::new();
+        for id in lagging {
+            let since = *self.lag_since.entry(id.clone()).or_insert(now);
+            let last = self.nudged.get(&id).copied();
+            if now.duration_since(since) >= self.cfg.lease_duration
+                && last.is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration)
+            {
+                due.push(id);
+            }
+        }
+        self.nudged.retain(|id, _| self.lag_since.contains_key(id));
+        for id in due {
+            self.nudged.insert(id.clone(), now);
+            self.nudge(&id, generation).await;
+        }
+    }
+
+    /// Write the hint into `id`'s Lease: first over the resourceVersion we observed; on a conflict (it
+    /// renewed meanwhile, as it does every retry period) once more over a fresh read. Only the annotation
+    /// changes: the holder's renewals stay its own, and a Lease of another incarnation is left alone.
+    async fn nudge(&mut self, id: &MemberId, generation: u64) {
+        let Some((name, o)) = self.observed.iter().find(|(_, o)| &o.id == id) else {
+            return;
+        };
+        let name = name.clone();
+        let mut lease = o.lease.clone();
+        lease.metadata.resource_version = Some(o.rv.clone());
+        for attempt in 0..2 {
+            let incarnation = lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(INCARNATION));
+            if incarnation.is_none_or(|i| *i != *id.incarnation) {
+                return;
+            }
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(ASSIGNMENT_HINT.into(), generation.to_string());
+            match self
+                .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+                .await
+            {
+                Ok(l) => {
+                    info!(member = %id, generation, "a member is behind on the assignment: told it through its Lease");
+                    self.observe_lease(l);
+                    return;
+                }
+                Err(err) if attempt == 0 && is_conflict(&err) => {
+                    match self.bounded(self.leases.get_opt(&name)).await {
+                        Ok(Some(l)) => lease = l,
+                        _ => return,
+                    }
+                }
+                // the next pass looks again
+                Err(err) => {
+                    debug!(member = %id, error = %err, "assignment hint not written");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Member: our own Lease, as just written or read back, may carry a hint that we are behind on the
+    /// assignment; if so, read the assignment directly and apply it.
+    pub(super) async fn follow_hint(&mut self) {
+        let hint = self
+            .own
+            .as_ref()
+            .and_then(|l| l.metadata.annotations.as_ref())
+            .and_then(|a| a.get(ASSIGNMENT_HINT))
+            .and_then(|h| h.parse::<u64>().ok());
+        let applied = self.ownership.snapshot().state().generation();
+        let Some(hint) = hint.filter(|h| *h > applied && *h > self.hint_followed) else {
+            return;
+        };
+        self.hint_followed = hint;
+        let name = self.cfg.assignment_name();
+        match self.bounded(self.cms.get_opt(&name)).await {
+            Ok(Some(cm)) => {
+                warn!(
+                    generation = hint,
+                    applied, "told through our Lease that we are behind on the assignment: read it directly (is the assignment watch stuck?)"
+                );
+                self.assignment_seen(cm);
+            }
+            Ok(None) => debug!("assignment hint, but no assignment ConfigMap"),
+            Err(err) => debug!(error = %err, "assignment hint: cannot read the assignment"),
+        }
+    }
+
+    /// The hint is consumed once we applied what it names: drop it from the Lease we write.
+    pub(super) fn hint_consumed(&self, ann: &mut BTreeMap<String, String>) {
+        let applied = self.ownership.snapshot().state().generation();
+        if ann
+            .get(ASSIGNMENT_HINT)
+            .is_none_or(|h| h.parse::<u64>().is_ok_and(|h| h <= applied))
+        {
+            ann.remove(ASSIGNMENT_HINT);
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The control-plane findings finished after the first round (`review-safety.md` F8 part B, F9) and the
+//! format rule of `docs/protocol.md` ("Formats"), on testserver's in-memory API server in paused time.
+//! Each test failed before its fix (the failure is quoted in its doc comment).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{DeleteParams, ObjectMeta};
+use kube::Api;
+use kube_shard::ownership::Handoff;
+use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
+
+use crate::group::{
+    assignment, check_fences, each_shard_owned_once, edit_assignment, settled, setup, until,
+    FenceLog, Member, CP_NS, DRAIN, GROUP, LEASE,
+};
+use crate::safety_group::renew_lease_forever;
+
+fn server() -> TestServer {
+    TestServer::builder().shard_selector(true).build()
+}
+
+/// A member Lease of group `GROUP` for member `name`, carrying `report` as its member report.
+fn member_lease(name: &str, report: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(format!("{GROUP}-{name}")),
+            labels: Some(
+                [
+                    ("kube-shard.io/group".to_string(), GROUP.to_string()),
+                    ("kube-shard.io/role".to_string(), "member".to_string()),
+                ]
+                .into(),
+            ),
+            annotations: Some(
+                [
+                    (
+                        "kube-shard.io/incarnation".to_string(),
+                        "0123456789abcdef".to_string(),
+                    ),
+                    ("kube-shard.io/report".to_string(), report.to_string()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Formats: a member of another build (its report in another format) joins a settled group. Every member
+/// raises the alarm (health, metric, Event) and admits nothing while it is there; once its Lease is gone
+/// they admit again. Before: the foreign report was ignored as undecodable and both members kept
+/// admitting ("a admits shard 0 beside a member of another build").
+#[tokio::test(start_paused = true)]
+async fn a_member_of_another_report_format_holds_admission_loudly() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let ms = settled(&server, &["a", "b"], &log).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let report = r#"{"format":2,"ready":true,"generation":1,"highest":1}"#;
+    let z = renew_lease_forever(&server, "z", member_lease("z", report), stop.clone());
+    until(
+        Duration::from_secs(10),
+        "both members hold admission",
+        || {
+            ms.iter().all(|m| {
+                m.ownership().admission_hold().is_some()
+                    && metric(m, "kube_shard_foreign_report_format").ends_with(" 1")
+            })
+        },
+    )
+    .await;
+    for m in &ms {
+        for s in 0..16 {
+            assert!(
+                m.ownership().admit_shard(s).is_err(),
+                "{} admits shard {s} beside a member of another build",
+                m.name
+            );
+        }
+        let why = m.handle.health().foreign_format();
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("demo-z") && w.contains("format 2")),
+            "{}'s health does not say why it holds: {why:?}",
+            m.name
+        );
+        assert!(!m.handle.health().is_ready(), "{} is ready", m.name);
+    }
+    let events: Api<Event> = Api::namespaced(server.client("admin"), CP_NS);
+    let alarms = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ForeignReportFormat"))
+        .count();
+    assert!(alarms >= 2, "{alarms} ForeignReportFormat Events");
+
+    // the other build leaves: admission resumes
+    stop.store(true, Ordering::Relaxed);
+    z.await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    leases
+        .delete(&format!("{GROUP}-z"), &DeleteParams::default())
+        .await
+        .unwrap();
+    until(Duration::from_secs(10), "admission resumes", || {
+        ms.iter().all(|m| {
+            m.ownership().admission_hold().is_none() && m.handle.health().foreign_format().is_none()
+        })
+    })
+    .await;
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(10), "every shard admitted once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// The text of one metric family of a member's registry.
+fn metric(m: &Member, name: &str) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    m.handle.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Settle `a` and `b`, freeze the assignment watch of the one that does not coordinate (its renewals still
+/// work; with `no_direct_reads`, every GET of a ConfigMap it sends fails too), and move one of its shards to
+/// the coordinator: by a pin, or (with `no_direct_reads`) by writing the move into the assignment. Returns the members, the frozen member's index and the shard.
+async fn stalled_move(
+    server: &TestServer,
+    log: &FenceLog,
+    no_direct_reads: bool,
+) -> (Vec<Member>, usize, u32) {
+    let ms = settled(server, &["a", "b"], log).await;
+    let frozen = usize::from(ms[0].handle.status().coordinator);
+    let lead = 1 - frozen;
+    assert!(ms[lead].handle.status().coordinator, "a coordinator");
+    let who = Scope::identity(ms[frozen].name.as_str());
+    server
+        .faults()
+        .freeze_watches(who.clone().resource("configmaps"), true);
+    if no_direct_reads {
+        server.faults().fail_next(
+            who,
+            FailRule::status(500)
+                .verb(Verb::Get)
+                .resource("configmaps")
+                .times(1_000_000),
+        );
+    }
+    let target = ms[lead].handle.status().member;
+    let shard = ms[frozen].handle.status().owned.iter().next().unwrap();
+    edit_assignment(server, |a| {
+        if no_direct_reads {
+            // a move the planner does not repeat once cancelled
+            let id = a.next_move_id;
+            a.view.shards.get_mut(&shard).unwrap().handoff = Handoff::Moving {
+                id,
+                to: target.clone(),
+            };
+            a.next_move_id = id + 1;
+        } else {
+            // a pin: the coordinator moves the shard, and the planner keeps it there
+            a.pins.insert(shard, target.name.to_string());
+        }
+    })
+    .await;
+    (ms, frozen, shard)
+}
+
+/// Wait until `shard`'s handoff in the assignment is `Stable` again; returns how long it took.
+async fn move_ends(server: &TestServer, shard: u32, limit: Duration) -> Duration {
+    let start = tokio::time::Instant::now();
+    loop {
+        let a = assignment(server).await.unwrap();
+        if a.view.shards[&shard].handoff == Handoff::Stable {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for the move to end: {:?}",
+            a.view.shards[&shard]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// F9: a source whose assignment watch is stuck (frozen open) never applies `Draining`. Before the fix the
+/// move stayed `Draining` for good ("timed out after 120s waiting for the move to end"). Now the
+/// coordinator tells the source through its own Lease (read at every renewal), the source reads the
+/// assignment directly, drains and releases: the move completes although the watch stays frozen.
+#[tokio::test(start_paused = true)]
+async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
+    until(
+        Duration::from_secs(5),
+        "the coordinator starts the move",
+        || ms[1 - frozen].handle.status().moves_in_flight > 0,
+    )
+    .await;
+    let waited = move_ends(&server, shard, Duration::from_secs(120)).await;
+    let a = assignment(&server).await.unwrap();
+    assert_eq!(
+        a.view.shards[&shard].owner.name.as_ref(),
+        ms[1 - frozen].name.as_str(),
+        "the move completed through the lease channel (after {waited:?}), not cancelled"
+    );
+    assert!(
+        waited < LEASE * 3 + DRAIN,
+        "the lease channel took {waited:?}"
+    );
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "every shard admitted once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
+
+/// F9, when even the direct read fails (the source's assignment watch is frozen and every GET of the
+/// ConfigMap it sends fails): the move must not stay `Draining` forever. Before the fix: "timed out after
+/// 120s waiting for the move to end". After the stall timeout the coordinator cancels it and re-grants the
+/// source at a new epoch; the source keeps admitting the shard throughout.
+#[tokio::test(start_paused = true)]
+async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let (ms, frozen, shard) = stalled_move(&server, &log, true).await;
+    let before = assignment(&server).await.unwrap().view.shards[&shard].epoch;
+    let stall = crate::group::builder(&server, "x")
+        .build()
+        .unwrap()
+        .config()
+        .drain_stall_timeout();
+    let limit = stall + LEASE * 2;
+    let start = tokio::time::Instant::now();
+    loop {
+        assert!(
+            ms[frozen].ownership().admit_shard(shard).is_ok(),
+            "the source stopped admitting shard {shard} without having applied Draining"
+        );
+        let a = assignment(&server).await.unwrap();
+        let e = &a.view.shards[&shard];
+        if e.handoff == Handoff::Stable {
+            assert_eq!(e.owner.name.as_ref(), ms[frozen].name.as_str(), "cancelled");
+            assert!(e.epoch > before, "re-granted at a new epoch");
+            break;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for the move to end: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(start.elapsed() >= stall / 2, "cancelled early");
+    check_fences(&log);
+}
+
+/// F9: the coordinator's lease watch hangs in a LIST that never answers (a black-holed connection: kube's
+/// watcher bounds neither a LIST nor a watch start). Before the fix it stayed blind for good and a new
+/// member never got shards ("timed out after 60s waiting for c owns shards"). Now a lease watch silent for
+/// a lease period is restarted, and the new LIST answers.
+#[tokio::test(start_paused = true)]
+async fn f09_a_hung_lease_list_is_restarted() {
+    let server = server();
+    setup(&server).await;
+    let log = FenceLog::default();
+    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let lead = usize::from(ms[1].handle.status().coordinator);
+    assert!(ms[lead].handle.status().coordinator, "a coordinator");
+    let lists = Scope::identity(ms[lead].name.as_str())
+        .verb(Verb::List)
+        .resource("leases");
+    // the coordinator's lease watch ends and cannot restart for a while; the history it would resume
+    // from is compacted away, so it lists again — and that LIST hangs for an hour (later ones answer)
+    let lead_id = Scope::identity(ms[lead].name.as_str());
+    server.faults().fail_next(
+        lead_id.clone(),
+        FailRule::status(500)
+            .verb(Verb::Watch)
+            .resource("leases")
+            .times(3),
+    );
+    server.faults().close_watches(lead_id.resource("leases"));
+    server
+        .faults()
+        .latency(lists.clone(), Some(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.faults().compact();
+    // its watch retries back off for several seconds before the 410 sends it to LIST
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    server.faults().latency(lists, None);
+    ms.push(crate::group::spawn(&server, "c", &log));
+    let c = &ms[2];
+    until(Duration::from_secs(60), "c owns shards", || {
+        crate::group::owned_count(c) > 0
+    })
+    .await;
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(60), "every shard admitted once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    check_fences(&log);
+}
