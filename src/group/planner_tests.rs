@@ -1067,3 +1067,95 @@ proptest! {
         check_contiguity(s, n, k)?;
     }
 }
+
+/// Every order of `items` (Heap's algorithm).
+fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+    fn go<T: Clone>(k: usize, a: &mut Vec<T>, out: &mut Vec<Vec<T>>) {
+        if k <= 1 {
+            out.push(a.clone());
+            return;
+        }
+        for i in 0..k {
+            go(k - 1, a, out);
+            let j = if k.is_multiple_of(2) { i } else { 0 };
+            a.swap(j, k - 1);
+        }
+    }
+    let mut out = Vec::new();
+    go(items.len(), &mut items.to_vec(), &mut out);
+    out
+}
+
+/// F17 (join order, the planner's half): `joined` is a time since a fixed origin, smaller is earlier. A
+/// leaver's set goes whole to the fresh member that joined **first**, and pins between two incarnations of
+/// one name go to the earlier one, in whatever order the members are listed. The fresh members' names sort
+/// against their join order, so neither the id order nor the listing order can pick the same member by
+/// chance. (The runtime's half — first-seen time, not an age — is `safety_group::f17_*`.)
+#[test]
+fn f17_successor_and_pins_follow_join_order_whatever_the_listing_order() {
+    let s = sc(16);
+    let (leaver, keeper) = (id(0), id(1));
+    let early = MemberId::new("m09", "a");
+    let mid = MemberId::new("m05", "a");
+    let late = MemberId::new("m02", "a");
+    let (pin_old, pin_new) = (MemberId::new("m07", "b"), MemberId::new("m07", "a"));
+    let listed = vec![
+        Member::new(leaver.clone())
+            .with_leaving(true)
+            .with_joined(10),
+        Member::new(keeper.clone()).with_joined(20),
+        Member::new(late.clone())
+            .with_joined(5_000)
+            .with_joining(true),
+        Member::new(mid.clone())
+            .with_joined(3_000)
+            .with_joining(true),
+        Member::new(early.clone())
+            .with_joined(1_000)
+            .with_joining(true),
+        Member::new(pin_new.clone()).with_joined(4_000),
+        Member::new(pin_old.clone()).with_joined(30),
+    ];
+    let owners: Vec<(u32, &MemberId)> = (0..16)
+        .map(|x| {
+            (
+                x,
+                if x < 6 {
+                    &leaver
+                } else if x < 15 {
+                    &keeper
+                } else {
+                    &pin_old
+                },
+            )
+        })
+        .collect();
+    let leavers_set: ShardSet = (0..6).collect();
+    let mut first: Option<Vec<(u32, MemberId)>> = None;
+    let orders = permutations(&listed);
+    assert_eq!(orders.len(), 5040);
+    for order in orders {
+        let input = PlanInput::new(s)
+            .with_members(order)
+            .with_owners(owners.iter().copied())
+            .with_pin(15, "m07");
+        let p = plan(&input).unwrap();
+        let succ = &p.report().successions;
+        assert_eq!(succ.len(), 1, "{succ:?}");
+        assert_eq!(
+            (&succ[0].from, &succ[0].to, &succ[0].shards),
+            (&leaver, &early, &leavers_set),
+            "the leaver's set must go to the earliest-joined fresh member"
+        );
+        assert!(
+            p.shards_of(&pin_old).contains(15),
+            "the pin goes to the earlier incarnation: {:?}",
+            p.assignments().find(|(x, _)| *x == 15)
+        );
+        let target: Vec<(u32, MemberId)> = p.assignments().map(|(x, m)| (x, m.clone())).collect();
+        match &first {
+            None => first = Some(target),
+            Some(f) => assert_eq!(f, &target, "the plan depends on the listing order"),
+        }
+    }
+}

@@ -11,6 +11,11 @@
 //!   previous owner held it in, or
 //! - been marked taken over (`kube-shard.io/taken-over` = its incarnation).
 //!
+//! A committed (not deleted) version that no longer names a shard its last known owner held **drops** it:
+//! the owner stops admitting it without a handoff, so a drop needs the same evidence. A deletion of the
+//! ConfigMap (an admin's or a test's act, [`AssignmentVersion::deleted`]) drops nothing: the last known
+//! owners stay.
+//!
 //! A shard that nobody owned before (cold start) may be given to anyone. This is the review's rule: an
 //! owner is gone only by evidence — its own release, or the coordinator's takeover write.
 
@@ -52,6 +57,9 @@ pub struct AssignmentVersion {
     pub rv: u64,
     /// Shard → owner (a deleted ConfigMap: empty).
     pub shards: BTreeMap<u32, ShardOwner>,
+    /// The ConfigMap was deleted (a version with no shards that drops nothing).
+    #[serde(default)]
+    pub deleted: bool,
 }
 
 impl AssignmentVersion {
@@ -74,7 +82,21 @@ impl AssignmentVersion {
                 (*s, ShardOwner { owner, move_id })
             })
             .collect();
-        AssignmentVersion { rv, shards }
+        AssignmentVersion {
+            rv,
+            shards,
+            deleted: false,
+        }
+    }
+
+    /// The ConfigMap deleted at `rv`.
+    #[must_use]
+    pub fn deletion(rv: u64) -> Self {
+        AssignmentVersion {
+            rv,
+            shards: BTreeMap::new(),
+            deleted: true,
+        }
     }
 }
 
@@ -147,6 +169,22 @@ pub enum Violation {
         /// The move the previous owner's last version carried, if any.
         move_id: Option<MoveId>,
     },
+    /// A committed assignment dropped a shard (no owner any more) with no release and no takeover of its
+    /// previous owner before.
+    Dropped {
+        /// The shard.
+        shard: u32,
+        /// The assignment version that dropped it.
+        rv: u64,
+        /// The previous owner.
+        from: Holder,
+        /// The move the previous owner's last version carried, if any.
+        move_id: Option<MoveId>,
+    },
+}
+
+fn move_text(move_id: Option<MoveId>) -> String {
+    move_id.map_or_else(|| "no move".to_owned(), |m| format!("move {m}"))
 }
 
 impl fmt::Display for Violation {
@@ -159,31 +197,53 @@ impl fmt::Display for Violation {
                 to,
                 move_id,
             } => {
-                let m = move_id.map_or_else(|| "no move".to_owned(), |m| format!("move {m}"));
+                let m = move_text(*move_id);
                 write!(
                     f,
                     "shard {shard}: owner {from} -> {to} at rv {rv} ({m}) with neither a released ack \
                      nor a takeover mark of {from} committed before"
                 )
             }
+            Violation::Dropped {
+                shard,
+                rv,
+                from,
+                move_id,
+            } => {
+                let m = move_text(*move_id);
+                write!(
+                    f,
+                    "shard {shard}: dropped from its owner {from} at rv {rv} ({m}) with neither a released \
+                     ack nor a takeover mark of {from} committed before"
+                )
+            }
         }
     }
 }
 
-/// One owner change: (shard, assignment rv, previous owner's last version, new owner).
-type Change<'a> = (u32, u64, &'a ShardOwner, &'a ShardOwner);
+/// One owner change: (shard, assignment rv, previous owner's last version, new owner or none: dropped).
+type Change<'a> = (u32, u64, &'a ShardOwner, Option<&'a ShardOwner>);
 
-/// Every owner change in the history, in resourceVersion order.
+/// Every owner change (and drop) in the history, in resourceVersion order.
 fn changes(history: &OwnershipHistory) -> Vec<Change<'_>> {
     let mut versions: Vec<&AssignmentVersion> = history.assignments.iter().collect();
     versions.sort_by_key(|v| v.rv);
     let mut last: BTreeMap<u32, &ShardOwner> = BTreeMap::new();
     let mut out = Vec::new();
     for v in versions {
+        if v.deleted {
+            continue;
+        }
+        for (shard, prev) in &last {
+            if !v.shards.contains_key(shard) {
+                out.push((*shard, v.rv, *prev, None));
+            }
+        }
+        last.retain(|shard, _| v.shards.contains_key(shard));
         for (shard, now) in &v.shards {
             if let Some(prev) = last.get(shard) {
                 if prev.owner != now.owner {
-                    out.push((*shard, v.rv, *prev, now));
+                    out.push((*shard, v.rv, *prev, Some(now)));
                 }
             }
             last.insert(*shard, now);
@@ -192,7 +252,8 @@ fn changes(history: &OwnershipHistory) -> Vec<Change<'_>> {
     out
 }
 
-/// How many owner changes (not counting first assignments) the history holds: what [`check`] judges.
+/// How many owner changes and drops (not counting first assignments) the history holds: what [`check`]
+/// judges.
 #[must_use]
 pub fn owner_changes(history: &OwnershipHistory) -> usize {
     changes(history).len()
@@ -204,12 +265,20 @@ pub fn check(history: &OwnershipHistory) -> Vec<Violation> {
     changes(history)
         .into_iter()
         .filter(|(shard, rv, prev, _)| !justified(history, *shard, prev, *rv))
-        .map(|(shard, rv, prev, now)| Violation::Unjustified {
-            shard,
-            rv,
-            from: prev.owner.clone(),
-            to: now.owner.clone(),
-            move_id: prev.move_id,
+        .map(|(shard, rv, prev, now)| match now {
+            Some(now) => Violation::Unjustified {
+                shard,
+                rv,
+                from: prev.owner.clone(),
+                to: now.owner.clone(),
+                move_id: prev.move_id,
+            },
+            None => Violation::Dropped {
+                shard,
+                rv,
+                from: prev.owner.clone(),
+                move_id: prev.move_id,
+            },
         })
         .collect()
 }

@@ -1,6 +1,7 @@
-//! The ownership-history oracle on a clean handoff and takeover, and on hand-built violations derived from
+//! The ownership-history oracle on a clean handoff and takeover, on hand-built violations derived from
 //! the review's F1 (a coordinator that could not decode the assignment re-plans from scratch) and F2 (an
-//! owner not yet observed counts as gone) interleavings.
+//! owner not yet observed counts as gone) interleavings, and on the F1 and F2 histories recorded before the
+//! fixes (`fixtures/`, recorded at 886ae0b by `fixtures/record_at_886ae0b.rs.txt`).
 
 use std::collections::BTreeMap;
 
@@ -28,6 +29,7 @@ fn version(rv: u64, shards: &[(u32, Holder, Option<u64>)]) -> AssignmentVersion 
                 )
             })
             .collect(),
+        deleted: false,
     }
 }
 
@@ -178,7 +180,7 @@ fn f01_a_replan_from_scratch_after_a_deletion_is_flagged() {
     let hist = OwnershipHistory {
         assignments: vec![
             version(10, &[(0, a.clone(), None), (1, a.clone(), None)]),
-            version(20, &[]), // deleted
+            AssignmentVersion::deletion(20),
             version(21, &[(0, a.clone(), None), (1, b.clone(), None)]),
         ],
         leases: vec![lease(9, "a", "1", &[], None)],
@@ -204,5 +206,165 @@ fn histories_round_trip_through_json() {
     assert_eq!(
         serde_json::from_str::<OwnershipHistory>(&text).unwrap(),
         hist
+    );
+}
+
+/// The panic message of [`assert_justified`] on `hist`.
+fn failure(hist: &OwnershipHistory) -> String {
+    let panic = std::panic::catch_unwind(|| assert_justified(hist)).unwrap_err();
+    panic.downcast_ref::<String>().unwrap().clone()
+}
+
+/// The settled version (the last one naming every shard before `rv`).
+fn settled_before(hist: &OwnershipHistory, rv: u64) -> &AssignmentVersion {
+    hist.assignments
+        .iter()
+        .filter(|v| v.rv < rv && v.shards.len() == 16)
+        .max_by_key(|v| v.rv)
+        .expect("a settled version")
+}
+
+/// F1 recorded before the fix (`record_f01_deleted`): `a`, `b`, `c` settled; the coordinator Lease and then
+/// the assignment were deleted; a fresh `d`, with no view, led and re-created the assignment from scratch:
+/// first empty (every shard dropped from its live owner), then planned over `a`–`d`.
+const F01_BEFORE_FIX: &str = include_str!("fixtures/f01_history_before_fix.json");
+
+#[test]
+fn the_oracle_flags_the_f01_history_recorded_before_the_fix() {
+    let hist: OwnershipHistory = serde_json::from_str(F01_BEFORE_FIX).unwrap();
+    let deleted = hist
+        .assignments
+        .iter()
+        .find(|v| v.deleted)
+        .expect("the deletion")
+        .rv;
+    let settled = settled_before(&hist, deleted);
+    let recreated = hist
+        .assignments
+        .iter()
+        .filter(|v| v.rv > deleted)
+        .map(|v| v.rv)
+        .min()
+        .expect("a re-created assignment");
+    let v = check(&hist);
+    assert_eq!(v.len(), 16, "{v:?}");
+    for (shard, e) in &settled.shards {
+        assert!(
+            v.contains(&Violation::Dropped {
+                shard: *shard,
+                rv: recreated,
+                from: e.owner.clone(),
+                move_id: None,
+            }),
+            "shard {shard} not flagged as dropped at rv {recreated}: {v:?}"
+        );
+    }
+    let msg = failure(&hist);
+    eprintln!("{msg}");
+    assert!(
+        msg.contains("ownership history oracle: 16 violation(s)"),
+        "{msg}"
+    );
+}
+
+/// F1 without the drop: the same recording with the empty re-creation left out (as if `d` had planned in
+/// its first write). The owner changes of the plan from scratch are flagged on their own.
+#[test]
+fn the_f01_plan_from_scratch_recorded_before_the_fix_is_flagged_on_its_own() {
+    let mut hist: OwnershipHistory = serde_json::from_str(F01_BEFORE_FIX).unwrap();
+    let deleted = hist
+        .assignments
+        .iter()
+        .find(|v| v.deleted)
+        .expect("the deletion")
+        .rv;
+    hist.assignments
+        .retain(|v| v.rv <= deleted || v.shards.len() == 16);
+    let v = check(&hist);
+    assert!(!v.is_empty(), "the plan from scratch moved no shard");
+    assert!(
+        v.iter()
+            .all(|v| matches!(v, Violation::Unjustified { move_id: None, .. })),
+        "{v:?}"
+    );
+    eprintln!("{}", failure(&hist));
+}
+
+/// F2 recorded before the fix (`record_f02`): `a`, `b`, `c` settled; the coordinator Lease was deleted and a
+/// fresh `d` whose lease watch never listed led: it saw no owner alive and wrote an assignment without any
+/// shard, dropping all 16 from their live owners.
+const F02_BEFORE_FIX: &str = include_str!("fixtures/f02_history_before_fix.json");
+
+#[test]
+fn the_oracle_flags_the_f02_history_recorded_before_the_fix() {
+    let hist: OwnershipHistory = serde_json::from_str(F02_BEFORE_FIX).unwrap();
+    assert!(
+        hist.assignments.iter().all(|v| !v.deleted),
+        "nobody deleted it"
+    );
+    let last = hist.assignments.iter().map(|v| v.rv).max().unwrap();
+    let settled = settled_before(&hist, last);
+    let v = check(&hist);
+    let expected: Vec<Violation> = settled
+        .shards
+        .iter()
+        .map(|(shard, e)| Violation::Dropped {
+            shard: *shard,
+            rv: last,
+            from: e.owner.clone(),
+            move_id: None,
+        })
+        .collect();
+    assert_eq!(v, expected);
+    let msg = failure(&hist);
+    eprintln!("{msg}");
+    assert!(
+        msg.contains("ownership history oracle: 16 violation(s)"),
+        "{msg}"
+    );
+    assert!(msg.contains("dropped from its owner"), "{msg}");
+}
+
+#[test]
+fn a_drop_after_a_release_or_a_takeover_is_justified_and_a_deletion_drops_nothing() {
+    let (a, b) = (h("a", "1"), h("b", "1"));
+    let hist = OwnershipHistory {
+        assignments: vec![
+            version(
+                10,
+                &[
+                    (0, a.clone(), None),
+                    (1, a.clone(), Some(7)),
+                    (2, b.clone(), None),
+                ],
+            ),
+            AssignmentVersion::deletion(11),
+            version(
+                12,
+                &[
+                    (0, a.clone(), None),
+                    (1, a.clone(), Some(7)),
+                    (2, b.clone(), None),
+                ],
+            ),
+            version(14, &[(0, a.clone(), None)]),
+        ],
+        leases: vec![
+            lease(13, "a", "1", &[(7, &[1])], None),
+            lease(13, "b", "1", &[], Some("1")),
+        ],
+    };
+    assert_eq!(check(&hist), vec![]);
+    assert_eq!(owner_changes(&hist), 2, "two drops judged");
+    let mut late = hist.clone();
+    late.leases[1].rv = 15;
+    assert_eq!(
+        check(&late),
+        vec![Violation::Dropped {
+            shard: 2,
+            rv: 14,
+            from: b,
+            move_id: None
+        }]
     );
 }

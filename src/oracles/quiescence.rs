@@ -110,6 +110,13 @@ pub fn check_epochs(commits: &[FencedCommit]) -> Vec<EpochViolation> {
     out
 }
 
+/// How many committed versions carry a fence annotation: what [`check_epochs`] judges (a version written
+/// without one by someone else carries the last fenced write's annotation along).
+#[must_use]
+pub fn fenced_versions(commits: &[FencedCommit]) -> usize {
+    commits.iter().filter(|c| c.fence.is_some()).count()
+}
+
 /// An object at quiescence.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectState {

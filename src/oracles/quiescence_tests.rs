@@ -1,4 +1,5 @@
-//! The quiescence oracle: fence epochs per uid, and latest generations reconciled by their owners.
+//! The quiescence oracle: fence epochs per uid, and latest generations reconciled by their owners; and the
+//! epoch check on the F1 history recorded before the fix (`fixtures/f01_commits_before_fix.json`).
 
 use std::collections::BTreeMap;
 
@@ -105,4 +106,52 @@ fn a_latest_generation_seen_only_by_the_previous_owner_is_flagged() {
         .unwrap_err();
     let msg = panic.downcast_ref::<String>().unwrap();
     assert!(msg.contains("quiescence oracle: 2 violation(s)"), "{msg}");
+}
+
+/// F1 recorded before the fix (`record_f01_s_change` in `fixtures/record_at_886ae0b.rs.txt`, at 886ae0b):
+/// `a` at S = 16 and `c` at S = 32 in one group, each patching every object it admits through `FencedApi`
+/// every 200 ms; `a` left, `c` led, could not decode the S = 16 assignment and overwrote it with its own at
+/// a higher generation, while `a` (its leave never finishing) kept writing at its old epochs. Every
+/// committed version of the 8 objects, with its `kube-shard.io/fence` annotation.
+const F01_COMMITS_BEFORE_FIX: &str = include_str!("fixtures/f01_commits_before_fix.json");
+
+fn epoch(token: &str) -> u64 {
+    token.parse::<crate::token::FenceToken>().unwrap().epoch
+}
+
+#[test]
+fn the_oracle_flags_the_f01_commits_recorded_before_the_fix() {
+    let commits: Vec<FencedCommit> = serde_json::from_str(F01_COMMITS_BEFORE_FIX).unwrap();
+    let v = check_epochs(&commits);
+    assert!(!v.is_empty(), "no epoch went back");
+    for v in &v {
+        let EpochViolation::Back { highest, later, .. } = v else {
+            panic!("{v}");
+        };
+        assert!(
+            later.0 > highest.0 && epoch(&later.1) < epoch(&highest.1),
+            "{v}"
+        );
+    }
+    let uids: std::collections::BTreeSet<&str> = v
+        .iter()
+        .filter_map(|v| match v {
+            EpochViolation::Back { uid, .. } => Some(uid.as_str()),
+            _ => None,
+        })
+        .collect();
+    let panic = std::panic::catch_unwind(|| assert_quiescent(&commits, &[], &BTreeMap::new(), &[]))
+        .unwrap_err();
+    let msg = panic.downcast_ref::<String>().unwrap();
+    eprintln!(
+        "{} of {} commits went back, on {} uids\n{}",
+        v.len(),
+        commits.len(),
+        uids.len(),
+        msg.lines().take(3).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        msg.contains(&format!("quiescence oracle: {} violation(s)", v.len())),
+        "{msg}"
+    );
 }

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use kube::Api;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::{GroupHandle, ShardGroup, ShardGroupBuilder};
 use kube_shard::oracles::fences::FenceRecorder;
+use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard::ownership::Ownership;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;
@@ -373,10 +375,8 @@ fn server() -> TestServer {
 
 #[tokio::test(start_paused = true)]
 async fn three_members_settle_into_one_plan() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms: Vec<Member> = ["a", "b", "c"]
         .iter()
         .map(|n| spawn(&server, n, &log))
@@ -434,10 +434,8 @@ async fn three_members_settle_into_one_plan() {
 
 #[tokio::test(start_paused = true)]
 async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     let before = assignment(&server).await.unwrap();
     let held: Vec<usize> = ms.iter().map(owned_count).collect();
@@ -517,10 +515,8 @@ async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
 
 #[tokio::test(start_paused = true)]
 async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fences_end() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     // let the coordinator's renewals be continuous for a lease period
     tokio::time::sleep(LEASE * 2).await;
@@ -604,10 +600,8 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
 
 #[tokio::test(start_paused = true)]
 async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     let victim = &ms[1];
@@ -651,10 +645,7 @@ async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() 
 
 #[tokio::test(start_paused = true)]
 async fn restart_under_the_same_name_inherits_nothing() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE * 2).await;
     let old = ms[1].handle.status().member.clone();
     ms[1].kill();
@@ -679,10 +670,7 @@ async fn restart_under_the_same_name_inherits_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn apiserver_outage_longer_than_the_lease_causes_no_mass_takeover() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE * 2).await;
     let incarnations: Vec<_> = ms.iter().map(|m| m.handle.status().member).collect();
     let gen = assignment(&server).await.unwrap().view.generation;
@@ -709,10 +697,7 @@ async fn apiserver_outage_longer_than_the_lease_causes_no_mass_takeover() {
 
 #[tokio::test(start_paused = true)]
 async fn deleted_assignment_is_recreated_above_the_old_generation() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let old = assignment(&server).await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     cms.delete(&format!("{GROUP}-assignment"), &DeleteParams::default())
@@ -741,10 +726,7 @@ async fn deleted_assignment_is_recreated_above_the_old_generation() {
 
 #[tokio::test(start_paused = true)]
 async fn corrupt_assignment_keeps_the_last_good_view() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let before: Vec<usize> = ms.iter().map(owned_count).collect();
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let mut cm = cms.get(&format!("{GROUP}-assignment")).await.unwrap();
@@ -792,9 +774,19 @@ fn invalid_group_configs_are_refused_at_build_time() {
 
 type Seen = Arc<Mutex<BTreeMap<String, Vec<(String, String)>>>>;
 
+/// The annotation the churn workers' reconciler writes (through `FencedApi`): the data version it saw.
+const RECONCILED: &str = "example.kube-shard.io/reconciled";
+
 /// A member with the full stack: its group, a sharded reflector of ConfigMaps, and a Controller whose
-/// reconciles go through the admission wrapper and record (member, data version) per object.
-fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) -> Member {
+/// reconciles go through the admission wrapper, record (member, data version) per object, and stamp that
+/// version on the object with a fenced patch (counted in `writes` when it commits) unless it is there.
+fn spawn_worker(
+    server: &TestServer,
+    name: &str,
+    log: &FenceLog,
+    seen: &Seen,
+    writes: &Arc<AtomicUsize>,
+) -> Member {
     use futures::StreamExt;
     use kube::runtime::{controller::Action, watcher, Controller, WatchStreamExt};
     use kube_shard::ownership::reconcile;
@@ -812,6 +804,11 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
     let store = sharded.store.clone().unwrap();
     let who = name.to_owned();
     let seen = seen.clone();
+    let writes = writes.clone();
+    let fenced = FencedApi::new(Api::<ConfigMap>::namespaced(
+        server.client(name),
+        crate::watcher::NS,
+    ));
     let controller = Controller::for_stream(sharded.events.applied_objects(), store)
         .reconcile_on(sharded.reenqueue)
         .run(
@@ -820,24 +817,50 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
                 move |cm: Arc<ConfigMap>, _ctx: Arc<()>, permit| {
                     let who = who.clone();
                     let seen = seen.clone();
+                    let writes = writes.clone();
+                    let fenced = fenced.clone();
                     async move {
-                        if permit.fence().is_ok() {
-                            let v = cm
-                                .data
-                                .as_ref()
-                                .and_then(|d| d.get("v"))
-                                .cloned()
-                                .unwrap_or_default();
-                            seen.lock()
-                                .unwrap()
-                                .entry(cm.metadata.name.clone().unwrap())
-                                .or_default()
-                                .push((who, v));
-                            Ok(Action::await_change())
-                        } else {
-                            Ok::<_, std::convert::Infallible>(Action::requeue(
+                        let Ok(fence) = permit.fence() else {
+                            return Ok::<_, std::convert::Infallible>(Action::requeue(
                                 Duration::from_millis(500),
-                            ))
+                            ));
+                        };
+                        let v = cm
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get("v"))
+                            .cloned()
+                            .unwrap_or_default();
+                        let name = cm.metadata.name.clone().unwrap();
+                        seen.lock()
+                            .unwrap()
+                            .entry(name.clone())
+                            .or_default()
+                            .push((who, v.clone()));
+                        let stamped = cm
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(RECONCILED));
+                        if stamped == Some(&v) {
+                            return Ok(Action::await_change());
+                        }
+                        let (uid, rv) = (
+                            cm.metadata.uid.clone(),
+                            cm.metadata.resource_version.clone(),
+                        );
+                        let patch =
+                            serde_json::json!({"metadata": {"annotations": {RECONCILED: v}}});
+                        match fenced
+                            .patch(&fence, &name, &uid.unwrap(), &rv.unwrap(), &patch)
+                            .await
+                        {
+                            Ok(_) => {
+                                writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                Ok(Action::await_change())
+                            }
+                            // a newer version is on its way (a conflict) or the fence lapsed: try again
+                            Err(_) => Ok(Action::requeue(Duration::from_millis(200))),
                         }
                     }
                 },
@@ -871,18 +894,17 @@ fn spawn_worker(server: &TestServer, name: &str, log: &FenceLog, seen: &Seen) ->
 
 #[tokio::test(start_paused = true)]
 async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
     server.history().record(
         kube_shard_testserver::ResourceFilter::resource("configmaps").namespace(crate::watcher::NS),
     );
     let all = crate::watcher::seed(&server.client("admin"), 300).await;
-    let log = FenceLog::default();
     let seen: Seen = Arc::default();
+    let writes = Arc::new(AtomicUsize::new(0));
     let mut ms: Vec<Member> = ["a", "b", "c"]
         .iter()
-        .map(|n| spawn_worker(&server, n, &log, &seen))
+        .map(|n| spawn_worker(&server, n, &log, &seen, &writes))
         .collect();
     {
         let refs: Vec<&Member> = ms.iter().collect();
@@ -915,7 +937,7 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
     };
     tokio::time::sleep(LEASE * 2).await;
     // churn: a join, a crash, a graceful leave
-    ms.push(spawn_worker(&server, "d", &log, &seen));
+    ms.push(spawn_worker(&server, "d", &log, &seen, &writes));
     tokio::time::sleep(Duration::from_secs(6)).await;
     ms[1].kill();
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -961,11 +983,13 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
         },
     )
     .await;
-    // the quiescence oracle: committed fence epochs per uid never went back (the writer's edits carry no
-    // fence, the members write none here: the check covers whatever fenced commit there is), and each
-    // latest version was reconciled by the owner of its shard in the final assignment
+    // the quiescence oracle: committed fence epochs per uid never went back (the members' fenced stamps;
+    // the writer's edits carry no fence of their own), and each latest version was reconciled by the owner
+    // of its shard in the final assignment
     {
-        use kube_shard::oracles::quiescence::{assert_quiescent, ObjectState, Reconcile};
+        use kube_shard::oracles::quiescence::{
+            assert_quiescent, fenced_versions, ObjectState, Reconcile,
+        };
         let objects_filter = kube_shard_testserver::ResourceFilter::resource("configmaps")
             .namespace(crate::watcher::NS);
         let commits = crate::oracle_support::fenced_commits(&server, &objects_filter);
@@ -996,6 +1020,14 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
             })
             .collect();
         assert_quiescent(&commits, &objects, &owners, &reconciles);
+        let written = writes.load(std::sync::atomic::Ordering::Relaxed);
+        let judged = fenced_versions(&commits);
+        eprintln!("churn: {written} fenced writes committed; the epoch check judged {judged} fenced versions");
+        assert!(written > 0, "the reconcilers committed no fenced write");
+        assert!(
+            judged >= written,
+            "the epoch check judged {judged} fenced versions for {written} fenced writes"
+        );
     }
     eprintln!(
         "churn: {rounds} write rounds over {} objects; {} reconciles recorded",
@@ -1012,10 +1044,8 @@ async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
 
 #[tokio::test(start_paused = true)]
 async fn coordinator_killed_mid_handoff_the_next_one_finishes_the_job() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     tokio::time::sleep(LEASE * 2).await;
     // slow the joiner's acks down so the moves are still in flight when the coordinator dies
@@ -1083,10 +1113,8 @@ async fn randomized_churn_keeps_the_safety_contract() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
-    let log = FenceLog::default();
     let mut next_name = 0u32;
     let mut live: Vec<Member> = Vec::new();
     for _ in 0..3 {
@@ -1149,10 +1177,7 @@ async fn randomized_churn_keeps_the_safety_contract() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_assignment_written_back_is_ignored() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b"]).await;
     let cms: Api<ConfigMap> = Api::namespaced(server.client("admin"), CP_NS);
     let name = format!("{GROUP}-assignment");
     let stale_text = cms.get(&name).await.unwrap().data.unwrap()[DATA_KEY].clone();
@@ -1190,9 +1215,7 @@ async fn a_stale_assignment_written_back_is_ignored() {
 
 #[tokio::test(start_paused = true)]
 async fn shadow_member_owns_and_reports_but_admits_nothing() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
+    let (server, log) = crate::support::group_server().await;
     let a = spawn(&server, "a", &log);
     let shadow = spawn_with(builder(&server, "s").shadow(true), "s", &log);
     let refs = [&a, &shadow];
@@ -1224,8 +1247,7 @@ async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     // the old, leader-elected deployment keeps renewing its lease
     let leases: Api<Lease> = Api::namespaced(server.client("old"), CP_NS);
     let lease = Lease {
@@ -1259,7 +1281,6 @@ async fn legacy_leader_gate_holds_admission_until_the_old_leader_is_gone() {
             }
         })
     };
-    let log = FenceLog::default();
     let ms: Vec<Member> = ["a", "b"]
         .iter()
         .map(|n| {
@@ -1343,10 +1364,7 @@ pub(crate) async fn edit_assignment(server: &TestServer, edit: impl Fn(&mut Assi
 
 #[tokio::test(start_paused = true)]
 async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_undrained() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let before = assignment(&server).await.unwrap();
     let held_by_c = owned_count(&ms[2]);
     assert!(held_by_c > 0);
@@ -1483,10 +1501,7 @@ fn check_singleton_runs(runs: &[SingletonRun]) -> BTreeMap<u64, (Instant, Instan
 
 #[tokio::test(start_paused = true)]
 async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_leave() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let runs: Arc<Mutex<Vec<SingletonRun>>> = Arc::default();
     let tasks: Vec<_> = ms.iter().map(|m| spawn_singleton(m, &runs)).collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1565,10 +1580,7 @@ async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_l
 
 #[tokio::test(start_paused = true)]
 async fn all_members_leaving_at_once_exit_promptly_and_a_later_member_takes_over_safely() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE * 2).await;
     // scale to zero: everyone leaves at once, nobody stays to take the shards
     let t0 = Instant::now();
@@ -1615,10 +1627,7 @@ async fn all_members_leaving_at_once_exit_promptly_and_a_later_member_takes_over
 
 #[tokio::test(start_paused = true)]
 async fn the_lease_of_a_member_long_gone_is_deleted() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE * 2).await;
     ms[2].kill();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =

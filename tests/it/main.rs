@@ -10,4 +10,5 @@ mod safety_control;
 mod safety_group;
 mod safety_read;
 mod safety_scenarios;
+mod support;
 mod watcher;

@@ -35,8 +35,8 @@ pub(crate) fn record_group(server: &TestServer) {
 }
 
 /// The recorded history, decoded. A version of the assignment that does not decode (a corrupt write) is
-/// skipped: members keep their last good view, so it changes no owner; a deletion is a version with no
-/// shards (the last known owners stay).
+/// skipped: members keep their last good view, so it changes no owner; a deletion is
+/// [`AssignmentVersion::deletion`] (the last known owners stay).
 pub(crate) fn ownership_history(server: &TestServer) -> OwnershipHistory {
     let assignments = server
         .history()
@@ -44,10 +44,7 @@ pub(crate) fn ownership_history(server: &TestServer) -> OwnershipHistory {
         .iter()
         .filter_map(|c| {
             if c.deleted() {
-                return Some(AssignmentVersion {
-                    rv: c.resource_version,
-                    ..AssignmentVersion::default()
-                });
+                return Some(AssignmentVersion::deletion(c.resource_version));
             }
             let cm: ConfigMap = c.object_as().ok()?;
             let text = cm.data?.get(DATA_KEY)?.clone();

@@ -17,12 +17,8 @@ use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
 
 use crate::group::{
     assignment, builder, check_fences, each_shard_owned_once, edit_assignment, owned_count, owners,
-    settled, setup, spawn, spawn_with, until, FenceLog, Member, CP_NS, GROUP, LEASE,
+    spawn, spawn_with, until, Member, CP_NS, GROUP, LEASE,
 };
-
-fn server() -> TestServer {
-    TestServer::builder().shard_selector(true).build()
-}
 
 /// The assignment ConfigMap's text, whatever it encodes.
 async fn assignment_text(server: &TestServer) -> Option<String> {
@@ -63,10 +59,7 @@ pub(crate) fn renew_lease_forever(
 /// while `a` kept admitting its S = 16 shards ("the S = 16 assignment was overwritten").
 #[tokio::test(start_paused = true)]
 async fn f01_a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a"]).await;
     let a = &ms[0];
     let before = assignment(&server).await.expect("an S = 16 assignment");
     let c = spawn_with(
@@ -110,10 +103,7 @@ async fn f01_a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
 /// admitted sets, not planned from scratch: a fresh coordinator keeps every owner.
 #[tokio::test(start_paused = true)]
 async fn f01_a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_sets() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let before = assignment(&server).await.unwrap();
     // the coordinator dies; the assignment is deleted before anyone else leads
     let lead = ms
@@ -168,10 +158,7 @@ async fn f01_a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitte
 /// lost its owner").
 #[tokio::test(start_paused = true)]
 async fn f02_an_unobserved_owner_is_never_gone() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let _ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, _ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let before = assignment(&server).await.unwrap();
     // d's lease watch never lists
@@ -203,14 +190,52 @@ async fn f02_an_unobserved_owner_is_never_gone() {
     check_fences(&log);
 }
 
+/// F17 (join order, the runtime's half): the coordinator orders members by when it first saw them (smaller
+/// is earlier), not by their age. `x` coordinates and holds half, `a` the other half; `b` joins, then `c`
+/// two seconds later, both still debouncing (a 30 s join debounce) when `a` leaves: `a`'s whole set goes to
+/// `b`, the earlier joiner. With the fix planted away (`joined` = the age, as at 886ae0b) it went to `c`:
+/// "a's set must go whole to b, the earlier joiner (b, c, x owned); left: (0, 8, 8), right: (8, 0, 8)".
+#[tokio::test(start_paused = true)]
+async fn f17_a_leavers_set_goes_to_the_earliest_joined_member() {
+    let (server, log) = crate::support::group_server().await;
+    let slow =
+        |n: &str| builder(&server, n).settle(Duration::from_secs(1), Duration::from_secs(30));
+    let x = spawn_with(slow("x"), "x", &log);
+    until(LEASE * 5, "x coordinates and owns everything", || {
+        x.handle.status().coordinator && owned_count(&x) == 16
+    })
+    .await;
+    let a = spawn_with(slow("a"), "a", &log);
+    until(Duration::from_secs(90), "x and a share the shards", || {
+        owned_count(&a) == 8 && owned_count(&x) == 8
+    })
+    .await;
+    let b = spawn_with(slow("b"), "b", &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = spawn_with(slow("c"), "c", &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.handle.leave();
+    until(Duration::from_secs(20), "a hands its set over", || {
+        owned_count(&a) == 0 && [&x, &b, &c].iter().map(|m| owned_count(m)).sum::<usize>() == 16
+    })
+    .await;
+    assert!(
+        x.handle.status().coordinator,
+        "x coordinated the whole scenario"
+    );
+    assert_eq!(
+        (owned_count(&b), owned_count(&c), owned_count(&x)),
+        (8, 0, 8),
+        "a's set must go whole to b, the earlier joiner (b, c, x owned)"
+    );
+    check_fences(&log);
+}
+
 /// F7: a deleted coordinator Lease is re-created by the members that had observed it, and takeovers
 /// resume. Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
 #[tokio::test(start_paused = true)]
 async fn f07_a_deleted_coordinator_lease_is_recreated() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
     leases
@@ -235,9 +260,7 @@ async fn f07_a_deleted_coordinator_lease_is_recreated() {
 /// ("timed out after 5s waiting for held on read errors").
 #[tokio::test(start_paused = true)]
 async fn f05_the_legacy_gate_holds_on_read_errors() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
+    let (server, log) = crate::support::group_server().await;
     let a = spawn_with(
         builder(&server, "a").legacy_leader_lease("old-leader"),
         "a",
@@ -302,10 +325,7 @@ async fn f05_the_legacy_gate_holds_on_read_errors() {
 /// the fix the planner moved shards to the empty identity ("the assignment no longer decodes").
 #[tokio::test(start_paused = true)]
 async fn f12_invalid_member_identities_are_ignored() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let evil = |name: &str, holder: &str| Lease {
         metadata: ObjectMeta {
@@ -356,10 +376,7 @@ async fn f12_invalid_member_identities_are_ignored() {
 /// assignment was never applied ("timed out after 30s waiting for c to own shards").
 #[tokio::test(start_paused = true)]
 async fn f13_an_absurd_generation_is_refused_and_cannot_freeze_the_group() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b"]).await;
     let gen = ms[0].handle.status().generation;
     edit_assignment(&server, |a| a.view.generation = u64::MAX - 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -401,10 +418,7 @@ async fn lease_incarnation(server: &TestServer, member: &str) -> Option<String> 
 /// fresh read's resourceVersion, so it succeeded ("b2 claimed b's Lease while b renews").
 #[tokio::test(start_paused = true)]
 async fn f03_a_same_name_claim_never_displaces_a_renewing_holder() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let b_inc = lease_incarnation(&server, "b").await.unwrap();
     server.faults().freeze_watches(Scope::identity("b2"), true);
     let _b2 = spawn_with(builder(&server, "b2").member("b"), "b2", &log);
@@ -425,10 +439,7 @@ async fn f03_a_same_name_claim_never_displaces_a_renewing_holder() {
 /// reassigned ("timed out after 30s waiting for the victim's shards to move").
 #[tokio::test(start_paused = true)]
 async fn f10_a_lease_deleted_during_a_relist_is_seen_deleted() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms
         .iter()
@@ -470,10 +481,7 @@ async fn f10_a_lease_deleted_during_a_relist_is_seen_deleted() {
 /// "target not live" after a lease period of silence ("move to d cancelled while d renews").
 #[tokio::test(start_paused = true)]
 async fn f06_a_silent_lease_watch_cancels_no_move() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms
         .iter()
@@ -537,10 +545,7 @@ async fn f06_a_silent_lease_watch_cancels_no_move() {
 /// "b was taken over although its writes commit".
 #[tokio::test(start_paused = true)]
 async fn f08_a_slow_apiserver_leaves_no_member_renewing_but_fenced() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     // b's writes commit at once and are answered 1.2 s later; its reads are quick, so after each
     // conflict b re-reads its Lease and renews again: its renewTime keeps changing (with `latency` the

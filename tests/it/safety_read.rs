@@ -44,6 +44,26 @@ impl Recorder {
         self.seen.lock().unwrap().len()
     }
 
+    /// Create an object `x` in a shard `want` accepts, delete it, and wait until the consumer saw the
+    /// delete; its uid.
+    async fn created_and_deleted(
+        &self,
+        api: &Api<ConfigMap>,
+        want: impl Fn(u32) -> bool,
+    ) -> String {
+        let (x, x_uid) = create_in(api, "x", want).await;
+        api.delete(&x, &DeleteParams::default()).await.unwrap();
+        until(Duration::from_secs(30), "X deleted in the store", || {
+            self.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(k, _, u)| *k == "delete" && *u == x_uid)
+        })
+        .await;
+        x_uid
+    }
+
     fn abort(&self) {
         for t in &self.tasks {
             t.abort();
@@ -151,9 +171,8 @@ fn owned_all(o: &Ownership, shards: impl IntoIterator<Item = u32>) -> bool {
 /// created and deleted since is never applied again.
 #[tokio::test(start_paused = true)]
 async fn f14_narrowing_replays_no_deleted_object() {
-    let server = TestServer::builder().shard_selector(true).build();
+    let (server, all) = crate::support::seeded(true, 100).await;
     let admin = server.client("admin");
-    let all = seed(&admin, 100).await;
     let (me, o, d) = member("f14");
     d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
     let r = record(&server, "f14", &o);
@@ -164,16 +183,7 @@ async fn f14_narrowing_replays_no_deleted_object() {
     .await;
     let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
     // X in a shard that stays read; created and deleted after the sub-watch's LIST
-    let (x, x_uid) = create_in(&api, "x", |s| s < 4).await;
-    api.delete(&x, &DeleteParams::default()).await.unwrap();
-    until(Duration::from_secs(30), "X deleted in the store", || {
-        r.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(k, _, u)| *k == "delete" && *u == x_uid)
-    })
-    .await;
+    let x_uid = r.created_and_deleted(&api, |s| s < 4).await;
     let mark = r.mark();
     let lists = server.accounting("f14").requests(Verb::List);
     // narrow: drop shards 4..8
@@ -241,9 +251,8 @@ async fn f14_narrowing_after_the_history_window_lists_nothing() {
 /// replay of an object created and deleted before that LIST must not apply it.
 #[tokio::test(start_paused = true)]
 async fn f14_barrier_relist_floor_ignores_replayed_creates() {
-    let server = TestServer::builder().shard_selector(true).build();
+    let (server, all) = crate::support::seeded(true, 100).await;
     let admin = server.client("admin");
-    let all = seed(&admin, 100).await;
     let (me, o, d) = member("f14b");
     let other = MemberId::new("z", "i1");
     let view1 = grant(
@@ -304,9 +313,8 @@ async fn f14_barrier_relist_floor_ignores_replayed_creates() {
 /// during fallback is not applied again.
 #[tokio::test(start_paused = true)]
 async fn f14_back_to_server_replays_no_deleted_object() {
-    let server = TestServer::builder().shard_selector(false).build();
+    let (server, all) = crate::support::seeded(false, 100).await;
     let admin = server.client("admin");
-    let all = seed(&admin, 100).await;
     let (me, o, d) = member("f14s");
     d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
     let r = record(&server, "f14s", &o);
@@ -317,16 +325,7 @@ async fn f14_back_to_server_replays_no_deleted_object() {
     .await;
     assert_eq!(r.stats.mode(), ReadMode::Fallback);
     let api: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
-    let (x, x_uid) = create_in(&api, "x", |s| s < 8).await;
-    api.delete(&x, &DeleteParams::default()).await.unwrap();
-    until(Duration::from_secs(30), "X deleted in the store", || {
-        r.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(k, _, u)| *k == "delete" && *u == x_uid)
-    })
-    .await;
+    let x_uid = r.created_and_deleted(&api, |s| s < 8).await;
     let mark = r.mark();
     server.set_shard_selector(true);
     until(Duration::from_secs(120), "server mode again", || {
@@ -349,8 +348,7 @@ async fn f14_back_to_server_replays_no_deleted_object() {
 #[tokio::test(start_paused = true)]
 async fn f16_fallback_barriers_cost_one_full_list() {
     const N: usize = 10_000;
-    let server = TestServer::builder().shard_selector(false).build();
-    let all = seed(&server.client("admin"), N).await;
+    let (server, all) = crate::support::seeded(false, N).await;
     let (me, o, d) = member("f16");
     d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
     let r = record_with(server.client("f16"), &o, Duration::from_millis(100));
@@ -400,8 +398,7 @@ async fn f16_fallback_barriers_cost_one_full_list() {
 /// they are: every object of the shard is re-enqueued.
 #[tokio::test(start_paused = true)]
 async fn f15_reenqueue_marker_waits_for_the_shards_objects() {
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 300).await;
+    let (server, all) = crate::support::seeded(true, 300).await;
     let (me, o, d) = member("f15");
     d.apply(&grant(AssignmentView::new(1), &me, 0..4, 1));
     let r = record(&server, "f15", &o);
@@ -445,8 +442,7 @@ async fn f17_unparseable_barrier_version_lists_consistently() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 100).await;
+    let (server, all) = crate::support::seeded(true, 100).await;
     let inner = server.service("f17a");
     let uris: Arc<Mutex<Vec<String>>> = Arc::default();
     let log = uris.clone();
@@ -508,8 +504,7 @@ async fn f17_invalid_selector_is_not_retried_after_a_probe() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 100).await;
+    let (server, all) = crate::support::seeded(true, 100).await;
     let inner = server.service("f17b");
     // refuses every selector except on `limit=1` LISTs (the re-probe and barrier versions)
     let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
@@ -557,8 +552,7 @@ async fn f17_invalid_selector_is_not_retried_after_a_probe() {
 /// objects (no Delete-then-Apply of the whole shard), and the activation re-enqueues them.
 #[tokio::test(start_paused = true)]
 async fn f17_cancel_from_draining_regrant_keeps_the_store() {
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 200).await;
+    let (server, all) = crate::support::seeded(true, 200).await;
     let (me, o, d) = member("f17c");
     let b = MemberId::new("b", "i1");
     let view1 = grant(AssignmentView::new(1), &me, 0..4, 1);
@@ -636,9 +630,8 @@ async fn f17_cancel_from_draining_regrant_keeps_the_store() {
 async fn f17_unpolled_consumer_backlog_is_bounded_by_objects() {
     const OBJECTS: usize = 20;
     const ROUNDS: usize = 100;
-    let server = TestServer::builder().shard_selector(true).build();
+    let (server, all) = crate::support::seeded(true, OBJECTS).await;
     let admin = server.client("admin");
-    let all = seed(&admin, OBJECTS).await;
     let (me, o, d) = member("f17d");
     d.apply(&grant(AssignmentView::new(1), &me, 0..16, 1));
     let api: Api<ConfigMap> = Api::all(server.client("f17d"));

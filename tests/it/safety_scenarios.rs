@@ -8,7 +8,7 @@
 //! library re-enqueues it (`Sharded::reenqueue`) when its shard becomes admitted.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,19 +16,15 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::group::ShardGroupBuilder;
+use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard_testserver::TestServer;
 
 use crate::group::{
-    builder, check_fences, each_shard_owned_once, owned_count, setup, until, FenceLog, Freeze,
-    Member,
+    builder, check_fences, each_shard_owned_once, owned_count, until, FenceLog, Freeze, Member,
 };
 use crate::watcher::shard_of_uid;
 
 const NS: &str = "widgets";
-
-fn server() -> TestServer {
-    TestServer::builder().shard_selector(true).build()
-}
 
 // === Widgets: a custom resource, so `metadata.generation` is maintained ===
 
@@ -114,8 +110,9 @@ struct Rec {
     at: tokio::time::Instant,
 }
 
+/// The reconciles the workers ran, and how many fenced stamps they committed.
 #[derive(Clone, Default)]
-struct Recs(Arc<Mutex<Vec<Rec>>>);
+struct Recs(Arc<Mutex<Vec<Rec>>>, Arc<AtomicUsize>);
 
 impl Recs {
     fn any(&self, f: impl Fn(&Rec) -> bool) -> bool {
@@ -130,12 +127,22 @@ impl Recs {
     fn failed(&self, member: &str, name: &str) -> bool {
         self.any(|r| !r.ok && r.member == member && r.name == name)
     }
+
+    /// How many fenced stamps the workers committed.
+    fn writes(&self) -> usize {
+        self.1.load(Ordering::Relaxed)
+    }
 }
+
+/// The annotation the Widget workers stamp, through `FencedApi`, with the generation they reconciled (a
+/// metadata change: no new generation, so `predicate_filter` does not trigger on it).
+const RECONCILED: &str = "example.kube-shard.io/reconciled";
 
 /// A member with the whole stack: its group (from `b`), a sharded reflector of Widgets, and a Controller
 /// whose trigger stream goes through `predicate_filter(generation)` and whose reconciles go through the
-/// admission wrapper. While `failing` is set, every reconcile this member runs fails (the error policy
-/// retries it after a second).
+/// admission wrapper and stamp the generation on the Widget with a fenced patch. While `failing` is set,
+/// every reconcile this member runs fails (the error policy retries it after a second); so does one whose
+/// stamp does not commit (a conflict with the writer).
 fn spawn_widget_worker(
     server: &TestServer,
     b: ShardGroupBuilder,
@@ -226,27 +233,31 @@ fn widget_controller(
         .predicate_filter(predicates::generation, PredicateConfig::default());
     let who = name.to_owned();
     let recs = recs.clone();
+    let fenced = FencedApi::new(widgets(server, name));
     Controller::for_stream_with(trigger, store, widget_resource())
         .reconcile_on(sharded.reenqueue)
         .run(
             reconcile::wrap(
                 ownership.clone(),
                 move |w: Arc<DynamicObject>, _ctx: Arc<()>, permit| {
+                    let fence = permit.fence();
                     let rec = Rec {
                         member: who.clone(),
                         name: w.metadata.name.clone().unwrap_or_default(),
                         generation: w.metadata.generation.unwrap_or_default(),
-                        ok: !failing.load(Ordering::Relaxed) && permit.fence().is_ok(),
+                        ok: !failing.load(Ordering::Relaxed) && fence.is_ok(),
                         at: tokio::time::Instant::now(),
                     };
                     let ok = rec.ok;
                     recs.0.lock().unwrap().push(rec);
+                    let (fenced, writes) = (fenced.clone(), recs.1.clone());
                     async move {
-                        if ok {
-                            Ok(Action::await_change())
-                        } else {
-                            Err(std::io::Error::other("reconcile failed"))
-                        }
+                        let (true, Ok(fence)) = (ok, fence) else {
+                            return Err(std::io::Error::other("reconcile failed"));
+                        };
+                        stamp(&fenced, &fence, &w).await?;
+                        writes.fetch_add(1, Ordering::Relaxed);
+                        Ok(Action::await_change())
                     }
                 },
             ),
@@ -254,6 +265,30 @@ fn widget_controller(
             Arc::new(()),
         )
         .for_each(|_| async {})
+}
+
+/// Stamp `w`'s generation on it through `FencedApi` (conditional on the version reconciled), unless there.
+async fn stamp(
+    fenced: &FencedApi<DynamicObject>,
+    fence: &kube_shard::Fence,
+    w: &DynamicObject,
+) -> Result<(), std::io::Error> {
+    let g = w.metadata.generation.unwrap_or_default().to_string();
+    let meta = &w.metadata;
+    if meta.annotations.as_ref().and_then(|a| a.get(RECONCILED)) == Some(&g) {
+        return Ok(());
+    }
+    let (name, uid, rv) = (
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({"metadata": {"annotations": {RECONCILED: g}}});
+    fenced
+        .patch(fence, name, uid, rv, &patch)
+        .await
+        .map(|_| ())
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// A leader-election Lease held by `holder` (renewed by `safety_group::renew_lease_forever`).
@@ -274,6 +309,65 @@ fn legacy_lease(name: &str, holder: &str) -> k8s_openapi::api::coordination::v1:
     }
 }
 
+/// 20 Widgets, a legacy leader's Lease `old-leader` renewed until `stop`, and a Widget worker `a` gated on
+/// it (its watcher and Controller created `late` after the start, or at once) that owns every shard.
+struct Held {
+    server: TestServer,
+    uids: BTreeMap<String, String>,
+    stop: Arc<AtomicBool>,
+    renewer: tokio::task::JoinHandle<()>,
+    log: FenceLog,
+    recs: Recs,
+    a: Member,
+}
+
+async fn held_widget_worker(late: Option<Duration>) -> Held {
+    let (server, log) = crate::support::group_server().await;
+    let uids = seed_widgets(&server, 20).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let renewer = crate::safety_group::renew_lease_forever(
+        &server,
+        "old",
+        legacy_lease("old-leader", "old-0"),
+        stop.clone(),
+    );
+    let recs = Recs::default();
+    let a = spawn_widget_worker_late(
+        &server,
+        builder(&server, "a").legacy_leader_lease("old-leader"),
+        "a",
+        &log,
+        &recs,
+        Arc::new(AtomicBool::new(false)),
+        late,
+    );
+    until(Duration::from_secs(30), "a owns everything", || {
+        owned_count(&a) == 16
+    })
+    .await;
+    Held {
+        server,
+        uids,
+        stop,
+        renewer,
+        log,
+        recs,
+        a,
+    }
+}
+
+/// The hold lifts (the legacy leader stops renewing): `a` reconciles every Widget, fences clean.
+async fn lift_and_reconcile_all(h: Held) {
+    h.stop.store(true, Ordering::Relaxed);
+    h.renewer.await.unwrap();
+    until(Duration::from_secs(30), "a reconciled every widget", || {
+        h.uids.keys().all(|n| h.recs.done("a", n, 1))
+    })
+    .await;
+    check_fences(&h.log);
+    assert_eq!(h.server.fence_violations(), 0);
+}
+
 fn admits(m: &Member, uid: &str) -> bool {
     m.ownership().admit_shard(shard_of_uid(uid)).is_ok()
 }
@@ -284,10 +378,8 @@ fn admits(m: &Member, uid: &str) -> bool {
 /// `a`'s graceful leave), and that never changes again, is reconciled by `b`.
 #[tokio::test(start_paused = true)]
 async fn a_failed_reconcile_moved_with_its_shard_is_done_by_the_new_owner() {
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 40).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let a = spawn_widget_worker(
         &server,
@@ -345,44 +437,14 @@ async fn a_failed_reconcile_moved_with_its_shard_is_done_by_the_new_owner() {
 /// lifts.
 #[tokio::test(start_paused = true)]
 async fn a_widget_refused_under_a_hold_is_done_when_the_hold_lifts() {
-    let server = server();
-    setup(&server).await;
-    let uids = seed_widgets(&server, 20).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let renewer = crate::safety_group::renew_lease_forever(
-        &server,
-        "old",
-        legacy_lease("old-leader", "old-0"),
-        stop.clone(),
-    );
-    let log = FenceLog::default();
-    let recs = Recs::default();
-    let a = spawn_widget_worker(
-        &server,
-        builder(&server, "a").legacy_leader_lease("old-leader"),
-        "a",
-        &log,
-        &recs,
-        Arc::new(AtomicBool::new(false)),
-    );
-    until(Duration::from_secs(30), "a owns everything", || {
-        owned_count(&a) == 16
-    })
-    .await;
+    let h = held_widget_worker(None).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(a.ownership().admission_hold().is_some(), "held");
+    assert!(h.a.ownership().admission_hold().is_some(), "held");
     assert!(
-        !recs.any(|_| true),
+        !h.recs.any(|_| true),
         "nothing reconciled beside a live legacy leader"
     );
-    stop.store(true, Ordering::Relaxed);
-    renewer.await.unwrap();
-    until(Duration::from_secs(30), "a reconciled every widget", || {
-        uids.keys().all(|n| recs.done("a", n, 1))
-    })
-    .await;
-    check_fences(&log);
-    assert_eq!(server.fence_violations(), 0);
+    lift_and_reconcile_all(h).await;
 }
 
 /// A Widget changed while its owner is self-fenced (its Lease writes fail) is refused by the admission
@@ -392,10 +454,8 @@ async fn a_widget_refused_under_a_hold_is_done_when_the_hold_lifts() {
 async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renewal() {
     use kube_shard_testserver::{FailRule, Scope};
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 20).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let a = spawn_widget_worker(
         &server,
@@ -446,10 +506,8 @@ async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing(
     use kube_shard::ShardCount;
     use kube_shard_testserver::{FailRule, Scope};
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 40).await;
-    let log = FenceLog::default();
     let recs = Recs::default();
     let ok = || Arc::new(AtomicBool::new(false));
     let a = spawn_widget_worker(&server, builder(&server, "a"), "a", &log, &recs, ok());
@@ -571,10 +629,10 @@ fn builder_in(server: &TestServer, group: &str, name: &str) -> ShardGroupBuilder
 async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
     use kube_shard::ShardCount;
 
-    let server = server();
-    setup(&server).await;
+    let (server, log) = crate::support::group_server().await;
     let uids = seed_widgets(&server, 30).await;
-    let log = FenceLog::default();
+    let widget_filter = kube_shard_testserver::ResourceFilter::resource("widgets").namespace(NS);
+    server.history().record(widget_filter.clone());
     let recs = Recs::default();
     let ok = || Arc::new(AtomicBool::new(false));
     let old: Vec<Member> = ["o1", "o2"]
@@ -675,6 +733,25 @@ async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
             );
         }
     }
+    // the fenced stamps: the epoch check (and testserver's fence audit) judged real writes of every Widget
+    let commits = crate::oracle_support::fenced_commits(&server, &widget_filter);
+    let judged = kube_shard::oracles::quiescence::fenced_versions(&commits);
+    eprintln!(
+        "S change: {} fenced stamps committed; the epoch check judged {judged} fenced versions",
+        recs.writes()
+    );
+    assert!(
+        recs.writes() > 0,
+        "the reconcilers committed no fenced write"
+    );
+    assert!(judged >= recs.writes(), "{judged} < {}", recs.writes());
+    for uid in uids.values() {
+        assert!(
+            server.fence_audit().highest_epoch(uid).is_some(),
+            "no fenced write of {uid} audited"
+        );
+    }
+    kube_shard::oracles::quiescence::assert_quiescent(&commits, &[], &BTreeMap::new(), &[]);
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
 }
@@ -691,10 +768,7 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
     use kube_shard::ownership::Handoff;
     use kube_shard_testserver::Scope;
 
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = crate::group::settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(crate::group::LEASE).await;
     let lead = ms
         .iter()
@@ -756,40 +830,9 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
 /// when the hold lifts, its shards' objects are re-enqueued to it and reconciled.
 #[tokio::test(start_paused = true)]
 async fn a_watcher_registered_after_the_start_gets_the_work_of_a_hold_lift() {
-    let server = server();
-    setup(&server).await;
-    let uids = seed_widgets(&server, 20).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let renewer = crate::safety_group::renew_lease_forever(
-        &server,
-        "old",
-        legacy_lease("old-leader", "old-0"),
-        stop.clone(),
-    );
-    let log = FenceLog::default();
-    let recs = Recs::default();
-    let a = spawn_widget_worker_late(
-        &server,
-        builder(&server, "a").legacy_leader_lease("old-leader"),
-        "a",
-        &log,
-        &recs,
-        Arc::new(AtomicBool::new(false)),
-        Some(Duration::from_secs(8)),
-    );
-    until(Duration::from_secs(30), "a owns everything", || {
-        owned_count(&a) == 16
-    })
-    .await;
+    let h = held_widget_worker(Some(Duration::from_secs(8))).await;
     tokio::time::sleep(Duration::from_secs(12)).await;
-    assert!(a.ownership().admission_hold().is_some(), "held");
-    assert!(!recs.any(|_| true), "nothing reconciled while held");
-    stop.store(true, Ordering::Relaxed);
-    renewer.await.unwrap();
-    until(Duration::from_secs(30), "a reconciled every widget", || {
-        uids.keys().all(|n| recs.done("a", n, 1))
-    })
-    .await;
-    check_fences(&log);
-    assert_eq!(server.fence_violations(), 0);
+    assert!(h.a.ownership().admission_hold().is_some(), "held");
+    assert!(!h.recs.any(|_| true), "nothing reconciled while held");
+    lift_and_reconcile_all(h).await;
 }

@@ -147,8 +147,7 @@ fn owned_names(objects: &BTreeMap<String, String>, owned: &BTreeSet<u32>) -> BTr
 /// Four members with fixed ownership over many objects: disjoint, covering projections; read amplification
 /// near 1 in server mode; identical projections in fallback.
 async fn four_members(gate: bool, objects: usize) -> (Vec<f64>, Vec<ReadMode>, Vec<u64>) {
-    let server = TestServer::builder().shard_selector(gate).build();
-    let all = seed(&server.client("admin"), objects).await;
+    let (server, all) = crate::support::seeded(gate, objects).await;
     let mut readers = Vec::new();
     let mut expected = Vec::new();
     let mut keep = Vec::new();
@@ -272,9 +271,8 @@ fn handoff_view(
 /// resourceVersion; the narrowed member lists nothing, the gaining member lists only the gained range.
 #[tokio::test(start_paused = true)]
 async fn handoff_under_writes_loses_nothing_and_lists_only_gains() {
-    let server = TestServer::builder().shard_selector(true).build();
+    let (server, all) = crate::support::seeded(true, 800).await;
     let admin = server.client("admin");
-    let all = seed(&admin, 800).await;
     let (a, oa, da) = member("a");
     let (b, ob, db) = member("b");
     let view1 = grant(grant(AssignmentView::new(1), &a, 0..8, 1), &b, 8..16, 1);
@@ -557,9 +555,8 @@ async fn fault_server_errors_burst() {
 
 #[tokio::test(start_paused = true)]
 async fn fault_closed_and_frozen_watches() {
-    let server = TestServer::builder().shard_selector(true).build();
+    let (server, all) = crate::support::seeded(true, 100).await;
     let admin = server.client("admin");
-    let all = seed(&admin, 100).await;
     let (me, o, d) = member("w");
     let owned: BTreeSet<u32> = (0..16).collect();
     d.apply(&grant(
@@ -622,8 +619,7 @@ async fn controller_for_stream_reconciles_owned_and_reenqueued_objects() {
     use kube::runtime::{controller::Action, Controller, WatchStreamExt};
     use std::sync::{Arc, Mutex};
 
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 300).await;
+    let (server, all) = crate::support::seeded(true, 300).await;
     let (me, o, d) = member("ctl");
     d.apply(&grant(AssignmentView::new(1), &me, 0..8, 1));
     let api: Api<ConfigMap> = Api::all(server.client("ctl"));
@@ -704,8 +700,7 @@ async fn controller_for_stream_reconciles_owned_and_reenqueued_objects() {
 /// Streaming lists (`sendInitialEvents=true`) project the same objects, and are filtered by the server.
 #[tokio::test(start_paused = true)]
 async fn streaming_list_initial_sync() {
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 400).await;
+    let (server, all) = crate::support::seeded(true, 400).await;
     let (me, o, d) = member("s");
     let owned: BTreeSet<u32> = (4..12).collect();
     d.apply(&grant(
@@ -740,8 +735,7 @@ async fn streaming_list_initial_sync() {
 /// A metadata-only watcher projects `PartialObjectMeta` of the owned objects.
 #[tokio::test(start_paused = true)]
 async fn metadata_watcher_projects_owned_metadata() {
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 200).await;
+    let (server, all) = crate::support::seeded(true, 200).await;
     let (me, o, d) = member("meta");
     let owned: BTreeSet<u32> = (0..5).collect();
     d.apply(&grant(
@@ -772,8 +766,7 @@ async fn metadata_watcher_projects_owned_metadata() {
 /// After a fallback, server mode comes back once the server filters again (re-probe), without losing objects.
 #[tokio::test(start_paused = true)]
 async fn server_mode_returns_after_reprobe() {
-    let server = TestServer::builder().shard_selector(false).build();
-    let all = seed(&server.client("admin"), 200).await;
+    let (server, all) = crate::support::seeded(false, 200).await;
     let (me, o, d) = member("p");
     let owned: BTreeSet<u32> = (0..8).collect();
     d.apply(&grant(
@@ -831,8 +824,7 @@ async fn invalid_selector_500_falls_back_and_alarms() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 150).await;
+    let (server, all) = crate::support::seeded(true, 150).await;
     let inner = server.service("strict");
     let strict = tower::service_fn(move |req: http::Request<kube::client::Body>| {
         let inner = inner.clone();
@@ -898,8 +890,7 @@ async fn invalid_selector_500_falls_back_and_alarms() {
 async fn dynamic_objects_with_a_transform() {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 120).await;
+    let (server, all) = crate::support::seeded(true, 120).await;
     let (me, o, d) = member("dyn");
     let owned: BTreeSet<u32> = (8..16).collect();
     d.apply(&grant(
@@ -945,8 +936,7 @@ async fn dynamic_objects_with_a_transform() {
 /// Gains one shard at a time: each gets its own LIST, and synced sub-watches are merged under the cap.
 #[tokio::test(start_paused = true)]
 async fn subwatches_are_capped_and_merged() {
-    let server = TestServer::builder().shard_selector(true).build();
-    let all = seed(&server.client("admin"), 200).await;
+    let (server, all) = crate::support::seeded(true, 200).await;
     let (me, o, d) = member("cap");
     d.apply(&grant(AssignmentView::new(1), &me, [0], 1));
     let r = read(&server, "cap", &o);

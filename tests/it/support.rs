@@ -1,0 +1,30 @@
+//! Shared preambles of the group, safety and read-path tests.
+
+use std::collections::BTreeMap;
+
+use kube_shard_testserver::TestServer;
+
+use crate::group::{settled, setup, FenceLog, Member};
+
+/// A testserver that honours shard selectors, with the control namespace created, and an empty fence
+/// log: the start of every group test.
+pub(crate) async fn group_server() -> (TestServer, FenceLog) {
+    let server = TestServer::builder().shard_selector(true).build();
+    setup(&server).await;
+    (server, FenceLog::default())
+}
+
+/// A testserver (shard selectors honoured or not: `gate`) holding `n` seeded ConfigMaps, name → uid: the
+/// start of the read-path tests.
+pub(crate) async fn seeded(gate: bool, n: usize) -> (TestServer, BTreeMap<String, String>) {
+    let server = TestServer::builder().shard_selector(gate).build();
+    let all = crate::watcher::seed(&server.client("admin"), n).await;
+    (server, all)
+}
+
+/// [`group_server`] with `names` spawned and settled (every shard owned exactly once).
+pub(crate) async fn settled_group(names: &[&str]) -> (TestServer, FenceLog, Vec<Member>) {
+    let (server, log) = group_server().await;
+    let ms = settled(&server, names, &log).await;
+    (server, log, ms)
+}
