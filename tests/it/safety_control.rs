@@ -15,14 +15,11 @@ use kube_shard::ownership::Handoff;
 use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
 
 use crate::group::{
-    assignment, check_fences, each_shard_owned_once, edit_assignment, settled, setup, until,
-    FenceLog, Member, CP_NS, DRAIN, GROUP, LEASE,
+    assignment, check_fences, each_shard_owned_once, edit_assignment, settled, until, FenceLog,
+    Member, CP_NS, DRAIN, GROUP, LEASE,
 };
 use crate::safety_group::renew_lease_forever;
-
-fn server() -> TestServer {
-    TestServer::builder().shard_selector(true).build()
-}
+use crate::support::{group_server, settled_group};
 
 /// A member Lease of group `GROUP` for member `name`, carrying `report` as its member report.
 fn member_lease(name: &str, report: &str) -> Lease {
@@ -63,10 +60,7 @@ fn member_lease(name: &str, report: &str) -> Lease {
 /// admitting ("a admits shard 0 beside a member of another build").
 #[tokio::test(start_paused = true)]
 async fn a_member_of_another_report_format_holds_admission_loudly() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, ms) = settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let report = r#"{"format":2,"ready":true,"generation":1,"highest":1}"#;
     let z = renew_lease_forever(&server, "z", member_lease("z", report), stop.clone());
@@ -211,9 +205,7 @@ async fn move_ends(server: &TestServer, shard: u32, limit: Duration) -> Duration
 /// assignment directly, drains and releases: the move completes although the watch stays frozen.
 #[tokio::test(start_paused = true)]
 async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
+    let (server, log) = group_server().await;
     let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
     until(
         Duration::from_secs(5),
@@ -246,9 +238,7 @@ async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() 
 /// source at a new epoch; the source keeps admitting the shard throughout.
 #[tokio::test(start_paused = true)]
 async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
+    let (server, log) = group_server().await;
     let (ms, frozen, shard) = stalled_move(&server, &log, true).await;
     let before = assignment(&server).await.unwrap().view.shards[&shard].epoch;
     let stall = crate::group::builder(&server, "x")
@@ -286,10 +276,7 @@ async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeou
 /// a lease period is restarted, and the new LIST answers.
 #[tokio::test(start_paused = true)]
 async fn f09_a_hung_lease_list_is_restarted() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let mut ms = settled(&server, &["a", "b"], &log).await;
+    let (server, log, mut ms) = settled_group(&["a", "b"]).await;
     let lead = usize::from(ms[1].handle.status().coordinator);
     assert!(ms[lead].handle.status().coordinator, "a coordinator");
     let lists = Scope::identity(ms[lead].name.as_str())
@@ -338,10 +325,7 @@ async fn f09_a_hung_lease_list_is_restarted() {
 /// that falls due goes between the pass's requests.
 #[tokio::test(start_paused = true)]
 async fn f08b_a_slow_coordinator_pass_never_fences_the_coordinator() {
-    let server = server();
-    setup(&server).await;
-    let log = FenceLog::default();
-    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    let (server, log, ms) = settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms
         .iter()
