@@ -28,3 +28,15 @@ pub(crate) async fn settled_group(names: &[&str]) -> (TestServer, FenceLog, Vec<
     let ms = settled(&server, names, &log).await;
     (server, log, ms)
 }
+
+/// The end of most group tests: within 60 s every shard is admitted by exactly one of `members`, and no
+/// fences overlapped.
+pub(crate) async fn ends_owned_once(members: &[&Member], log: &FenceLog) {
+    crate::group::until(
+        std::time::Duration::from_secs(60),
+        "every shard admitted once",
+        || crate::group::each_shard_owned_once(members),
+    )
+    .await;
+    crate::group::check_fences(log);
+}

@@ -103,12 +103,19 @@ impl Runtime {
                         .as_ref()
                         .and_then(|a| a.get(TAKEN_OVER))
                         == theirs.as_ref();
+                let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
                 // stale on our own clock, with a watch that is not silent (F3, F6)
-                let stale = !self.lease_watch_silent(t0)
-                    && self.observed.get(&name).is_some_and(|o| {
-                        t0.duration_since(o.last_change)
-                            >= self.cfg.lease_duration + self.cfg.takeover_grace
-                    });
+                let watched_stale = !self.lease_watch_silent(t0)
+                    && self
+                        .observed
+                        .get(&name)
+                        .is_some_and(|o| t0.duration_since(o.last_change) >= expiry);
+                // or by our own reads: the same resourceVersion read directly for `lease + grace`. The
+                // claim is conditional on it, so it commits only if nothing was written since we first
+                // read it — no watch needed (when every member of a group restarts under its old name,
+                // nobody renews and the lease watch stays silent for good)
+                let read_stale = self.read_stale(&l, t0, expiry);
+                let stale = watched_stale || read_stale;
                 if !(mine || taken || stale) {
                     if !self.observed.contains_key(&name) {
                         // start observing it on our own clock
@@ -133,6 +140,7 @@ impl Runtime {
                 // F3: a claim judged stale from our observation is conditional on the resourceVersion we
                 // observed: a renewal since (that our watch has not shown yet) makes it conflict
                 let base = match self.observed.get(&name) {
+                    _ if read_stale && !watched_stale => l,
                     Some(o) if !(mine || taken) => {
                         let mut seen = o.lease.clone();
                         seen.metadata.resource_version = Some(o.rv.clone());
@@ -153,6 +161,19 @@ impl Runtime {
                 self.renewed(start, t0);
             }
             Err(err) => debug!(error = %err, "join failed; retrying"),
+        }
+    }
+
+    /// Our Lease, read directly, has carried the same resourceVersion since we first read it at least
+    /// `expiry` ago on our clock.
+    fn read_stale(&mut self, l: &Lease, now: Instant, expiry: Duration) -> bool {
+        let rv = l.metadata.resource_version.clone().unwrap_or_default();
+        match &self.claim_seen {
+            Some((seen, since)) if *seen == rv => now.duration_since(*since) >= expiry,
+            _ => {
+                self.claim_seen = Some((rv, now));
+                false
+            }
         }
     }
 

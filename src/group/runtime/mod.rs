@@ -154,6 +154,8 @@ pub(crate) struct Runtime {
     nudged: BTreeMap<MemberId, Instant>,
     /// Member: the highest assignment hint we followed (read the assignment directly for).
     hint_followed: u64,
+    /// Joining over another incarnation's Lease: the resourceVersion we read, and when we first read it.
+    claim_seen: Option<(String, Instant)>,
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -222,6 +224,7 @@ impl Runtime {
             lag_since: BTreeMap::new(),
             nudged: BTreeMap::new(),
             hint_followed: 0,
+            claim_seen: None,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             cfg,
