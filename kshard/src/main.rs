@@ -13,10 +13,13 @@
 //!   one JSON object on stdout at the end (progress on stderr); exit 0 only when every invariant held.
 //! - `kshard status|explain|pin|unpin|pause|resume [--kubeconfig PATH] [-n NS] [--group G] [--json]` operate
 //!   a live shard group; with `--json` each prints one JSON object.
+//! - `kshard bench [SCENARIO|all] [--json] [--objects N] [--replicas N] [--quick]` prints a table per
+//!   scenario, or with `--json` one JSON object per scenario, one per line; exit 2 for an unknown scenario.
 //! - `kshard operator ...` (hidden) runs the example operator; with `--metrics-addr` its first stdout line is
 //!   `metrics http://ADDR`.
 #![forbid(unsafe_code)]
 
+mod bench_cmd;
 mod cli;
 mod demo;
 mod duration;
