@@ -115,6 +115,17 @@ impl Ledger {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).pending
     }
 
+    /// Up to `k` pending objects: (name, target generation, written generation).
+    pub(crate) fn pending_sample(&self, k: usize) -> Vec<(String, i64, i64)> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.target
+            .iter()
+            .filter(|(n, _)| Self::is_pending(&s, n))
+            .take(k)
+            .map(|(n, t)| (n.clone(), *t, s.written.get(n).copied().unwrap_or(0)))
+            .collect()
+    }
+
     /// Reconciles so far.
     pub(crate) fn reconciles(&self) -> u64 {
         self.reconciles.load(Ordering::Relaxed)
@@ -258,6 +269,35 @@ pub(crate) async fn until_reconciled(ledger: &Ledger, limit: Duration) -> Option
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// LIST items delivered so far to each identity.
+pub(crate) fn list_items(server: &TestServer, ids: &[String]) -> Vec<u64> {
+    ids.iter()
+        .map(|i| server.accounting(i).list_items)
+        .collect()
+}
+
+/// Per identity, the seconds from `since` until the items delivered to it by LISTs grew by at least
+/// `min_items` over `base` — its relist — polled every 20 ms until `limit`; `None` for those that did not.
+pub(crate) async fn until_relisted(
+    server: &TestServer,
+    ids: &[String],
+    base: &[u64],
+    min_items: u64,
+    since: tokio::time::Instant,
+    limit: Duration,
+) -> Vec<Option<f64>> {
+    let mut at: Vec<Option<f64>> = vec![None; ids.len()];
+    while since.elapsed() < limit && at.iter().any(Option::is_none) {
+        for (i, now) in list_items(server, ids).into_iter().enumerate() {
+            if at[i].is_none() && now >= base[i] + min_items {
+                at[i] = Some(since.elapsed().as_secs_f64());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    at
 }
 
 /// Wait until no reconcile ran for `quiet` (or `limit` passes).

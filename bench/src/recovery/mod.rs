@@ -61,6 +61,8 @@ pub struct Outcome {
     pub burst: Option<f64>,
     /// Burst: each replica's first reconcile after the heal.
     pub burst_first: Vec<f64>,
+    /// Burst: each replica's relist (its LISTs delivered at least half its share) after the heal.
+    pub burst_list: Vec<f64>,
     /// Reconciles after the no-change outage.
     pub no_change_reconciles: Option<u64>,
     /// Restart until every object was reconciled.
@@ -111,8 +113,10 @@ pub async fn measure(
     // let the group settle (coordinator passes, reports) before the outages
     cluster::until_quiet(&ledger, Duration::from_secs(1), limit).await;
     let outage = Duration::from_secs(1);
+    let per_replica = |n: usize| (objects as u64 / (2 * n as u64)).max(1);
     if phases.burst {
         let ids = deploy::identities(&replicas);
+        let base = cluster::list_items(&server, &ids);
         cluster::outage(
             &server,
             &ids,
@@ -122,14 +126,30 @@ pub async fn measure(
         .await?;
         let healed = Instant::now();
         deploy::reset_clocks(&replicas, healed);
-        out.burst = secs(cluster::until_reconciled(&ledger, limit).await);
+        let relisted =
+            cluster::until_relisted(&server, &ids, &base, per_replica(ids.len()), healed, limit);
+        let (done, relisted) = tokio::join!(cluster::until_reconciled(&ledger, limit), relisted);
+        out.burst = secs(done);
         out.burst_first = deploy::firsts(&replicas);
+        out.burst_list = relisted
+            .into_iter()
+            .map(|x| x.unwrap_or(f64::NAN))
+            .collect();
         if out.burst.is_none() {
+            let sample: Vec<String> = ledger
+                .pending_sample(3)
+                .into_iter()
+                .map(|(n, t, w)| {
+                    let o = server.object("bench.kube-shard.io", "items", Some(cluster::NS), &n);
+                    format!("{n}: want {t}, written {w}, server {o:?}")
+                })
+                .collect();
             return Err(BenchError::Cluster(format!(
-                "{}: {} objects still unreconciled {limit:?} after the burst: {}",
+                "{}: {} objects still unreconciled {limit:?} after the burst: {}; {}",
                 side.label(),
                 ledger.pending(),
-                deploy::describe(&replicas)
+                deploy::describe(&replicas),
+                sample.join("; ")
             )));
         }
         cluster::until_quiet(&ledger, Duration::from_secs(1), limit).await;
@@ -137,8 +157,20 @@ pub async fn measure(
     if phases.no_change {
         let before = ledger.reconciles();
         let ids = deploy::identities(&replicas);
+        let base = cluster::list_items(&server, &ids);
         cluster::outage(&server, &ids, outage, async { Ok(()) }).await?;
-        cluster::until_quiet(&ledger, Duration::from_secs(3), limit).await;
+        // wait for every replica's relist (its watch's backoff may hold it back for seconds), then quiet
+        let healed = Instant::now();
+        let relisted =
+            cluster::until_relisted(&server, &ids, &base, per_replica(ids.len()), healed, limit)
+                .await;
+        if relisted.iter().any(Option::is_none) {
+            return Err(BenchError::Cluster(format!(
+                "{}: not every replica relisted within {limit:?} after the no-change outage",
+                side.label()
+            )));
+        }
+        cluster::until_quiet(&ledger, Duration::from_secs(2), limit).await;
         out.no_change_reconciles = Some(ledger.reconciles() - before);
     }
     if phases.restart_same_names {
@@ -357,6 +389,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             r.side.label(),
             opt(r.out.cold),
             opt(r.out.burst),
+            list(&r.out.burst_list),
             list(&r.out.burst_first),
             opt(r.out.restart),
             list(&r.out.restart_first),
@@ -470,7 +503,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
         format!("burst at N=4: speedup ÷ N ≥ 0.9 vs the leader at concurrency 4 and > 1 vs the leader at concurrency 16: {}", verdict(met_all)),
         format!("objects left unreconciled on the server at the end of every configuration: {unreconciled} (must be 0)"),
         "restart: kube-shard members come back under new names (a Deployment) and take the dead members' shards over (lease_duration + grace, at most max(1, ⌈members/2⌉ − 1) takeovers per lease period); the stock leader is modelled as waiting lease_duration for the killed holder's Lease".into(),
-        "first reconcile per replica stands for its first successful LIST (the first reconcile follows it)".into(),
+        "relist per replica: seconds from the heal until the LISTs that replica received delivered at least half its share of the objects (the server's per-identity accounting)".into(),
     ];
     let json_rows: Vec<_> = rows
         .iter()
@@ -478,7 +511,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             json!({
                 "configuration": r.side.label(), "predicate": r.predicate,
                 "io_ms": r.work.io.as_millis() as u64, "cpu_ms": r.work.cpu.as_millis() as u64,
-                "cold_s": r.out.cold, "burst_s": r.out.burst, "burst_first_reconcile_s": r.out.burst_first,
+                "cold_s": r.out.cold, "burst_s": r.out.burst, "burst_first_reconcile_s": r.out.burst_first, "burst_relist_s": r.out.burst_list,
                 "no_change_reconciles": r.out.no_change_reconciles, "restart_s": r.out.restart,
                 "restart_first_reconcile_s": r.out.restart_first, "unreconciled": r.out.unreconciled,
                 "restart_same_names_s": r.out.restart_same_names, "same_names_not_done_after_s": r.out.same_names_limit,
