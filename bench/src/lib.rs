@@ -13,7 +13,8 @@
 //! ```
 //! use kube_shard_bench::{run, Options, Scenario};
 //!
-//! let opts = Options { quick: true, ..Options::default() };
+//! let mut opts = Options::default();
+//! opts.quick = true;
 //! let reports = run(Scenario::Scale, &opts).unwrap();
 //! assert_eq!(reports[0].scenario, "scale");
 //! println!("{}", reports[0].render());
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
+pub mod failover;
 pub mod movement;
 pub mod recovery;
 pub mod scale;
@@ -43,6 +45,8 @@ pub enum Scenario {
     Movement,
     /// Coordinator step time and assignment / report sizes against the API limits.
     Scale,
+    /// SIGKILL of one member: time until its shards are admitted elsewhere, vs the floor.
+    Failover,
 }
 
 impl Scenario {
@@ -61,6 +65,7 @@ impl Scenario {
             Scenario::Recovery => "recovery",
             Scenario::Movement => "movement",
             Scenario::Scale => "scale",
+            Scenario::Failover => "failover",
         }
     }
 }
@@ -74,6 +79,7 @@ impl FromStr for Scenario {
             "recovery" => Ok(Scenario::Recovery),
             "movement" => Ok(Scenario::Movement),
             "scale" => Ok(Scenario::Scale),
+            "failover" => Ok(Scenario::Failover),
             other if Scenario::NOT_IMPLEMENTED.contains(&other) => {
                 Err(BenchError::NotImplemented(other.to_owned()))
             }
@@ -144,10 +150,10 @@ impl Report {
 #[non_exhaustive]
 pub enum BenchError {
     /// Not a scenario name.
-    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale")]
+    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover")]
     UnknownScenario(String),
     /// A scenario the issue names that is not built yet.
-    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale)")]
+    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover)")]
     NotImplemented(String),
     /// An option out of range.
     #[error("{0}")]
@@ -181,6 +187,7 @@ pub fn run_each(
             Scenario::Movement => movement::run(opts)?,
             Scenario::Scale => scale::run(opts)?,
             Scenario::Recovery => recovery::run(opts)?,
+            Scenario::Failover => failover::run(opts)?,
             Scenario::All => unreachable!("expanded above"),
         };
         each(&report);

@@ -115,17 +115,6 @@ impl Ledger {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).pending
     }
 
-    /// Up to `k` pending objects: (name, target generation, written generation).
-    pub(crate) fn pending_sample(&self, k: usize) -> Vec<(String, i64, i64)> {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.target
-            .iter()
-            .filter(|(n, _)| Self::is_pending(&s, n))
-            .take(k)
-            .map(|(n, t)| (n.clone(), *t, s.written.get(n).copied().unwrap_or(0)))
-            .collect()
-    }
-
     /// Reconciles so far.
     pub(crate) fn reconciles(&self) -> u64 {
         self.reconciles.load(Ordering::Relaxed)
@@ -298,6 +287,49 @@ pub(crate) async fn until_relisted(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     at
+}
+
+/// How a timed phase ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Done {
+    /// Seconds until the last object that was reconciled was (all of them when `missed` is 0).
+    pub(crate) secs: f64,
+    /// Objects still behind when progress stopped for `stall` (or at the limit).
+    pub(crate) missed: usize,
+}
+
+/// Wait until every object is reconciled, or until progress (after it began) stopped for `stall`, or
+/// `limit` passed.
+pub(crate) async fn until_reconciled_or_stalled(
+    ledger: &Ledger,
+    stall: Duration,
+    limit: Duration,
+) -> Done {
+    let start = tokio::time::Instant::now();
+    let first = ledger.pending();
+    let mut last = first;
+    let mut last_progress = start;
+    loop {
+        let now = ledger.pending();
+        if now == 0 {
+            return Done {
+                secs: start.elapsed().as_secs_f64(),
+                missed: 0,
+            };
+        }
+        if now != last {
+            last = now;
+            last_progress = tokio::time::Instant::now();
+        }
+        let stalled = now < first && last_progress.elapsed() >= stall;
+        if stalled || start.elapsed() > limit {
+            return Done {
+                secs: (last_progress - start).as_secs_f64(),
+                missed: now,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Wait until no reconcile ran for `quiet` (or `limit` passes).

