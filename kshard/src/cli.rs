@@ -128,6 +128,13 @@ impl CliError {
     }
 }
 
+impl Cli {
+    /// Whether the subcommand is `bench` (its logs default to warnings only).
+    pub(crate) fn is_bench(&self) -> bool {
+        matches!(self.command, Command::Bench(_))
+    }
+}
+
 pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
