@@ -62,16 +62,26 @@ const GENERATION: u64 = 1_764_460_800_000;
 /// The worst-case assignment of `s` shards over `n` members (see the module docs).
 #[must_use]
 pub fn worst_assignment(s: ShardCount, n: usize, names: Names) -> Assignment {
+    worst_assignment_moving(s, n, names, s.get() as usize)
+}
+
+/// Like [`worst_assignment`], with only the first `moving` shards in a move (the coordinator keeps at
+/// most `max_concurrent_moves` (64) moving, plus a leaver's whole set).
+#[must_use]
+pub fn worst_assignment_moving(s: ShardCount, n: usize, names: Names, moving: usize) -> Assignment {
     let member = |i| member_named(i, names);
     let mut view = AssignmentView::new(GENERATION + u64::from(s.get()) + 1);
     for shard in 0..s.get() {
         let i = shard as usize % n;
-        let a = ShardAssignment::owned(member(i), GENERATION + u64::from(shard)).with_handoff(
-            Handoff::Moving {
+        let owned = ShardAssignment::owned(member(i), GENERATION + u64::from(shard));
+        let a = if (shard as usize) < moving {
+            owned.with_handoff(Handoff::Moving {
                 id: u64::from(shard) + 1,
                 to: member((i + 1) % n),
-            },
-        );
+            })
+        } else {
+            owned
+        };
         view.shards.insert(shard, a);
     }
     let mut a = Assignment::empty(s, ShardKey::Uid);
@@ -143,6 +153,8 @@ pub struct Figures {
     pub assignment_bytes: usize,
     /// Interleaved, one epoch, no moves (bytes).
     pub interleaved_bytes: usize,
+    /// Interleaved, an epoch per shard, 64 + S/N shards moving: the largest the coordinator writes.
+    pub reachable_bytes: usize,
     /// Worst-case member report (bytes).
     pub report_bytes: usize,
     /// Planner, one join to the interleaved assignment (ms, median).
@@ -160,6 +172,7 @@ pub fn measure(s: ShardCount, n: usize, names: Names, reps: usize) -> Result<Fig
     let worst = worst_assignment(s, n, names);
     let text = worst.encode();
     let interleaved = interleaved_assignment(s, n);
+    let reachable = worst_assignment_moving(s, n, names, 64 + s.get() as usize / n).encode();
     let report = worst_report(s, n).encode();
     let decodes = Assignment::decode(&text, s, ShardKey::Uid)
         .map(|_| ())
@@ -191,6 +204,7 @@ pub fn measure(s: ShardCount, n: usize, names: Names, reps: usize) -> Result<Fig
         members: n,
         assignment_bytes: text.len(),
         interleaved_bytes: interleaved.encode().len(),
+        reachable_bytes: reachable.len(),
         report_bytes: report.len(),
         plan_ms,
         codec_ms,
@@ -208,10 +222,11 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     let reps = if opts.quick { 5 } else { 21 };
     let mut table = Table::new(
         format!(
-            "scale: worst-case fragmentation (interleaved owners, an epoch and a move id per shard); median of {reps} runs"
+            "scale: worst-case fragmentation (interleaved owners, an epoch per shard, 64 + S/N shards moving under their own move ids); median of {reps} runs"
         ),
         &[
-            "S", "N", "names", "assignment KiB", "÷ 1 MiB", "interleaved KiB", "report KiB", "÷ 256 KiB",
+            "S", "N", "names", "assignment KiB (64+S/N moving)", "÷ 1 MiB", "KiB if every shard moved",
+            "interleaved KiB", "report KiB", "÷ 256 KiB",
             "plan ms (join)", "codec ms", "decodes", "within limits",
         ],
     );
@@ -240,7 +255,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     for &(s, n, names) in configs {
         let count = ShardCount::new(s).map_err(|e| BenchError::Library(e.to_string()))?;
         let f = measure(count, n, names, reps)?;
-        let within = f.assignment_bytes <= CONFIGMAP_LIMIT && f.report_bytes <= ANNOTATIONS_LIMIT;
+        let within = f.reachable_bytes <= CONFIGMAP_LIMIT && f.report_bytes <= ANNOTATIONS_LIMIT;
         if !within && first_over.is_none() {
             first_over = Some((s, n, names));
         }
@@ -252,8 +267,9 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
                 Names::Longest => "63 ch",
             }
             .into(),
+            kib(f.reachable_bytes),
+            f2(f.reachable_bytes as f64 / CONFIGMAP_LIMIT as f64),
             kib(f.assignment_bytes),
-            f2(f.assignment_bytes as f64 / CONFIGMAP_LIMIT as f64),
             kib(f.interleaved_bytes),
             kib(f.report_bytes),
             f2(f.report_bytes as f64 / ANNOTATIONS_LIMIT as f64),
@@ -274,7 +290,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
         ]);
         json_rows.push(json!({
             "shards": s, "members": n, "longest_names": names == Names::Longest, "assignment_bytes": f.assignment_bytes,
-            "interleaved_bytes": f.interleaved_bytes, "report_bytes": f.report_bytes,
+            "interleaved_bytes": f.interleaved_bytes, "reachable_bytes": f.reachable_bytes, "report_bytes": f.report_bytes,
             "plan_ms": f.plan_ms, "codec_ms": f.codec_ms,
             "assignment_decodes": f.decodes.is_ok(), "report_decodes": f.report_decodes.is_ok(),
             "within_limits": within,
@@ -285,6 +301,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
             None => "no configuration reaches a limit".to_owned(),
             Some((s, n, names)) => format!("first configuration over a limit: S={s}, N={n}, names {names:?}"),
         },
+        "the limit verdict is for the largest assignment the coordinator writes (at most max_concurrent_moves = 64 moves plus a leaver's set in flight); 'every shard moved' is a bound it does not reach".into(),
         "at a limit: members refuse to decode an assignment over 1 MiB or a report over 256 KiB (a clear error, the last good view kept); the coordinator does NOT check the size before writing: the API server refuses the write (422) and the coordinator logs it at debug level and retries every pass — nothing is truncated, but nothing says why either".into(),
     ];
     Ok(Report {
