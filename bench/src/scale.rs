@@ -108,7 +108,9 @@ pub fn interleaved_assignment(s: ShardCount, n: usize) -> Assignment {
 /// The report member 0 of the worst-case assignment publishes.
 #[must_use]
 pub fn worst_report(s: ShardCount, n: usize) -> MemberReport {
-    let mine: ShardSet = (0..s.get()).filter(|x| *x as usize % n == 0).collect();
+    let mine: ShardSet = (0..s.get())
+        .filter(|x| (*x as usize).is_multiple_of(n))
+        .collect();
     let mut r = MemberReport::default();
     r.ready = true;
     r.weight = 1;

@@ -198,6 +198,14 @@ fn error_policy(_obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Ctx>) -> Action
     Action::requeue(kube_shard::ownership::jitter(Duration::from_millis(base)))
 }
 
+/// How every replica of a configuration runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct How {
+    pub(crate) work: Workload,
+    pub(crate) timings: Timings,
+    pub(crate) predicate: bool,
+}
+
 /// A running replica: its tasks, its client identity and its context.
 pub(crate) struct Replica {
     pub(crate) identity: String,
@@ -230,12 +238,15 @@ pub(crate) async fn start(
     side: Side,
     server: &TestServer,
     ledger: &Arc<Ledger>,
-    work: Workload,
-    timings: Timings,
-    predicate: bool,
+    how: How,
     round: usize,
     same_names: bool,
 ) -> Result<Vec<Replica>, BenchError> {
+    let How {
+        work,
+        timings,
+        predicate,
+    } = how;
     let since = Instant::now();
     match side {
         Side::Leader { concurrency } => {

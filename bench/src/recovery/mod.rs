@@ -101,11 +101,15 @@ pub async fn measure(
     phases: Phases,
 ) -> Result<Outcome, BenchError> {
     let ledger = Arc::new(Ledger::default());
+    let how = deploy::How {
+        work,
+        timings,
+        predicate,
+    };
     let server = cluster::setup(objects, &ledger).await?;
     let limit = Duration::from_secs(60).max(Duration::from_millis(objects as u64 * 20));
     let mut out = Outcome::default();
-    let mut replicas =
-        deploy::start(side, &server, &ledger, work, timings, predicate, 0, true).await?;
+    let mut replicas = deploy::start(side, &server, &ledger, how, 0, true).await?;
     out.cold = secs(cluster::until_reconciled(&ledger, limit).await);
     if out.cold.is_none() {
         return Err(BenchError::Cluster(format!(
@@ -171,7 +175,7 @@ pub async fn measure(
         deploy::kill(&server, replicas);
         cluster::bump_all(&server, objects, 3, &ledger).await?;
         let restarted = Instant::now();
-        replicas = deploy::start(side, &server, &ledger, work, timings, predicate, 2, true).await?;
+        replicas = deploy::start(side, &server, &ledger, how, 2, true).await?;
         deploy::reset_clocks(&replicas, restarted);
         let same_limit = (timings.lease + timings.grace) * 3 + Duration::from_secs(10);
         out.restart_same_names = cluster::until_reconciled(&ledger, same_limit)
@@ -194,8 +198,7 @@ pub async fn measure(
             // a Lease-elected standby waits for the killed holder's lease to expire
             tokio::time::sleep(timings.lease).await;
         }
-        replicas =
-            deploy::start(side, &server, &ledger, work, timings, predicate, 1, false).await?;
+        replicas = deploy::start(side, &server, &ledger, how, 1, false).await?;
         deploy::reset_clocks(&replicas, restarted);
         let waiting = restarted.elapsed().as_secs_f64();
         let done = cluster::until_reconciled_or_stalled(&ledger, stall, limit).await;
@@ -350,7 +353,7 @@ fn workload_label(w: Workload) -> String {
     }
 }
 
-fn find<'a>(rows: &'a [Row], side: Side, predicate: bool, io: bool) -> Option<&'a Outcome> {
+fn find(rows: &[Row], side: Side, predicate: bool, io: bool) -> Option<&Outcome> {
     rows.iter()
         .find(|r| r.side == side && r.predicate == predicate && r.work.cpu.is_zero() == io)
         .map(|r| &r.out)
