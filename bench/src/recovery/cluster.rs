@@ -348,3 +348,39 @@ pub(crate) async fn until_quiet(ledger: &Ledger, quiet: Duration, limit: Duratio
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ledger is the completion oracle: a write of an older generation, or none, keeps an object
+    /// pending; only the target generation (or a newer one) clears it.
+    #[test]
+    fn an_object_is_pending_until_its_target_generation_is_written() {
+        let l = Ledger::default();
+        l.expect("a", 1);
+        l.expect("b", 1);
+        assert_eq!(l.pending(), 2);
+        l.written("a", 1);
+        assert_eq!(l.pending(), 1);
+        l.expect("a", 2); // changed again
+        l.written("a", 1); // a stale reconcile wrote the old generation
+        assert_eq!(l.pending(), 2);
+        l.written("a", 3);
+        l.written("b", 1);
+        assert_eq!(l.pending(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_phase_reports_what_was_missed() {
+        let l = Ledger::default();
+        for n in ["a", "b", "c"] {
+            l.expect(n, 1);
+        }
+        l.written("a", 1);
+        let done =
+            until_reconciled_or_stalled(&l, Duration::from_secs(5), Duration::from_secs(60)).await;
+        assert_eq!(done.missed, 2);
+        assert!(done.secs < 1.0, "{done:?}");
+    }
+}
