@@ -1,5 +1,7 @@
-//! Micro-benchmarks of the pure core: hashing 36-byte uids, selector render and parse, and minimal range
-//! sets for 256 shards. Run with `cargo bench -p kube-shard --bench pure`.
+//! Micro-benchmarks of the pure core: hashing 36-byte uids, selector render and parse, minimal range sets
+//! for 256 shards, and the planner at S = 4096 with N = 128 (cold start, one join to an interleaved
+//! assignment). Run with `cargo bench -p kube-shard --bench pure`. The scenario figures (movement, scale,
+//! recovery) come from `kshard bench`: see docs/performance.md.
 
 use std::hint::black_box;
 
@@ -90,5 +92,35 @@ fn ranges(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hash, selectors, ranges);
+fn planner(c: &mut Criterion) {
+    use kube_shard::group::planner::{Member, PlanInput};
+    use kube_shard::ownership::MemberId;
+
+    let s = ShardCount::new(4096).unwrap();
+    let ids: Vec<MemberId> = (0..=128)
+        .map(|i| MemberId::new(format!("member-{i:03}"), "a"))
+        .collect();
+    let members = |n: usize| {
+        ids[..n]
+            .iter()
+            .cloned()
+            .map(Member::new)
+            .collect::<Vec<_>>()
+    };
+    let mut g = c.benchmark_group("planner");
+    let cold = PlanInput::new(s).with_members(members(128));
+    g.bench_function("cold_start_s4096_n128", |b| {
+        b.iter(|| black_box(&cold).plan().unwrap())
+    });
+    // worst-case fragmentation: shard i owned by member i mod 128; then a 129th member joins
+    let join = PlanInput::new(s)
+        .with_owners((0..4096u32).map(|x| (x, &ids[x as usize % 128])))
+        .with_members(members(129));
+    g.bench_function("join_interleaved_s4096_n128", |b| {
+        b.iter(|| black_box(&join).plan().unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, hash, selectors, ranges, planner);
 criterion_main!(benches);

@@ -45,6 +45,9 @@ enum Command {
     Drain(crate::ops::DrainArgs),
     /// Undrain a member: it is planned again and receives its share.
     Undrain(crate::ops::UndrainArgs),
+    /// Measure kube-shard side by side with one leader, static ranges, `hash % N` and a ring (ratios,
+    /// one run); see docs/performance.md.
+    Bench(crate::bench_cmd::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +109,8 @@ pub(crate) enum CliError {
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     Failed(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl CliError {
@@ -120,6 +125,13 @@ impl CliError {
             CliError::Io(_) | CliError::Json(_) | CliError::Failed(_) => 1,
             _ => 2,
         }
+    }
+}
+
+impl Cli {
+    /// Whether the subcommand is `bench` (its logs default to warnings only).
+    pub(crate) fn is_bench(&self) -> bool {
+        matches!(self.command, Command::Bench(_))
     }
 }
 
@@ -164,6 +176,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
             drop(out);
             crate::demo::run(args)
         }
+        Command::Bench(args) => crate::bench_cmd::run(&args, &mut out),
     }
 }
 

@@ -13,10 +13,13 @@
 //!   one JSON object on stdout at the end (progress on stderr); exit 0 only when every invariant held.
 //! - `kshard status|explain|pin|unpin|pause|resume [--kubeconfig PATH] [-n NS] [--group G] [--json]` operate
 //!   a live shard group; with `--json` each prints one JSON object.
+//! - `kshard bench [SCENARIO|all] [--json] [--objects N] [--replicas N] [--quick]` prints a table per
+//!   scenario, or with `--json` one JSON object per scenario, one per line; exit 2 for an unknown scenario.
 //! - `kshard operator ...` (hidden) runs the example operator; with `--metrics-addr` its first stdout line is
 //!   `metrics http://ADDR`.
 #![forbid(unsafe_code)]
 
+mod bench_cmd;
 mod cli;
 mod demo;
 mod duration;
@@ -29,14 +32,20 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    // logs on stderr, filtered by RUST_LOG (default: warnings, and kube-shard's own info lines)
+    let args = cli::Cli::parse();
+    // logs on stderr, filtered by RUST_LOG (default: warnings, and kube-shard's own info lines — but
+    // only warnings for `bench`, whose in-process members would print every shard transition)
+    let default = if args.is_bench() {
+        "warn"
+    } else {
+        "warn,kube_shard=info"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_shard=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -1,5 +1,6 @@
 //! Tests that run the built `kshard` binary (one integration-test binary for the crate).
 
+mod bench;
 mod demo;
 mod hash_selector;
 mod status;

@@ -1,0 +1,65 @@
+//! `kshard bench`: parses flags, runs `kube_shard_bench` and prints its tables (or one JSON object per
+//! scenario, one per line). The engine lives in the `kube-shard-bench` crate.
+
+use std::io::Write;
+
+use clap::Args;
+use kube_shard_bench::{Options, Scenario};
+
+use crate::cli::CliError;
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// The scenario: all, recovery, movement, scale or failover (read, handoff and coordination are not
+    /// built yet).
+    #[arg(default_value = "all")]
+    scenario: String,
+    /// Print one JSON object per scenario (one per line) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Objects (recovery; default 10000, 2000 with --quick).
+    #[arg(long)]
+    objects: Option<usize>,
+    /// kube-shard replicas (recovery; default: N = 2 and 4).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Fewer objects and repetitions, time-scaled timings (all scenarios in under 10 minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Seed of the pure scenarios' random orders and weights.
+    #[arg(long, default_value = "18")]
+    seed: u64,
+}
+
+pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let scenario: Scenario = args
+        .scenario
+        .parse()
+        .map_err(|e: kube_shard_bench::BenchError| CliError::Usage(e.to_string()))?;
+    let mut opts = Options::default();
+    opts.objects = args.objects;
+    opts.replicas = args.replicas;
+    opts.quick = args.quick;
+    opts.seed = args.seed;
+    let mut failed = None;
+    let result = kube_shard_bench::run_each(scenario, &opts, |report| {
+        let written = if args.json {
+            serde_json::to_writer(&mut *out, &report.json)
+                .map_err(CliError::from)
+                .and_then(|()| writeln!(out).map_err(CliError::from))
+        } else {
+            write!(out, "{}", report.render())
+                .and_then(|()| writeln!(out))
+                .map_err(CliError::from)
+        };
+        let _ = out.flush();
+        if let Err(e) = written {
+            failed.get_or_insert(e);
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    result.map_err(|e| CliError::failed(e.to_string()))?;
+    Ok(())
+}
