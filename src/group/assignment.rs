@@ -317,8 +317,9 @@ impl Assignment {
     }
 }
 
-/// The largest assignment text decoded (a hostile ConfigMap cannot make us allocate without bound).
-const MAX_TEXT: usize = 1 << 20;
+/// The largest assignment text read or written: a ConfigMap holds at most 1 MiB in all, and a hostile
+/// ConfigMap cannot make us allocate without bound.
+pub const MAX_TEXT: usize = 1 << 20;
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -404,9 +404,28 @@ impl Runtime {
             .labels
             .get_or_insert_with(Default::default)
             .insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        let text = next.encode();
+        // never a write the apiserver would refuse for size, nor one our readers would refuse
+        if text.len() > crate::group::assignment::MAX_TEXT {
+            error!(
+                bytes = text.len(),
+                limit = crate::group::assignment::MAX_TEXT,
+                "ALARM: the next assignment is too large to write; keeping the current one"
+            );
+            self.events.emit(
+                Kind::Warning,
+                "AssignmentTooLarge",
+                format!(
+                    "the next assignment takes {} bytes, above the {} a ConfigMap holds: not written (fewer shards, shorter member names or fewer concurrent moves)",
+                    text.len(),
+                    crate::group::assignment::MAX_TEXT
+                ),
+            );
+            return;
+        }
         cm.data
             .get_or_insert_with(Default::default)
-            .insert(DATA_KEY.into(), next.encode());
+            .insert(DATA_KEY.into(), text);
         let result = if self.assignment_cm.is_some() {
             self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
                 .await
@@ -435,7 +454,7 @@ impl Runtime {
                     Err(err) => debug!(error = %err, "cannot re-read the assignment"),
                 }
             }
-            Err(err) => debug!(error = %err, "assignment write failed"),
+            Err(err) => warn!(error = %err, "assignment write failed"),
         }
     }
 }
