@@ -214,6 +214,16 @@ pub(crate) struct Replica {
     group: Option<GroupHandle>,
 }
 
+/// Self-fences of every kube-shard replica so far (a renewal delayed past `renew_deadline`, e.g. by a
+/// loaded machine): un-fencing re-enqueues the member's owned shards, by design.
+pub(crate) fn self_fences(replicas: &[Replica]) -> u64 {
+    replicas
+        .iter()
+        .filter_map(|r| r.group.as_ref())
+        .map(|g| g.metrics().snapshot().self_fences)
+        .sum()
+}
+
 /// What each replica's group status says (for an error message when a phase does not finish).
 pub(crate) fn describe(replicas: &[Replica]) -> String {
     replicas
