@@ -13,6 +13,8 @@
 //!   one JSON object on stdout at the end (progress on stderr); exit 0 only when every invariant held.
 //! - `kshard status|explain|pin|unpin|pause|resume [--kubeconfig PATH] [-n NS] [--group G] [--json]` operate
 //!   a live shard group; with `--json` each prints one JSON object.
+//! - `kshard fence-policy --resource PLURAL.GROUP [--resource ...] [--annotation KEY] [--name NAME]` prints the
+//!   fence ValidatingAdmissionPolicy and its binding as YAML (for `kubectl apply -f -`); bad input exits 2.
 //! - `kshard operator ...` (hidden) runs the example operator; with `--metrics-addr` its first stdout line is
 //!   `metrics http://ADDR`.
 #![forbid(unsafe_code)]
