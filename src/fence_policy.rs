@@ -51,6 +51,9 @@ pub const TOKEN_PATTERN: &str = "^[0-9]{1,9}/[0-9]{1,18}$";
 /// `<plural>.<group> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied
 /// request: `).
 pub mod messages {
+    /// Every refusal message of the fence policy contains this (how
+    /// [`is_fence_refused`](crate::ownership::fenced_write::Error::is_fence_refused) recognises them).
+    pub const MARK: &str = "kube-shard fence";
     /// The write removes the fence annotation of a fenced object.
     pub const REMOVED: &str =
         "the kube-shard fence annotation may not be removed from a fenced object";
@@ -387,6 +390,14 @@ mod tests {
                     "{e}"
                 );
             }
+        }
+        for m in [
+            messages::REMOVED,
+            messages::MALFORMED,
+            messages::SHARD,
+            messages::STALE,
+        ] {
+            assert!(m.contains(messages::MARK), "{m}");
         }
         let b = serde_json::to_value(&set.bindings[0]).unwrap();
         assert_eq!(b["spec"]["policyName"], "kube-shard-fence");
