@@ -1,6 +1,7 @@
 //! Tests that run the built `kshard` binary (one integration-test binary for the crate).
 
 mod demo;
+mod fence_policy;
 mod hash_selector;
 mod status;
 mod testserver;
