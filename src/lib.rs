@@ -53,6 +53,9 @@ pub mod selector;
 pub mod shard;
 pub mod token;
 
+pub mod fence_policy;
+mod yaml;
+
 pub mod group;
 pub mod ownership;
 pub mod watcher;

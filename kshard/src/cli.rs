@@ -48,6 +48,21 @@ enum Command {
     /// Measure kube-shard side by side with one leader, static ranges, `hash % N` and a ring (ratios,
     /// one run); see docs/performance.md.
     Bench(crate::bench_cmd::BenchArgs),
+    /// Print ValidatingAdmissionPolicies (and bindings) with which the apiserver refuses stale fenced writes.
+    FencePolicy(FencePolicyArgs),
+}
+
+#[derive(Debug, Args)]
+struct FencePolicyArgs {
+    /// A resource to protect, `PLURAL.GROUP` (`PLURAL` alone for the core group); repeatable.
+    #[arg(long = "resource", value_name = "PLURAL.GROUP", required = true)]
+    resources: Vec<String>,
+    /// The annotation that carries the fence token.
+    #[arg(long, default_value = kube_shard::token::FENCE_ANNOTATION)]
+    annotation: String,
+    /// The name of the policy and of its binding.
+    #[arg(long, default_value = kube_shard::fence_policy::DEFAULT_POLICY_NAME)]
+    name: String,
 }
 
 #[derive(Debug, Args)]
@@ -107,6 +122,8 @@ pub(crate) enum CliError {
     Io(#[from] io::Error),
     #[error("cannot encode JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Policy(#[from] kube_shard::fence_policy::PolicyError),
     #[error("{0}")]
     Failed(String),
     #[error("{0}")]
@@ -177,7 +194,22 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
             crate::demo::run(args)
         }
         Command::Bench(args) => crate::bench_cmd::run(&args, &mut out),
+        Command::FencePolicy(args) => fence_policy(&args, &mut out),
     }
+}
+
+fn fence_policy(args: &FencePolicyArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let resources = args
+        .resources
+        .iter()
+        .map(|r| r.parse())
+        .collect::<Result<Vec<_>, _>>()?;
+    let set = kube_shard::fence_policy::FencePolicyConfig::new(resources)
+        .annotation(args.annotation.as_str())
+        .name(args.name.as_str())
+        .generate()?;
+    out.write_all(set.to_yaml().as_bytes())?;
+    Ok(())
 }
 
 #[derive(serde::Serialize)]

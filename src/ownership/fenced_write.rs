@@ -74,6 +74,17 @@ impl Error {
     pub fn is_fenced(&self) -> bool {
         matches!(self, Error::Fence(_))
     }
+
+    /// The apiserver refused the write through the fence policy ([`crate::fence_policy`]): its fence is older
+    /// than the one on the stored object (or names another shard, or removes or malforms it). Like
+    /// [`is_fenced`](Self::is_fenced), this member lost the shard: requeue, never report a reconcile error.
+    #[must_use]
+    pub fn is_fence_refused(&self) -> bool {
+        matches!(self, Error::Api(kube::Error::Api(s))
+            if s.code == 422
+                && s.message.contains("ValidatingAdmissionPolicy '")
+                && s.message.contains(crate::fence_policy::messages::MARK))
+    }
 }
 
 /// The result of a fenced delete.

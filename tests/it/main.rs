@@ -1,4 +1,5 @@
 mod dependent;
+mod fence_policy;
 mod fenced;
 mod group;
 mod model_common;

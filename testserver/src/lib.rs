@@ -257,6 +257,7 @@
 )]
 
 mod accounting;
+mod admission;
 mod audit;
 mod builtins;
 mod columns;

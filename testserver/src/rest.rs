@@ -441,6 +441,20 @@ pub(crate) fn create_locked(
         }
     }
     defaults_on_create(store, info, &mut obj)?;
+    crate::admission::admit(
+        store,
+        &crate::admission::Attempt {
+            info,
+            operation: "CREATE",
+            subresource: None,
+            namespace: ns,
+            name: &name,
+            identity: ctx.identity,
+            dry_run,
+            object: &obj,
+            old: None,
+        },
+    )?;
     if dry_run {
         let mut preview = obj;
         preview["metadata"]["resourceVersion"] = json!("");
@@ -839,6 +853,32 @@ fn next_state(
     Ok(body)
 }
 
+/// ValidatingAdmissionPolicies on an UPDATE, after the preconditions (as on the real server, where a stale
+/// resourceVersion is a 409 before admission runs).
+fn admit_update(
+    store: &Store,
+    ctx: &WriteCtx<'_>,
+    info: &ResourceInfo,
+    (namespace, name, subresource): (Option<&str>, &str, Option<&str>),
+    old: &Value,
+    next: &Value,
+) -> ApiResult<()> {
+    crate::admission::admit(
+        store,
+        &crate::admission::Attempt {
+            info,
+            operation: "UPDATE",
+            subresource,
+            namespace,
+            name,
+            identity: ctx.identity,
+            dry_run: ctx.dry_run,
+            object: next,
+            old: Some(old),
+        },
+    )
+}
+
 pub(crate) fn update(
     ctx: &WriteCtx<'_>,
     info: &Arc<ResourceInfo>,
@@ -862,6 +902,14 @@ pub(crate) fn update(
     } else {
         next_state(info, &old, body, status_write)?
     };
+    admit_update(
+        &store,
+        ctx,
+        info,
+        (namespace, name, subresource),
+        &old.value,
+        &next,
+    )?;
     let obj = finish_update(&mut store, ctx, info, key, &old, next, fence.as_ref());
     drop(store);
     publish_rv(ctx.inner);
@@ -996,6 +1044,14 @@ pub(crate) fn patch(
     let mut patched = old.value.clone();
     apply_patch(&mut patched, ptype, patch)?;
     let next = next_state(info, &old, patched, status_write)?;
+    admit_update(
+        &store,
+        ctx,
+        info,
+        (namespace, name, subresource),
+        &old.value,
+        &next,
+    )?;
     let obj = finish_update(&mut store, ctx, info, key, &old, next, fence.as_ref());
     drop(store);
     publish_rv(ctx.inner);

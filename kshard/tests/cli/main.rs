@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod fence_policy;
 mod hash_selector;
 mod status;
 mod testserver;

@@ -1,6 +1,7 @@
 //! Integration tests of the testserver, through real `kube::Client`s and the stock `kube_runtime`
 //! watcher and reflector. One binary; modules by topic.
 
+mod admission;
 mod audit;
 mod builtins;
 mod common;
