@@ -4,6 +4,10 @@
 
 mod support;
 
+/// The fence policy on the real server (issue 16): its own module, in this one test binary.
+#[path = "cases/fence_policy.rs"]
+mod fence_policy;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

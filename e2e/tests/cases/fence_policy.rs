@@ -1,6 +1,6 @@
 //! The fence policy on a real kube-apiserver (issue 16, per-object level), the same writes and answers as
 //! testserver's `admission` tests:
-//! `KUBECONFIG=$(../shared/realkube/realkube start) cargo test -p kube-shard-e2e --test fence_policy -- --ignored`.
+//! `KUBECONFIG=$(../shared/realkube/realkube start) cargo test --workspace --test e2e fence_policy -- --ignored`.
 //! Installs a cluster-wide policy named `kube-shard-fence-e2e` (removed at the end); it concerns only
 //! ConfigMaps that carry a fence annotation.
 
@@ -103,7 +103,7 @@ fn cm(name: &str) -> ConfigMap {
 }
 
 #[tokio::test]
-#[ignore = "needs a cluster: KUBECONFIG=... cargo test -p kube-shard-e2e --test fence_policy -- --ignored"]
+#[ignore = "needs a cluster: KUBECONFIG=... cargo test --workspace --test e2e fence_policy -- --ignored"]
 async fn fence_policy_on_real_server() {
     let client = Client::try_default().await.expect("KUBECONFIG");
     let ns = format!(
