@@ -193,6 +193,14 @@ impl Ctx<'_> {
     fn leaving(&self, id: &MemberId) -> bool {
         self.by_id.get(id).is_some_and(|m| m.leaving())
     }
+
+    /// Move `id` has been in its current phase for `limit` or longer.
+    fn aged(&self, id: MoveId, limit: Duration) -> bool {
+        self.input
+            .move_ages
+            .get(&id)
+            .is_some_and(|age| *age >= limit)
+    }
 }
 
 /// What one pass has decided so far.
@@ -251,20 +259,9 @@ fn on_moving(
     to: &MemberId,
 ) -> Decided {
     let owner = &a.owner;
-    let timed_out = ctx
-        .input
-        .move_ages
-        .get(&id)
-        .is_some_and(|age| *age >= ctx.input.move_timeout);
+    let timed_out = ctx.aged(id, ctx.input.move_timeout);
     if ctx.gone(owner) {
-        if ctx.live(to) {
-            pass.notes.push(format!(
-                "shard {shard}: owner {owner} gone, target {to} takes it"
-            ));
-            Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
-        } else {
-            Decided::Orphan
-        }
+        to_target_or_orphan(ctx, pass, shard, owner, to)
     } else if !ctx.live(to) || timed_out {
         pass.notes.push(format!(
             "shard {shard}: move {id} to {to} cancelled before release ({})",
@@ -285,6 +282,24 @@ fn on_moving(
     }
 }
 
+/// The owner of a moving shard is gone: a live target takes it at a new epoch, else the planner chooses.
+fn to_target_or_orphan(
+    ctx: &Ctx<'_>,
+    pass: &mut Pass,
+    shard: u32,
+    owner: &MemberId,
+    to: &MemberId,
+) -> Decided {
+    if ctx.live(to) {
+        pass.notes.push(format!(
+            "shard {shard}: owner {owner} gone, target {to} takes it"
+        ));
+        Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
+    } else {
+        Decided::Orphan
+    }
+}
+
 /// `Draining(id → to)`: complete on the owner's release ack; every cancel re-grants at a new epoch.
 fn on_draining(
     ctx: &Ctx<'_>,
@@ -297,11 +312,7 @@ fn on_draining(
     let owner = &a.owner;
     let owner_gone = ctx.gone(owner);
     let released = ctx.report(owner).is_some_and(|r| r.released(shard, id));
-    let stalled = ctx
-        .input
-        .move_ages
-        .get(&id)
-        .is_some_and(|age| *age >= ctx.input.drain_stall_timeout);
+    let stalled = ctx.aged(id, ctx.input.drain_stall_timeout);
     if released && ctx.live(to) {
         pass.completed += 1;
         pass.notes.push(format!(
@@ -314,14 +325,7 @@ fn on_draining(
         ));
         Decided::Set(ShardAssignment::owned(owner.clone(), ctx.gen))
     } else if owner_gone {
-        if ctx.live(to) {
-            pass.notes.push(format!(
-                "shard {shard}: owner {owner} gone while draining, {to} takes it"
-            ));
-            Decided::Set(ShardAssignment::owned(to.clone(), ctx.gen))
-        } else {
-            Decided::Orphan
-        }
+        to_target_or_orphan(ctx, pass, shard, owner, to)
     } else if !ctx.live(to) || stalled {
         // The model found that "before release" cannot be known: the source may have released
         // already, and a released shard stays released at its old epoch. A cancel from Draining

@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{DeleteParams, ObjectMeta};
+use kube::api::DeleteParams;
 use kube::Api;
 use kube_shard::ownership::Handoff;
 use kube_shard_testserver::{FailRule, Scope, TestServer, Verb};
@@ -19,40 +18,7 @@ use crate::group::{
     GROUP, LEASE,
 };
 use crate::safety_group::renew_lease_forever;
-use crate::support::{ends_owned_once, group_server, settled_group};
-
-/// A member Lease of group `GROUP` for member `name`, carrying `report` as its member report.
-fn member_lease(name: &str, report: &str) -> Lease {
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(format!("{GROUP}-{name}")),
-            labels: Some(
-                [
-                    ("kube-shard.io/group".to_string(), GROUP.to_string()),
-                    ("kube-shard.io/role".to_string(), "member".to_string()),
-                ]
-                .into(),
-            ),
-            annotations: Some(
-                [
-                    (
-                        "kube-shard.io/incarnation".to_string(),
-                        "0123456789abcdef".to_string(),
-                    ),
-                    ("kube-shard.io/report".to_string(), report.to_string()),
-                ]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(name.into()),
-            lease_duration_seconds: Some(3),
-            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            ..LeaseSpec::default()
-        }),
-    }
-}
+use crate::support::{ends_owned_once, group_lease, group_server, settled_group};
 
 /// Formats: a member of another build (its report in another format) joins a settled group. Every member
 /// raises the alarm (health, metric, Event) and admits nothing while it is there; once its Lease is gone
@@ -63,7 +29,12 @@ async fn a_member_of_another_report_format_holds_admission_loudly() {
     let (server, log, ms) = settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let report = r#"{"format":2,"ready":true,"generation":1,"highest":1}"#;
-    let z = renew_lease_forever(&server, "z", member_lease("z", report), stop.clone());
+    let z = renew_lease_forever(
+        &server,
+        "z",
+        group_lease(&format!("{GROUP}-z"), "z", Some(report)),
+        stop.clone(),
+    );
     until(
         Duration::from_secs(10),
         "both members hold admission",

@@ -327,32 +327,7 @@ async fn f05_the_legacy_gate_holds_on_read_errors() {
 async fn f12_invalid_member_identities_are_ignored() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let evil = |name: &str, holder: &str| Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                [
-                    ("kube-shard.io/group".to_string(), GROUP.to_string()),
-                    ("kube-shard.io/role".to_string(), "member".to_string()),
-                ]
-                .into(),
-            ),
-            annotations: Some(
-                [(
-                    "kube-shard.io/incarnation".to_string(),
-                    "0123456789abcdef".to_string(),
-                )]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(3),
-            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            ..LeaseSpec::default()
-        }),
-    };
+    let evil = |name: &str, holder: &str| crate::support::group_lease(name, holder, None);
     let r1 = renew_lease_forever(&server, "evil", evil("demo-evil", ""), stop.clone());
     let r2 = renew_lease_forever(&server, "evil2", evil("demo-x", "b"), stop.clone());
     for _ in 0..200 {

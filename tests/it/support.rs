@@ -40,3 +40,43 @@ pub(crate) async fn ends_owned_once(members: &[&Member], log: &FenceLog) {
     .await;
     crate::group::check_fences(log);
 }
+
+/// A member Lease of the test group named `name`, held by `holder` (incarnation `0123456789abcdef`,
+/// renewed now), with `report` as its member report when given: what a member of this or another build
+/// (or a hostile writer) would put there.
+pub(crate) fn group_lease(
+    name: &str,
+    holder: &str,
+    report: Option<&str>,
+) -> k8s_openapi::api::coordination::v1::Lease {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::ObjectMeta;
+    let mut annotations = BTreeMap::from([(
+        "kube-shard.io/incarnation".to_string(),
+        "0123456789abcdef".to_string(),
+    )]);
+    if let Some(r) = report {
+        annotations.insert("kube-shard.io/report".to_string(), r.to_string());
+    }
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                (
+                    "kube-shard.io/group".to_string(),
+                    crate::group::GROUP.to_string(),
+                ),
+                ("kube-shard.io/role".to_string(), "member".to_string()),
+            ])),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
