@@ -105,27 +105,32 @@ impl Runtime {
         let Some(hint) = hint.filter(|h| *h > applied && *h > self.hint_followed) else {
             return;
         };
-        self.hint_followed = hint;
         let name = self.cfg.assignment_name();
+        // a failed read is tried again at the next renewal: only a read marks the hint followed
         match self.bounded(self.cms.get_opt(&name)).await {
             Ok(Some(cm)) => {
+                self.hint_followed = hint;
                 warn!(
                     generation = hint,
                     applied, "told through our Lease that we are behind on the assignment: read it directly (is the assignment watch stuck?)"
                 );
                 self.assignment_seen(cm);
             }
-            Ok(None) => debug!("assignment hint, but no assignment ConfigMap"),
+            Ok(None) => {
+                self.hint_followed = hint;
+                debug!("assignment hint, but no assignment ConfigMap");
+            }
             Err(err) => debug!(error = %err, "assignment hint: cannot read the assignment"),
         }
     }
 
-    /// The hint is consumed once we applied what it names: drop it from the Lease we write.
+    /// The hint is consumed once we applied what it names (and a malformed one at once): drop it from
+    /// the Lease we write.
     pub(super) fn hint_consumed(&self, ann: &mut BTreeMap<String, String>) {
         let applied = self.ownership.snapshot().state().generation();
         if ann
             .get(ASSIGNMENT_HINT)
-            .is_none_or(|h| h.parse::<u64>().is_ok_and(|h| h <= applied))
+            .is_none_or(|h| h.parse::<u64>().map_or(true, |h| h <= applied))
         {
             ann.remove(ASSIGNMENT_HINT);
         }
