@@ -853,16 +853,19 @@ fn next_state(
     Ok(body)
 }
 
-/// ValidatingAdmissionPolicies on an UPDATE, after the preconditions (as on the real server, where a stale
-/// resourceVersion is a 409 before admission runs).
-fn admit_update(
-    store: &Store,
+/// An UPDATE past its preconditions: ValidatingAdmissionPolicies first (as on the real server, where a
+/// stale resourceVersion is a 409 before admission runs), then the commit.
+#[allow(clippy::too_many_arguments)]
+fn admit_and_finish(
+    store: &mut Store,
     ctx: &WriteCtx<'_>,
-    info: &ResourceInfo,
+    info: &Arc<ResourceInfo>,
     (namespace, name, subresource): (Option<&str>, &str, Option<&str>),
-    old: &Value,
-    next: &Value,
-) -> ApiResult<()> {
+    key: String,
+    old: &Obj,
+    next: Value,
+    fence: Option<&RawFence>,
+) -> ApiResult<Arc<Obj>> {
     crate::admission::admit(
         store,
         &crate::admission::Attempt {
@@ -873,10 +876,11 @@ fn admit_update(
             name,
             identity: ctx.identity,
             dry_run: ctx.dry_run,
-            object: next,
-            old: Some(old),
+            object: &next,
+            old: Some(&old.value),
         },
-    )
+    )?;
+    Ok(finish_update(store, ctx, info, key, old, next, fence))
 }
 
 pub(crate) fn update(
@@ -902,15 +906,16 @@ pub(crate) fn update(
     } else {
         next_state(info, &old, body, status_write)?
     };
-    admit_update(
-        &store,
+    let obj = admit_and_finish(
+        &mut store,
         ctx,
         info,
         (namespace, name, subresource),
-        &old.value,
-        &next,
+        key,
+        &old,
+        next,
+        fence.as_ref(),
     )?;
-    let obj = finish_update(&mut store, ctx, info, key, &old, next, fence.as_ref());
     drop(store);
     publish_rv(ctx.inner);
     Ok(Reply::Object {
@@ -1044,15 +1049,16 @@ pub(crate) fn patch(
     let mut patched = old.value.clone();
     apply_patch(&mut patched, ptype, patch)?;
     let next = next_state(info, &old, patched, status_write)?;
-    admit_update(
-        &store,
+    let obj = admit_and_finish(
+        &mut store,
         ctx,
         info,
         (namespace, name, subresource),
-        &old.value,
-        &next,
+        key,
+        &old,
+        next,
+        fence.as_ref(),
     )?;
-    let obj = finish_update(&mut store, ctx, info, key, &old, next, fence.as_ref());
     drop(store);
     publish_rv(ctx.inner);
     Ok(Reply::Object {
