@@ -11,16 +11,12 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::runtime::watcher;
-use kube_shard::group::{GroupHandle, ShardGroup};
-use kube_shard::{ShardCount, ShardSet, ShardedWatcher};
-use kube_shard_testserver::{Scope, TestServer};
+use kube_shard::{ShardCount, ShardSet};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::recovery::cluster::{self, item_resource, items, Ledger, NS};
+use crate::members::{kill, spawn_writer, start, until_balanced};
+use crate::recovery::cluster::{self, Ledger};
 use crate::stats::{f2, percentile, ratio, verdict};
 use crate::{BenchError, Options, Report, Table};
 
@@ -79,90 +75,6 @@ impl Timings {
     }
 }
 
-struct Member {
-    identity: String,
-    group: GroupHandle,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-fn start(server: &TestServer, name: &str, n: usize, t: Timings) -> Result<Member, BenchError> {
-    let client = server.client(name);
-    let group = ShardGroup::builder(client.clone(), "bench", NS)
-        .member(name.to_owned())
-        .timings(t.lease, t.renew, t.retry)
-        .takeover_grace(t.grace)
-        .fence_margin(t.retry)
-        .drain_timeout(t.renew)
-        .settle(t.retry * 2, t.retry * 2)
-        .expected_replicas(n as u32)
-        .build()
-        .map_err(|e| BenchError::Library(format!("shard group: {e}")))?;
-    let (handle, task) = group.start();
-    let sharded = ShardedWatcher::new_with(
-        items(client),
-        watcher::Config::default(),
-        handle.ownership(),
-        item_resource(),
-    )
-    .barrier_timeout(t.barrier)
-    .build_reflector();
-    let mut events = sharded.events;
-    let mut reenqueue = sharded.reenqueue;
-    let drain = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                e = events.next() => if e.is_none() { break },
-                r = reenqueue.next() => if r.is_none() { break },
-            }
-        }
-    });
-    let task = tokio::spawn(async move {
-        let _ = task.await;
-    });
-    Ok(Member {
-        identity: name.to_owned(),
-        group: handle,
-        tasks: vec![task, drain],
-    })
-}
-
-fn kill(server: &TestServer, m: Member) {
-    for t in m.tasks {
-        t.abort();
-    }
-    server
-        .faults()
-        .partition(Scope::identity(m.identity.clone()), true);
-}
-
-/// Every shard admitted by exactly the members' share, nothing moving.
-fn balanced(members: &[Member], s: u32) -> bool {
-    let n = members.len() as u32;
-    let mut total = 0;
-    for m in members {
-        let st = m.group.status();
-        let owned = st.owned.len() as u32;
-        if st.moves_in_flight > 0 || owned < s / n || owned > s.div_ceil(n) {
-            return false;
-        }
-        total += owned;
-    }
-    total == s
-}
-
-async fn until_balanced(members: &[Member], s: u32, limit: Duration) -> Result<(), BenchError> {
-    let start = Instant::now();
-    while !balanced(members, s) {
-        if start.elapsed() > limit {
-            return Err(BenchError::Cluster(format!(
-                "failover: the group did not balance within {limit:?}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
 /// One configuration: `reps` kills of a non-coordinator member of `n`; seconds per kill.
 pub async fn measure(
     n: usize,
@@ -180,21 +92,7 @@ pub async fn measure(
     }
     let limit = t.lease * 10 + Duration::from_secs(30);
     until_balanced(&members, s, limit).await?;
-    let writer = writes.then(|| {
-        let server_api = items(server.client(cluster::WRITER));
-        tokio::spawn(async move {
-            // about 200 changes per second, spread over the objects
-            let mut i = 0usize;
-            loop {
-                let patch = kube::api::Patch::Merge(json!({"spec": {"tick": i}}));
-                let _ = server_api
-                    .patch(&cluster::name(i % objects), &Default::default(), &patch)
-                    .await;
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    });
+    let writer = writes.then(|| spawn_writer(&server, objects));
     let mut out = Vec::new();
     for rep in 0..reps {
         let Some(victim) = members.iter().position(|m| !m.group.status().coordinator) else {

@@ -22,7 +22,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
+pub mod coordination;
 pub mod failover;
+pub mod handoff;
+mod members;
 pub mod movement;
 pub mod recovery;
 pub mod scale;
@@ -47,19 +50,25 @@ pub enum Scenario {
     Scale,
     /// SIGKILL of one member: time until its shards are admitted elsewhere, vs the floor.
     Failover,
+    /// A graceful leave under writes: per-shard stall and API writes per handoff.
+    Handoff,
+    /// Write requests and bytes per member per minute at rest, by object count and group size.
+    Coordination,
 }
 
 impl Scenario {
     /// The scenarios `all` runs, in order (pure and fast first).
-    pub const IMPLEMENTED: [Scenario; 4] = [
+    pub const IMPLEMENTED: [Scenario; 6] = [
         Scenario::Movement,
         Scenario::Scale,
         Scenario::Recovery,
         Scenario::Failover,
+        Scenario::Handoff,
+        Scenario::Coordination,
     ];
 
     /// Scenarios the issue names that this engine does not implement yet.
-    pub const NOT_IMPLEMENTED: [&'static str; 3] = ["read", "handoff", "coordination"];
+    pub const NOT_IMPLEMENTED: [&'static str; 1] = ["read"];
 
     /// The scenario's name on the command line.
     #[must_use]
@@ -70,6 +79,8 @@ impl Scenario {
             Scenario::Movement => "movement",
             Scenario::Scale => "scale",
             Scenario::Failover => "failover",
+            Scenario::Handoff => "handoff",
+            Scenario::Coordination => "coordination",
         }
     }
 }
@@ -84,6 +95,8 @@ impl FromStr for Scenario {
             "movement" => Ok(Scenario::Movement),
             "scale" => Ok(Scenario::Scale),
             "failover" => Ok(Scenario::Failover),
+            "handoff" => Ok(Scenario::Handoff),
+            "coordination" => Ok(Scenario::Coordination),
             other if Scenario::NOT_IMPLEMENTED.contains(&other) => {
                 Err(BenchError::NotImplemented(other.to_owned()))
             }
@@ -154,10 +167,10 @@ impl Report {
 #[non_exhaustive]
 pub enum BenchError {
     /// Not a scenario name.
-    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover")]
+    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination")]
     UnknownScenario(String),
     /// A scenario the issue names that is not built yet.
-    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover)")]
+    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover, handoff, coordination)")]
     NotImplemented(String),
     /// An option out of range.
     #[error("{0}")]
@@ -192,6 +205,8 @@ pub fn run_each(
             Scenario::Scale => scale::run(opts)?,
             Scenario::Recovery => recovery::run(opts)?,
             Scenario::Failover => failover::run(opts)?,
+            Scenario::Handoff => handoff::run(opts)?,
+            Scenario::Coordination => coordination::run(opts)?,
             Scenario::All => unreachable!("expanded above"),
         };
         each(&report);

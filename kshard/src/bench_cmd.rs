@@ -10,7 +10,7 @@ use crate::cli::CliError;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// The scenario: all, recovery, movement, scale or failover (read, handoff and coordination are not
+    /// The scenario: all, recovery, movement, scale, failover, handoff or coordination (read is not
     /// built yet).
     #[arg(default_value = "all")]
     scenario: String,
