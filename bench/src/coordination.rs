@@ -135,7 +135,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
         tables: vec![table],
         notes: vec![
             format!("writes at rest independent of the object count (≤ 1.25 × the smaller count's): {}", verdict(met_all)),
-            format!("one Lease renewal per retry period is {renewals:.0} writes per member per minute at these timings"),
+            format!("one Lease renewal per retry period is {renewals:.0} writes per member per minute at these timings; the coordinator also renews its own Lease, shared out over N: {renewals:.0} × (N + 1) / N"),
         ],
         json: json!({
             "scenario": "coordination", "window_s": window.as_secs_f64(),
@@ -153,11 +153,12 @@ mod tests {
     async fn a_settled_group_writes_only_its_renewals() {
         let t = Timings::quick();
         let f = measure(2, 20, t, Duration::from_secs(4)).await.unwrap();
-        let renewals = 60.0 / t.retry.as_secs_f64();
+        // each member's Lease, plus the coordinator's own Lease shared out over the 2 members
+        let renewals = 60.0 / t.retry.as_secs_f64() * 3.0 / 2.0;
         assert!(f.writes_per_member_min > 0.0, "{f:?}");
         // renewals, plus at most a few writes more (a late Event): never a write per object
         assert!(
-            f.writes_per_member_min <= renewals * 1.5,
+            f.writes_per_member_min <= renewals * 1.15,
             "{f:?} vs {renewals} renewals/min"
         );
     }

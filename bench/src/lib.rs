@@ -27,6 +27,7 @@ pub mod failover;
 pub mod handoff;
 mod members;
 pub mod movement;
+pub mod read;
 pub mod recovery;
 pub mod scale;
 pub mod stats;
@@ -54,13 +55,16 @@ pub enum Scenario {
     Handoff,
     /// Write requests and bytes per member per minute at rest, by object count and group size.
     Coordination,
+    /// Read amplification, bytes and objects held per replica: server mode, fallback, static, unsharded.
+    Read,
 }
 
 impl Scenario {
     /// The scenarios `all` runs, in order (pure and fast first).
-    pub const IMPLEMENTED: [Scenario; 6] = [
+    pub const IMPLEMENTED: [Scenario; 7] = [
         Scenario::Movement,
         Scenario::Scale,
+        Scenario::Read,
         Scenario::Recovery,
         Scenario::Failover,
         Scenario::Handoff,
@@ -68,7 +72,7 @@ impl Scenario {
     ];
 
     /// Scenarios the issue names that this engine does not implement yet.
-    pub const NOT_IMPLEMENTED: [&'static str; 1] = ["read"];
+    pub const NOT_IMPLEMENTED: [&'static str; 0] = [];
 
     /// The scenario's name on the command line.
     #[must_use]
@@ -81,6 +85,7 @@ impl Scenario {
             Scenario::Failover => "failover",
             Scenario::Handoff => "handoff",
             Scenario::Coordination => "coordination",
+            Scenario::Read => "read",
         }
     }
 }
@@ -97,6 +102,7 @@ impl FromStr for Scenario {
             "failover" => Ok(Scenario::Failover),
             "handoff" => Ok(Scenario::Handoff),
             "coordination" => Ok(Scenario::Coordination),
+            "read" => Ok(Scenario::Read),
             other if Scenario::NOT_IMPLEMENTED.contains(&other) => {
                 Err(BenchError::NotImplemented(other.to_owned()))
             }
@@ -167,10 +173,10 @@ impl Report {
 #[non_exhaustive]
 pub enum BenchError {
     /// Not a scenario name.
-    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination")]
+    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read, read")]
     UnknownScenario(String),
     /// A scenario the issue names that is not built yet.
-    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover, handoff, coordination)")]
+    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover, handoff, coordination, read)")]
     NotImplemented(String),
     /// An option out of range.
     #[error("{0}")]
@@ -207,6 +213,7 @@ pub fn run_each(
             Scenario::Failover => failover::run(opts)?,
             Scenario::Handoff => handoff::run(opts)?,
             Scenario::Coordination => coordination::run(opts)?,
+            Scenario::Read => read::run(opts)?,
             Scenario::All => unreachable!("expanded above"),
         };
         each(&report);

@@ -5,8 +5,11 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube_shard::group::{GroupHandle, ShardGroup};
+use kube_shard::watcher::WatcherStats;
 use kube_shard::ShardedWatcher;
 use kube_shard_testserver::{Scope, TestServer};
 use tokio::task::JoinHandle;
@@ -18,8 +21,13 @@ use crate::BenchError;
 
 /// One running member.
 pub(crate) struct Member {
+    /// The client identity of its group (Leases, the assignment, Events).
     pub(crate) identity: String,
+    /// The client identity of its read stream (`<identity>-read`), so reads are counted apart.
+    pub(crate) reader: String,
     pub(crate) group: GroupHandle,
+    pub(crate) stats: WatcherStats,
+    pub(crate) store: Option<Store<DynamicObject>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -29,6 +37,18 @@ pub(crate) fn start(
     n: usize,
     t: Timings,
 ) -> Result<Member, BenchError> {
+    start_settled(server, name, n, t, t.retry * 2)
+}
+
+/// [`start`] with this cold-start settle window (the group plans once `n` members are present or the
+/// window has passed).
+pub(crate) fn start_settled(
+    server: &TestServer,
+    name: &str,
+    n: usize,
+    t: Timings,
+    settle: Duration,
+) -> Result<Member, BenchError> {
     let client = server.client(name);
     let group = ShardGroup::builder(client.clone(), "bench", NS)
         .member(name.to_owned())
@@ -36,19 +56,21 @@ pub(crate) fn start(
         .takeover_grace(t.grace)
         .fence_margin(t.retry)
         .drain_timeout(t.renew)
-        .settle(t.retry * 2, t.retry * 2)
+        .settle(settle, t.retry * 2)
         .expected_replicas(n as u32)
         .build()
         .map_err(|e| BenchError::Library(format!("shard group: {e}")))?;
     let (handle, task) = group.start();
+    let reader = format!("{name}-read");
     let sharded = ShardedWatcher::new_with(
-        items(client),
+        items(server.client(&reader)),
         watcher::Config::default(),
         handle.ownership(),
         item_resource(),
     )
     .barrier_timeout(t.barrier)
     .build_reflector();
+    let (stats, store) = (sharded.stats, sharded.store);
     let mut events = sharded.events;
     let mut reenqueue = sharded.reenqueue;
     let drain = tokio::spawn(async move {
@@ -64,7 +86,10 @@ pub(crate) fn start(
     });
     Ok(Member {
         identity: name.to_owned(),
+        reader,
         group: handle,
+        stats,
+        store,
         tasks: vec![task, drain],
     })
 }
@@ -73,9 +98,9 @@ pub(crate) fn kill(server: &TestServer, m: Member) {
     for t in m.tasks {
         t.abort();
     }
-    server
-        .faults()
-        .partition(Scope::identity(m.identity.clone()), true);
+    for id in [m.identity, m.reader] {
+        server.faults().partition(Scope::identity(id), true);
+    }
 }
 
 /// Every shard admitted by exactly the members' share, nothing moving.

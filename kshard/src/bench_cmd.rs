@@ -10,8 +10,7 @@ use crate::cli::CliError;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// The scenario: all, recovery, movement, scale, failover, handoff or coordination (read is not
-    /// built yet).
+    /// The scenario: all, movement, scale, read, recovery, failover, handoff or coordination.
     #[arg(default_value = "all")]
     scenario: String,
     /// Print one JSON object per scenario (one per line) instead of tables.

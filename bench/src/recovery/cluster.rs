@@ -123,9 +123,18 @@ impl Ledger {
 
 /// The server with the CRD and `objects` Items, each expected at generation 1.
 pub(crate) async fn setup(objects: usize, ledger: &Ledger) -> Result<TestServer, BenchError> {
+    setup_with(objects, ledger, true).await
+}
+
+/// [`setup`], with the `ShardedListAndWatch` gate on or off (off: readers fall back to filtering locally).
+pub(crate) async fn setup_with(
+    objects: usize,
+    ledger: &Ledger,
+    gate: bool,
+) -> Result<TestServer, BenchError> {
     // history: larger than any burst, so only the explicit compaction forces the relists
     let server = TestServer::builder()
-        .shard_selector(true)
+        .shard_selector(gate)
         .history(4 * objects + 10_000)
         .build();
     let client = server.client(WRITER);
@@ -220,7 +229,7 @@ pub(crate) async fn outage<F: std::future::Future<Output = Result<(), BenchError
 }
 
 /// One write elsewhere in the cluster (a ConfigMap the writer owns).
-async fn tick(server: &TestServer) -> Result<(), BenchError> {
+pub(crate) async fn tick(server: &TestServer) -> Result<(), BenchError> {
     let cms: Api<ConfigMap> = Api::namespaced(server.client(WRITER), NS);
     let patch = Patch::Apply(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
