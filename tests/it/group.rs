@@ -432,6 +432,40 @@ async fn three_members_settle_into_one_plan() {
     assert_eq!(server.fence_violations(), 0);
 }
 
+/// Found by `kshard bench read`: with `expected_replicas`, the cold start planned as soon as every member
+/// was present — while their joins were still being debounced, so every shard went to the coordinator
+/// and was moved on at once (the coordinator read the whole collection). The first plan takes everyone.
+#[tokio::test(start_paused = true)]
+async fn expected_replicas_cold_start_assigns_everyone_directly() {
+    let (server, log) = crate::support::group_server().await;
+    crate::oracle_support::record_group(&server);
+    let ms: Vec<Member> = ["a", "b", "c"]
+        .iter()
+        .map(|n| spawn_with(builder(&server, n).expected_replicas(3), n, &log))
+        .collect();
+    let refs: Vec<&Member> = ms.iter().collect();
+    until(Duration::from_secs(30), "every shard owned once", || {
+        each_shard_owned_once(&refs)
+    })
+    .await;
+    let counts: Vec<usize> = ms.iter().map(owned_count).collect();
+    assert!(
+        counts.iter().all(|c| (5..=6).contains(c)),
+        "balanced: {counts:?}"
+    );
+    let moved: u64 = ms
+        .iter()
+        .map(|m| m.handle.metrics().snapshot().handoffs_completed)
+        .sum();
+    assert_eq!(moved, 0, "the cold start assigns directly, no handoffs");
+    assert_eq!(
+        crate::oracle_support::check_ownership_history(&server),
+        0,
+        "a cold start changes no owner"
+    );
+    check_fences(&log);
+}
+
 #[tokio::test(start_paused = true)]
 async fn scale_up_and_graceful_leave_move_the_optimum_with_handoff() {
     let (server, log) = crate::support::group_server().await;

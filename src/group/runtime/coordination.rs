@@ -114,12 +114,19 @@ impl Runtime {
             // a ConfigMap we never decoded: `may_coordinate` refused it
             (None, false) => return,
         };
-        let members = self.step_members(now, &current);
+        let mut members = self.step_members(now, &current);
         self.displaced.retain(|id, _| named_in(&current, id));
         let ages = self.move_ages(&current, now);
         // cold start
         let live = members.iter().filter(|m| m.alive).count() as u32;
         let has_owners = !current.view.shards.is_empty();
+        if !has_owners {
+            // the first plan takes everyone present (`planner::Settle`): a join debounced now would hand
+            // every shard to the members seen earliest and move them on at once
+            for m in &mut members {
+                m.joining = false;
+            }
+        }
         let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
         let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
         let ready_to_plan = has_owners || settled || enough;
