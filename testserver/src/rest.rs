@@ -961,10 +961,28 @@ impl PatchType {
     }
 }
 
-/// Apply a merge (strategic and apply approximated as merge) or JSON patch to `target`.
-pub(crate) fn apply_patch(target: &mut Value, ptype: PatchType, patch: Value) -> ApiResult<()> {
+/// Apply a merge, strategic merge (`ty` is the object's type) or JSON patch to `target` (an apply
+/// here is approximated as a merge patch: see `ssa` for server-side apply).
+pub(crate) fn apply_patch(
+    target: &mut Value,
+    ptype: PatchType,
+    patch: Value,
+    ty: &crate::schema::Ty,
+) -> ApiResult<()> {
     match ptype {
-        PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
+        PatchType::Strategic => {
+            *target = crate::smp::apply(crate::schema::Schemas::builtin(), ty, target, &patch)
+                .map_err(|e| {
+                    ApiError::new(
+                        422,
+                        Some("Invalid"),
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
+        }
+        PatchType::Merge | PatchType::Apply => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request(
                     "error decoding patch: not a JSON object",
@@ -1041,8 +1059,13 @@ pub(crate) fn patch(
         }
         return Err(ApiError::not_found(&info.group, &info.plural, name));
     };
+    if ptype == PatchType::Strategic && !info.builtin {
+        return Err(ApiError::unsupported_media(
+            "application/strategic-merge-patch+json",
+        ));
+    }
     let mut patched = old.value.clone();
-    apply_patch(&mut patched, ptype, patch)?;
+    apply_patch(&mut patched, ptype, patch, &info.ty)?;
     let next = next_state(info, &old, patched, status_write)?;
     let obj = admit_and_finish(
         &mut store,

@@ -268,6 +268,11 @@ fn non_resource(
 ) -> ApiResult<Response<ResponseBody>> {
     let resp = match discovery::serve(inner, segs)? {
         NonResource::Json(v) => json_response(200, serde_json::to_vec(&v).unwrap_or_default()),
+        NonResource::JsonBytes(b) => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full_body(b))
+            .expect("valid response"),
         NonResource::Text(t) => Response::builder()
             .status(200)
             .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
