@@ -269,6 +269,7 @@ mod controllers;
 mod determinism;
 mod discovery;
 mod faults;
+mod fieldset;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -289,6 +290,7 @@ mod schema;
 mod server;
 mod service;
 mod smp;
+mod ssa;
 mod status;
 mod store;
 mod tls;

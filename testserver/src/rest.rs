@@ -28,6 +28,23 @@ pub(crate) struct WriteCtx<'a> {
     pub(crate) dry_run: bool,
     /// A server-side apply (its create path tolerates a resourceVersion).
     pub(crate) apply: bool,
+    /// The field manager: the `fieldManager` parameter, else the User-Agent up to its first `/`.
+    pub(crate) manager: String,
+    /// The subresource written (`status`, `scale`, ...), for `managedFields`.
+    pub(crate) subresource: Option<String>,
+    /// `force=true`: an apply takes over conflicting fields.
+    pub(crate) force: bool,
+}
+
+impl WriteCtx<'_> {
+    fn writer<'w>(&'w self, api_version: &'w str, now: &'w str) -> crate::ssa::Writer<'w> {
+        crate::ssa::Writer {
+            manager: &self.manager,
+            subresource: self.subresource.as_deref(),
+            api_version,
+            now,
+        }
+    }
 }
 
 /// What a handler answers.
@@ -52,6 +69,9 @@ pub(crate) fn system_ctx(inner: &Inner) -> WriteCtx<'_> {
         fence_header: None,
         dry_run: false,
         apply: false,
+        manager: "kube-apiserver".into(),
+        subresource: None,
+        force: false,
     }
 }
 
@@ -401,6 +421,22 @@ pub(crate) fn create_locked(
     if store.get(&info.store_key, &key).is_some() {
         return Err(ApiError::already_exists(&info.group, &info.plural, &name));
     }
+    let applied = if ctx.apply {
+        let now = ctx.inner.clock.rfc3339();
+        let av = info.api_version();
+        let config = obj.clone();
+        let done = crate::ssa::apply(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            None,
+            &config,
+            ctx.force,
+            info.status.then_some(false),
+        )?;
+        Some(done["metadata"]["managedFields"].clone())
+    } else {
+        None
+    };
     {
         let meta = obj["metadata"].as_object_mut().expect("checked object");
         meta.insert("name".into(), json!(name));
@@ -432,6 +468,20 @@ pub(crate) fn create_locked(
         }
     }
     defaults_on_create(store, info, &mut obj, &ctx.inner.clock.rfc3339())?;
+    match applied {
+        Some(Value::Null) | None if !ctx.apply => {
+            let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+            crate::ssa::record_update(
+                &info.ty,
+                &ctx.writer(&av, &now),
+                None,
+                &mut obj,
+                info.builtin,
+            );
+        }
+        Some(Value::Null) | None => {}
+        Some(entries) => obj["metadata"]["managedFields"] = entries,
+    }
     crate::admission::admit(
         store,
         &crate::admission::Attempt {
@@ -724,8 +774,17 @@ pub(crate) fn finish_update(
     fence: Option<&RawFence>,
 ) -> Arc<Obj> {
     if let Some(m) = next["metadata"].as_object_mut() {
-        m.remove("managedFields");
         m.insert("resourceVersion".into(), json!(old.rv.to_string()));
+    }
+    if !ctx.apply {
+        let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+        crate::ssa::record_update(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            Some(&old.value),
+            &mut next,
+            info.builtin,
+        );
     }
     if info.generation && without(&old.value, info.status) != without(&next, info.status) {
         let g = old.value["metadata"]["generation"].as_i64().unwrap_or(0);
@@ -1064,8 +1123,22 @@ pub(crate) fn patch(
             "application/strategic-merge-patch+json",
         ));
     }
-    let mut patched = old.value.clone();
-    apply_patch(&mut patched, ptype, patch, &info.ty)?;
+    let patched = if ptype == PatchType::Apply {
+        let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+        let status_only = info.status.then_some(status_write);
+        crate::ssa::apply(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            Some(&old.value),
+            &patch,
+            ctx.force,
+            status_only,
+        )?
+    } else {
+        let mut patched = old.value.clone();
+        apply_patch(&mut patched, ptype, patch, &info.ty)?;
+        patched
+    };
     let next = next_state(info, &old, patched, status_write)?;
     let obj = admit_and_finish(
         &mut store,
