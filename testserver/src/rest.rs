@@ -208,7 +208,7 @@ fn validate(info: &ResourceInfo, obj: &Value) -> ApiResult<()> {
                     &info.kind,
                     name,
                     "metadata.labels",
-                    &format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (key {k:?})"),
+                    &format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
                 ));
             }
         }
@@ -797,15 +797,15 @@ pub(crate) fn finish_update(
     if ctx.dry_run {
         return Arc::new(Obj::new(next));
     }
-    let change = commit(
-        store,
-        ctx,
-        info,
-        key,
-        next.clone(),
-        deleting && !has_deletion_blockers(&next),
-        fence,
-    );
+    let gone = deleting && !has_deletion_blockers(&next);
+    let change = commit(store, ctx, info, key, next.clone(), gone, fence);
+    if gone {
+        // The write that removes the last finalizer answers the object as last stored (its
+        // resourceVersion is the one before the deletion), as the real server does.
+        let mut last = next;
+        last["metadata"]["resourceVersion"] = json!(old.rv.to_string());
+        return Arc::new(Obj::new(last));
+    }
     change.obj.clone()
 }
 
@@ -1052,12 +1052,13 @@ pub(crate) fn apply_patch(
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(target, &ops).map_err(|e| {
+            json_patch::patch(target, &ops).map_err(|_| {
                 ApiError::new(
                     422,
                     Some("Invalid"),
-                    format!("the server rejected our request due to an error in our request: {e}"),
+                    "the server rejected our request due to an error in our request",
                 )
+                .with_details(json!({}))
             })?;
         }
     }
@@ -1078,10 +1079,12 @@ pub(crate) fn patch(
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if ptype == PatchType::Apply && field_manager.is_none_or(str::is_empty) {
-        return Err(ApiError::new(
-            422,
-            Some("Invalid"),
-            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            "fieldManager",
+            "Required value: is required for apply patch",
         ));
     }
     let status_write = subresource == Some("status");
@@ -1306,7 +1309,11 @@ pub(crate) fn delete_locked(
             code: 200,
             value: json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "group": info.group, "kind": info.plural, "uid": old.uid},
+                "details": if info.group.is_empty() {
+                    json!({"name": name, "kind": info.plural, "uid": old.uid})
+                } else {
+                    json!({"name": name, "group": info.group, "kind": info.plural, "uid": old.uid})
+                },
             }),
         })
     } else {

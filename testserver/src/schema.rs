@@ -115,6 +115,7 @@ impl Schemas {
     }
 
     /// The type of a built-in kind (`Untyped` if unknown).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn kind(&self, group: &str, version: &str, kind: &str) -> Ty {
         self.kinds
             .get(&gvk_key(group, version, kind))
@@ -122,6 +123,7 @@ impl Schemas {
     }
 
     /// The type of a built-in kind by kind name alone (the first group version that has it).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn kind_by_name(&self, kind: &str) -> Option<Ty> {
         let mut names: Vec<(&String, &String)> = self
             .kinds

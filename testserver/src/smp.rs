@@ -68,6 +68,19 @@ fn merge_map(
             .collect();
         original.retain(|k, _| keep.contains(&k.as_str()));
     }
+    // The server's order of each list before merging, for the final ordering.
+    let server_order: Vec<(String, Vec<Value>)> = original
+        .iter()
+        .filter_map(|(k, v)| {
+            let key = field_of(schemas, ty, k).and_then(|f| f.merge_key);
+            v.as_array().map(|a| {
+                (
+                    k.clone(),
+                    a.iter().map(|x| item_id(x, key.as_deref())).collect(),
+                )
+            })
+        })
+        .collect();
     for (k, pv) in patch {
         if let Some(list) = k.strip_prefix(DELETE_PRIMITIVE) {
             let gone = pv
@@ -94,16 +107,72 @@ fn merge_map(
             original.insert(k.clone(), v);
         }
     }
-    for (k, order) in patch {
-        if let Some(list) = k.strip_prefix(SET_ORDER) {
-            let field = field_of(schemas, ty, list).unwrap_or_else(untyped_field);
-            let order = order.as_array().ok_or("$setElementOrder must be a list")?;
-            if let Some(Value::Array(items)) = original.get_mut(list) {
-                reorder(items, order, field.merge_key.as_deref());
-            }
+    for (list, server) in server_order {
+        let field = field_of(schemas, ty, &list).unwrap_or_else(untyped_field);
+        let key = field.merge_key.as_deref();
+        let order: Vec<Value> = match patch.get(&format!("{SET_ORDER}{list}")) {
+            Some(o) => o
+                .as_array()
+                .ok_or("$setElementOrder must be a list")?
+                .iter()
+                .map(|x| item_id(x, key))
+                .collect(),
+            // Scalar lists are the original then the new values (no reordering).
+            None => match patch.get(&list) {
+                Some(Value::Array(p)) if field.strategy_has("merge") && key.is_some() => p
+                    .iter()
+                    .filter(|x| x.get(PATCH).is_none())
+                    .map(|x| item_id(x, key))
+                    .collect(),
+                _ => continue,
+            },
+        };
+        if let Some(Value::Array(items)) = original.get_mut(&list) {
+            normalize_order(items, &order, &server, key);
         }
     }
     Ok(original)
+}
+
+/// What identifies a list item: its merge key's value, or itself.
+fn item_id(v: &Value, key: Option<&str>) -> Value {
+    match key {
+        Some(k) => v.get(k).cloned().unwrap_or(Value::Null),
+        None => v.clone(),
+    }
+}
+
+/// strategicpatch's `normalizeElementOrder`: the items the patch names, in the patch's order (or its
+/// `$setElementOrder`), merged with the server-only items in the server's order; where both sides'
+/// items were on the server their server order decides, else the patch's item comes first.
+fn normalize_order(
+    items: &mut Vec<Value>,
+    patch_order: &[Value],
+    server: &[Value],
+    key: Option<&str>,
+) {
+    let (mut named, mut server_only): (Vec<Value>, Vec<Value>) = std::mem::take(items)
+        .into_iter()
+        .partition(|x| patch_order.contains(&item_id(x, key)));
+    let pos = |order: &[Value], x: &Value| order.iter().position(|o| *o == item_id(x, key));
+    named.sort_by_key(|x| pos(patch_order, x).unwrap_or(usize::MAX));
+    server_only.sort_by_key(|x| pos(server, x).unwrap_or(usize::MAX));
+    let (mut l, mut r) = (
+        named.into_iter().peekable(),
+        server_only.into_iter().peekable(),
+    );
+    loop {
+        let take_right = match (l.peek(), r.peek()) {
+            (None, None) => break,
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (Some(a), Some(b)) => match (pos(server, a), pos(server, b)) {
+                (Some(i), Some(j)) => j < i,
+                _ => false,
+            },
+        };
+        items.extend(if take_right { r.next() } else { l.next() });
+    }
 }
 
 /// A merged value; `None` when a `$patch: delete` removed it.
@@ -188,21 +257,6 @@ fn merge_list(
         }
     }
     Ok(original)
-}
-
-/// Order `items` as `order` lists them (by merge key, or by value for scalars); items it does not name
-/// keep their relative order after them.
-fn reorder(items: &mut Vec<Value>, order: &[Value], key: Option<&str>) {
-    let id = |v: &Value| match key {
-        Some(k) => v.get(k).cloned(),
-        None => Some(v.clone()),
-    };
-    let want: Vec<Option<Value>> = order.iter().map(id).collect();
-    let rank = |v: &Value| {
-        let i = id(v);
-        want.iter().position(|w| *w == i).unwrap_or(usize::MAX)
-    };
-    items.sort_by_key(rank);
 }
 
 /// A patch value without directives or nulls, as it lands where the original had nothing.
