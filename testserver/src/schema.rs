@@ -115,7 +115,7 @@ impl Schemas {
     }
 
     /// The type of a built-in kind (`Untyped` if unknown).
-    #[cfg(any(test, feature = "fuzzing"))]
+    #[cfg(test)]
     pub(crate) fn kind(&self, group: &str, version: &str, kind: &str) -> Ty {
         self.kinds
             .get(&gvk_key(group, version, kind))
