@@ -2,6 +2,9 @@
 # Real clients against `kshard testserver` (HTTPS, its CA in the kubeconfig):
 #   - the bundled kubectl (kubectl_compare.py): every command exits 0, and with REAL_KUBECONFIG its output
 #     equals the real server's after normalisation, or the difference is a documented one;
+#   - with REAL_KUBECONFIG (a real server with the ShardedListAndWatch gate on), the differential test
+#     (differential.py): the same request sequences to a second testserver (gate on) and to the real server,
+#     answers compared field by field;
 #   - the official Python client (python_client.py), installed with pip into a virtual environment.
 #
 # Environment:
@@ -19,8 +22,10 @@ kshard=${KSHARD_BIN:-$target/debug/kshard}
 [ -x "$kshard" ] || cargo build -p kshard
 work=$(mktemp -d)
 ts_pid=
+diff_pid=
 cleanup() {
   [ -n "$ts_pid" ] && kill "$ts_pid" 2>/dev/null || true
+  [ -n "$diff_pid" ] && kill "$diff_pid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,6 +43,19 @@ if [ -z "${KUBECTL:-}" ]; then
   echo "kubectl: skipped (no KUBECTL; .ci/run takes it from ../shared/realkube)"
 else
   python3 testserver/clients/kubectl_compare.py "$KUBECTL" "$work/kubeconfig" ${REAL_KUBECONFIG:+"$REAL_KUBECONFIG"}
+fi
+
+if [ -z "${REAL_KUBECONFIG:-}" ]; then
+  echo "differential test: skipped (no REAL_KUBECONFIG)"
+else
+  "$kshard" testserver --shard-selector on --kubeconfig-out "$work/kubeconfig-gate" >"$work/out-gate" 2>"$work/err-gate" &
+  diff_pid=$!
+  for _ in $(seq 100); do
+    grep -q '^serving ' "$work/out-gate" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q '^serving https://' "$work/out-gate" || { cat "$work/out-gate" "$work/err-gate"; echo "the gate-on testserver did not start" >&2; exit 1; }
+  python3 testserver/clients/differential.py "$work/kubeconfig-gate" "$REAL_KUBECONFIG"
 fi
 
 venv=${KSHARD_PY_VENV:-$target/clients-venv}

@@ -31,6 +31,15 @@ pub(crate) fn on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> 
     match (info.group.as_str(), info.plural.as_str()) {
         ("", "secrets") => string_data(obj),
         ("", "services") => service_defaults(store, info, obj)?,
+        _ => workload_defaults(info, obj),
+    }
+    Ok(())
+}
+
+/// The defaults of pods and pod templates, applied on every write (the real server defaults every
+/// object it decodes: a container added by a patch gets them too).
+fn workload_defaults(info: &ResourceInfo, obj: &mut Value) {
+    match (info.group.as_str(), info.plural.as_str()) {
         ("", "pods") => {
             if let Some(spec) = obj.get_mut("spec") {
                 pod_spec_defaults(spec);
@@ -42,7 +51,6 @@ pub(crate) fn on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> 
         | ("batch", "jobs") => template_defaults(obj.pointer_mut("/spec/template/spec")),
         _ => {}
     }
-    Ok(())
 }
 
 /// Conversions and checks on every main-resource write of an existing object: `old` → `next`.
@@ -57,7 +65,10 @@ pub(crate) fn on_update(info: &ResourceInfo, old: &Value, next: &mut Value) -> A
         }
         ("", "configmaps") => immutable(info, old, next),
         ("", "services") => keep_cluster_ip(info, old, next),
-        _ => Ok(()),
+        _ => {
+            workload_defaults(info, next);
+            Ok(())
+        }
     }
 }
 

@@ -14,6 +14,8 @@ use crate::{
 #[derive(Debug)]
 pub(crate) enum NonResource {
     Json(Value),
+    /// A JSON document already serialised.
+    JsonBytes(bytes::Bytes),
     Text(&'static str),
 }
 
@@ -62,12 +64,12 @@ pub(crate) fn serve(inner: &Inner, segs: &[String]) -> ApiResult<NonResource> {
             v["apiVersion"] = json!("v1");
             v
         }
+        ["openapi", "v2"] => return Ok(NonResource::JsonBytes(crate::openapi::v2())),
         ["openapi", "v3"] => crate::openapi::root(reg),
-        ["openapi", "v3", "api", v] => {
-            crate::openapi::group_version(reg, "", v).ok_or_else(ApiError::no_route)?
-        }
-        ["openapi", "v3", "apis", g, v] => {
-            crate::openapi::group_version(reg, g, v).ok_or_else(ApiError::no_route)?
+        ["openapi", "v3", rest @ ..] => {
+            return crate::openapi::document(reg, &rest.join("/"))
+                .map(NonResource::JsonBytes)
+                .ok_or_else(ApiError::no_route)
         }
         ["api", v] => resource_list(reg, "", v)?,
         ["apis", g, v] => resource_list(reg, g, v)?,

@@ -10,6 +10,7 @@ use crate::{
     query::{Filter, Query},
     resources::Registry,
     rest::{self, PatchType},
+    schema::{Schemas, Ty},
     status::ApiError,
 };
 
@@ -53,34 +54,34 @@ fn json(bytes: &[u8]) -> Result<Value, Rejected> {
     serde_json::from_slice(bytes).map_err(|e| (400, e.to_string()))
 }
 
-fn patched(target: &[u8], patch: &[u8], ptype: PatchType) -> Result<Vec<u8>, Rejected> {
+fn patched(target: &[u8], patch: &[u8], ptype: PatchType, ty: &Ty) -> Result<Vec<u8>, Rejected> {
     let mut t = json(target)?;
-    rest::apply_patch(&mut t, ptype, json(patch)?).map_err(rejected)?;
+    rest::apply_patch(&mut t, ptype, json(patch)?, ty).map_err(rejected)?;
     serde_json::to_vec(&t).map_err(|e| (500, e.to_string()))
 }
 
 /// Apply an RFC 6902 JSON patch to a JSON document; the patched document.
 pub fn apply_json_patch(target: &[u8], patch: &[u8]) -> Result<Vec<u8>, Rejected> {
-    patched(target, patch, PatchType::Json)
+    patched(target, patch, PatchType::Json, &Ty::Untyped)
 }
 
 /// Apply an RFC 7386 JSON merge patch to a JSON document; the patched document.
 pub fn apply_merge_patch(target: &[u8], patch: &[u8]) -> Result<Vec<u8>, Rejected> {
-    patched(target, patch, PatchType::Merge)
+    patched(target, patch, PatchType::Merge, &Ty::Untyped)
 }
 
 /// Apply a strategic merge patch to a JSON object of built-in `kind` (such as `Deployment`); the
-/// patched document. Until strategic merge is implemented this answers an error.
+/// patched document. An unknown kind is an error (the server refuses strategic merge for custom
+/// resources).
 pub fn apply_strategic_merge_patch(
     kind: &str,
     target: &[u8],
     patch: &[u8],
 ) -> Result<Vec<u8>, Rejected> {
-    let _ = (kind, target, patch);
-    Err((
-        501,
-        "strategic merge patch is not implemented yet".to_string(),
-    ))
+    let ty = Schemas::builtin()
+        .kind_by_name(kind)
+        .ok_or((415, format!("no built-in kind {kind:?}")))?;
+    patched(target, patch, PatchType::Strategic, &ty)
 }
 
 #[cfg(test)]

@@ -239,9 +239,12 @@ impl FieldSelector {
         let extra = extra_fields(group, plural);
         for (f, _, _) in &self.reqs {
             if !META_FIELDS.contains(&f.as_str()) && !extra.contains(&f.as_str()) {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {f}"
-                )));
+                // Kinds without field label conversions answer as the generic registry does.
+                return Err(ApiError::bad_request(if extra.is_empty() {
+                    format!("{f:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"")
+                } else {
+                    format!("field label not supported: {f}")
+                }));
             }
         }
         Ok(())

@@ -1,26 +1,75 @@
-//! A minimal OpenAPI v3 (`/openapi/v3`, `/openapi/v3/api/v1`, `/openapi/v3/apis/GROUP/VERSION`): one
-//! PATCH operation per resource, tagged with its group/version/kind and declaring the `fieldValidation`
-//! query parameter. That is what kubectl reads to learn that the server validates fields itself
-//! (`--validate=strict`, its default), so `kubectl create -f` needs no schema. No schemas are served:
-//! `kubectl explain` and client-side validation do not work.
+//! OpenAPI: `/openapi/v2` and `/openapi/v3` as the real server serves them, from documents captured from
+//! kube-apiserver v1.36.2 (`testserver/openapi/`, refreshed by its `capture.sh`), so `kubectl explain`,
+//! kubectl's client-side apply and its `--validate=strict` check work. Group versions of custom resources
+//! get a minimal v3 document of our own: one PATCH operation per resource declaring the `fieldValidation`
+//! parameter (what kubectl reads to leave validation to the server), no schemas.
 
+use std::{collections::HashMap, io::Read, sync::OnceLock};
+
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::resources::Registry;
 
-/// `/openapi/v3`: the group versions, each with its document's URL.
+const V2_GZ: &[u8] = include_bytes!("../openapi/v2.json.gz");
+const V3_GZ: &[u8] = include_bytes!("../openapi/v3.json.gz");
+
+fn gunzip(gz: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .read_to_end(&mut out)
+        .expect("the captured OpenAPI documents are valid gzip");
+    out
+}
+
+/// `/openapi/v2`, as captured (JSON).
+pub(crate) fn v2() -> Bytes {
+    static V2: OnceLock<Bytes> = OnceLock::new();
+    V2.get_or_init(|| Bytes::from(gunzip(V2_GZ))).clone()
+}
+
+/// The captured `/openapi/v3` documents by path (`api/v1`, `apis/apps/v1`, ...), the index under `""`.
+fn v3() -> &'static HashMap<String, Bytes> {
+    static V3: OnceLock<HashMap<String, Bytes>> = OnceLock::new();
+    V3.get_or_init(|| {
+        let all: HashMap<String, Value> = serde_json::from_slice(&gunzip(V3_GZ))
+            .expect("the captured OpenAPI v3 documents are JSON");
+        all.into_iter()
+            .map(|(k, v)| (k, Bytes::from(serde_json::to_vec(&v).unwrap_or_default())))
+            .collect()
+    })
+}
+
+/// `/openapi/v3`: the captured index, plus the group versions of custom resources.
 pub(crate) fn root(reg: &Registry) -> Value {
-    let mut paths = Map::new();
+    let index: Value = v3()
+        .get("")
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_else(|| json!({"paths": {}}));
+    let mut paths = index["paths"].as_object().cloned().unwrap_or_default();
     for (group, versions) in reg.groups() {
         for v in versions {
             let gv = gv_path(&group, &v);
-            paths.insert(
-                gv.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=0")}),
+            paths.entry(gv.clone()).or_insert_with(
+                || json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=0")}),
             );
         }
     }
     json!({"paths": paths})
+}
+
+/// `/openapi/v3/PATH`: a captured document, or ours for a custom resource group version.
+pub(crate) fn document(reg: &Registry, path: &str) -> Option<Bytes> {
+    if let Some(doc) = v3().get(path).filter(|_| !path.is_empty()) {
+        return Some(doc.clone());
+    }
+    let segs: Vec<&str> = path.split('/').collect();
+    let doc = match segs.as_slice() {
+        ["api", v] => group_version(reg, "", v),
+        ["apis", g, v] => group_version(reg, g, v),
+        _ => None,
+    }?;
+    Some(Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()))
 }
 
 fn gv_path(group: &str, version: &str) -> String {
@@ -31,8 +80,8 @@ fn gv_path(group: &str, version: &str) -> String {
     }
 }
 
-/// The document of one group version (`None` if it is not served).
-pub(crate) fn group_version(reg: &Registry, group: &str, version: &str) -> Option<Value> {
+/// Our document of one group version (`None` if it is not served).
+fn group_version(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     let mut paths = Map::new();
     for i in reg
         .all()

@@ -30,6 +30,8 @@ pub(crate) struct ResourceInfo {
     pub(crate) categories: Vec<String>,
     /// Objects of all versions of one resource share this store key (`group/plural`).
     pub(crate) store_key: Arc<str>,
+    /// Its structure for strategic merge and server-side apply.
+    pub(crate) ty: crate::schema::Ty,
 }
 
 impl ResourceInfo {
@@ -60,6 +62,9 @@ impl ResourceInfo {
             short_names: strings(k.short_names),
             categories: strings(k.categories),
             store_key: store_key(k.group, k.plural),
+            ty: crate::schema::Ty::Named(std::sync::Arc::from(
+                format!("{}/{}/{}", k.group, k.version, k.kind).as_str(),
+            )),
         }
     }
 }
@@ -210,6 +215,7 @@ impl Registry {
                 short_names: short_names.clone(),
                 categories: categories.clone(),
                 store_key: key.clone(),
+                ty: crate::schema::crd_ty(v.pointer("/schema/openAPIV3Schema")),
             });
         }
         Some(key)

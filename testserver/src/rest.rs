@@ -28,6 +28,23 @@ pub(crate) struct WriteCtx<'a> {
     pub(crate) dry_run: bool,
     /// A server-side apply (its create path tolerates a resourceVersion).
     pub(crate) apply: bool,
+    /// The field manager: the `fieldManager` parameter, else the User-Agent up to its first `/`.
+    pub(crate) manager: String,
+    /// The subresource written (`status`, `scale`, ...), for `managedFields`.
+    pub(crate) subresource: Option<String>,
+    /// `force=true`: an apply takes over conflicting fields.
+    pub(crate) force: bool,
+}
+
+impl WriteCtx<'_> {
+    fn writer<'w>(&'w self, api_version: &'w str, now: &'w str) -> crate::ssa::Writer<'w> {
+        crate::ssa::Writer {
+            manager: &self.manager,
+            subresource: self.subresource.as_deref(),
+            api_version,
+            now,
+        }
+    }
 }
 
 /// What a handler answers.
@@ -52,6 +69,9 @@ pub(crate) fn system_ctx(inner: &Inner) -> WriteCtx<'_> {
         fence_header: None,
         dry_run: false,
         apply: false,
+        manager: "kube-apiserver".into(),
+        subresource: None,
+        force: false,
     }
 }
 
@@ -188,7 +208,7 @@ fn validate(info: &ResourceInfo, obj: &Value) -> ApiResult<()> {
                     &info.kind,
                     name,
                     "metadata.labels",
-                    &format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (key {k:?})"),
+                    &format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
                 ));
             }
         }
@@ -401,6 +421,22 @@ pub(crate) fn create_locked(
     if store.get(&info.store_key, &key).is_some() {
         return Err(ApiError::already_exists(&info.group, &info.plural, &name));
     }
+    let applied = if ctx.apply {
+        let now = ctx.inner.clock.rfc3339();
+        let av = info.api_version();
+        let config = obj.clone();
+        let done = crate::ssa::apply(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            None,
+            &config,
+            ctx.force,
+            info.status.then_some(false),
+        )?;
+        Some(done["metadata"]["managedFields"].clone())
+    } else {
+        None
+    };
     {
         let meta = obj["metadata"].as_object_mut().expect("checked object");
         meta.insert("name".into(), json!(name));
@@ -432,6 +468,20 @@ pub(crate) fn create_locked(
         }
     }
     defaults_on_create(store, info, &mut obj, &ctx.inner.clock.rfc3339())?;
+    match applied {
+        Some(Value::Null) | None if !ctx.apply => {
+            let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+            crate::ssa::record_update(
+                &info.ty,
+                &ctx.writer(&av, &now),
+                None,
+                &mut obj,
+                info.builtin,
+            );
+        }
+        Some(Value::Null) | None => {}
+        Some(entries) => obj["metadata"]["managedFields"] = entries,
+    }
     crate::admission::admit(
         store,
         &crate::admission::Attempt {
@@ -724,8 +774,17 @@ pub(crate) fn finish_update(
     fence: Option<&RawFence>,
 ) -> Arc<Obj> {
     if let Some(m) = next["metadata"].as_object_mut() {
-        m.remove("managedFields");
         m.insert("resourceVersion".into(), json!(old.rv.to_string()));
+    }
+    if !ctx.apply {
+        let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+        crate::ssa::record_update(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            Some(&old.value),
+            &mut next,
+            info.builtin,
+        );
     }
     if info.generation && without(&old.value, info.status) != without(&next, info.status) {
         let g = old.value["metadata"]["generation"].as_i64().unwrap_or(0);
@@ -738,15 +797,15 @@ pub(crate) fn finish_update(
     if ctx.dry_run {
         return Arc::new(Obj::new(next));
     }
-    let change = commit(
-        store,
-        ctx,
-        info,
-        key,
-        next.clone(),
-        deleting && !has_deletion_blockers(&next),
-        fence,
-    );
+    let gone = deleting && !has_deletion_blockers(&next);
+    let change = commit(store, ctx, info, key, next.clone(), gone, fence);
+    if gone {
+        // The write that removes the last finalizer answers the object as last stored (its
+        // resourceVersion is the one before the deletion), as the real server does.
+        let mut last = next;
+        last["metadata"]["resourceVersion"] = json!(old.rv.to_string());
+        return Arc::new(Obj::new(last));
+    }
     change.obj.clone()
 }
 
@@ -961,10 +1020,28 @@ impl PatchType {
     }
 }
 
-/// Apply a merge (strategic and apply approximated as merge) or JSON patch to `target`.
-pub(crate) fn apply_patch(target: &mut Value, ptype: PatchType, patch: Value) -> ApiResult<()> {
+/// Apply a merge, strategic merge (`ty` is the object's type) or JSON patch to `target` (an apply
+/// here is approximated as a merge patch: see `ssa` for server-side apply).
+pub(crate) fn apply_patch(
+    target: &mut Value,
+    ptype: PatchType,
+    patch: Value,
+    ty: &crate::schema::Ty,
+) -> ApiResult<()> {
     match ptype {
-        PatchType::Merge | PatchType::Strategic | PatchType::Apply => {
+        PatchType::Strategic => {
+            *target = crate::smp::apply(crate::schema::Schemas::builtin(), ty, target, &patch)
+                .map_err(|e| {
+                    ApiError::new(
+                        422,
+                        Some("Invalid"),
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
+        }
+        PatchType::Merge | PatchType::Apply => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request(
                     "error decoding patch: not a JSON object",
@@ -975,12 +1052,13 @@ pub(crate) fn apply_patch(target: &mut Value, ptype: PatchType, patch: Value) ->
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(target, &ops).map_err(|e| {
+            json_patch::patch(target, &ops).map_err(|_| {
                 ApiError::new(
                     422,
                     Some("Invalid"),
-                    format!("the server rejected our request due to an error in our request: {e}"),
+                    "the server rejected our request due to an error in our request",
                 )
+                .with_details(json!({}))
             })?;
         }
     }
@@ -1001,10 +1079,12 @@ pub(crate) fn patch(
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if ptype == PatchType::Apply && field_manager.is_none_or(str::is_empty) {
-        return Err(ApiError::new(
-            422,
-            Some("Invalid"),
-            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            "fieldManager",
+            "Required value: is required for apply patch",
         ));
     }
     let status_write = subresource == Some("status");
@@ -1041,8 +1121,27 @@ pub(crate) fn patch(
         }
         return Err(ApiError::not_found(&info.group, &info.plural, name));
     };
-    let mut patched = old.value.clone();
-    apply_patch(&mut patched, ptype, patch)?;
+    if ptype == PatchType::Strategic && !info.builtin {
+        return Err(ApiError::unsupported_media(
+            "application/strategic-merge-patch+json",
+        ));
+    }
+    let patched = if ptype == PatchType::Apply {
+        let (now, av) = (ctx.inner.clock.rfc3339(), info.api_version());
+        let status_only = info.status.then_some(status_write);
+        crate::ssa::apply(
+            &info.ty,
+            &ctx.writer(&av, &now),
+            Some(&old.value),
+            &patch,
+            ctx.force,
+            status_only,
+        )?
+    } else {
+        let mut patched = old.value.clone();
+        apply_patch(&mut patched, ptype, patch, &info.ty)?;
+        patched
+    };
     let next = next_state(info, &old, patched, status_write)?;
     let obj = admit_and_finish(
         &mut store,
@@ -1210,7 +1309,11 @@ pub(crate) fn delete_locked(
             code: 200,
             value: json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "group": info.group, "kind": info.plural, "uid": old.uid},
+                "details": if info.group.is_empty() {
+                    json!({"name": name, "kind": info.plural, "uid": old.uid})
+                } else {
+                    json!({"name": name, "group": info.group, "kind": info.plural, "uid": old.uid})
+                },
             }),
         })
     } else {

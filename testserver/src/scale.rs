@@ -50,7 +50,12 @@ pub(crate) fn write(
             let p: Value = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
             let mut scale = scale_of(&old.value);
-            apply_patch(&mut scale, ptype, p)?;
+            apply_patch(
+                &mut scale,
+                ptype,
+                p,
+                &crate::schema::Ty::Named("autoscaling/v1/Scale".into()),
+            )?;
             scale
         }
     };

@@ -202,6 +202,21 @@ async fn dispatch(
     }
 }
 
+/// The field manager of a write: the `fieldManager` parameter, else the User-Agent up to its first
+/// `/` (as kube-apiserver names managers), at most 128 characters.
+fn field_manager(q: &Query, headers: &http::HeaderMap) -> String {
+    let m = match q.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) => m.to_string(),
+        None => headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .unwrap_or_default()
+            .to_string(),
+    };
+    m.chars().take(128).collect()
+}
+
 /// What faults are matched against: the path's resource, namespace and name, or for a collection
 /// the equalities of its `fieldSelector` (how clients read or watch one object).
 fn request_facts(
@@ -268,6 +283,11 @@ fn non_resource(
 ) -> ApiResult<Response<ResponseBody>> {
     let resp = match discovery::serve(inner, segs)? {
         NonResource::Json(v) => json_response(200, serde_json::to_vec(&v).unwrap_or_default()),
+        NonResource::JsonBytes(b) => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full_body(b))
+            .expect("valid response"),
         NonResource::Text(t) => Response::builder()
             .status(200)
             .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
@@ -307,6 +327,9 @@ async fn resource(
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/apply-patch")),
+        manager: field_manager(q, &parts.headers),
+        subresource: r.sub.clone(),
+        force: q.flag("force"),
     };
     let name = r.name.as_deref().unwrap_or_default();
     let scale = r.sub.as_deref() == Some("scale");

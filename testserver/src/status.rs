@@ -100,7 +100,7 @@ impl ApiError {
         )
         .with_details(json!({
             "name": name, "group": group, "kind": kind,
-            "causes": [{"reason": "FieldValueInvalid", "message": why, "field": field}],
+            "causes": [{"reason": cause_reason(why), "message": why, "field": field}],
         }))
     }
 
@@ -180,9 +180,29 @@ impl ApiError {
             s["reason"] = json!(reason);
         }
         if let Some(details) = &self.details {
-            s["details"] = details.clone();
+            let mut d = details.clone();
+            if let Some(m) = d.as_object_mut() {
+                // Go's omitempty: an empty name or group is left out.
+                for k in ["name", "group"] {
+                    if m.get(k).is_some_and(|v| v == "") {
+                        m.remove(k);
+                    }
+                }
+            }
+            s["details"] = d;
         }
         s
+    }
+}
+
+/// The cause reason of a field error, from its message's prefix (as `field.Error` types print).
+fn cause_reason(why: &str) -> &'static str {
+    if why.starts_with("Required value") {
+        "FieldValueRequired"
+    } else if why.starts_with("Forbidden") {
+        "FieldValueForbidden"
+    } else {
+        "FieldValueInvalid"
     }
 }
 

@@ -15,5 +15,6 @@ mod list;
 mod load;
 mod scoped;
 mod shard;
+mod ssa;
 mod unanswered;
 mod watcher;
