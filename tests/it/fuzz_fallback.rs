@@ -7,6 +7,8 @@
 
 #[path = "../../fuzz/checks/library.rs"]
 mod checks;
+#[path = "../../fuzz/checks/testserver.rs"]
+mod server_checks;
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +20,11 @@ use kube_shard::{
 };
 use proptest::prelude::*;
 
+/// The library's checks and testserver's, by target name.
+fn all_checks() -> impl Iterator<Item = (&'static str, fn(&[u8]))> {
+    checks::ALL.iter().chain(server_checks::ALL).copied()
+}
+
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
@@ -25,13 +32,13 @@ fn fuzz_dir() -> PathBuf {
 /// Every file under `fuzz/<kind>/<target>/`, with its target's check.
 fn kept_inputs(kind: &str) -> Vec<(PathBuf, fn(&[u8]))> {
     let mut out = Vec::new();
-    for (name, check) in checks::ALL {
+    for (name, check) in all_checks() {
         let dir = fuzz_dir().join(kind).join(name);
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in entries.flatten() {
-            out.push((e.path(), *check));
+            out.push((e.path(), check));
         }
     }
     out
@@ -41,7 +48,7 @@ fn kept_inputs(kind: &str) -> Vec<(PathBuf, fn(&[u8]))> {
 fn corpora_and_regressions_pass_every_check() {
     let corpus = kept_inputs("corpus");
     assert!(
-        corpus.len() >= checks::ALL.len(),
+        corpus.len() >= all_checks().count(),
         "the fuzz corpora are missing: {} files under fuzz/corpus",
         corpus.len()
     );
@@ -91,7 +98,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..400)) {
-        for (_, check) in checks::ALL {
+        for (_, check) in all_checks() {
             check(&data);
         }
     }
@@ -161,7 +168,16 @@ fn seeds() -> Vec<(&'static str, &'static str, String)> {
         &ShardSet::parse("0-3,9", s(16)).unwrap(),
     )
     .unwrap();
+    let deployment = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"d","labels":{"a":"b"}},"spec":{"replicas":2,"template":{"spec":{"containers":[{"name":"c","image":"i","env":[{"name":"X","value":"1"}]}]}}}}"#;
     vec![
+        ("query", "selectors", "labelSelector=a%3Db%2Cc%20in%20(d)&fieldSelector=metadata.name%3Dx&limit=5&resourceVersion=7&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true".into()),
+        ("query", "shard", "shardSelector=shardRange(object.metadata.uid%2C%20%270x0000000000000000%27%2C%20%270x8000000000000000%27)&watch=1&sendInitialEvents=true".into()),
+        ("label_selector", "all", "a=b,c!=d,e in (f,g),h notin (i),j,!k".into()),
+        ("field_selector", "name", "metadata.name=x,metadata.namespace!=y".into()),
+        ("json_patch", "ops", format!("{deployment}\0[{{\"op\":\"replace\",\"path\":\"/spec/replicas\",\"value\":3}},{{\"op\":\"add\",\"path\":\"/metadata/labels/z\",\"value\":\"1\"}},{{\"op\":\"remove\",\"path\":\"/metadata/labels/a\"}},{{\"op\":\"test\",\"path\":\"/kind\",\"value\":\"Deployment\"}},{{\"op\":\"move\",\"from\":\"/metadata/labels\",\"path\":\"/metadata/annotations\"}},{{\"op\":\"copy\",\"from\":\"/kind\",\"path\":\"/metadata/name\"}}]")),
+        ("merge_patch", "nested", format!("{deployment}\0{{\"metadata\":{{\"labels\":{{\"a\":null,\"n\":\"m\"}}}},\"spec\":{{\"replicas\":5}}}}")),
+        ("strategic_merge_patch", "containers", format!("{deployment}\0{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"c\",\"image\":\"j\"}},{{\"name\":\"d\",\"image\":\"k\"}}],\"$setElementOrder/containers\":[{{\"name\":\"d\"}},{{\"name\":\"c\"}}]}}}}}}}}")),
+        ("strategic_merge_patch", "delete", format!("{deployment}\0{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"c\",\"$patch\":\"delete\"}}]}}}}}}}}")),
         ("assignment", "sample", x.encode()),
         (
             "assignment",
