@@ -1,6 +1,7 @@
 mod dependent;
 mod fence_policy;
 mod fenced;
+mod fuzz_fallback;
 mod group;
 mod model_common;
 mod model_handoff;

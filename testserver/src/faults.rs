@@ -260,6 +260,9 @@ struct State {
     latency: HashMap<Target, Duration>,
     /// Delays applied to the answer, after the request was handled (a write has committed).
     slow_answers: HashMap<Target, Duration>,
+    /// Requests handled on a detached task this long after they arrived, and never answered
+    /// (`late_commit`; `drop_answer` is a zero delay).
+    unanswered: HashMap<Target, Duration>,
     /// Every `close_watches` so far, in order: a watch ends on any entry after its mark that covers it.
     closes: Vec<Target>,
     freeze: HashSet<Target>,
@@ -335,6 +338,18 @@ impl FaultState {
                 .map(|(_, d)| *d)
                 .max()
                 .unwrap_or_default()
+        })
+    }
+
+    /// Whether a request is handled on a detached task, after how long from its arrival, and never
+    /// answered (the longest of the matching `late_commit`/`drop_answer` targets).
+    pub(crate) fn detached(&self, r: &RequestFacts) -> Option<Duration> {
+        self.read(|s| {
+            s.unanswered
+                .iter()
+                .filter(|(target, _)| target.covers(r))
+                .map(|(_, d)| *d)
+                .max()
         })
     }
 
@@ -450,6 +465,41 @@ impl Faults {
             None => {
                 s.slow_answers.remove(&target);
             }
+        });
+    }
+
+    /// Commit late, after the client gave up: every request of `target` is handled on a task of its
+    /// own, `after` (tokio time) from its arrival, and is never answered. The client sees no answer
+    /// and times out (over the in-memory service the call never completes; over HTTP the connection
+    /// stays open with no response), and dropping its request does not cancel the write: it commits
+    /// `after` its arrival, whatever the client did meanwhile. This is an apiserver that accepted a
+    /// request and whose etcd committed it after the client's deadline. Where several targets cover
+    /// a request (with [`Faults::drop_answer`] too), the longest delay applies. Undo it with
+    /// [`Faults::answer_normally`].
+    ///
+    /// Use a client-side timeout to stop waiting (`tokio::time::timeout` around the call, or a kube
+    /// `Config::read_timeout` over HTTP).
+    pub fn late_commit(&self, target: impl Into<Target>, after: Duration) {
+        let target = target.into();
+        self.st().edit(|s| {
+            s.unanswered.insert(target, after);
+        });
+    }
+
+    /// Handle every request of `target` at once — a write commits — and answer nothing, ever: the
+    /// answer is lost (an apiserver or a connection dying between commit and response). The handler
+    /// runs on a task of its own, so a client giving up does not cancel it. Undo it with
+    /// [`Faults::answer_normally`].
+    pub fn drop_answer(&self, target: impl Into<Target>) {
+        self.late_commit(target, Duration::ZERO);
+    }
+
+    /// Remove the [`Faults::late_commit`] or [`Faults::drop_answer`] set for exactly `target`.
+    /// Requests already detached still commit on time.
+    pub fn answer_normally(&self, target: impl Into<Target>) {
+        let target = target.into();
+        self.st().edit(|s| {
+            s.unanswered.remove(&target);
         });
     }
 

@@ -85,7 +85,9 @@
 //!
 //! ## Semantics (as kube-apiserver)
 //!
-//! - Objects: random UUID v4 `uid`; one global `resourceVersion` counter; `creationTimestamp`;
+//! - Objects: UUID v4 `uid` (random, or from [`Builder::seed`]); one global `resourceVersion` counter
+//!   (from [`Builder::resource_version_start`]); `creationTimestamp` from the server's wall clock
+//!   ([`Builder::clock_offset`], [`Builder::clock_rate`]);
 //!   `generation` on custom resources, CRDs and the built-in kinds that keep it, bumped on changes
 //!   outside `metadata` (and `status` when the status subresource exists); create answers 201, 409 `AlreadyExists`, `generateName`; namespaced
 //!   creates need the namespace (404) and refuse a terminating one (403); replace answers 409 on a stale
@@ -119,6 +121,8 @@
 //! ## Faults ([`TestServer::faults`], per identity or global, switchable while clients run)
 //!
 //! [`Faults::fail_next`] (403, 429 with `Retry-After`, 500, 503, 504, …), [`Faults::latency`], [`Faults::slow_answers`],
+//! [`Faults::late_commit`] and [`Faults::drop_answer`] (handled on a detached task, never answered: a
+//! write commits although the client timed out),
 //! [`Faults::close_watches`], [`Faults::freeze_watches`] (connection open, nothing sent),
 //! [`Faults::partition`] (no answer at all: the in-memory call fails with [`Refused`], HTTP closes the
 //! connection; open watches freeze), [`Faults::outage`] (everyone, for a duration; every watch ends),
@@ -262,8 +266,12 @@ mod audit;
 mod builtins;
 mod columns;
 mod controllers;
+mod determinism;
 mod discovery;
 mod faults;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod history;
 mod http;
 mod kinds;

@@ -32,7 +32,7 @@ fn encode_continue(rv: u64, last_key: &str) -> String {
     URL_SAFE_NO_PAD.encode(token.to_string())
 }
 
-fn decode_continue(token: &str) -> ApiResult<(u64, String)> {
+pub(crate) fn decode_continue(token: &str) -> ApiResult<(u64, String)> {
     let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
     let raw = URL_SAFE_NO_PAD
         .decode(token.trim_end_matches('='))
@@ -138,7 +138,7 @@ async fn resolve_at(inner: &Inner, q: &Query) -> ApiResult<At> {
     }
 }
 
-fn parse_limit(q: &Query) -> ApiResult<Option<usize>> {
+pub(crate) fn parse_limit(q: &Query) -> ApiResult<Option<usize>> {
     match q.get("limit").filter(|s| !s.is_empty()) {
         None => Ok(None),
         Some(l) => {
@@ -228,7 +228,8 @@ pub(crate) async fn list(
 }
 
 impl Page {
-    pub(crate) fn render(&self, as_: As) -> Vec<u8> {
+    /// `now` is the server's wall clock (for a Table's ages).
+    pub(crate) fn render(&self, as_: As, now: jiff::Timestamp) -> Vec<u8> {
         let rv = self.rv.to_string();
         if as_ == As::Table {
             return serde_json::to_vec(&render::table(
@@ -236,6 +237,7 @@ impl Page {
                 &self.items,
                 &rv,
                 self.cont.as_deref(),
+                now,
             ))
             .unwrap_or_default();
         }

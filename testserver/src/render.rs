@@ -83,14 +83,18 @@ pub(crate) fn metadata(obj: &Obj, out: &mut Vec<u8>) {
     serde_json::to_writer(out, &partial(obj)).ok();
 }
 
-pub(crate) fn object(info: &ResourceInfo, obj: &Obj, as_: As) -> Vec<u8> {
+/// `now` is the server's wall clock (for a Table's ages).
+pub(crate) fn object(info: &ResourceInfo, obj: &Obj, as_: As, now: jiff::Timestamp) -> Vec<u8> {
     let mut out = Vec::with_capacity(obj.rest.len() + 64);
     match as_ {
         As::Metadata => metadata(obj, &mut out),
         As::Full => full(info, obj, &mut out),
         As::Table => {
-            serde_json::to_writer(&mut out, &table(info, std::slice::from_ref(&obj), "", None))
-                .ok();
+            serde_json::to_writer(
+                &mut out,
+                &table(info, std::slice::from_ref(&obj), "", None, now),
+            )
+            .ok();
         }
     }
     out
@@ -103,8 +107,8 @@ pub(crate) fn table<O: std::ops::Deref<Target = Obj>>(
     objs: &[O],
     rv: &str,
     cont: Option<&str>,
+    now: jiff::Timestamp,
 ) -> Value {
-    let now = jiff::Timestamp::now();
     let (before, after) = crate::columns::of(info);
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
@@ -149,11 +153,4 @@ fn age(now: jiff::Timestamp, obj: &Value) -> String {
         s if s < 172_800 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86_400),
     }
-}
-
-/// `2026-11-30T02:00:28Z`, as Kubernetes writes timestamps.
-pub(crate) fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }

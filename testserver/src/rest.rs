@@ -12,7 +12,6 @@ use crate::{
     audit::{FenceSource, RawFence, WriteFacts},
     controllers,
     history::Writer,
-    render::now_rfc3339,
     resources::{ResourceInfo, CRD_GROUP},
     server::Inner,
     status::{qualified, ApiError, ApiResult},
@@ -244,14 +243,6 @@ fn valid_name(info: &ResourceInfo, name: &str) -> Result<(), String> {
     }
 }
 
-fn random_suffix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    uuid::Uuid::new_v4().as_bytes()[..5]
-        .iter()
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect()
-}
-
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj["metadata"].get(field).and_then(Value::as_str)
 }
@@ -376,7 +367,7 @@ pub(crate) fn create_locked(
     let name = match meta_str(&obj, "name").filter(|n| !n.is_empty()) {
         Some(n) => n.to_string(),
         None => match meta_str(&obj, "generateName").filter(|n| !n.is_empty()) {
-            Some(g) => format!("{g}{}", random_suffix()),
+            Some(g) => format!("{g}{}", ctx.inner.entropy.suffix()),
             None => {
                 return Err(ApiError::invalid(
                     &info.group,
@@ -417,8 +408,8 @@ pub(crate) fn create_locked(
             Some(ns) => meta.insert("namespace".into(), json!(ns)),
             None => meta.remove("namespace"),
         };
-        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("uid".into(), json!(ctx.inner.entropy.uid()));
+        meta.insert("creationTimestamp".into(), json!(ctx.inner.clock.rfc3339()));
         for f in [
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
@@ -440,7 +431,7 @@ pub(crate) fn create_locked(
             m.remove("status");
         }
     }
-    defaults_on_create(store, info, &mut obj)?;
+    defaults_on_create(store, info, &mut obj, &ctx.inner.clock.rfc3339())?;
     crate::admission::admit(
         store,
         &crate::admission::Attempt {
@@ -483,7 +474,12 @@ fn check_namespace_open(store: &Store, info: &ResourceInfo, ns: &str, name: &str
     }
 }
 
-fn defaults_on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+fn defaults_on_create(
+    store: &Store,
+    info: &ResourceInfo,
+    obj: &mut Value,
+    now: &str,
+) -> ApiResult<()> {
     if !info.builtin {
         return Ok(());
     }
@@ -505,7 +501,7 @@ fn defaults_on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> Ap
         ("", "secrets") if obj.get("type").is_none_or(|t| t.as_str() == Some("")) => {
             obj["type"] = json!("Opaque");
         }
-        (CRD_GROUP, "customresourcedefinitions") => crd_defaults(obj)?,
+        (CRD_GROUP, "customresourcedefinitions") => crd_defaults(obj, now)?,
         _ => {}
     }
     Ok(())
@@ -513,7 +509,7 @@ fn defaults_on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> Ap
 
 // === CRDs ===
 
-fn crd_defaults(crd: &mut Value) -> ApiResult<()> {
+fn crd_defaults(crd: &mut Value, now: &str) -> ApiResult<()> {
     let name = meta_str(crd, "name").unwrap_or_default().to_string();
     let invalid = |field: &str, why: &str| {
         ApiError::invalid(CRD_GROUP, "CustomResourceDefinition", &name, field, why)
@@ -575,7 +571,6 @@ fn crd_defaults(crd: &mut Value) -> ApiResult<()> {
             accepted["kind"].as_str().unwrap_or_default()
         ));
     }
-    let now = now_rfc3339();
     crd["status"] = json!({
         "acceptedNames": accepted,
         "conditions": [
@@ -1186,7 +1181,7 @@ pub(crate) fn delete_locked(
     }
     if has_deletion_blockers(&next) {
         if next["metadata"].get("deletionTimestamp").is_none() {
-            next["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            next["metadata"]["deletionTimestamp"] = json!(ctx.inner.clock.rfc3339());
             next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             if info.builtin && info.plural == "namespaces" {
                 if !next["status"].is_object() {

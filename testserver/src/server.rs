@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use crate::{
     accounting::{Accounting, Ledger},
     audit::{Auditor, FenceAudit},
+    determinism::{Entropy, WallClock},
     faults::{FaultState, Faults},
     history::{History, Recorder},
     http::{HttpServer, Transport},
@@ -41,6 +42,17 @@ pub struct Config {
     /// How long a request for a future resourceVersion waits before "Too large resource version"
     /// (default 3 s, like the cacher).
     pub future_rv_wait: Duration,
+    /// Seed of the random source of uids and `generateName` suffixes (`None`, the default: a random
+    /// seed). One seed gives the same uids and names for the same sequence of creates.
+    pub seed: Option<u64>,
+    /// The resourceVersion counter's start (default 1, at least 1): two servers started far apart
+    /// never hand out the same resourceVersion.
+    pub resource_version_start: u64,
+    /// Added to the wall clock the server stamps timestamps with (default zero).
+    pub clock_offset: jiff::SignedDuration,
+    /// How fast the server's wall clock runs per second of tokio time (default 1.0; a negative or
+    /// non-finite rate stops it).
+    pub clock_rate: f64,
 }
 
 impl Default for Config {
@@ -52,6 +64,10 @@ impl Default for Config {
             controllers: false,
             default_watch_timeout: Duration::from_secs(1800),
             future_rv_wait: Duration::from_secs(3),
+            seed: None,
+            resource_version_start: 1,
+            clock_offset: jiff::SignedDuration::ZERO,
+            clock_rate: 1.0,
         }
     }
 }
@@ -94,6 +110,44 @@ impl Builder {
         self
     }
 
+    /// Draw uids and `generateName` suffixes from a random source seeded with `seed`: the same seed and
+    /// the same sequence of creates give the same uids and names (uids decide shard placement). By
+    /// default the seed is random.
+    ///
+    /// ```
+    /// # use kube_shard_testserver::TestServer;
+    /// let uid = |s: &TestServer| s.object("", "namespaces", None, "default").unwrap()["metadata"]["uid"].clone();
+    /// let (a, b) = (TestServer::builder().seed(7).build(), TestServer::builder().seed(7).build());
+    /// assert_eq!(uid(&a), uid(&b));
+    /// ```
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.config.seed = Some(seed);
+        self
+    }
+
+    /// Start the resourceVersion counter at `rv` (default 1; 0 counts as 1). Give two servers counters
+    /// far apart (one at 10^9) so that comparing resourceVersions across servers is caught, not passed
+    /// by luck.
+    pub fn resource_version_start(mut self, rv: u64) -> Self {
+        self.config.resource_version_start = rv.max(1);
+        self
+    }
+
+    /// Shift the server's wall clock (creationTimestamp, deletionTimestamp, condition times, Table
+    /// ages) by `offset`, forward or back.
+    pub fn clock_offset(mut self, offset: jiff::SignedDuration) -> Self {
+        self.config.clock_offset = offset;
+        self
+    }
+
+    /// Run the server's wall clock at `rate` seconds per second of tokio time (default 1.0): the wall
+    /// clock is `wall time at build + offset + rate × tokio time elapsed since build`, so paused tokio
+    /// time drives it and two servers can drift apart.
+    pub fn clock_rate(mut self, rate: f64) -> Self {
+        self.config.clock_rate = rate;
+        self
+    }
+
     /// Start the server (no socket; see [`TestServer::serve_http`]). Needs no runtime until used.
     pub fn build(self) -> TestServer {
         TestServer::from_config(self.config)
@@ -118,6 +172,8 @@ pub(crate) struct Inner {
     /// The current resourceVersion, for requests waiting for a future one.
     pub(crate) rv_tx: watch::Sender<u64>,
     pub(crate) address: Mutex<Option<String>>,
+    pub(crate) entropy: Entropy,
+    pub(crate) clock: WallClock,
 }
 
 impl Inner {
@@ -161,18 +217,21 @@ impl TestServer {
     }
 
     fn from_config(config: Config) -> Self {
-        let store = Store::new(config.history);
+        let store = Store::new(config.history, config.resource_version_start);
+        let rv_start = store.rv;
         let inner = Arc::new(Inner {
             gate: AtomicBool::new(config.shard_selector),
-            config,
             store: Mutex::new(store),
             faults: FaultState::default(),
             ledger: Ledger::default(),
             auditor: Auditor::default(),
             recorder: Recorder::default(),
             conns: AtomicU64::new(0),
-            rv_tx: watch::channel(1).0,
+            rv_tx: watch::channel(rv_start).0,
             address: Mutex::new(None),
+            entropy: Entropy::new(config.seed),
+            clock: WallClock::new(config.clock_offset, config.clock_rate),
+            config,
         });
         crate::rest::bootstrap(&inner);
         TestServer { inner }
@@ -300,6 +359,13 @@ impl TestServer {
     #[must_use]
     pub fn shard_selector(&self) -> bool {
         self.inner.gate()
+    }
+
+    /// The server's wall clock now: what it stamps `creationTimestamp`, `deletionTimestamp` and
+    /// condition times with (see [`Builder::clock_offset`], [`Builder::clock_rate`]).
+    #[must_use]
+    pub fn wall_clock(&self) -> jiff::Timestamp {
+        self.inner.clock.now()
     }
 
     /// The current resourceVersion.

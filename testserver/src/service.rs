@@ -146,6 +146,16 @@ pub(crate) async fn handle(
         return Err(Refused);
     }
     let facts = request_facts(&identity, verb, &route, &q);
+    if let Some(after) = inner.faults.detached(&facts) {
+        // The handler runs on its own task, so a client giving up (dropping this future) does not
+        // cancel the write; the client never gets an answer.
+        let arrived = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(arrived + after).await;
+            let _unanswered = dispatch(&inner, facts, conn, parts, q, route, body).await;
+        });
+        return std::future::pending().await;
+    }
     let delay = inner.faults.latency(&facts);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -154,21 +164,34 @@ pub(crate) async fn handle(
             return Err(Refused);
         }
     }
+    let slow = inner.faults.answer_latency(&facts);
+    let resp = dispatch(&inner, facts, conn, parts, q, route, body).await;
+    if !slow.is_zero() {
+        tokio::time::sleep(slow).await;
+    }
+    Ok(resp)
+}
+
+/// Past attribution and the faults that delay or refuse a request: handle it and answer.
+async fn dispatch(
+    inner: &Arc<Inner>,
+    facts: RequestFacts,
+    conn: u64,
+    parts: Parts,
+    q: Query,
+    route: ApiResult<Route>,
+    body: Bytes,
+) -> Response<ResponseBody> {
+    let identity = facts.identity.clone();
     let result = match inner.faults.take_failure(&facts) {
         Some(e) => Err(e),
         None => match route {
             Err(e) => Err(e),
-            Ok(Route::NonResource(segs)) => non_resource(&inner, &identity, &segs),
-            Ok(Route::Resource(r)) => {
-                resource(&inner, facts.clone(), conn, &parts, &q, r, body).await
-            }
+            Ok(Route::NonResource(segs)) => non_resource(inner, &identity, &segs),
+            Ok(Route::Resource(r)) => resource(inner, facts, conn, &parts, &q, r, body).await,
         },
     };
-    let slow = inner.faults.answer_latency(&facts);
-    if !slow.is_zero() {
-        tokio::time::sleep(slow).await;
-    }
-    Ok(match result {
+    match result {
         Ok(resp) => resp,
         Err(e) => {
             inner.ledger.error(&identity);
@@ -176,7 +199,7 @@ pub(crate) async fn handle(
             inner.ledger.bytes(&identity, body_len(&resp));
             resp
         }
-    })
+    }
 }
 
 /// What faults are matched against: the path's resource, namespace and name, or for a collection
@@ -329,7 +352,7 @@ async fn resource(
         }
         Verb::List => {
             let page = list::list(inner, &r.info, ns, q, gate(), as_).await?;
-            let out = page.render(as_);
+            let out = page.render(as_, inner.clock.now());
             inner.ledger.delivered(
                 identity,
                 Delivery::List,
@@ -342,7 +365,7 @@ async fn resource(
             let opts = DeleteOptions::parse(&body, q.get("propagationPolicy"))?;
             ctx.dry_run |= opts.dry_run;
             let page = list::delete_collection(&ctx, &r.info, ns, q, gate(), &opts)?;
-            let out = page.render(As::Full);
+            let out = page.render(As::Full, inner.clock.now());
             inner.ledger.delivered(
                 identity,
                 Delivery::List,
@@ -381,7 +404,7 @@ async fn resource(
     };
     Ok(match reply {
         Reply::Object { code, info, obj } => {
-            let out = render::object(&info, &obj, as_);
+            let out = render::object(&info, &obj, as_, inner.clock.now());
             inner
                 .ledger
                 .delivered(identity, Delivery::Object, [obj.uid.as_str()], out.len());

@@ -122,14 +122,15 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub(crate) fn new(history_cap: usize) -> Self {
+    pub(crate) fn new(history_cap: usize, rv_start: u64) -> Self {
+        let rv_start = rv_start.max(1);
         Store {
-            rv: 1,
+            rv: rv_start,
             registry: Registry::with_builtins(),
             objects: HashMap::new(),
             history: VecDeque::new(),
             history_cap: history_cap.max(1),
-            compacted: 1,
+            compacted: rv_start,
             subs: Vec::new(),
         }
     }
@@ -337,7 +338,7 @@ mod tests {
     #[test]
     fn snapshots_at_every_resource_version() {
         let info = info();
-        let mut store = Store::new(100_000);
+        let mut store = Store::new(100_000, 1);
         let mut snapshots: Vec<(u64, Vec<(String, u64)>)> = Vec::new();
         let mut state: BTreeMap<String, u64> = BTreeMap::new();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -391,7 +392,7 @@ mod tests {
     #[test]
     fn history_is_bounded_and_compaction_is_recorded() {
         let info = info();
-        let mut store = Store::new(10);
+        let mut store = Store::new(10, 1);
         for i in 0..25 {
             let v = json!({"metadata": {"name": format!("o{i}"), "namespace": "a"}});
             store.commit(&info, format!("a/o{i}"), v, false);

@@ -1,0 +1,7 @@
+#![no_main]
+//! `cargo +nightly fuzz run report`: see `checks/library.rs`.
+
+#[path = "../checks/library.rs"]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::report(data));
