@@ -30,6 +30,7 @@ use kube::runtime::{controller, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::group::Leadership;
 use kube_shard::ownership::reconcile as admission;
+use kube_shard::ownership::spawn::Spawner;
 use kube_shard::watcher::{Dependency, ReadPathMetrics, WatcherStats};
 use kube_shard::{Fence, Ownership, ShardKey, ShardedWatcher};
 use prometheus_client::metrics::counter::Counter;
@@ -112,6 +113,8 @@ pub struct Config {
     pub on_write: Option<OnWrite>,
     /// See [`OnReconciled`].
     pub on_reconciled: Option<OnReconciled>,
+    /// Where the read path starts its tasks (default `tokio::spawn`; see `ShardedWatcher::spawner`).
+    pub spawner: Spawner,
 }
 
 impl std::fmt::Debug for Config {
@@ -138,7 +141,15 @@ impl Config {
             before_write: None,
             on_write: None,
             on_reconciled: None,
+            spawner: Spawner::tokio(),
         }
+    }
+
+    /// Where the read path starts its tasks.
+    #[must_use]
+    pub fn spawner(mut self, spawner: Spawner) -> Self {
+        self.spawner = spawner;
+        self
     }
 
     /// Watch one namespace only.
@@ -312,6 +323,7 @@ pub fn build(
     };
     let sharded = ShardedWatcher::new(widgets, watcher::Config::default(), ownership.clone())
         .name(WIDGET_STREAM)
+        .spawner(config.spawner.clone())
         .metrics(read_metrics)
         .transform(|w: &mut Widget| w.metadata.managed_fields = None)
         .build_reflector();
@@ -337,6 +349,7 @@ pub fn build(
     .dependent(dependency)
     .map_err(|e| BuildError::Children(e.to_string()))?
     .name(CHILD_STREAM)
+    .spawner(config.spawner.clone())
     .metrics(read_metrics)
     .transform(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
     .build_reflector();

@@ -166,8 +166,9 @@ impl Leadership {
                 return;
             }
             tokio::select! {
-                () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
+                biased;
                 r = rx.changed() => if r.is_err() { return },
+                () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
             }
         }
     }
@@ -210,11 +211,12 @@ impl Leadership {
             let ended = self.ended(t.term);
             let fut = work(guard).instrument(span.clone());
             tokio::select! {
+                biased; // the term's end first: never poll the work once it is over
+                () = ended => info!(parent: &span, "term ended: the singleton was cancelled"),
                 () = fut => {
                     info!(parent: &span, "the singleton returned; waiting for the next term");
                     self.ended(t.term).await;
                 }
-                () = ended => info!(parent: &span, "term ended: the singleton was cancelled"),
             }
             // never start twice in one term
             while self.rx.borrow().is_some_and(|c| c.term == t.term) {
