@@ -207,6 +207,21 @@ fn log_assignments(w: &World) {
         w.note(format!("assignment rv={} {}", a.rv, owners.join(",")));
     }
     if std::env::var_os("CHAOS_LEASES").is_some() {
+        for m in w.live().into_iter().map(|i| &w.members[i]) {
+            let st = m.handle.status();
+            w.note(format!(
+                "member {} gc_passes={} gc_collected={} term={} reconciles={} errors={} fence_refused={} self_fenced={} generation={}",
+                m.name,
+                m.gc.passes.get(),
+                m.gc.collected.get(),
+                m.gc.term.get(),
+                m.metrics.reconciles.get(),
+                m.metrics.errors.get(),
+                m.metrics.fence_refused.get(),
+                st.self_fenced,
+                st.generation
+            ));
+        }
         for l in h.leases {
             w.note(format!(
                 "lease rv={} {}/{} released={:?} taken_over={:?}",

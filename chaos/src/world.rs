@@ -60,6 +60,10 @@ pub struct Member {
     pub wall_offset: Arc<AtomicI64>,
     /// It was asked to leave.
     pub leaving: bool,
+    /// Its operator's metrics (reconciles, errors, refused fences).
+    pub metrics: example::OperatorMetrics,
+    /// Its singleton's metrics (orphan collection).
+    pub gc: kube_shard_example_operator::gc::GcMetrics,
 }
 
 impl Member {
@@ -192,6 +196,8 @@ impl World {
             futures::future::pending(),
         )
         .expect("the example operator builds");
+        let metrics = workload.metrics.clone();
+        let gc = workload.gc_metrics.clone();
         let sw = switch.clone();
         tokio::spawn(switch.wrap(task.map(move |r| {
             // the group task ended (a graceful leave, or it gave up): the process exits
@@ -207,6 +213,8 @@ impl World {
             handle,
             wall_offset,
             leaving: false,
+            metrics,
+            gc,
         });
     }
 

@@ -389,7 +389,8 @@ impl GroupHandle {
     /// [`Leadership::run_singleton`] and the fencing term it hands out.
     #[must_use]
     pub fn leadership(&self) -> Leadership {
-        Leadership::new(self.leadership.clone())
+        // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
+        Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

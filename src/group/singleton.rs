@@ -76,13 +76,14 @@ impl LeaderTerm {
         }
     }
 
-    /// Whether the term is still valid now, on both system clocks.
+    /// Whether the term is still valid now, on both system clocks (with an injected clock,
+    /// `ShardGroupBuilder::clock`, use the guard's checks instead: they read the group's clock).
     #[must_use]
     pub fn is_valid(&self) -> bool {
         self.is_valid_on(&Clock::system())
     }
 
-    fn is_valid_on(&self, clock: &Clock) -> bool {
+    pub(crate) fn is_valid_on(&self, clock: &Clock) -> bool {
         !self.left_on(clock).is_zero()
     }
 

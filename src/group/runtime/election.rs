@@ -77,7 +77,7 @@ impl Runtime {
         let renewing = held_by_me
             && self
                 .term
-                .is_some_and(|t| t.is_valid() && t.term == prev_term);
+                .is_some_and(|t| t.is_valid_on(self.clock()) && t.term == prev_term);
         let term = if renewing {
             prev_term
         } else {
