@@ -115,6 +115,7 @@ pub struct Leadership {
 }
 
 impl Leadership {
+    #[cfg(test)]
     pub(crate) fn new(rx: watch::Receiver<Option<LeaderTerm>>) -> Self {
         Leadership::with_clock(rx, Clock::system())
     }
