@@ -183,6 +183,10 @@ impl Ctx<'_> {
 
     /// Gone only by evidence (F2): a member absent from the observations is unknown, never gone.
     fn gone(&self, id: &MemberId) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone) {
+            return self.by_id.get(id).is_none_or(|m| m.gone);
+        }
         self.by_id.get(id).is_some_and(|m| m.gone)
     }
 

@@ -2,10 +2,12 @@
 //! every apiserver serves). Fire-and-forget, bounded, and rate-limited per reason: an Event never
 //! delays a renewal.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::ownership::clock::Clock;
+use crate::ownership::spawn::Spawner;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
@@ -25,13 +27,22 @@ pub(crate) struct Events {
     api: Api<Event>,
     involved: ObjectReference,
     member: String,
-    last: Arc<Mutex<HashMap<String, Instant>>>,
+    last: Arc<Mutex<BTreeMap<String, Instant>>>,
+    spawner: Spawner,
+    clock: Clock,
 }
 
 const MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Events {
-    pub(crate) fn new(client: Client, namespace: &str, lease: &str, member: &str) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        namespace: &str,
+        lease: &str,
+        member: &str,
+        spawner: Spawner,
+        clock: Clock,
+    ) -> Self {
         Events {
             api: Api::namespaced(client, namespace),
             involved: ObjectReference {
@@ -43,6 +54,8 @@ impl Events {
             },
             member: member.into(),
             last: Arc::default(),
+            spawner,
+            clock,
         }
     }
 
@@ -59,11 +72,11 @@ impl Events {
             }
             last.insert(reason.to_owned(), now);
         }
-        let stamp = Time(k8s_openapi::jiff::Timestamp::now());
+        let stamp = Time(self.clock.wall_timestamp());
         let name = format!(
             "{}.{:016x}",
             self.involved.name.as_deref().unwrap_or("kube-shard"),
-            rand::random::<u64>()
+            crate::ownership::random::next_u64()
         );
         let event = Event {
             metadata: ObjectMeta {
@@ -90,7 +103,7 @@ impl Events {
             ..Event::default()
         };
         let api = self.api.clone();
-        tokio::spawn(async move {
+        self.spawner.spawn(async move {
             match tokio::time::timeout(
                 Duration::from_secs(5),
                 api.create(&PostParams::default(), &event),

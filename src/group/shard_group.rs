@@ -13,6 +13,7 @@ use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
 use crate::hash::ShardKey;
+use crate::ownership::spawn::Spawner;
 use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig};
 use crate::shard::ShardCount;
 
@@ -33,6 +34,8 @@ pub struct ShardGroup {
     client: Client,
     config: GroupConfig,
     dedicated: Option<kube::Config>,
+    clock: Clock,
+    spawner: Spawner,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -49,6 +52,8 @@ pub struct ShardGroupBuilder {
     client: Client,
     config: GroupConfig,
     dedicated: Option<kube::Config>,
+    clock: Clock,
+    spawner: Spawner,
 }
 
 impl std::fmt::Debug for ShardGroupBuilder {
@@ -66,6 +71,8 @@ impl ShardGroup {
             client,
             config: GroupConfig::new(group, namespace),
             dedicated: None,
+            clock: Clock::system(),
+            spawner: Spawner::tokio(),
         }
     }
 
@@ -93,7 +100,7 @@ impl ShardGroup {
         oc.fence_margin = c.fence_margin;
         oc.drain_timeout = c.drain_timeout;
         let me = MemberId::new(c.member.as_str(), new_incarnation());
-        let ownership = Ownership::new(oc, me.clone(), Clock::system());
+        let ownership = Ownership::new(oc, me.clone(), self.clock);
         let (status_tx, status_rx) = watch::channel(GroupStatus::initial(me.clone()));
         let health = Health::new(c.unhealthy_after_fenced);
         let metrics = GroupMetrics::default();
@@ -108,7 +115,7 @@ impl ShardGroup {
             leave: std::sync::Arc::new(std::sync::Mutex::new(Some(leave_tx))),
         };
         let (client, config) = (self.client, self.config);
-        let dedicated = self.dedicated;
+        let (dedicated, spawner) = (self.dedicated, self.spawner);
         (handle, async move {
             if let Some(kube_config) = dedicated {
                 return run_dedicated(
@@ -126,7 +133,7 @@ impl ShardGroup {
             }
             // built when the task first runs, so read streams created after `start` are counted
             let runtime = Runtime::new(
-                client, config, ownership, me, status_tx, health, metrics, leader_tx,
+                client, config, ownership, me, status_tx, health, metrics, leader_tx, spawner,
             );
             runtime.run(leave_rx).await
         })
@@ -164,7 +171,15 @@ async fn run_dedicated(
                             source,
                         })?;
                     Runtime::new(
-                        client, config, ownership, me, status_tx, health, metrics, leadership,
+                        client,
+                        config,
+                        ownership,
+                        me,
+                        status_tx,
+                        health,
+                        metrics,
+                        leadership,
+                        Spawner::tokio(),
                     )
                     .run(leave_rx)
                     .await
@@ -187,6 +202,24 @@ impl ShardGroupBuilder {
     /// (recommended in production; tests with paused time use the default, the caller's runtime).
     pub fn dedicated_thread(mut self, config: kube::Config) -> Self {
         self.dedicated = Some(config);
+        self
+    }
+
+    /// The member's clocks (default [`Clock::system`]): the boot clock fences are also checked against, and
+    /// the wall clock that stamps `renewTime`, generations, terms and Events. A simulator drives both from
+    /// simulated time, so boot-clock expiry, suspends and wall-clock jumps are exercised. The runtime clock is
+    /// always tokio's (pause it in tests).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Where the member starts its background tasks (default `tokio::spawn`): the Events it publishes. Give
+    /// the member's sharded watchers the same spawner ([`ShardedWatcher::spawner`](crate::ShardedWatcher::spawner))
+    /// and a simulator can freeze everything a member started. Ignored with
+    /// [`dedicated_thread`](Self::dedicated_thread), whose runtime is its own.
+    pub fn spawner(mut self, spawner: Spawner) -> Self {
+        self.spawner = spawner;
         self
     }
 
@@ -304,6 +337,8 @@ impl ShardGroupBuilder {
             client: self.client,
             config: self.config,
             dedicated: self.dedicated,
+            clock: self.clock,
+            spawner: self.spawner,
         })
     }
 }
@@ -354,7 +389,8 @@ impl GroupHandle {
     /// [`Leadership::run_singleton`] and the fencing term it hands out.
     #[must_use]
     pub fn leadership(&self) -> Leadership {
-        Leadership::new(self.leadership.clone())
+        // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
+        Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

@@ -76,13 +76,14 @@ impl LeaderTerm {
         }
     }
 
-    /// Whether the term is still valid now, on both system clocks.
+    /// Whether the term is still valid now, on both system clocks (with an injected clock,
+    /// `ShardGroupBuilder::clock`, use the guard's checks instead: they read the group's clock).
     #[must_use]
     pub fn is_valid(&self) -> bool {
         self.is_valid_on(&Clock::system())
     }
 
-    fn is_valid_on(&self, clock: &Clock) -> bool {
+    pub(crate) fn is_valid_on(&self, clock: &Clock) -> bool {
         !self.left_on(clock).is_zero()
     }
 
@@ -114,6 +115,7 @@ pub struct Leadership {
 }
 
 impl Leadership {
+    #[cfg(test)]
     pub(crate) fn new(rx: watch::Receiver<Option<LeaderTerm>>) -> Self {
         Leadership::with_clock(rx, Clock::system())
     }
@@ -166,8 +168,9 @@ impl Leadership {
                 return;
             }
             tokio::select! {
-                () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
+                biased;
                 r = rx.changed() => if r.is_err() { return },
+                () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
             }
         }
     }
@@ -210,11 +213,12 @@ impl Leadership {
             let ended = self.ended(t.term);
             let fut = work(guard).instrument(span.clone());
             tokio::select! {
+                biased; // the term's end first: never poll the work once it is over
+                () = ended => info!(parent: &span, "term ended: the singleton was cancelled"),
                 () = fut => {
                     info!(parent: &span, "the singleton returned; waiting for the next term");
                     self.ended(t.term).await;
                 }
-                () = ended => info!(parent: &span, "term ended: the singleton was cancelled"),
             }
             // never start twice in one term
             while self.rx.borrow().is_some_and(|c| c.term == t.term) {

@@ -8,7 +8,11 @@
 //! A fence is valid only while *both* clocks are before its deadline, so a VM pause or laptop suspend that
 //! the runtime clock does not see still expires it.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 /// A reading of both clocks at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,11 +63,13 @@ impl Deadline {
 }
 
 type BootFn = dyn Fn() -> Duration + Send + Sync;
+type WallFn = dyn Fn() -> SystemTime + Send + Sync;
 
-/// Reads both clocks. Cheap to clone.
+/// Reads both clocks (and the wall clock, for stamps). Cheap to clone.
 #[derive(Clone)]
 pub struct Clock {
     boot: Arc<BootFn>,
+    wall: Arc<WallFn>,
 }
 
 impl fmt::Debug for Clock {
@@ -84,6 +90,7 @@ impl Clock {
     pub fn system() -> Self {
         Clock {
             boot: Arc::new(boot_now),
+            wall: Arc::new(SystemTime::now),
         }
     }
 
@@ -105,7 +112,46 @@ impl Clock {
     pub fn with_boot(boot: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
         Clock {
             boot: Arc::new(boot),
+            wall: Arc::new(SystemTime::now),
         }
+    }
+
+    /// This clock with the wall clock read from `wall` (simulators: wall-clock jumps, and stamps that follow
+    /// simulated time). The wall clock only stamps: `renewTime` (compared for change, never for duration),
+    /// assignment generations and singleton terms (`max(previous + 1, now)`), Event timestamps.
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use kube_shard::ownership::clock::Clock;
+    /// let clock = Clock::system().with_wall(|| UNIX_EPOCH + Duration::from_secs(1_000));
+    /// assert_eq!(clock.wall(), UNIX_EPOCH + Duration::from_secs(1_000));
+    /// ```
+    #[must_use]
+    pub fn with_wall(mut self, wall: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.wall = Arc::new(wall);
+        self
+    }
+
+    /// Read the wall clock.
+    #[must_use]
+    pub fn wall(&self) -> SystemTime {
+        (self.wall)()
+    }
+
+    /// The wall clock in milliseconds since the Unix epoch (0 before it).
+    #[must_use]
+    pub fn wall_ms(&self) -> u64 {
+        self.wall()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+
+    /// The wall clock as a `jiff` timestamp (what `Time`/`MicroTime` carry).
+    #[must_use]
+    pub fn wall_timestamp(&self) -> k8s_openapi::jiff::Timestamp {
+        k8s_openapi::jiff::Timestamp::try_from(self.wall())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
     }
 
     /// Read both clocks.

@@ -23,8 +23,13 @@ pub mod fence;
 pub mod fenced_write;
 pub mod handle;
 pub mod observe;
+#[cfg(feature = "planted-bugs")]
+#[doc(hidden)]
+pub mod planted;
+pub mod random;
 pub(crate) mod readers;
 pub mod reconcile;
+pub mod spawn;
 pub mod state;
 pub mod static_mode;
 
@@ -110,9 +115,6 @@ impl OwnershipConfig {
 /// ```
 #[must_use]
 pub fn jitter(d: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(d.as_nanos() as u64);
-    let r = h.finish() % 4001; // 0..=4000 → factor 0.8..=1.2
+    let r = random::next_u64() % 4001; // 0..=4000 → factor 0.8..=1.2
     d.mul_f64(0.8 + r as f64 / 10_000.0)
 }

@@ -483,7 +483,12 @@ impl MemberState {
             return None;
         }
         // An epoch older than the one we hold is never followed: keep what we have (safe input).
-        if held.is_some_and(|h| a.epoch < h) {
+        #[cfg(feature = "planted-bugs")]
+        let lower_ok =
+            crate::ownership::planted::on(crate::ownership::planted::Bug::AcceptLowerEpoch);
+        #[cfg(not(feature = "planted-bugs"))]
+        let lower_ok = false;
+        if held.is_some_and(|h| a.epoch < h) && !lower_ok {
             return from;
         }
         let same_epoch = held == Some(a.epoch);

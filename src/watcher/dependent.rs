@@ -19,7 +19,7 @@
 //! only after the primary watcher did and after it re-placed its objects at that map version, so a referenced
 //! object is in its store before its referrer's activation.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -52,13 +52,13 @@ struct Primary {
 
 #[derive(Default)]
 struct MapState {
-    primaries: HashMap<Arc<str>, Primary>,
+    primaries: BTreeMap<Arc<str>, Primary>,
     /// primary name → uid → shards (a name may have two uids while it is re-created)
-    by_name: HashMap<RefKey, BTreeMap<Arc<str>, Vec<u32>>>,
+    by_name: BTreeMap<RefKey, BTreeMap<Arc<str>, Vec<u32>>>,
     /// referenced secondary name → the uids of the primaries that reference it
-    referrers: HashMap<RefKey, BTreeSet<Arc<str>>>,
-    warm: HashMap<(u32, u64), u64>,
-    activated: HashMap<(u32, u64), u64>,
+    referrers: BTreeMap<RefKey, BTreeSet<Arc<str>>>,
+    warm: BTreeMap<(u32, u64), u64>,
+    activated: BTreeMap<(u32, u64), u64>,
     /// Names whose placement inputs changed, by map version (bounded; complete above `log_floor`).
     log: std::collections::VecDeque<(u64, Changed)>,
     log_floor: u64,
@@ -451,9 +451,9 @@ pub(crate) type ChangedFn = Arc<dyn Fn(u64) -> Option<Vec<RefKey>> + Send + Sync
 #[derive(Default)]
 struct Reverse {
     /// secondary uid → (its name, the primary names it maps to)
-    by_secondary: HashMap<Arc<str>, (RefKey, Vec<RefKey>)>,
+    by_secondary: BTreeMap<Arc<str>, (RefKey, Vec<RefKey>)>,
     /// primary name → secondary uids naming it
-    by_primary: HashMap<RefKey, BTreeSet<Arc<str>>>,
+    by_primary: BTreeMap<RefKey, BTreeSet<Arc<str>>>,
 }
 
 impl Reverse {

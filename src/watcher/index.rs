@@ -12,7 +12,7 @@
 //!
 //! Pure: no I/O, no async.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use kube::runtime::watcher::Event;
@@ -107,16 +107,16 @@ pub(crate) struct Index<K> {
     handed: usize,
     key: ShardKey,
     count: ShardCount,
-    entries: HashMap<Arc<str>, Entry<K>>,
-    by_ref: HashMap<RefKey, Vec<Arc<str>>>,
-    by_shard: HashMap<u32, HashSet<Arc<str>>>,
-    tombstones: HashMap<Arc<str>, Option<u64>>,
+    entries: BTreeMap<Arc<str>, Entry<K>>,
+    by_ref: BTreeMap<RefKey, Vec<Arc<str>>>,
+    by_shard: BTreeMap<u32, BTreeSet<Arc<str>>>,
+    tombstones: BTreeMap<Arc<str>, Option<u64>>,
     /// Relist floors: `ranges` were listed at `rv`, so an object of those ranges that is not held and whose
     /// version is not newer was deleted by then — a replayed create of it is ignored (F14).
     floors: Vec<(RangeSet, u64)>,
     projected: Vec<bool>,
     /// What the consumer holds per name: the uid and the resourceVersion last emitted.
-    emitted: HashMap<RefKey, (Arc<str>, Option<u64>)>,
+    emitted: BTreeMap<RefKey, (Arc<str>, Option<u64>)>,
     initialized: bool,
     out: VecDeque<Event<K>>,
     /// Objects dropped because their key could not be computed (no uid under the uid key).
@@ -133,13 +133,13 @@ impl<K: Resource + Clone> Index<K> {
             handed: 0,
             key,
             count,
-            entries: HashMap::new(),
-            by_ref: HashMap::new(),
-            by_shard: HashMap::new(),
-            tombstones: HashMap::new(),
+            entries: BTreeMap::new(),
+            by_ref: BTreeMap::new(),
+            by_shard: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
             floors: Vec::new(),
             projected: vec![false; count.get() as usize],
-            emitted: HashMap::new(),
+            emitted: BTreeMap::new(),
             initialized: false,
             out: VecDeque::new(),
             unplaceable: 0,
@@ -352,7 +352,7 @@ impl<K: Resource + Clone> Index<K> {
                 })
             })
             .map(|e| e.key.clone())
-            .collect::<HashSet<_>>()
+            .collect::<BTreeSet<_>>()
             .into_iter()
             .collect()
     }
@@ -517,7 +517,7 @@ impl<K: Resource + Clone> Index<K> {
     /// A sub-watch relisted `ranges`: apply what is present, delete what vanished (unless it is newer than
     /// the relist, i.e. was seen after the snapshot was taken).
     pub(crate) fn relist(&mut self, relist: Relist<K>) {
-        let mut present: HashSet<Arc<str>> = HashSet::with_capacity(relist.objects.len());
+        let mut present: BTreeSet<Arc<str>> = BTreeSet::new();
         for obj in relist.objects {
             if let Some(uid) = Self::uid_of(&obj) {
                 present.insert(uid);
@@ -948,7 +948,7 @@ mod tests {
     /// A placement from a mutable table (a stand-in for the dependency-key map): object name -> shards.
     fn table_placement(
         s: ShardCount,
-        table: &Arc<std::sync::Mutex<HashMap<String, Vec<u32>>>>,
+        table: &Arc<std::sync::Mutex<BTreeMap<String, Vec<u32>>>>,
     ) -> Placement<ConfigMap> {
         let table = table.clone();
         Arc::new(move |o: &ConfigMap| {
@@ -967,7 +967,7 @@ mod tests {
     #[test]
     fn placement_in_several_shards_and_nowhere() {
         let s = ShardCount::new(4).unwrap();
-        let table = Arc::new(std::sync::Mutex::new(HashMap::from([
+        let table = Arc::new(std::sync::Mutex::new(BTreeMap::from([
             ("both".to_owned(), vec![1, 3]),
             ("one".to_owned(), vec![2]),
         ])));
@@ -1011,7 +1011,7 @@ mod tests {
     #[test]
     fn replacing_follows_the_map_and_object_updates() {
         let s = ShardCount::new(4).unwrap();
-        let table = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let table = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let mut ix = Index::new(ShardKey::Uid, s);
         ix.set_placement(table_placement(s, &table));
         ix.set_projected([0]);
@@ -1059,7 +1059,7 @@ mod tests {
     #[test]
     fn reflector_mode_hands_objects_over_and_takes_them_back() {
         use std::sync::Mutex;
-        type Fake = Arc<Mutex<HashMap<RefKey, ConfigMap>>>;
+        type Fake = Arc<Mutex<BTreeMap<RefKey, ConfigMap>>>;
         let s = ShardCount::new(2).unwrap();
         let uids: Vec<String> = (0..64).map(|i| format!("{i}-uid")).collect();
         let in0 = uids.iter().find(|u| shard_of(u, s) == 0).unwrap().clone();

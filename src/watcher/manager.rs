@@ -10,12 +10,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::AbortHandle;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
+
+use crate::ownership::spawn::Spawner;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
@@ -75,6 +77,8 @@ pub(crate) struct Settings<K: Resource> {
     pub(crate) depends_changed: Option<ChangedFn>,
     /// Secondaries: told of the index's changes (a mapper's reverse edges).
     pub(crate) dep_observer: Option<Observer<K>>,
+    /// Starts the sub-watches and barrier LISTs (and, in `EventStream`, the manager itself).
+    pub(crate) spawner: Spawner,
 }
 
 struct Sub {
@@ -179,6 +183,11 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Send + Sync + Eq + std::hash::Hash,
 {
+    /// Where this manager starts its tasks.
+    pub(crate) fn spawner(&self) -> Spawner {
+        self.settings.spawner.clone()
+    }
+
     pub(crate) fn new(
         client: Client,
         requests: Requests,
@@ -400,6 +409,12 @@ where
         self.barriers
             .retain(|s, b| activating.get(s) == Some(&b.epoch));
         for (shard, epoch) in &activating {
+            #[cfg(feature = "planted-bugs")]
+            if crate::ownership::planted::on(crate::ownership::planted::Bug::SkipActivationBarrier)
+            {
+                self.report_activated(*shard, *epoch);
+                continue;
+            }
             if !self.barriers.contains_key(shard) {
                 self.barriers.insert(
                     *shard,
@@ -543,7 +558,10 @@ where
             tx: self.sub_tx.clone(),
             _marker: std::marker::PhantomData,
         };
-        let handle = tokio::spawn(task.run());
+        let (run, abort) = futures::future::abortable(task.run());
+        self.settings.spawner.spawn(async move {
+            let _ = run.await;
+        });
         self.subs.insert(
             id,
             Sub {
@@ -553,7 +571,7 @@ where
                 passed: parse_rv(synced_rv.as_deref()),
                 passed_rv: synced_rv.clone(),
                 synced_rv,
-                abort: handle.abort_handle(),
+                abort,
             },
         );
     }
@@ -861,7 +879,7 @@ where
         let client = self.client.clone();
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
-        tokio::spawn(async move {
+        self.settings.spawner.spawn(async move {
             let listed = list_retrying::<serde_json::Value>(
                 &client,
                 &requests,
@@ -888,7 +906,7 @@ where
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
+        self.settings.spawner.spawn(async move {
             let listed = list_retrying::<K>(
                 &client,
                 &requests,
@@ -918,7 +936,7 @@ where
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
+        self.settings.spawner.spawn(async move {
             let listed = list_retrying::<K>(
                 &client,
                 &requests,
@@ -957,7 +975,7 @@ where
         let requests = self.requests.clone();
         let tx = self.ctl_tx.clone();
         let known_nonempty = self.index.len() > 0;
-        tokio::spawn(async move {
+        self.settings.spawner.spawn(async move {
             let filtered = match subwatch::list_all::<serde_json::Value>(
                 &client,
                 &requests,

@@ -354,6 +354,7 @@ impl<K: Resource> Settings<K> {
             depends: None,
             depends_changed: None,
             dep_observer: None,
+            spawner: crate::ownership::spawn::Spawner::tokio(),
         }
     }
 }
@@ -407,6 +408,13 @@ where
     /// The first re-probe of server filtering after a fallback (default 60 s, doubling per flip, ≤ 30 min).
     pub fn probe_interval(mut self, d: Duration) -> Self {
         self.settings.probe_interval = d;
+        self
+    }
+
+    /// Where this watcher starts its tasks (its manager, sub-watches and barrier LISTs); default
+    /// `tokio::spawn`. A simulator passes the member's pausable spawner, so pausing the member freezes them.
+    pub fn spawner(mut self, spawner: crate::ownership::spawn::Spawner) -> Self {
+        self.settings.spawner = spawner;
         self
     }
 
@@ -540,7 +548,8 @@ where
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if let Some(manager) = this.manager.take() {
-            tokio::spawn(manager.run());
+            let spawner = manager.spawner();
+            spawner.spawn(manager.run());
         }
         loop {
             match this.rx.poll_recv(cx) {

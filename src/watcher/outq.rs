@@ -13,7 +13,7 @@
 //!
 //! Pure: no I/O, no async.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use kube::runtime::watcher::Event;
 use kube::Resource;
@@ -27,7 +27,7 @@ pub(crate) struct OutQueue<K: Resource> {
     /// The absolute position of `items[0]`.
     base: u64,
     /// Where the queued `Apply`/`Delete` of a name sits (absolute position).
-    slots: HashMap<RefKey, u64>,
+    slots: BTreeMap<RefKey, u64>,
 }
 
 impl<K: Resource> Default for OutQueue<K> {
@@ -35,7 +35,7 @@ impl<K: Resource> Default for OutQueue<K> {
         OutQueue {
             items: VecDeque::new(),
             base: 0,
-            slots: HashMap::new(),
+            slots: BTreeMap::new(),
         }
     }
 }

@@ -10,7 +10,7 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::OpMetrics;
+use kube_shard_example_operator::OperatorMetrics as OpMetrics;
 
 #[derive(Clone)]
 pub(super) struct State {

@@ -1,24 +1,16 @@
 //! `kshard operator`: the example sharded operator (hidden subcommand; `kshard demo` re-executes its own
 //! binary with it for each replica).
 //!
-//! It reconciles `Widget`s (`example.kube-shard.io/v1`): for each one a child ConfigMap `<name>-widget`
-//! mirroring the spec, and the status `observedGeneration`, `reconciledBy` (the member) and `epoch` (of
-//! the fence it wrote under). Every write is a fenced write (uid and resourceVersion preconditions, the
-//! fence header, the fence annotation on main-resource writes). Widgets are read through kube-shard's
-//! sharded read path; ownership comes from a `ShardGroup`. SIGTERM (or SIGINT) leaves the group
-//! gracefully: the shards move away, then the process exits.
-//!
-//! One piece of work runs once per group, on the coordinator (`Leadership::run_singleton`, with a fencing
-//! term): collecting child ConfigMaps whose Widget is gone (see `gc`), every `--gc-interval`.
+//! The reconcile path (Widgets, child ConfigMaps, the orphan-collecting singleton) is the library crate
+//! `kube-shard-example-operator`; this module parses the flags, builds the `ShardGroup` (renewals on a
+//! dedicated thread), serves metrics and turns SIGTERM (or SIGINT) into a graceful leave: the shards move
+//! away, then the process exits.
 //!
 //! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
 //! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
-mod gc;
 pub(crate) mod http;
-pub(crate) mod widget;
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,31 +18,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::ObjectMeta;
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, Controller, WatchStreamExt};
-use kube::{Api, Client, Resource};
+use kube::Client;
 use kube_shard::group::ShardGroup;
-use kube_shard::ownership::fenced_write::{self, FencedApi};
-use kube_shard::ownership::{reconcile, FenceError};
-use kube_shard::watcher::{Dependency, ReadPathMetrics};
-use kube_shard::{Fence, Ownership, Permit, ShardCount, ShardKey, ShardedWatcher};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
+use kube_shard::watcher::ReadPathMetrics;
+use kube_shard::{Ownership, ShardCount, ShardKey};
+use kube_shard_example_operator::{self as example, OnWrite, WriteRecord};
 use prometheus_client::registry::Registry;
 
 use crate::cli::CliError;
 use crate::duration::parse_duration;
-use widget::{Widget, CHILD_LABEL};
-
-/// The name the Widget read path is reported under (metrics label `resource`).
-pub(crate) const WIDGET_STREAM: &str = "widgets";
-/// The name the child ConfigMap read path is reported under.
-pub(crate) const CHILD_STREAM: &str = "widget-children";
+pub(crate) use example::{widget, WIDGET_STREAM};
 
 #[derive(Debug, Args)]
 pub(crate) struct OperatorArgs {
@@ -157,249 +134,25 @@ pub(crate) async fn client_from(path: Option<&Path>) -> Result<Client, CliError>
     Client::try_from(config).map_err(|e| CliError::failed(format!("kube client: {e}")))
 }
 
-/// The operator's own metrics.
-#[derive(Clone, Default)]
-pub(crate) struct OpMetrics {
-    reconciles: Counter,
-    writes: Counter,
-    write_conflicts: Counter,
-    errors: Counter,
-    fence_refused: Counter,
-    ready: Gauge,
-}
-
-impl OpMetrics {
-    fn register(&self, r: &mut Registry) {
-        r.register(
-            "kshard_widget_reconciles",
-            "Widget reconciles run (admitted)",
-            self.reconciles.clone(),
-        );
-        r.register(
-            "kshard_widget_writes",
-            "Fenced writes committed",
-            self.writes.clone(),
-        );
-        r.register(
-            "kshard_widget_write_conflicts",
-            "Fenced writes refused by a precondition (409)",
-            self.write_conflicts.clone(),
-        );
-        r.register(
-            "kshard_widget_reconcile_errors",
-            "Reconciles that failed",
-            self.errors.clone(),
-        );
-        r.register(
-            "kshard_widget_fence_refused",
-            "Writes not sent because the fence was no longer valid",
-            self.fence_refused.clone(),
-        );
-        r.register(
-            "kshard_ready",
-            "1 when /readyz succeeds",
-            self.ready.clone(),
-        );
-    }
-}
-
 /// Appends one line per committed fenced write (wall-clock nanoseconds), flushed at once.
-#[derive(Clone)]
-struct FenceLog(Option<Arc<Mutex<std::fs::File>>>);
-
-fn unix_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos()
+fn fence_log_hook(file: std::fs::File) -> OnWrite {
+    let file = Mutex::new(file);
+    Arc::new(move |w: &WriteRecord| {
+        let line = format!(
+            "{}\t{}\t{}\t{}\t{}\n",
+            w.member,
+            w.shard,
+            w.epoch,
+            unix_ns(w.sent_wall),
+            unix_ns(SystemTime::now())
+        );
+        let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = f.write_all(line.as_bytes());
+    })
 }
 
-impl FenceLog {
-    fn record(&self, member: &str, fence: &Fence, start: u128) {
-        if let Some(f) = &self.0 {
-            let line = format!(
-                "{member}\t{}\t{}\t{start}\t{}\n",
-                fence.shard(),
-                fence.epoch(),
-                unix_ns()
-            );
-            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = f.write_all(line.as_bytes());
-        }
-    }
-}
-
-struct Ctx {
-    client: Client,
-    /// The member's ownership: its current `name/incarnation` (it changes on a rejoin) for the fence log.
-    ownership: Ownership,
-    name: String,
-    children: Store<ConfigMap>,
-    metrics: OpMetrics,
-    fence_log: FenceLog,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ReconcileError {
-    #[error("fence: {0}")]
-    Fence(#[from] FenceError),
-    #[error("write: {0}")]
-    Write(#[from] fenced_write::Error),
-    #[error("widget without metadata.{0}")]
-    Missing(&'static str),
-}
-
-fn child_name(widget: &str) -> String {
-    format!("{widget}-widget")
-}
-
-fn desired_data(w: &Widget) -> BTreeMap<String, String> {
-    let mut d = BTreeMap::new();
-    if let Some(size) = w.spec.size {
-        d.insert("size".to_owned(), size.to_string());
-    }
-    if let Some(c) = &w.spec.color {
-        d.insert("color".to_owned(), c.clone());
-    }
-    if let Some(m) = &w.spec.message {
-        d.insert("message".to_owned(), m.clone());
-    }
-    d.insert(
-        "widgetGeneration".to_owned(),
-        w.metadata.generation.unwrap_or(0).to_string(),
-    );
-    d
-}
-
-/// Run one fenced write, counting and logging it.
-async fn fenced<T>(
-    ctx: &Ctx,
-    fence: &Fence,
-    write: impl std::future::Future<Output = Result<T, fenced_write::Error>>,
-) -> Result<T, ReconcileError> {
-    let start = unix_ns();
-    // the incarnation the fence was issued to: a rejoin revokes every fence of the old one, so a write
-    // that passes its fence check was sent by this incarnation
-    let member = ctx.ownership.snapshot().state().me().to_string();
-    match write.await {
-        Ok(v) => {
-            ctx.metrics.writes.inc();
-            ctx.fence_log.record(&member, fence, start);
-            Ok(v)
-        }
-        Err(e) => {
-            if e.is_fenced() {
-                ctx.metrics.fence_refused.inc();
-            } else if e.is_conflict() {
-                ctx.metrics.write_conflicts.inc();
-            }
-            Err(e.into())
-        }
-    }
-}
-
-async fn reconcile_widget(
-    w: Arc<Widget>,
-    ctx: Arc<Ctx>,
-    permit: Permit,
-) -> Result<Action, ReconcileError> {
-    ctx.metrics.reconciles.inc();
-    let name = w
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(ReconcileError::Missing("name"))?;
-    let ns = w
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(ReconcileError::Missing("namespace"))?;
-    let uid = w
-        .metadata
-        .uid
-        .as_deref()
-        .ok_or(ReconcileError::Missing("uid"))?;
-    let rv = w
-        .metadata
-        .resource_version
-        .as_deref()
-        .ok_or(ReconcileError::Missing("resourceVersion"))?;
-    let generation = w.metadata.generation.unwrap_or(0);
-
-    // the child ConfigMap
-    let data = desired_data(&w);
-    let cname = child_name(name);
-    let child = ctx.children.get(&ObjectRef::new(&cname).within(ns));
-    let cms: FencedApi<ConfigMap> = FencedApi::new(Api::namespaced(ctx.client.clone(), ns));
-    match child {
-        None => {
-            let owner = OwnerReference {
-                api_version: Widget::api_version(&()).into_owned(),
-                kind: "Widget".to_owned(),
-                name: name.to_owned(),
-                uid: uid.to_owned(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            };
-            let cm = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(cname.clone()),
-                    namespace: Some(ns.to_owned()),
-                    labels: Some([(CHILD_LABEL.to_owned(), name.to_owned())].into()),
-                    owner_references: Some(vec![owner]),
-                    ..ObjectMeta::default()
-                },
-                data: Some(data),
-                ..ConfigMap::default()
-            };
-            let fence = permit.fence()?;
-            match fenced(&ctx, &fence, cms.create(&fence, &cm)).await {
-                Ok(_) => {}
-                // created before and not in our cache yet: the cache catches up and triggers us
-                Err(ReconcileError::Write(e)) if e.is_conflict() => {
-                    return Ok(Action::requeue(Duration::from_millis(300)));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Some(c) if c.data.as_ref() != Some(&data) => {
-            let mut c = (*c).clone();
-            c.data = Some(data);
-            let fence = permit.fence()?;
-            fenced(&ctx, &fence, cms.replace(&fence, &cname, &c)).await?;
-        }
-        Some(_) => {}
-    }
-
-    // the status
-    let fence = permit.fence()?;
-    let want = widget::WidgetStatus {
-        observed_generation: Some(generation),
-        reconciled_by: Some(ctx.name.clone()),
-        epoch: Some(fence.epoch()),
-    };
-    if w.status.as_ref() != Some(&want) {
-        let widgets: FencedApi<Widget> = FencedApi::new(Api::namespaced(ctx.client.clone(), ns));
-        let patch = serde_json::json!({ "status": want });
-        fenced(
-            &ctx,
-            &fence,
-            widgets.patch_status(&fence, name, uid, rv, &patch),
-        )
-        .await?;
-    }
-    Ok(Action::await_change())
-}
-
-fn error_policy(_w: Arc<Widget>, err: &ReconcileError, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.errors.inc();
-    let quick = matches!(err, ReconcileError::Write(e) if e.is_conflict());
-    let base = if quick {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_millis(500)
-    };
-    Action::requeue(kube_shard::ownership::jitter(base))
+fn unix_ns(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
 }
 
 pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
@@ -453,14 +206,38 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     let (handle, group_task) = group.start();
     let ownership: Ownership = handle.ownership();
 
-    // metrics
+    // the operator: built before the group task first runs, so its watchers' warm reports are awaited
+    let mut config = example::Config::new(identity.clone())
+        .watch_namespace(args.watch_namespace.clone())
+        .key(args.hash_key)
+        .gc_interval(args.gc_interval);
+    if let Some(p) = &args.fence_log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)?;
+        config = config.on_write(fence_log_hook(file));
+    }
     let read_metrics = ReadPathMetrics::new();
-    let op_metrics = OpMetrics::default();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let workload = example::build(
+        example::Clients::split(client.clone(), read_client),
+        ownership.clone(),
+        handle.leadership(),
+        config,
+        &read_metrics,
+        async move {
+            let _ = stop_rx.await;
+        },
+    )
+    .map_err(|e| CliError::failed(e.to_string()))?;
+
+    // metrics
     let mut registry = Registry::default();
     read_metrics.register(&mut registry);
-    op_metrics.register(&mut registry);
+    workload.metrics.register(&mut registry);
     handle.metrics().register(&mut registry);
-    let gc_metrics = gc::GcMetrics::default();
+    let gc_metrics = workload.gc_metrics.clone();
     registry.register(
         "kshard_singleton_term",
         "The term this member runs the singleton in (0 when it does not lead)",
@@ -477,111 +254,22 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         gc_metrics.passes.clone(),
     );
 
-    // the read path: created before the group task first runs, so its warm reports are awaited
-    let widgets: Api<Widget> = match &args.watch_namespace {
-        Some(ns) => Api::namespaced(read_client, ns),
-        None => Api::all(read_client),
-    };
-    let sharded = ShardedWatcher::new(widgets, watcher::Config::default(), ownership.clone())
-        .name(WIDGET_STREAM)
-        .metrics(&read_metrics)
-        .transform(|w: &mut Widget| w.metadata.managed_fields = None)
-        .build_reflector();
-    let stats = sharded.stats.clone();
-    let widget_store = sharded.store.clone().expect("a reflector has a store");
-
-    // children: a secondary watcher placed by the dependency-key map (the controller ownerReference's
-    // uid under the `uid` key, the server filter under the `namespace` key), created before the group
-    // task runs so a shard is warm only when its children are in the store too
-    let cms: Api<ConfigMap> = match &args.watch_namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let dependency = match args.hash_key {
-        ShardKey::Namespace => Dependency::same_key(),
-        _ => Dependency::controller_owner(),
-    };
-    let child_watch = ShardedWatcher::new(
-        cms,
-        watcher::Config::default().labels(CHILD_LABEL),
-        ownership.clone(),
-    )
-    .dependent(dependency)
-    .map_err(|e| CliError::failed(format!("child ConfigMaps: {e}")))?
-    .name(CHILD_STREAM)
-    .metrics(&read_metrics)
-    .transform(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
-    .build_reflector();
-    let children = child_watch.store.clone().expect("a reflector has a store");
-    let child_stream = child_watch.events.touched_objects();
-
     let group_task = tokio::spawn(group_task);
-    let fence_log = match &args.fence_log {
-        Some(p) => FenceLog(Some(Arc::new(Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)?,
-        )))),
-        None => FenceLog(None),
-    };
-    let ctx = Arc::new(Ctx {
-        client: client.clone(),
-        ownership: ownership.clone(),
-        name: identity.clone(),
-        children,
-        metrics: op_metrics.clone(),
-        fence_log,
-    });
-
     if let Some(addr) = args.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let state = http::State {
             registry: Arc::new(registry),
             handle: handle.clone(),
-            stats: stats.clone(),
-            metrics: op_metrics.clone(),
+            stats: workload.stats.clone(),
+            metrics: workload.metrics.clone(),
         };
         tokio::spawn(http::serve(listener, state));
         println!("metrics http://{local}");
         let _ = std::io::stdout().flush();
     }
-
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = Controller::for_stream(sharded.events.applied_objects(), widget_store)
-        .owns_stream(child_stream)
-        .reconcile_on(sharded.reenqueue)
-        .graceful_shutdown_on(async move {
-            let _ = stop_rx.await;
-        })
-        .run(
-            reconcile::wrap(ownership.clone(), reconcile_widget),
-            error_policy,
-            ctx,
-        )
-        .for_each(|_| async {});
-    let controller = tokio::spawn(controller);
-    let singleton = {
-        let (client, ns, every) = (
-            client.clone(),
-            args.watch_namespace.clone(),
-            args.gc_interval,
-        );
-        tokio::spawn(
-            handle
-                .leadership()
-                .run_singleton("orphan-children", move |guard| {
-                    gc::collect_orphans(
-                        client.clone(),
-                        ns.clone(),
-                        every,
-                        guard,
-                        gc_metrics.clone(),
-                    )
-                }),
-        )
-    };
+    let controller = tokio::spawn(workload.controller);
+    let singleton = tokio::spawn(workload.singleton);
 
     let mut group_task = group_task;
     tokio::select! {

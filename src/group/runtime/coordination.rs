@@ -87,7 +87,9 @@ impl Runtime {
     /// the group: generations only grow). A forward-skewed coordinator cannot trip this: it caps each new
     /// generation at the previous one plus the same bound.
     fn sane_generation(&self, a: Assignment) -> Result<Assignment, String> {
-        let limit = wall_ms()
+        let limit = self
+            .clock()
+            .wall_ms()
             .max(self.seen_generation)
             .saturating_add(MAX_GENERATION_STEP);
         if a.view.generation > limit {
@@ -144,7 +146,7 @@ impl Runtime {
         let may_take_over = self
             .continuous_since
             .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
-        let now_ms = wall_ms();
+        let now_ms = self.clock().wall_ms();
         let out = coordinator::step(&StepInput {
             current: &current,
             members: &members,
@@ -334,7 +336,7 @@ impl Runtime {
             fresh.drained = last.drained.clone();
             return fresh;
         }
-        let gen = Assignment::next_generation(fresh.view.generation, wall_ms());
+        let gen = Assignment::next_generation(fresh.view.generation, self.clock().wall_ms());
         let mut rebuilt = false;
         for m in members.iter().filter(|m| !m.gone) {
             let Some(r) = &m.report else { continue };
@@ -464,14 +466,6 @@ impl Runtime {
             Err(err) => warn!(error = %err, "assignment write failed"),
         }
     }
-}
-
-/// The wall clock in ms since the Unix epoch (generations only; never for durations).
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Whether `id` owns or receives a shard in `a`.

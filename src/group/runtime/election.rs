@@ -77,12 +77,11 @@ impl Runtime {
         let renewing = held_by_me
             && self
                 .term
-                .is_some_and(|t| t.is_valid() && t.term == prev_term);
+                .is_some_and(|t| t.is_valid_on(self.clock()) && t.term == prev_term);
         let term = if renewing {
             prev_term
         } else {
-            let now_ms =
-                u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+            let now_ms = self.clock().wall_ms();
             Assignment::next_generation(prev_term, now_ms)
         };
         let mut lease = current.clone().unwrap_or_else(|| Lease {
@@ -111,7 +110,7 @@ impl Runtime {
         spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
         spec.renew_time = Some(stamp);
         // both clocks, read before the request: a suspend while it is in flight counts against the term
-        let start = crate::ownership::clock::Clock::system().now();
+        let start = self.clock().now();
         let result = match current {
             None => {
                 self.bounded(self.leases.create(&PostParams::default(), &lease))

@@ -160,9 +160,11 @@ pub(crate) struct Runtime {
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
 /// liveness by seeing `renewTime` *change*, so two renewals must never write the same value.
-fn next_stamp(last: Option<k8s_openapi::jiff::Timestamp>) -> k8s_openapi::jiff::Timestamp {
+fn next_stamp(
+    now: k8s_openapi::jiff::Timestamp,
+    last: Option<k8s_openapi::jiff::Timestamp>,
+) -> k8s_openapi::jiff::Timestamp {
     use k8s_openapi::jiff::{SignedDuration, Timestamp};
-    let now = Timestamp::now();
     let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
     match last {
         Some(l) if now <= l => l.checked_add(SignedDuration::from_micros(1)).unwrap_or(l),
@@ -189,6 +191,7 @@ impl Runtime {
         health: Health,
         metrics: GroupMetrics,
         leadership: watch::Sender<Option<LeaderTerm>>,
+        spawner: crate::ownership::spawn::Spawner,
     ) -> Self {
         let now = Instant::now();
         let events = Events::new(
@@ -196,6 +199,8 @@ impl Runtime {
             &cfg.namespace,
             &cfg.member_lease(),
             &cfg.member,
+            spawner,
+            ownership.inner.clock.clone(),
         );
         Runtime {
             metrics,
@@ -251,9 +256,14 @@ impl Runtime {
         }
     }
 
+    /// The member's clocks (injectable: `ShardGroupBuilder::clock`).
+    pub(crate) fn clock(&self) -> &crate::ownership::clock::Clock {
+        &self.ownership.inner.clock
+    }
+
     fn stamp(&self) -> MicroTime {
         let mut last = self.last_stamp.lock().unwrap_or_else(|e| e.into_inner());
-        let t = next_stamp(*last);
+        let t = next_stamp(self.clock().wall_timestamp(), *last);
         *last = Some(t);
         MicroTime(t)
     }
@@ -321,23 +331,10 @@ impl Runtime {
             let mut dirty = true;
             let mut coordinate_soon = false;
             loop {
+                // biased: a fixed branch order (tokio's random one cannot be seeded), rarest first so a
+                // busy watch never starves the tick or the leave; the watches are drained below anyway
                 tokio::select! {
-                    ev = lease_events.next() => match self.lease_item(ev) {
-                        Some(soon) => coordinate_soon |= soon,
-                        None => return Ok(()),
-                    },
-                    ev = cm_events.next() => if !self.assignment_item(ev) {
-                        return Ok(());
-                    },
-                    r = changed.changed() => {
-                        if r.is_err() { return Ok(()); }
-                        self.vacuous_progress();
-                        // publish acks promptly, but a renewal itself changes ownership bookkeeping:
-                        // renew early only when the report would say something new
-                        if self.report().encode() != self.published {
-                            dirty = true;
-                        }
-                    }
+                    biased;
                     r = &mut leave, if leave_armed => {
                         leave_armed = false;
                         let _ = r;
@@ -357,6 +354,22 @@ impl Runtime {
                             self.reset_observations();
                         }
                     }
+                    r = changed.changed() => {
+                        if r.is_err() { return Ok(()); }
+                        self.vacuous_progress();
+                        // publish acks promptly, but a renewal itself changes ownership bookkeeping:
+                        // renew early only when the report would say something new
+                        if self.report().encode() != self.published {
+                            dirty = true;
+                        }
+                    }
+                    ev = lease_events.next() => match self.lease_item(ev) {
+                        Some(soon) => coordinate_soon |= soon,
+                        None => return Ok(()),
+                    },
+                    ev = cm_events.next() => if !self.assignment_item(ev) {
+                        return Ok(());
+                    },
                 }
                 // apply everything the watches have delivered already before acting: one event per
                 // iteration would let slow passes starve the watches (F8)
@@ -473,5 +486,5 @@ impl Runtime {
 
 /// A fresh random incarnation.
 pub(crate) fn new_incarnation() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    format!("{:016x}", crate::ownership::random::next_u64())
 }

@@ -273,7 +273,7 @@ impl Runtime {
                 expired: !me && since >= expiry,
                 gone: o.taken_over || (deleted && since >= expiry),
                 report: if me {
-                    Some(self.report())
+                    self.committed_report()
                 } else {
                     o.report.clone()
                 },
@@ -283,6 +283,14 @@ impl Runtime {
             });
         }
         out
+    }
+
+    /// Our own report as our Lease last committed it, not as our state says now: a coordinator completes a
+    /// move away from itself only on an ack that others can read (and that the ownership-history oracle
+    /// finds committed before the completion). A release between our last renewal and this pass waits
+    /// for the next renewal, which the changed report triggers at once.
+    fn committed_report(&self) -> Option<crate::group::report::MemberReport> {
+        crate::group::report::MemberReport::decode(&self.published, self.cfg.shards).ok()
     }
 
     /// The members for a coordinator pass: the observed ones, plus every member the assignment names that
@@ -321,7 +329,7 @@ impl Runtime {
                 alive: me,
                 expired: false,
                 gone,
-                report: me.then(|| self.report()),
+                report: if me { self.committed_report() } else { None },
                 joined: 0,
                 joining: false,
             });

@@ -22,21 +22,21 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
-use super::widget::{Widget, CHILD_LABEL};
+use crate::widget::{Widget, CHILD_LABEL};
 
 /// Metrics of the singleton.
 #[derive(Clone, Default)]
-pub(crate) struct GcMetrics {
+pub struct GcMetrics {
     /// The term this member runs the singleton in (0 when it does not).
-    pub(crate) term: Gauge,
+    pub term: Gauge,
     /// Orphaned children deleted.
-    pub(crate) collected: Counter,
+    pub collected: Counter,
     /// Collection passes completed.
-    pub(crate) passes: Counter,
+    pub passes: Counter,
 }
 
 /// Run collection passes every `interval` while `guard`'s term lasts.
-pub(crate) async fn collect_orphans(
+pub async fn collect_orphans(
     client: Client,
     namespace: Option<String>,
     interval: Duration,

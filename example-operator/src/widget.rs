@@ -11,29 +11,29 @@ use kube::{Api, Client, Resource};
 use serde::{Deserialize, Serialize};
 
 /// The API group.
-pub(crate) const GROUP: &str = "example.kube-shard.io";
+pub const GROUP: &str = "example.kube-shard.io";
 /// The version.
-pub(crate) const VERSION: &str = "v1";
+pub const VERSION: &str = "v1";
 /// The plural.
-pub(crate) const PLURAL: &str = "widgets";
+pub const PLURAL: &str = "widgets";
 /// The CRD's name.
-pub(crate) const CRD_NAME: &str = "widgets.example.kube-shard.io";
+pub const CRD_NAME: &str = "widgets.example.kube-shard.io";
 /// The label every child ConfigMap carries (value: the Widget's name).
-pub(crate) const CHILD_LABEL: &str = "example.kube-shard.io/widget";
+pub const CHILD_LABEL: &str = "example.kube-shard.io/widget";
 
 /// A Widget.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Widget {
+pub struct Widget {
     #[serde(rename = "apiVersion", default = "api_version")]
-    pub(crate) api_version: String,
+    pub api_version: String,
     #[serde(default = "kind")]
-    pub(crate) kind: String,
+    pub kind: String,
     #[serde(default)]
-    pub(crate) metadata: ObjectMeta,
+    pub metadata: ObjectMeta,
     #[serde(default)]
-    pub(crate) spec: WidgetSpec,
+    pub spec: WidgetSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) status: Option<WidgetStatus>,
+    pub status: Option<WidgetStatus>,
 }
 
 fn api_version() -> String {
@@ -47,32 +47,32 @@ fn kind() -> String {
 /// What a Widget asks for. Every field is optional.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct WidgetSpec {
+pub struct WidgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) size: Option<i64>,
+    pub size: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) color: Option<String>,
+    pub color: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) message: Option<String>,
+    pub message: Option<String>,
 }
 
 /// What the operator reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct WidgetStatus {
+pub struct WidgetStatus {
     /// The `metadata.generation` last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) observed_generation: Option<i64>,
+    pub observed_generation: Option<i64>,
     /// The member that reconciled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) reconciled_by: Option<String>,
+    pub reconciled_by: Option<String>,
     /// The epoch of the fence the status was written under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) epoch: Option<u64>,
+    pub epoch: Option<u64>,
 }
 
 impl Widget {
-    pub(crate) fn new(name: &str, namespace: &str, spec: WidgetSpec) -> Self {
+    pub fn new(name: &str, namespace: &str, spec: WidgetSpec) -> Self {
         Widget {
             api_version: api_version(),
             kind: kind(),
@@ -117,7 +117,7 @@ impl Resource for Widget {
 }
 
 /// The CustomResourceDefinition.
-pub(crate) fn crd() -> CustomResourceDefinition {
+pub fn crd() -> CustomResourceDefinition {
     let v = serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -165,7 +165,7 @@ pub(crate) fn crd() -> CustomResourceDefinition {
 
 /// Install the CRD if it is missing (several replicas may race: `AlreadyExists` is success), then wait
 /// until it is `Established`.
-pub(crate) async fn install_crd(client: Client, wait: Duration) -> Result<(), kube::Error> {
+pub async fn install_crd(client: Client, wait: Duration) -> Result<(), kube::Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client);
     match api.create(&PostParams::default(), &crd()).await {
         Ok(_) => {}

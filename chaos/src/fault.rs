@@ -1,0 +1,215 @@
+//! The faults a schedule injects, and how a seed chooses them (pure: no I/O, no clock).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+
+/// One fault. `member` indexes the members alive when the fault fires (modulo their number), so a fault
+/// list stays meaningful after shrinking removes earlier faults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Fault {
+    /// The process dies (every task it started stops); a replacement with a fresh name starts later.
+    Kill { member: usize },
+    /// The process is paused (every task frozen) for `secs`, past `renew_deadline`, then resumes.
+    Pause { member: usize, secs: u64 },
+    /// The member's requests get no answer and its watches freeze, for `secs`.
+    Partition { member: usize, secs: u64 },
+    /// The coordinator dies, preferably while a move is in flight.
+    KillCoordinator,
+    /// A new member joins.
+    ScaleUp,
+    /// A member leaves gracefully.
+    Leave { member: usize },
+    /// A member leaves gracefully and a process with the same name starts at once.
+    RollingRestart { member: usize },
+    /// A second process with an existing member's name starts (the first one runs on).
+    SameName { member: usize },
+    /// The next `times` requests fail with `code` (500 or 429).
+    ErrorBurst { code: u16, times: u32 },
+    /// Every request is delayed by `ms` for `secs`.
+    Latency { ms: u64, secs: u64 },
+    /// Every open watch is closed.
+    CloseWatches,
+    /// Every watch stays open and delivers nothing for `secs`.
+    FreezeWatches { secs: u64 },
+    /// The watch history is compacted (resumes get 410).
+    Compact,
+    /// The apiserver refuses everything for `secs` (longer than the lease).
+    Outage { secs: u64 },
+    /// The assignment ConfigMap is deleted.
+    DeleteAssignment,
+    /// The assignment ConfigMap is overwritten with text no member decodes.
+    CorruptAssignment,
+    /// A member's Lease is deleted.
+    DeleteMemberLease { member: usize },
+    /// The coordinator Lease is deleted.
+    DeleteCoordinatorLease,
+    /// A member's wall clock jumps by `secs` (forward or back).
+    WallJump { member: usize, secs: i64 },
+}
+
+impl Fault {
+    /// The kind, for the summary.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Kill { .. } => "kill",
+            Fault::Pause { .. } => "pause",
+            Fault::Partition { .. } => "partition",
+            Fault::KillCoordinator => "kill-coordinator",
+            Fault::ScaleUp => "scale-up",
+            Fault::Leave { .. } => "leave",
+            Fault::RollingRestart { .. } => "rolling-restart",
+            Fault::SameName { .. } => "same-name",
+            Fault::ErrorBurst { code: 429, .. } => "burst-429",
+            Fault::ErrorBurst { .. } => "burst-5xx",
+            Fault::Latency { .. } => "latency",
+            Fault::CloseWatches => "close-watches",
+            Fault::FreezeWatches { .. } => "freeze-watches",
+            Fault::Compact => "compact-410",
+            Fault::Outage { .. } => "outage",
+            Fault::DeleteAssignment => "delete-assignment",
+            Fault::CorruptAssignment => "corrupt-assignment",
+            Fault::DeleteMemberLease { .. } => "delete-member-lease",
+            Fault::DeleteCoordinatorLease => "delete-coordinator-lease",
+            Fault::WallJump { .. } => "wall-jump",
+        }
+    }
+}
+
+/// A fault and when it fires (ms of simulated time after the members started).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timed {
+    /// Simulated ms after the start.
+    pub at_ms: u64,
+    /// The fault.
+    pub fault: Fault,
+}
+
+/// The schedule's shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// How long faults are injected.
+    pub window: Duration,
+    /// At most this many faults.
+    pub max_faults: usize,
+    /// The lease duration (outages last longer).
+    pub lease: Duration,
+    /// The renew deadline (pauses last longer).
+    pub renew_deadline: Duration,
+}
+
+fn one(rng: &mut Rng, shape: &Shape) -> Fault {
+    let m = rng.range(0, 15) as usize;
+    let past_renew = shape.renew_deadline.as_secs().max(1) + rng.range(1, 4);
+    let past_lease = shape.lease.as_secs().max(1) + rng.range(1, 6);
+    match rng.range(0, 19) {
+        0 => Fault::Kill { member: m },
+        1 => Fault::Pause {
+            member: m,
+            secs: past_renew,
+        },
+        2 => Fault::Partition {
+            member: m,
+            secs: rng.range(1, past_lease),
+        },
+        3 => Fault::KillCoordinator,
+        4 => Fault::ScaleUp,
+        5 => Fault::Leave { member: m },
+        6 => Fault::RollingRestart { member: m },
+        7 => Fault::SameName { member: m },
+        8 => Fault::ErrorBurst {
+            code: if rng.chance(1, 2) { 429 } else { 500 },
+            times: rng.range(5, 60) as u32,
+        },
+        9 => Fault::Latency {
+            ms: rng.range(50, 1_500),
+            secs: rng.range(2, 15),
+        },
+        10 => Fault::CloseWatches,
+        11 => Fault::FreezeWatches {
+            secs: rng.range(2, 20),
+        },
+        12 => Fault::Compact,
+        13 => Fault::Outage { secs: past_lease },
+        14 => Fault::DeleteAssignment,
+        15 => Fault::CorruptAssignment,
+        16 => Fault::DeleteMemberLease { member: m },
+        17 => Fault::DeleteCoordinatorLease,
+        _ => Fault::WallJump {
+            member: m,
+            secs: if rng.chance(1, 2) {
+                rng.range(5, 600) as i64
+            } else {
+                -(rng.range(5, 600) as i64)
+            },
+        },
+    }
+}
+
+/// The faults of seed `rng`'s schedule, sorted by time: between 1 and `max_faults`, spread over the window
+/// after a first settle (10 s).
+#[must_use]
+pub fn schedule(rng: &mut Rng, shape: &Shape) -> Vec<Timed> {
+    let n = rng.range(1, shape.max_faults.max(1) as u64) as usize;
+    let window = u64::try_from(shape.window.as_millis()).unwrap_or(u64::MAX);
+    let mut out: Vec<Timed> = (0..n)
+        .map(|_| Timed {
+            at_ms: 10_000 + rng.range(0, window.saturating_sub(10_000)),
+            fault: one(rng, shape),
+        })
+        .collect();
+    out.sort_by_key(|t| t.at_ms);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            window: Duration::from_secs(120),
+            max_faults: 8,
+            lease: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn a_seed_always_gives_the_same_sorted_schedule_inside_the_window() {
+        let a = schedule(&mut Rng::new(11), &shape());
+        assert_eq!(a, schedule(&mut Rng::new(11), &shape()));
+        assert!(!a.is_empty() && a.len() <= 8);
+        assert!(a.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        assert!(a.iter().all(|t| (10_000..=120_000).contains(&t.at_ms)));
+    }
+
+    #[test]
+    fn every_kind_is_drawn_and_pauses_outlast_the_renew_deadline() {
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..300 {
+            for t in schedule(&mut Rng::new(seed), &shape()) {
+                if let Fault::Pause { secs, .. } = t.fault {
+                    assert!(secs > 2);
+                }
+                if let Fault::Outage { secs } = t.fault {
+                    assert!(secs > 3);
+                }
+                kinds.insert(t.fault.kind());
+            }
+        }
+        assert_eq!(kinds.len(), 20, "{kinds:?}");
+    }
+
+    #[test]
+    fn fault_lists_round_trip_through_json() {
+        let a = schedule(&mut Rng::new(5), &shape());
+        let text = serde_json::to_string(&a).unwrap();
+        let b: Vec<Timed> = serde_json::from_str(&text).unwrap();
+        assert_eq!(a, b);
+    }
+}

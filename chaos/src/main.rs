@@ -1,0 +1,151 @@
+//! `chaos`: run seeded fault schedules against a simulated kube-shard group and report violations.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use kube_shard_chaos::fault::Timed;
+use kube_shard_chaos::{replay_command, run_many, run_seed, shrink, Options, Outcome};
+
+#[derive(Debug, Parser)]
+#[command(name = "chaos", about = "Deterministic fault simulator for kube-shard")]
+struct Args {
+    /// How many seeds.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    seed_start: u64,
+    /// Members at the start (3–6).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=6))]
+    members: u64,
+    /// OS threads running seeds.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Print the summary (and failing seeds) as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Simulated seconds of faults per seed (≤ 600).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(15..=600))]
+    window: u64,
+    /// Widgets at the start of each seed (≤ 300).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=300))]
+    objects: u64,
+    /// Replay this fault list (JSON, as printed for a failing seed) instead of the seed's own.
+    #[arg(long)]
+    faults: Option<String>,
+    /// Switch on a planted bug (needs `--features planted-bugs`).
+    #[arg(long)]
+    plant: Option<String>,
+    /// Re-runs allowed to shrink each failing seed's fault list (0: no shrinking).
+    #[arg(long, default_value_t = 24)]
+    shrink: usize,
+    /// Print each seed's event log (faults, starts, reconciles, assignment versions).
+    #[arg(long)]
+    log: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(p) = &args.plant {
+        let names = kube_shard_chaos::plant::names();
+        if !names.contains(&p.as_str()) {
+            eprintln!("chaos: no planted bug {p:?} in this build (available: {names:?}; build with --features planted-bugs)");
+            std::process::exit(2);
+        }
+    }
+    let opts = Options {
+        members: args.members as usize,
+        objects: args.objects as usize,
+        window: Duration::from_secs(args.window),
+        plant: args.plant.clone(),
+        ..Options::default()
+    };
+    let started = Instant::now();
+    if let Some(text) = &args.faults {
+        let faults: Vec<Timed> = match serde_json::from_str(text) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("chaos: --faults is not a fault list: {e}");
+                std::process::exit(2);
+            }
+        };
+        let o = run_seed(args.seed_start, &opts, Some(faults));
+        print_outcome(&o, &opts, &args);
+        std::process::exit(i32::from(!o.findings.is_empty()));
+    }
+    let failed = std::sync::Mutex::new(Vec::<Outcome>::new());
+    let summary = run_many(args.seed_start, args.seeds, args.jobs, &opts, |o| {
+        if args.log {
+            for l in &o.log {
+                eprintln!("seed {} {l}", o.seed);
+            }
+        }
+        if !o.findings.is_empty() {
+            failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(o.clone());
+        }
+    });
+    let mut failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    failed.sort_by_key(|o| o.seed);
+    let mut shrunk = Vec::new();
+    for o in &failed {
+        let s = if args.shrink > 0 && o.faults.len() > 1 {
+            shrink(&opts, o, args.shrink)
+        } else {
+            o.clone()
+        };
+        if !args.json {
+            print_outcome(o, &opts, &args);
+            if s.faults.len() < o.faults.len() {
+                println!(
+                    "  shrunk to {} fault(s): {}",
+                    s.faults.len(),
+                    replay_command(&s, &opts, true)
+                );
+            }
+        }
+        shrunk.push(s);
+    }
+    let wall = started.elapsed();
+    if args.json {
+        let v = serde_json::json!({
+            "summary": summary,
+            "wall_seconds": wall.as_secs_f64(),
+            "failing": failed.iter().zip(&shrunk).map(|(o, s)| serde_json::json!({
+                "seed": o.seed,
+                "findings": o.findings,
+                "replay": replay_command(o, &opts, false),
+                "shrunk_faults": s.faults,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!(
+            "chaos: {} schedules, {:.2} simulated hours, {} checks, {} violation(s) {:?}, in {:.1} s",
+            summary.schedules,
+            summary.simulated_hours,
+            summary.checks,
+            summary.violations.values().sum::<u64>(),
+            summary.violations,
+            wall.as_secs_f64()
+        );
+        println!("faults by kind: {:?}", summary.faults);
+    }
+    std::process::exit(i32::from(!failed.is_empty()));
+}
+
+fn print_outcome(o: &Outcome, opts: &Options, args: &Args) {
+    if o.findings.is_empty() {
+        println!("seed {} ok ({} faults)", o.seed, o.faults.len());
+        return;
+    }
+    let kinds: Vec<&str> = o.findings.iter().map(|f| f.kind.as_str()).collect();
+    println!(
+        "seed {} FAILED {kinds:?}: {} — replay: {}",
+        o.seed,
+        o.findings[0].detail,
+        replay_command(o, opts, args.faults.is_some())
+    );
+}

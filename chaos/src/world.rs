@@ -1,0 +1,279 @@
+//! The simulated cluster: testserver, the members (each the example operator on a `ShardGroup`), what
+//! they did (fences, reconciles), and the event log.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use kube_shard::group::{GroupHandle, ShardGroup};
+use kube_shard::oracles::fences::FenceRecorder;
+use kube_shard::oracles::quiescence::Reconcile;
+use kube_shard::ownership::clock::Clock;
+use kube_shard::watcher::ReadPathMetrics;
+use kube_shard::{ShardCount, ShardKey};
+use kube_shard_example_operator as example;
+use kube_shard_testserver::TestServer;
+use tokio::time::Instant;
+
+use crate::rng::Rng;
+use crate::switch::Switch;
+
+/// The group's name.
+pub const GROUP: &str = "chaos";
+/// The namespace of the group's Leases and assignment.
+pub const CP_NS: &str = "control";
+/// The namespace of the Widgets.
+pub const NS: &str = "widgets";
+/// The test suite's timings: lease 3 s, renew deadline 2 s, retry 0.5 s, grace 0.5 s, margin 0.2 s,
+/// drain 1.8 s.
+pub const LEASE: Duration = Duration::from_secs(3);
+/// See [`LEASE`].
+pub const RENEW: Duration = Duration::from_secs(2);
+const RETRY: Duration = Duration::from_millis(500);
+const GRACE: Duration = Duration::from_millis(500);
+const MARGIN: Duration = Duration::from_millis(200);
+/// See [`LEASE`].
+pub const DRAIN: Duration = Duration::from_millis(1_800);
+/// Simulated time 0 on every member's wall clock (2026-01-01T00:00:00Z), so stamps do not depend on the
+/// host's clock.
+const EPOCH_SECS: u64 = 1_767_225_600;
+
+/// The number of shards.
+#[must_use]
+pub fn shards() -> ShardCount {
+    ShardCount::new(16).expect("16 is a valid shard count")
+}
+
+/// One member process.
+pub struct Member {
+    /// Its name.
+    pub name: String,
+    /// Pause or kill it.
+    pub switch: Switch,
+    /// Its group handle.
+    pub handle: GroupHandle,
+    /// Its wall clock's offset from simulated time (ms).
+    pub wall_offset: Arc<AtomicI64>,
+    /// It was asked to leave.
+    pub leaving: bool,
+    /// Its operator's metrics (reconciles, errors, refused fences).
+    pub metrics: example::OperatorMetrics,
+    /// Its singleton's metrics (orphan collection).
+    pub gc: kube_shard_example_operator::gc::GcMetrics,
+}
+
+impl Member {
+    /// Alive: not killed, and its group task has not ended.
+    #[must_use]
+    pub fn alive(&self) -> bool {
+        !self.switch.is_dead()
+    }
+}
+
+/// Everything one seed's run touches.
+pub struct World {
+    /// The API server.
+    pub server: TestServer,
+    /// Every member ever started (dead ones stay, `alive()` false).
+    pub members: Vec<Member>,
+    /// The fence oracle's recorder, on every member.
+    pub fences: Arc<FenceRecorder>,
+    /// Every successful reconcile (member name, `namespace/name/uid`, generation).
+    pub reconciles: Arc<Mutex<Vec<Reconcile>>>,
+    /// The event log (the determinism test compares two runs of it).
+    pub log: Arc<Mutex<Vec<String>>>,
+    /// Simulated time 0.
+    pub start: Instant,
+    /// The reconcile hook's randomness (slow and failing reconciles).
+    pub hook_rng: Arc<Mutex<Rng>>,
+    next_name: usize,
+}
+
+impl World {
+    /// A fresh world on a seeded testserver, with the control and Widget namespaces and the CRD.
+    pub async fn new(seed: u64) -> World {
+        let server = TestServer::builder()
+            .shard_selector(true)
+            .seed(seed)
+            .build();
+        let admin = server.client("admin");
+        for ns in [CP_NS, NS] {
+            let _ = Api::<Namespace>::all(admin.clone())
+                .create(
+                    &PostParams::default(),
+                    &Namespace {
+                        metadata: ObjectMeta {
+                            name: Some(ns.into()),
+                            ..ObjectMeta::default()
+                        },
+                        ..Namespace::default()
+                    },
+                )
+                .await;
+        }
+        let _ = example::widget::install_crd(admin, Duration::from_secs(5)).await;
+        World {
+            server,
+            members: Vec::new(),
+            fences: FenceRecorder::new(),
+            reconciles: Arc::default(),
+            log: Arc::default(),
+            start: Instant::now(),
+            hook_rng: Arc::new(Mutex::new(Rng::new(seed ^ 0xA5A5))),
+            next_name: 0,
+        }
+    }
+
+    /// Simulated ms since the start.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Append to the event log.
+    pub fn note(&self, what: impl AsRef<str>) {
+        let line = format!("{:>9} {}", self.now_ms(), what.as_ref());
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line);
+    }
+
+    /// A name never used before.
+    pub fn fresh_name(&mut self) -> String {
+        let n = format!("m{}", self.next_name);
+        self.next_name += 1;
+        n
+    }
+
+    /// Indexes of the live members that were not asked to leave.
+    #[must_use]
+    pub fn live(&self) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].alive() && !self.members[i].leaving)
+            .collect()
+    }
+
+    /// Start a member process named `name` (a same-name restart when the name was used before).
+    pub fn spawn(&mut self, name: &str) {
+        let switch = Switch::default();
+        let wall_offset = Arc::new(AtomicI64::new(0));
+        let clock = member_clock(self.start, wall_offset.clone());
+        let client = self.server.client(name);
+        let group = ShardGroup::builder(client.clone(), GROUP, CP_NS)
+            .member(name)
+            .shards(shards())
+            .key(ShardKey::Uid)
+            .timings(LEASE, RENEW, RETRY)
+            .takeover_grace(GRACE)
+            .drain_timeout(DRAIN)
+            .fence_margin(MARGIN)
+            .settle(Duration::from_secs(1), Duration::from_millis(500))
+            .clock(clock)
+            .spawner(switch.spawner())
+            .build()
+            .expect("the simulator's group config is valid");
+        let (handle, task) = group.start();
+        let ownership = handle.ownership();
+        ownership.observe_fences(self.fences.clone());
+        let config = example::Config::new(name)
+            .watch_namespace(Some(NS.to_owned()))
+            .concurrency(1)
+            .gc_interval(Duration::from_secs(10))
+            .spawner(switch.spawner())
+            .before_write(self.before_write())
+            .on_reconciled(self.on_reconciled());
+        let workload = example::build(
+            example::Clients::one(client),
+            ownership,
+            handle.leadership(),
+            config,
+            &ReadPathMetrics::new(),
+            futures::future::pending(),
+        )
+        .expect("the example operator builds");
+        let metrics = workload.metrics.clone();
+        let gc = workload.gc_metrics.clone();
+        let sw = switch.clone();
+        tokio::spawn(switch.wrap(task.map(move |r| {
+            // the group task ended (a graceful leave, or it gave up): the process exits
+            let _ = r;
+            sw.kill();
+        })));
+        tokio::spawn(switch.wrap(workload.controller));
+        tokio::spawn(switch.wrap(workload.singleton));
+        self.note(format!("start {name}"));
+        self.members.push(Member {
+            name: name.to_owned(),
+            switch,
+            handle,
+            wall_offset,
+            leaving: false,
+            metrics,
+            gc,
+        });
+    }
+
+    fn before_write(&self) -> example::BeforeWrite {
+        let rng = self.hook_rng.clone();
+        Arc::new(move |_key: &str| {
+            let (fail, slow) = {
+                let mut r = rng.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    r.chance(1, 25),
+                    r.chance(1, 30).then(|| r.range(500, 4_000)),
+                )
+            };
+            async move {
+                if let Some(ms) = slow {
+                    // past the drain timeout sometimes: the drain must wait for it (or its fence expires)
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                if fail {
+                    example::Injected::Fail
+                } else {
+                    example::Injected::Proceed
+                }
+            }
+            .boxed()
+        })
+    }
+
+    fn on_reconciled(&self) -> example::OnReconciled {
+        let (recs, log, start) = (self.reconciles.clone(), self.log.clone(), self.start);
+        Arc::new(move |r: &example::Reconciled| {
+            let key = format!("{}/{}", r.key, r.uid);
+            let generation = u64::try_from(r.generation).unwrap_or(0);
+            log.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+                "{:>9} reconciled {} {key} {generation}",
+                start.elapsed().as_millis(),
+                r.member
+            ));
+            recs.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Reconcile {
+                    member: r.member.clone(),
+                    key,
+                    generation,
+                });
+        })
+    }
+}
+
+/// A member's clocks: the boot clock is simulated time (it keeps counting while the member is paused, like
+/// a suspend), the wall clock is the fixed epoch + simulated time + the member's offset.
+fn member_clock(start: Instant, offset: Arc<AtomicI64>) -> Clock {
+    Clock::with_boot(move || start.elapsed()).with_wall(move || {
+        let base = SystemTime::UNIX_EPOCH + Duration::from_secs(EPOCH_SECS) + start.elapsed();
+        let off = offset.load(Ordering::SeqCst);
+        if off >= 0 {
+            base + Duration::from_millis(off.unsigned_abs())
+        } else {
+            base - Duration::from_millis(off.unsigned_abs())
+        }
+    })
+}

@@ -1,0 +1,154 @@
+//! The simulator's own tests: a 30-seed run, the determinism test, and the planted bugs each caught.
+
+use std::time::Duration;
+
+use kube_shard_chaos::{run_many, run_seed, Options};
+
+fn quick() -> Options {
+    Options {
+        members: 3,
+        objects: 20,
+        window: Duration::from_secs(60),
+        max_faults: 6,
+        ..Options::default()
+    }
+}
+
+/// Thirty seeds, every fault kind drawn at random, no violation.
+///
+/// Ignored while the simulator's open findings stand (docs/testing.md, "Open findings"): on seeds 0–29
+/// it finds ownership-history violations (an owner's Lease taken over by a new incarnation of the same
+/// name with no ack or takeover mark) and unsettled shards. Run it with `--ignored`.
+#[test]
+#[ignore = "open simulator findings (docs/testing.md): history violations on same-name restarts, unsettled shards"]
+fn thirty_seeds_pass_the_oracle() {
+    let opts = quick();
+    let summary = run_many(0, 30, 2, &opts, |o| {
+        for f in &o.findings {
+            eprintln!("seed {}: {} {}", o.seed, f.kind, f.detail);
+        }
+    });
+    eprintln!("{summary:?}");
+    assert_eq!(summary.schedules, 30);
+    assert!(summary.faults.values().sum::<u64>() >= 30);
+    assert!(summary.checks >= 30 * 5);
+    assert!(
+        summary.violations.is_empty(),
+        "violations {:?} on seeds {:?}",
+        summary.violations,
+        summary.failing
+    );
+}
+
+/// The event log with the lines of each simulated millisecond sorted: kube-runtime's `Controller` picks
+/// the reconciles due at one instant in std-`HashMap` order (a documented limit), so only the order
+/// *within* an instant may differ between runs; everything else must be identical.
+fn canonical(log: &[String]) -> Vec<String> {
+    let mut out = log.to_vec();
+    out.sort_by(|x, y| {
+        let t = |l: &String| {
+            l.split_whitespace()
+                .next()
+                .and_then(|t| t.parse::<u64>().ok())
+        };
+        t(x).cmp(&t(y)).then_with(|| x.cmp(y))
+    });
+    out
+}
+
+/// One seed run twice gives an identical event log (faults, starts, every reconcile with its member,
+/// object and generation at its simulated time, every assignment version's owners), up to the order of
+/// events at one simulated instant.
+///
+/// Ignored: it fails today. Uids, incarnations, fault choice and stamps repeat, but which reconciles run at
+/// a given instant does not (seed 7: at 3000 ms one run reconciles `w-15` generation 2, the other `w-1`).
+/// The remaining sources are outside the library: kube-runtime's Controller scheduler and kube's reflector
+/// store iterate std/ahash maps with random state. See docs/testing.md, "Determinism".
+#[test]
+#[ignore = "not yet deterministic: kube-runtime's scheduler and reflector store order (docs/testing.md)"]
+fn one_seed_twice_gives_an_identical_event_log() {
+    let opts = quick();
+    let a = run_seed(7, &opts, None);
+    let b = run_seed(7, &opts, None);
+    let (a_log, b_log) = (canonical(&a.log), canonical(&b.log));
+    assert!(a.log.len() > 20, "a real run: {} events", a.log.len());
+    if a_log != b_log {
+        let first = a_log
+            .iter()
+            .zip(&b_log)
+            .position(|(x, y)| x != y)
+            .unwrap_or(a_log.len().min(b_log.len()));
+        panic!(
+            "the logs differ at event {first} of {}/{}:\n  {:?}\n  {:?}",
+            a_log.len(),
+            b_log.len(),
+            a_log.get(first),
+            b_log.get(first)
+        );
+    }
+    assert_eq!(a.simulated_ms, b.simulated_ms);
+}
+
+/// Each planted bug is caught within 12 seeds that pass without it (a seed whose unplanted run already
+/// fails says nothing about the bug, so it is skipped).
+///
+/// Ignored: today none of the four is caught within 12 clean seeds. The workload's fenced writes are
+/// answered at once (a reconcile's slow part runs before it takes its fence), so a drain that does not wait
+/// has nothing in flight to overlap; see docs/testing.md, "Planted bugs". Run it with `--ignored`.
+#[test]
+#[ignore = "no planted bug is caught yet by the current workload (docs/testing.md)"]
+fn every_planted_bug_is_caught() {
+    let opts = quick();
+    let mut clean = Vec::new();
+    for seed in 0..40 {
+        if run_seed(seed, &opts, None).findings.is_empty() {
+            clean.push(seed);
+        }
+        if clean.len() == 12 {
+            break;
+        }
+    }
+    let mut caught = Vec::new();
+    for bug in kube_shard_chaos::plant::names() {
+        let planted = Options {
+            plant: Some(bug.to_owned()),
+            ..opts.clone()
+        };
+        let at = clean
+            .iter()
+            .position(|&s| !run_seed(s, &planted, None).findings.is_empty());
+        eprintln!(
+            "{bug}: caught after {:?} clean seed(s) of {}",
+            at.map(|i| i + 1),
+            clean.len()
+        );
+        caught.push((bug, at));
+    }
+    assert_eq!(caught.len(), 4);
+    let missed: Vec<_> = caught.iter().filter(|(_, at)| at.is_none()).collect();
+    assert!(missed.is_empty(), "not caught: {missed:?}");
+}
+
+/// Five seeds with the writer only (spec changes, creates, deletes, delete + re-create) and no faults pass
+/// every check. Before the group's clock judged leadership terms, the singleton never ran under the
+/// simulator's clock, orphaned children were never collected, and a re-created Widget's reconcile conflicted
+/// on its namesake's child forever (missed-reconcile on every seed).
+#[test]
+fn the_writer_alone_passes_the_oracle_on_five_seeds() {
+    let opts = quick();
+    for seed in 100..105 {
+        let o = run_seed(seed, &opts, Some(Vec::new()));
+        assert!(o.faults.is_empty());
+        assert_eq!(o.checks, 5);
+        assert!(
+            o.simulated_ms >= 60_000,
+            "ran the window: {}",
+            o.simulated_ms
+        );
+        assert!(
+            o.log.iter().filter(|l| l.contains(" reconciled ")).count() >= 20,
+            "seed {seed}: the members reconciled"
+        );
+        assert!(o.findings.is_empty(), "seed {seed}: {:?}", o.findings);
+    }
+}

@@ -1,0 +1,54 @@
+//! Planted bugs (feature `planted-bugs`, never on by default): switches the fault simulator (`chaos/`) turns
+//! on, one at a time, to show that its oracle catches each bug. Every switch is per thread (a simulated
+//! seed runs on one thread), and off until [`set`] turns it on.
+
+use std::cell::Cell;
+
+/// A bug that can be planted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A drain releases a shard at once, without waiting for its admitted work and fences.
+    SkipDrainWait,
+    /// A shard granted to the read path is activated without the barrier (no consistent read first).
+    SkipActivationBarrier,
+    /// The coordinator treats an owner it has not observed as gone.
+    UnobservedIsGone,
+    /// A member follows an assignment whose epoch for a shard is lower than the one it holds.
+    AcceptLowerEpoch,
+}
+
+impl Bug {
+    /// Every bug, with its name (`--plant NAME`).
+    pub const ALL: [(&'static str, Bug); 4] = [
+        ("skip-drain-wait", Bug::SkipDrainWait),
+        ("skip-activation-barrier", Bug::SkipActivationBarrier),
+        ("unobserved-is-gone", Bug::UnobservedIsGone),
+        ("accept-lower-epoch", Bug::AcceptLowerEpoch),
+    ];
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+thread_local! {
+    static ON: Cell<u8> = const { Cell::new(0) };
+}
+
+/// Switch `bug` on or off on the calling thread.
+pub fn set(bug: Bug, on: bool) {
+    ON.with(|c| {
+        let v = if on {
+            c.get() | bug.bit()
+        } else {
+            c.get() & !bug.bit()
+        };
+        c.set(v);
+    });
+}
+
+/// Whether `bug` is on for the calling thread.
+#[must_use]
+pub fn on(bug: Bug) -> bool {
+    ON.with(|c| c.get() & bug.bit() != 0)
+}
