@@ -126,7 +126,9 @@ impl Timings {
     /// publish exactly (not whole seconds).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |m: String| Err(ConfigError::Timings(m));
-        if self.renew_deadline.is_zero() || self.retry_period.is_zero() || self.request_timeout.is_zero()
+        if self.renew_deadline.is_zero()
+            || self.retry_period.is_zero()
+            || self.request_timeout.is_zero()
         {
             return err("renew_deadline, retry_period and request_timeout must be positive".into());
         }
@@ -278,7 +280,8 @@ impl HaConfigBuilder {
         self.env_namespace = std::env::var("POD_NAMESPACE")
             .ok()
             .or_else(|| {
-                std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+                std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                    .ok()
             })
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty());
@@ -320,7 +323,10 @@ impl HaConfigBuilder {
             return Err(ConfigError::Missing("the HA name", mode));
         }
         if self.remote.is_none() {
-            return Err(ConfigError::Missing("the peer's kubeconfig (--ha-remote-kubeconfig)", mode));
+            return Err(ConfigError::Missing(
+                "the peer's kubeconfig (--ha-remote-kubeconfig)",
+                mode,
+            ));
         }
         self.timings.validate()?;
         let namespace = self
@@ -388,23 +394,50 @@ mod tests {
     #[test]
     fn namespace_defaults_to_the_pods_and_is_never_invented() {
         let c = full().mode(HaMode::Active).build().unwrap();
-        assert_eq!((c.namespace.as_str(), c.witness_namespace.as_str()), ("ops", "ops"));
+        assert_eq!(
+            (c.namespace.as_str(), c.witness_namespace.as_str()),
+            ("ops", "ops")
+        );
         assert_eq!(c.lease_name(), "op-ha");
-        let c = full().mode(HaMode::Active).namespace("explicit").build().unwrap();
+        let c = full()
+            .mode(HaMode::Active)
+            .namespace("explicit")
+            .build()
+            .unwrap();
         assert_eq!(c.namespace, "explicit");
-        let e = full().mode(HaMode::Standby).pod_namespace(None).build().unwrap_err();
+        let e = full()
+            .mode(HaMode::Standby)
+            .pod_namespace(None)
+            .build()
+            .unwrap_err();
         assert_eq!(e, ConfigError::NoNamespace);
     }
 
     #[test]
     fn active_and_standby_need_an_id_a_rank_and_a_peer() {
-        let e = full().mode(HaMode::Active).cluster("", 1).build().unwrap_err();
+        let e = full()
+            .mode(HaMode::Active)
+            .cluster("", 1)
+            .build()
+            .unwrap_err();
         assert!(matches!(e, ConfigError::ClusterId(_)));
-        let e = full().mode(HaMode::Active).cluster("East/1", 1).build().unwrap_err();
+        let e = full()
+            .mode(HaMode::Active)
+            .cluster("East/1", 1)
+            .build()
+            .unwrap_err();
         assert!(matches!(e, ConfigError::ClusterId(_)));
-        let e = full().mode(HaMode::Active).cluster("east", 1000).build().unwrap_err();
+        let e = full()
+            .mode(HaMode::Active)
+            .cluster("east", 1000)
+            .build()
+            .unwrap_err();
         assert_eq!(e, ConfigError::Rank(1000));
-        let e = full().mode(HaMode::Standby).kubeconfigs(None, None, None).build().unwrap_err();
+        let e = full()
+            .mode(HaMode::Standby)
+            .kubeconfigs(None, None, None)
+            .build()
+            .unwrap_err();
         assert!(matches!(e, ConfigError::Missing(_, HaMode::Standby)));
     }
 
@@ -413,7 +446,10 @@ mod tests {
         let s = Duration::from_secs;
         let t = Timings::new(s(15), s(10), s(2), s(5), s(2));
         let e = full().mode(HaMode::Active).timings(t).build().unwrap_err();
-        assert!(e.to_string().contains("must be below lease_duration"), "{e}");
+        assert!(
+            e.to_string().contains("must be below lease_duration"),
+            "{e}"
+        );
         let t = Timings::new(s(15), s(10), s(2), Duration::from_millis(4999), s(2));
         assert!(full().mode(HaMode::Active).timings(t).build().is_ok());
         let t = Timings::new(s(15), s(2), s(2), s(1), s(2));

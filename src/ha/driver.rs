@@ -127,14 +127,20 @@ impl HaControl {
     /// Start a forced candidacy (`promote --force --old-active-stopped`): the new epoch, or why not.
     pub async fn force_promote(&self) -> Result<Epoch, PromoteError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Command::Force(tx)).await.map_err(|_| Stopped)?;
+        self.tx
+            .send(Command::Force(tx))
+            .await
+            .map_err(|_| Stopped)?;
         Ok(rx.await.map_err(|_| Stopped)??)
     }
 
     /// What the elector knows now.
     pub async fn status(&self) -> Result<HaStatus, Stopped> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Command::Status(tx)).await.map_err(|_| Stopped)?;
+        self.tx
+            .send(Command::Status(tx))
+            .await
+            .map_err(|_| Stopped)?;
         rx.await.map_err(|_| Stopped)
     }
 }
@@ -317,8 +323,11 @@ impl Driver {
                         self.metrics.update_keep(|s| s.promotions += 1);
                     }
                     info!(epoch = %e, transition = ?t, "HA: leading");
-                    self.events
-                        .emit(false, reason::PROMOTED, format!("{t:?}: leading at epoch {e}"));
+                    self.events.emit(
+                        false,
+                        reason::PROMOTED,
+                        format!("{t:?}: leading at epoch {e}"),
+                    );
                 }
                 Transition::SteppedDown(e, why) => {
                     self.metrics.update_keep(|s| s.step_downs += 1);
@@ -358,7 +367,10 @@ impl Driver {
                 .unwrap_or(u64::MAX),
             armed: self.elector.armed(now),
             alarm: self.elector.alarm().map(|a: Alarm| format!("{a:?}")),
-            leases: slots.iter().map(|&s| slot_status(&self.elector, s, now)).collect(),
+            leases: slots
+                .iter()
+                .map(|&s| slot_status(&self.elector, s, now))
+                .collect(),
         }
     }
 }
@@ -419,7 +431,9 @@ async fn request(api: Api<Lease>, name: String, ns: String, ha: String, op: Op) 
 fn classify(e: &kube::Error) -> Answer {
     match e {
         kube::Error::Api(s) if s.code == 404 => Answer::NotFound,
-        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => Answer::AlreadyExists,
+        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
+            Answer::AlreadyExists
+        }
         kube::Error::Api(s) if s.code == 409 => Answer::Conflict,
         _ => Answer::Failed,
     }

@@ -206,6 +206,9 @@ struct View {
     last_sent: Option<Duration>,
     /// Receipt of the last answer that was not `Failed`.
     last_ok: Option<Duration>,
+    /// Receipt of the last `Failed` answer, while no success followed: nothing is resent before a retry
+    /// period has passed (a refused connection answers at once).
+    failed_at: Option<Duration>,
 }
 
 impl View {
@@ -217,6 +220,7 @@ impl View {
             pending: None,
             last_sent: None,
             last_ok: None,
+            failed_at: None,
         }
     }
 }
@@ -489,7 +493,11 @@ impl Elector {
         self.is_active(now)?;
         let end = |s: Slot| {
             self.held(s, now)
-                .then(|| self.view(s).held_from.map(|h| h + self.cfg.timings.renew_deadline))
+                .then(|| {
+                    self.view(s)
+                        .held_from
+                        .map(|h| h + self.cfg.timings.renew_deadline)
+                })
                 .flatten()
         };
         let own = end(Slot::Own)?;
@@ -533,13 +541,13 @@ impl Elector {
             .map_err(|_| ForceError::Exhausted)?;
         self.alarm = None;
         self.decided = true;
-        self.lead(epoch, false, now);
+        self.lead(epoch, false);
         Ok(vec![Transition::Promoted(epoch)])
     }
 
-    fn lead(&mut self, epoch: Epoch, bootstrap: bool, now: Duration) {
+    fn lead(&mut self, epoch: Epoch, bootstrap: bool) {
         self.role = Role::Leader { epoch, bootstrap };
-        self.no_term_since = Some(now);
+        self.no_term_since = None;
         for v in &mut self.views {
             v.held_from = None;
         }
@@ -562,6 +570,7 @@ impl Elector {
         let Some(start) = self.view_mut(slot).pending.take() else {
             return out; // nothing in flight: a stray answer
         };
+        let answer_ok = answer != Answer::Failed;
         match answer {
             Answer::Found { rv, record } => self.on_found(slot, rv, record, now, &mut out),
             Answer::NotFound => {
@@ -581,7 +590,10 @@ impl Elector {
                 v.seen = Seen::Unknown;
                 v.recheck = true;
             }
-            Answer::Failed => {}
+            Answer::Failed => self.view_mut(slot).failed_at = Some(now),
+        }
+        if answer_ok {
+            self.view_mut(slot).failed_at = None;
         }
         self.settle(now, &mut out);
         out
@@ -658,11 +670,13 @@ impl Elector {
             self.alarm = None;
         }
         if !self.decided {
-            self.decide_start(now, out);
+            self.decide_start(out);
         }
         match self.role {
             Role::Leader { .. } => {
-                if self.in_term(now) {
+                // "holding a Lease without a term": a candidate still acquiring holds nothing yet
+                let holds_some = Slot::ALL.iter().any(|&s| self.held(s, now));
+                if self.in_term(now) || !holds_some {
                     self.no_term_since = None;
                 } else {
                     let since = *self.no_term_since.get_or_insert(now);
@@ -676,7 +690,7 @@ impl Elector {
         }
     }
 
-    fn decide_start(&mut self, now: Duration, out: &mut Vec<Transition>) {
+    fn decide_start(&mut self, out: &mut Vec<Transition>) {
         let known = |s: Slot| !matches!(self.view(s).seen, Seen::Unknown);
         let missing = |s: Slot| matches!(self.view(s).seen, Seen::Missing { .. });
         let need: [Slot; 2] = if self.cfg.witness {
@@ -686,7 +700,8 @@ impl Elector {
         };
         if !need.iter().all(|&s| known(s)) {
             let peer = self.view(Slot::Peer);
-            let peer_failed = peer.last_ok.is_none() && peer.last_sent.is_some() && peer.pending.is_none();
+            let peer_failed =
+                peer.last_ok.is_none() && peer.last_sent.is_some() && peer.pending.is_none();
             if !self.cfg.witness && peer_failed && self.alarm.is_none() {
                 self.alarm = Some(Alarm::PeerUnreadableAtStart);
                 out.push(Transition::Alarmed(Alarm::PeerUnreadableAtStart));
@@ -702,7 +717,7 @@ impl Elector {
             self.decided = true;
             if self.cfg.bootstrap_active && every_missing {
                 if let Ok(e) = Epoch::new(1, self.cfg.rank) {
-                    self.lead(e, !self.cfg.witness, now);
+                    self.lead(e, !self.cfg.witness);
                     out.push(Transition::Bootstrapped(e));
                 }
             }
@@ -712,14 +727,18 @@ impl Elector {
             self.alarm = None;
         }
         self.decided = true;
-        let resume_slot = if self.cfg.witness { Slot::Witness } else { Slot::Own };
+        let resume_slot = if self.cfg.witness {
+            Slot::Witness
+        } else {
+            Slot::Own
+        };
         if let Seen::Present {
             record: Some(r), ..
         } = &self.view(resume_slot).seen
         {
             if r.cluster == self.cfg.cluster && r.epoch == self.max_seen {
                 let e = r.epoch;
-                self.lead(e, false, now);
+                self.lead(e, false);
                 out.push(Transition::Resumed(e));
             }
         }
@@ -729,9 +748,17 @@ impl Elector {
         if !self.cfg.witness || !self.auto_promote || self.alarm.is_some() {
             return;
         }
-        if self.stale(Slot::Witness, now) && self.stale(Slot::Own, now) {
+        // only over a witness record (never at bootstrap, when every Lease is missing: the flag decides)
+        let witness_record = matches!(
+            self.view(Slot::Witness).seen,
+            Seen::Present {
+                record: Some(_),
+                ..
+            }
+        );
+        if witness_record && self.stale(Slot::Witness, now) && self.stale(Slot::Own, now) {
             if let Ok(e) = self.max_seen.next(self.cfg.rank) {
-                self.lead(e, false, now);
+                self.lead(e, false);
                 out.push(Transition::Promoted(e));
             }
         }
@@ -744,7 +771,11 @@ impl Elector {
         self.settle(now, &mut out);
         let mut reqs = Vec::new();
         for &s in self.slots() {
-            if self.view(s).pending.is_some() {
+            let v = self.view(s);
+            let backing_off = v
+                .failed_at
+                .is_some_and(|t| now < t + self.cfg.timings.retry_period);
+            if v.pending.is_some() || backing_off {
                 continue;
             }
             let op = match self.write_for(s, now) {

@@ -97,7 +97,10 @@ mod tests {
     #[test]
     fn out_of_range_is_refused() {
         assert_eq!(Epoch::new(1, 1000), Err(EpochError::Rank(1000)));
-        assert_eq!(Epoch::new(MAX_N + 1, 0), Err(EpochError::TooLarge(MAX_N + 1)));
+        assert_eq!(
+            Epoch::new(MAX_N + 1, 0),
+            Err(EpochError::TooLarge(MAX_N + 1))
+        );
         assert!(Epoch::new(MAX_N, 999).unwrap().wire() <= i32::MAX as u64);
         assert!(Epoch::from_wire(u64::MAX).is_err());
     }

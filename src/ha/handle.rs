@@ -122,8 +122,9 @@ impl HaHandle {
     /// Time left in the term now (zero when not active).
     #[must_use]
     pub fn term_remaining(&self) -> Duration {
-        self.term()
-            .map_or(Duration::ZERO, |t| t.deadline.saturating_sub((self.shared.clock)()))
+        self.term().map_or(Duration::ZERO, |t| {
+            t.deadline.saturating_sub((self.shared.clock)())
+        })
     }
 
     /// Resolves at the next change of the published term's epoch or presence (a promotion, a step-down,

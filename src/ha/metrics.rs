@@ -61,7 +61,11 @@ impl HaMetrics {
     /// The latest numbers.
     #[must_use]
     pub fn snapshot(&self) -> HaSnapshot {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1.clone()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
     }
 
     pub(crate) fn update_keep(&self, f: impl FnOnce(&mut HaSnapshot)) {
@@ -78,13 +82,21 @@ impl HaMetrics {
 type Read = fn(&HaSnapshot) -> u64;
 
 const GAUGES: &[(&str, &str, Read)] = &[
-    ("kube_shard_ha_active", "1 while this cluster acts (inside its term)", |s| {
-        u64::from(s.active)
-    }),
-    ("kube_shard_ha_leader", "1 while this cluster leads (renews the HA Leases)", |s| {
-        u64::from(s.leader)
-    }),
-    ("kube_shard_ha_epoch", "The failover epoch led, or the highest seen", |s| s.epoch),
+    (
+        "kube_shard_ha_active",
+        "1 while this cluster acts (inside its term)",
+        |s| u64::from(s.active),
+    ),
+    (
+        "kube_shard_ha_leader",
+        "1 while this cluster leads (renews the HA Leases)",
+        |s| u64::from(s.leader),
+    ),
+    (
+        "kube_shard_ha_epoch",
+        "The failover epoch led, or the highest seen",
+        |s| s.epoch,
+    ),
     (
         "kube_shard_ha_term_remaining_ms",
         "Milliseconds until the term ends unless renewed",
@@ -100,12 +112,24 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "Milliseconds since the witness Lease's current version was first seen",
         |s| s.witness_lease_age_ms,
     ),
-    ("kube_shard_ha_alarm", "1 while an HA alarm is raised", |s| u64::from(s.alarm)),
+    (
+        "kube_shard_ha_alarm",
+        "1 while an HA alarm is raised",
+        |s| u64::from(s.alarm),
+    ),
 ];
 
 const COUNTERS: &[(&str, &str, Read)] = &[
-    ("kube_shard_ha_promotions", "Candidacies started (promotions)", |s| s.promotions),
-    ("kube_shard_ha_step_downs", "Times this cluster stepped down", |s| s.step_downs),
+    (
+        "kube_shard_ha_promotions",
+        "Candidacies started (promotions)",
+        |s| s.promotions,
+    ),
+    (
+        "kube_shard_ha_step_downs",
+        "Times this cluster stepped down",
+        |s| s.step_downs,
+    ),
     (
         "kube_shard_ha_refused_admissions",
         "Admissions refused because this cluster was not active",
@@ -146,8 +170,17 @@ mod tests {
         m.register(&mut reg);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
-        assert!(text.contains("kube_shard_ha_active{cluster=\"east\"} 1"), "{text}");
-        assert!(text.contains("kube_shard_ha_epoch{cluster=\"east\"} 2001"), "{text}");
-        assert!(text.contains("kube_shard_ha_step_downs_total{cluster=\"east\"} 3"), "{text}");
+        assert!(
+            text.contains("kube_shard_ha_active{cluster=\"east\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_shard_ha_epoch{cluster=\"east\"} 2001"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_shard_ha_step_downs_total{cluster=\"east\"} 3"),
+            "{text}"
+        );
     }
 }

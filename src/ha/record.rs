@@ -103,7 +103,10 @@ pub fn encode(record: &Record, name: &str, namespace: &str, ha_name: &str) -> Le
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(HA_LABEL.to_string(), ha_name.to_string())])),
+            labels: Some(BTreeMap::from([(
+                HA_LABEL.to_string(),
+                ha_name.to_string(),
+            )])),
             annotations: Some(BTreeMap::from([(
                 TIMINGS_ANNOTATION.to_string(),
                 timings_text(&record.timings),
@@ -122,7 +125,10 @@ pub fn encode(record: &Record, name: &str, namespace: &str, ha_name: &str) -> Le
 /// What `lease` says, or why it cannot be read.
 pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
     let spec = lease.spec.as_ref().ok_or(DecodeError::NoHolder)?;
-    let holder = spec.holder_identity.as_deref().ok_or(DecodeError::NoHolder)?;
+    let holder = spec
+        .holder_identity
+        .as_deref()
+        .ok_or(DecodeError::NoHolder)?;
     let bad = || DecodeError::Holder(holder.to_string());
     let (cluster, wire) = holder.rsplit_once('/').ok_or_else(bad)?;
     if cluster.is_empty() || wire.starts_with('+') || (wire.len() > 1 && wire.starts_with('0')) {
@@ -194,7 +200,14 @@ mod tests {
             decode(&l)
         };
         assert_eq!(with(&|l| l.spec = None), Err(DecodeError::NoHolder));
-        for h in ["east", "/3002", "east/x", "east/03002", "east/+3002", "east/-1"] {
+        for h in [
+            "east",
+            "/3002",
+            "east/x",
+            "east/03002",
+            "east/+3002",
+            "east/-1",
+        ] {
             assert!(
                 matches!(
                     with(&|l| l.spec.as_mut().unwrap().holder_identity = Some(h.into())),
@@ -227,6 +240,9 @@ mod tests {
     fn cluster_ids_may_contain_slashes_only_before_the_epoch() {
         let mut r = rec();
         r.cluster = "eu/west".into();
-        assert_eq!(decode(&encode(&r, "n", "ns", "op")).unwrap().cluster, "eu/west");
+        assert_eq!(
+            decode(&encode(&r, "n", "ns", "op")).unwrap().cluster,
+            "eu/west"
+        );
     }
 }

@@ -164,6 +164,9 @@ mod tests {
         drop(o.admit("b", 2002));
         tokio::time::advance(Duration::from_secs(1)).await;
         drop(o.admit("a", 1001));
-        assert!(matches!(o.violations()[..], [Violation::EpochWentDown { .. }]));
+        assert!(matches!(
+            o.violations()[..],
+            [Violation::EpochWentDown { .. }]
+        ));
     }
 }

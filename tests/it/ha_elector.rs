@@ -11,7 +11,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::ha::{self, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode};
 use kube_shard::oracles::ha_overlap::HaOverlap;
-use kube_shard_testserver::{faults::Scope, TestServer};
+use kube_shard_testserver::{Scope, TestServer};
 use tokio::time::Instant;
 
 const NS: &str = "ops";
@@ -76,9 +76,19 @@ fn start(
         peer.client(&who),
         witness.map(|w| w.client(&who)),
     );
-    let (handle, control, task) = ha::spawn(&cfg, clients, ha::handle::tokio_clock(), HaMetrics::default());
+    let (handle, control, task) = ha::spawn(
+        &cfg,
+        clients,
+        ha::handle::tokio_clock(),
+        HaMetrics::default(),
+    );
     let admitted = Arc::new(AtomicU64::new(0));
-    let (h, o, n, id) = (handle.clone(), overlap.clone(), admitted.clone(), id.to_string());
+    let (h, o, n, id) = (
+        handle.clone(),
+        overlap.clone(),
+        admitted.clone(),
+        id.to_string(),
+    );
     let worker = tokio::spawn(async move {
         loop {
             match h.admit() {
@@ -89,7 +99,8 @@ fn start(
                     drop(w);
                 }
                 Err(_) => {
-                    let _ = tokio::time::timeout(Duration::from_millis(200), h.await_change()).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(200), h.await_change()).await;
                 }
             }
         }
@@ -106,7 +117,10 @@ fn start(
 async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
     let t = Instant::now();
     while !cond() {
-        assert!(t.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            t.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     t.elapsed()
@@ -145,7 +159,10 @@ async fn ha_an_active_cut_from_its_apiserver_stops_admitting_within_renew_deadli
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     sa.faults().partition(Scope::identity("a-op"), true);
-    let took = until(Duration::from_secs(11), "A inactive", || !a.handle.is_active()).await;
+    let took = until(Duration::from_secs(11), "A inactive", || {
+        !a.handle.is_active()
+    })
+    .await;
     assert!(took <= Duration::from_secs(10), "{took:?}");
     // it never re-admits while cut off, and the Standby does not act without a witness or a human
     let n = a.admitted.load(Ordering::SeqCst);
@@ -188,7 +205,11 @@ async fn ha_forced_promotion_then_the_returning_old_active_steps_down_without_ad
     tokio::time::sleep(Duration::from_secs(30)).await;
     let a2 = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert_eq!(a2.admitted.load(Ordering::SeqCst), 0, "the returning Active admitted");
+    assert_eq!(
+        a2.admitted.load(Ordering::SeqCst),
+        0,
+        "the returning Active admitted"
+    );
     assert_eq!(a2.control.status().await.unwrap().role, "standby");
     assert!(b.handle.is_active());
     no_overlap(&o);
@@ -234,7 +255,11 @@ async fn ha_witness_promotes_after_the_active_dies_and_never_overlaps() {
     );
     // A's last renewal started at most a retry period (2 s) before it stopped; B waits 17 s from a read
     // after that renewal
-    assert!(stopped.elapsed() >= Duration::from_secs(14), "{:?}", stopped.elapsed());
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(14),
+        "{:?}",
+        stopped.elapsed()
+    );
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(b.handle.is_active());
     no_overlap(&o);
@@ -252,7 +277,10 @@ async fn ha_witness_a_site_partition_moves_the_term_without_overlap() {
     // A's site loses its WAN link: it still reaches its own apiserver, not B's nor the witness
     sb.faults().partition(Scope::identity("a-op"), true);
     sw.faults().partition(Scope::identity("a-op"), true);
-    until(Duration::from_secs(11), "A inactive", || !a.handle.is_active()).await;
+    until(Duration::from_secs(11), "A inactive", || {
+        !a.handle.is_active()
+    })
+    .await;
     until(Duration::from_secs(60), "B active", || b.handle.is_active()).await;
     // heal: A sees the higher epoch and stays down
     sb.faults().partition(Scope::identity("a-op"), false);

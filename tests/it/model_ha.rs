@@ -137,8 +137,13 @@ impl Ha {
     }
 
     fn elector(&self, p: u8, now: u8) -> Elector {
-        let cfg = ElectorConfig::new(CLUSTERS[p as usize], p as u16 + 1, self.witness, self.timings)
-            .bootstrap_active(p == 0);
+        let cfg = ElectorConfig::new(
+            CLUSTERS[p as usize],
+            p as u16 + 1,
+            self.witness,
+            self.timings,
+        )
+        .bootstrap_active(p == 0);
         Elector::new(cfg, secs(now.into())).with_flaws(self.flaws)
     }
 
@@ -270,7 +275,10 @@ impl Model for Ha {
         let start = self.drift as u8;
         let a = self.record_a();
         let w = if self.witness {
-            LeaseVal::Present { rv: 1, rec: a.clone() }
+            LeaseVal::Present {
+                rv: 1,
+                rec: a.clone(),
+            }
         } else {
             LeaseVal::Missing
         };
@@ -285,7 +293,10 @@ impl Model for Ha {
         let mut st = St {
             t: start,
             leases: [
-                LeaseVal::Present { rv: 1, rec: a.clone() },
+                LeaseVal::Present {
+                    rv: 1,
+                    rec: a.clone(),
+                },
                 LeaseVal::Present { rv: 1, rec: a },
                 w,
             ],
@@ -527,9 +538,10 @@ impl Model for Ha {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("no two (cluster, epoch) intervals overlap; epochs rise", |_, st: &St| {
-                st.violation.is_none()
-            }),
+            Property::always(
+                "no two (cluster, epoch) intervals overlap; epochs rise",
+                |_, st: &St| st.violation.is_none(),
+            ),
             Property::sometimes("A admits", |_, st: &St| st.tags.iter().any(|t| t.0 == 0)),
             Property::sometimes("B admits after a failover", |_, st: &St| {
                 st.tags.iter().any(|t| t.0 == 1)
@@ -569,18 +581,29 @@ const DEFAULT_STATES: usize = 400_000;
 fn check(name: &str, model: Ha) -> usize {
     let start = std::time::Instant::now();
     let c = model.checker().threads(2);
-    let c = if deep() {
-        c.spawn_bfs().join()
+    if deep() {
+        report(name, start, &c.spawn_bfs().join())
     } else {
-        c.target_state_count(DEFAULT_STATES).spawn_dfs().join()
-    };
+        report(
+            name,
+            start,
+            &c.target_state_count(DEFAULT_STATES).spawn_dfs().join(),
+        )
+    }
+}
+
+fn report<C: Checker<Ha>>(name: &str, start: std::time::Instant, c: &C) -> usize {
     eprintln!(
         "[{name}] stateright: {} states, {} unique, max depth {}, {:.1?}{}",
         c.state_count(),
         c.unique_state_count(),
         c.max_depth(),
         start.elapsed(),
-        if deep() { " (complete)" } else { " (depth-first, capped)" }
+        if deep() {
+            " (complete)"
+        } else {
+            " (depth-first, capped)"
+        }
     );
     if let Some(path) = c.discovery("no two (cluster, epoch) intervals overlap; epochs rise") {
         panic!("[{name}] counterexample: {:#?}", path.into_actions());
@@ -647,7 +670,10 @@ fn ha_model_no_witness() {
 fn ha_model_finds_an_overlap_outside_the_clock_rate_bound() {
     let mut m = base(true);
     m.drift = 1;
-    assert!(find_violation(m).is_some(), "no overlap found outside the bound");
+    assert!(
+        find_violation(m).is_some(),
+        "no overlap found outside the bound"
+    );
 }
 
 /// A takeover whose wait started at an earlier version than the one its precondition names takes a Lease
@@ -657,5 +683,8 @@ fn ha_model_finds_a_takeover_whose_precondition_comes_from_a_later_read() {
     let mut m = base(true);
     m.max_faults = 0;
     m.flaws.precondition_from_later_read = true;
-    assert!(find_violation(m).is_some(), "no overlap found with the flaw");
+    assert!(
+        find_violation(m).is_some(),
+        "no overlap found with the flaw"
+    );
 }
