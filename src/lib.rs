@@ -57,6 +57,7 @@ pub mod fence_policy;
 mod yaml;
 
 pub mod group;
+pub mod ha;
 pub mod ownership;
 pub mod watcher;
 

@@ -14,3 +14,5 @@ mod safety_read;
 mod safety_scenarios;
 mod support;
 mod watcher;
+mod ha_elector;
+mod model_ha;

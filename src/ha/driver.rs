@@ -1,0 +1,440 @@
+//! The I/O driver: runs the pure [`Elector`] against `kube::Api<Lease>` in the local, peer and witness
+//! clusters, on its own task with its own timeouts (never inside a reconcile loop), and publishes the term
+//! to the [`HaHandle`].
+//!
+//! Every request is bounded by the configured request timeout; a timed-out write counts as `Failed` (it
+//! may still commit: the next conditional write finds out). Reads are plain GETs (consistent reads, never a
+//! cache or a watch event). Times fed to the elector are readings of the injected local clock at the start
+//! of each request and at the receipt of each answer.
+
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use super::config::{HaConfig, HaMode};
+use super::elector::{
+    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot, Transition,
+};
+use super::epoch::Epoch;
+use super::events::{reason, HaEvents};
+use super::handle::{HaHandle, LocalClock, Term};
+use super::metrics::HaMetrics;
+use super::record::{self, Record};
+
+/// The clients of the three clusters.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct HaClients {
+    /// This cluster.
+    pub local: Client,
+    /// The peer cluster.
+    pub peer: Client,
+    /// The witness cluster, if any.
+    pub witness: Option<Client>,
+}
+
+impl std::fmt::Debug for HaClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaClients")
+            .field("witness", &self.witness.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HaClients {
+    /// Clients for this, the peer and (optionally) the witness cluster.
+    #[must_use]
+    pub fn new(local: Client, peer: Client, witness: Option<Client>) -> Self {
+        HaClients {
+            local,
+            peer,
+            witness,
+        }
+    }
+}
+
+/// One slot's state as this process sees it, for `kshard ha status`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SlotStatus {
+    /// `own`, `peer` or `witness`.
+    pub slot: &'static str,
+    /// `unknown`, `missing`, `undecodable` or `present`.
+    pub state: &'static str,
+    /// The holder `<cluster-id>/<epoch>`, when present and decodable.
+    pub holder: Option<String>,
+    /// The resourceVersion seen.
+    pub resource_version: Option<String>,
+    /// Milliseconds since this version was first seen.
+    pub age_ms: Option<u64>,
+}
+
+/// What one cluster's elector knows, for `kshard ha status`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct HaStatus {
+    /// This cluster's id.
+    pub cluster: String,
+    /// `active`, `leader-without-term` or `standby`.
+    pub role: &'static str,
+    /// The epoch led, or the highest seen (wire form).
+    pub epoch: u64,
+    /// Milliseconds left in the term.
+    pub term_remaining_ms: u64,
+    /// Armed: `--force` would be accepted.
+    pub armed: bool,
+    /// The alarm, if any.
+    pub alarm: Option<String>,
+    /// The three Leases as seen.
+    pub leases: Vec<SlotStatus>,
+}
+
+enum Command {
+    Force(oneshot::Sender<Result<Epoch, ForceError>>),
+    Status(oneshot::Sender<HaStatus>),
+}
+
+/// Commands to a running driver (`kshard ha promote --force`, `kshard ha status`). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HaControl {
+    tx: mpsc::Sender<Command>,
+}
+
+/// The driver has stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the HA driver has stopped")]
+#[non_exhaustive]
+pub struct Stopped;
+
+/// A refused or failed forced promotion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PromoteError {
+    /// The elector refused.
+    #[error(transparent)]
+    Refused(#[from] ForceError),
+    /// The driver has stopped.
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
+}
+
+impl HaControl {
+    /// Start a forced candidacy (`promote --force --old-active-stopped`): the new epoch, or why not.
+    pub async fn force_promote(&self) -> Result<Epoch, PromoteError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Force(tx))
+            .await
+            .map_err(|_| Stopped)?;
+        Ok(rx.await.map_err(|_| Stopped)??)
+    }
+
+    /// What the elector knows now.
+    pub async fn status(&self) -> Result<HaStatus, Stopped> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Status(tx))
+            .await
+            .map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+}
+
+/// Start the elector of `cfg` on its own task. Standalone mode starts nothing and returns an always-active
+/// handle. The returned task runs until the runtime stops (abort it to stop the elector; the term then
+/// ends at its deadline).
+pub fn spawn(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    metrics: HaMetrics,
+) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel(8);
+    if cfg.mode == HaMode::Standalone {
+        return (HaHandle::standalone(), HaControl { tx }, None);
+    }
+    let handle = HaHandle::new(clock.clone(), metrics.clone(), false);
+    let ecfg = ElectorConfig::new(
+        cfg.cluster_id.clone(),
+        cfg.rank,
+        clients.witness.is_some(),
+        cfg.timings,
+    )
+    .bootstrap_active(cfg.mode == HaMode::Active);
+    let lease = cfg.lease_name();
+    let apis = [
+        Some(Api::namespaced(clients.local.clone(), &cfg.namespace)),
+        Some(Api::namespaced(clients.peer, &cfg.namespace)),
+        clients
+            .witness
+            .map(|c| Api::namespaced(c, &cfg.witness_namespace)),
+    ];
+    let namespaces = [
+        cfg.namespace.clone(),
+        cfg.namespace.clone(),
+        cfg.witness_namespace.clone(),
+    ];
+    let driver = Driver {
+        elector: Elector::new(ecfg, clock()),
+        apis,
+        namespaces,
+        lease: lease.clone(),
+        ha_name: cfg.name.clone(),
+        timeout: cfg.timings.request_timeout,
+        tick: cfg.timings.retry_period / 4,
+        events: HaEvents::new(clients.local, &cfg.namespace, &lease, &cfg.cluster_id),
+        handle: handle.clone(),
+        metrics,
+        clock,
+        was_active: false,
+    };
+    let task = tokio::spawn(driver.run(rx));
+    (handle, HaControl { tx }, Some(task))
+}
+
+struct Driver {
+    elector: Elector,
+    apis: [Option<Api<Lease>>; 3],
+    namespaces: [String; 3],
+    lease: String,
+    ha_name: String,
+    timeout: Duration,
+    tick: Duration,
+    events: HaEvents,
+    handle: HaHandle,
+    metrics: HaMetrics,
+    clock: LocalClock,
+    was_active: bool,
+}
+
+type Flight = std::pin::Pin<Box<dyn std::future::Future<Output = (Slot, Answer)> + Send>>;
+
+impl Driver {
+    async fn run(mut self, mut cmds: mpsc::Receiver<Command>) {
+        let mut inflight: FuturesUnordered<Flight> = FuturesUnordered::new();
+        loop {
+            let (reqs, trans) = self.elector.poll((self.clock)());
+            self.on_transitions(&trans);
+            for r in reqs {
+                inflight.push(self.send(r));
+            }
+            self.publish();
+            tokio::select! {
+                Some((slot, answer)) = inflight.next(), if !inflight.is_empty() => {
+                    let trans = self.elector.on_answer(slot, answer, (self.clock)());
+                    self.on_transitions(&trans);
+                }
+                cmd = cmds.recv() => match cmd {
+                    Some(Command::Force(reply)) => {
+                        let r = self.elector.force_promote((self.clock)());
+                        let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
+                        let _ = reply.send(out);
+                    }
+                    Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
+                    None => {}
+                },
+                () = tokio::time::sleep(self.tick) => {}
+            }
+        }
+    }
+
+    fn epoch(&self) -> Epoch {
+        match self.elector.role() {
+            Role::Leader { epoch, .. } => epoch,
+            Role::Standby => self.elector.max_seen(),
+        }
+    }
+
+    fn send(&self, r: Request) -> Flight {
+        let api = self.apis[r.slot as usize].clone();
+        let name = self.lease.clone();
+        let ns = self.namespaces[r.slot as usize].clone();
+        let ha = self.ha_name.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let Some(api) = api else {
+                return (r.slot, Answer::Failed);
+            };
+            let fut = request(api, name, ns, ha, r.op);
+            let answer = tokio::time::timeout(timeout, fut)
+                .await
+                .unwrap_or(Answer::Failed);
+            (r.slot, answer)
+        })
+    }
+
+    fn publish(&mut self) {
+        let now = (self.clock)();
+        let term = self.elector.is_active(now).and_then(|epoch| {
+            self.elector
+                .term_deadline(now)
+                .map(|deadline| Term { epoch, deadline })
+        });
+        self.handle.publish(term);
+        let active = term.is_some();
+        if active != self.was_active {
+            let e = self.epoch();
+            if active {
+                info!(epoch = %e, "HA: became active");
+                self.events
+                    .emit(false, reason::BECAME_ACTIVE, format!("active at epoch {e}"));
+            } else {
+                warn!(epoch = %e, "HA: became standby");
+                self.events.emit(
+                    false,
+                    reason::BECAME_STANDBY,
+                    format!("standing by (epoch {e})"),
+                );
+            }
+            self.was_active = active;
+        }
+        let age = |s: Slot| match self.elector.seen(s) {
+            Seen::Present { since, .. } | Seen::Missing { since } => {
+                u64::try_from(now.saturating_sub(*since).as_millis()).unwrap_or(u64::MAX)
+            }
+            Seen::Unknown => 0,
+        };
+        let (peer_age, witness_age) = (age(Slot::Peer), age(Slot::Witness));
+        let leader = matches!(self.elector.role(), Role::Leader { .. });
+        let epoch = self.epoch().wire();
+        let alarm = self.elector.alarm().is_some();
+        let remaining = self.handle.term_remaining();
+        self.metrics.update(&self.elector.config().cluster, |s| {
+            s.active = active;
+            s.leader = leader;
+            s.epoch = epoch;
+            s.term_remaining_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
+            s.peer_lease_age_ms = peer_age;
+            s.witness_lease_age_ms = witness_age;
+            s.alarm = alarm;
+        });
+    }
+
+    fn on_transitions(&self, trans: &[Transition]) {
+        for t in trans {
+            match *t {
+                Transition::Promoted(e) | Transition::Bootstrapped(e) | Transition::Resumed(e) => {
+                    if matches!(t, Transition::Promoted(_)) {
+                        self.metrics.update_keep(|s| s.promotions += 1);
+                    }
+                    info!(epoch = %e, transition = ?t, "HA: leading");
+                    self.events.emit(
+                        false,
+                        reason::PROMOTED,
+                        format!("{t:?}: leading at epoch {e}"),
+                    );
+                }
+                Transition::SteppedDown(e, why) => {
+                    self.metrics.update_keep(|s| s.step_downs += 1);
+                    warn!(epoch = %e, ?why, "HA: stepped down");
+                    self.events.emit(
+                        true,
+                        reason::STEPPED_DOWN,
+                        format!("stepped down from epoch {e}: {why:?}"),
+                    );
+                }
+                Transition::Alarmed(a) => {
+                    warn!(alarm = ?a, "HA: alarm");
+                    self.events.emit(true, reason::ALARM, format!("{a:?}"));
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> HaStatus {
+        let now = (self.clock)();
+        let active = self.elector.is_active(now).is_some();
+        let role = match (self.elector.role(), active) {
+            (_, true) => "active",
+            (Role::Leader { .. }, false) => "leader-without-term",
+            (Role::Standby, false) => "standby",
+        };
+        let slots: &[Slot] = if self.apis[2].is_some() {
+            &Slot::ALL
+        } else {
+            &Slot::ALL[..2]
+        };
+        HaStatus {
+            cluster: self.elector.config().cluster.clone(),
+            role,
+            epoch: self.epoch().wire(),
+            term_remaining_ms: u64::try_from(self.handle.term_remaining().as_millis())
+                .unwrap_or(u64::MAX),
+            armed: self.elector.armed(now),
+            alarm: self.elector.alarm().map(|a: Alarm| format!("{a:?}")),
+            leases: slots
+                .iter()
+                .map(|&s| slot_status(&self.elector, s, now))
+                .collect(),
+        }
+    }
+}
+
+fn slot_status(el: &Elector, s: Slot, now: Duration) -> SlotStatus {
+    let name = match s {
+        Slot::Own => "own",
+        Slot::Peer => "peer",
+        Slot::Witness => "witness",
+    };
+    let age = |since: Duration| u64::try_from(now.saturating_sub(since).as_millis()).ok();
+    let (state, holder, rv, age_ms) = match el.seen(s) {
+        Seen::Unknown => ("unknown", None, None, None),
+        Seen::Missing { since } => ("missing", None, None, age(*since)),
+        Seen::Present {
+            rv, record, since, ..
+        } => match record {
+            Some(r) => ("present", Some(r.holder()), Some(rv.clone()), age(*since)),
+            None => ("undecodable", None, Some(rv.clone()), age(*since)),
+        },
+    };
+    SlotStatus {
+        slot: name,
+        state,
+        holder,
+        resource_version: rv,
+        age_ms,
+    }
+}
+
+async fn request(api: Api<Lease>, name: String, ns: String, ha: String, op: Op) -> Answer {
+    let encode = |r: &Record| record::encode(r, &name, &ns, &ha);
+    let res = match op {
+        Op::Read => {
+            return match api.get(&name).await {
+                Ok(l) => Answer::Found {
+                    rv: l.metadata.resource_version.clone().unwrap_or_default(),
+                    record: record::decode(&l).ok(),
+                },
+                Err(e) => classify(&e),
+            }
+        }
+        Op::Update { rv, record } => {
+            let mut l = encode(&record);
+            l.metadata.resource_version = Some(rv);
+            api.replace(&name, &PostParams::default(), &l).await
+        }
+        Op::Create { record } => api.create(&PostParams::default(), &encode(&record)).await,
+    };
+    match res {
+        Ok(l) => Answer::Written {
+            rv: l.metadata.resource_version.unwrap_or_default(),
+        },
+        Err(e) => classify(&e),
+    }
+}
+
+fn classify(e: &kube::Error) -> Answer {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Answer::NotFound,
+        kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
+            Answer::AlreadyExists
+        }
+        kube::Error::Api(s) if s.code == 409 => Answer::Conflict,
+        _ => Answer::Failed,
+    }
+}

@@ -1,0 +1,887 @@
+//! The cluster elector as a pure step function (no I/O, no clock): HA.md "The elector", checked by the
+//! stateright model `tests/it/model_ha.rs`, which drives this very code.
+//!
+//! The caller (the I/O driver, or the model) asks [`Elector::poll`] for the requests to send now, sends each
+//! with a timeout, and feeds every answer back with [`Elector::on_answer`]. Times are readings of the
+//! caller's *local monotonic clock* (a `Duration` since any fixed origin); the elector never sees another
+//! machine's clock (`renewTime` is never read).
+//!
+//! # The rules
+//! - **Slots**: the own cluster's HA Lease, the peer's, and (witness mode) the witness Lease. The leader
+//!   writes `<me>/<epoch>` into each by conditional writes; everyone reads all of them every retry period.
+//! - **Hold**: a slot is held while my last successful write of it *started* less than `renew_deadline`
+//!   ago, and nothing since showed another record in it.
+//! - **Term**: without a witness, the own Lease held; with one, the own Lease held and the peer's or the
+//!   witness held. [`Elector::is_active`] is true only inside the term, at an epoch no higher one is known
+//!   above, with no alarm, and (no witness) after the peer's Lease was read.
+//! - **Takeover**: a write over another record carries the resourceVersion whose unchanged observation
+//!   started the wait; the wait is `max(own lease_duration, published renew_deadline + request timeout) +
+//!   grace` from the *receipt* of the first read that showed that version.
+//! - **Conflict**: re-read; renew with the new version only if it still names me at my epoch, else step
+//!   down at once. **Missing**: unknown, not free; created (never updated) only after it was seen missing
+//!   for `lease_duration + grace`; a holder stops counting it at the 404. **Undecodable**: stop admitting,
+//!   alarm, never overwrite.
+//! - **Order** (witness mode): a candidate writes the witness first (that write *is* the promotion), its own
+//!   Lease only while it holds the witness, the peer's only while it holds its own; a leader renews the
+//!   witness and the peer's only while it holds its own. Without a witness the own Lease is first.
+//! - **Step-down**: on a higher epoch in the own Lease or the witness (without a witness: also the peer's;
+//!   with one a record the witness does not confirm is a candidacy and ignored), on a conflict whose re-read
+//!   does not name me, and after `lease_duration` as leader without a term.
+//! - **Start**: `--ha-mode` matters only while every Lease is missing (bootstrap). A restarted process
+//!   resumes only on the Leases: with a witness when the witness names it at the highest epoch seen, without
+//!   one when its own Lease does and the peer's was read and shows nothing higher. Otherwise Standby; an
+//!   unreadable peer at start is an alarm, and a human decides ([`Elector::force_promote`]).
+//! - **Candidacy**: with a witness, automatic once the witness and the own Lease are both stale (and the
+//!   caller's lag gate allows); without one only by [`Elector::force_promote`], which needs the Standby
+//!   *armed* (the peer's Lease stale or unreadable for the full wait) and never shortens a wait.
+
+use std::time::Duration;
+
+use super::config::Timings;
+use super::epoch::Epoch;
+use super::record::{Published, Record};
+
+/// One of the Leases the elector reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Slot {
+    /// This cluster's HA Lease.
+    Own,
+    /// The peer cluster's HA Lease.
+    Peer,
+    /// The witness Lease.
+    Witness,
+}
+
+impl Slot {
+    /// All slots, in index order.
+    pub const ALL: [Slot; 3] = [Slot::Own, Slot::Peer, Slot::Witness];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A request to send.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// GET the Lease (a consistent read, never a cache or a watch event).
+    Read,
+    /// Replace the Lease with `record`, precondition `metadata.resourceVersion = rv`.
+    Update {
+        /// The precondition.
+        rv: String,
+        /// What to write.
+        record: Record,
+    },
+    /// Create the Lease with `record`.
+    Create {
+        /// What to write.
+        record: Record,
+    },
+}
+
+/// A request for one slot.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Request {
+    /// Which Lease.
+    pub slot: Slot,
+    /// What to do.
+    pub op: Op,
+}
+
+/// The answer to a [`Request`], as the caller classified it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// A read found the Lease at `rv`; `record` is `None` if it does not decode.
+    Found {
+        /// Its resourceVersion.
+        rv: String,
+        /// What it says.
+        record: Option<Record>,
+    },
+    /// 404 (a read, or an update of a Lease that is gone).
+    NotFound,
+    /// A write succeeded and produced `rv`.
+    Written {
+        /// The new resourceVersion.
+        rv: String,
+    },
+    /// 409 on an update (the precondition failed).
+    Conflict,
+    /// 409 AlreadyExists on a create: the create lost.
+    AlreadyExists,
+    /// Anything else: a timeout, a refused connection, a 5xx. The write may still commit.
+    Failed,
+}
+
+/// Why the elector raises an alarm (shown by `kshard ha status`, Events and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Alarm {
+    /// A Lease does not decode: a higher epoch may exist; nothing is admitted and it is never overwritten.
+    Undecodable(Slot),
+    /// At start the peer's Lease could not be read: Standby until it can, or a human promotes.
+    PeerUnreadableAtStart,
+}
+
+/// Why a leader stopped leading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StepDown {
+    /// A higher epoch was seen in this slot.
+    HigherEpoch(Slot),
+    /// A conflict's re-read showed another record in this slot.
+    Conflict(Slot),
+    /// A Lease does not decode.
+    Undecodable(Slot),
+    /// It held no term for `lease_duration`.
+    NoTerm,
+}
+
+/// What changed in one step (the driver turns these into Events and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transition {
+    /// A candidacy began at this epoch (a promotion; acting starts only once the term is held).
+    Promoted(Epoch),
+    /// A (re)started process resumed leading at this epoch, as the Leases say.
+    Resumed(Epoch),
+    /// Bootstrap (every Lease missing, `--ha-mode=active`) at this epoch.
+    Bootstrapped(Epoch),
+    /// It stopped leading.
+    SteppedDown(Epoch, StepDown),
+    /// An alarm was raised.
+    Alarmed(Alarm),
+}
+
+/// Why [`Elector::force_promote`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForceError {
+    /// Not armed: the peer's Lease was seen changing (or readable and fresh) within the last full wait.
+    #[error("not armed: the peer's HA Lease was renewed or read fresh within the takeover wait")]
+    NotArmed,
+    /// This cluster already leads.
+    #[error("this cluster already leads")]
+    AlreadyLeading,
+    /// A Lease does not decode: a human must look first.
+    #[error("a HA Lease does not decode")]
+    Undecodable,
+    /// The epoch space is exhausted.
+    #[error("no higher epoch can be written")]
+    Exhausted,
+}
+
+/// What this elector knows of one slot's Lease.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Seen {
+    /// Not read yet (or re-read needed after a conflict).
+    Unknown,
+    /// 404 since the receipt of the first read that showed it missing.
+    Missing {
+        /// Receipt time.
+        since: Duration,
+    },
+    /// At `rv` since the receipt of the first read (or own write) that showed this version.
+    Present {
+        /// resourceVersion.
+        rv: String,
+        /// What it says (`None`: undecodable).
+        record: Option<Record>,
+        /// Receipt time.
+        since: Duration,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct View {
+    seen: Seen,
+    /// Start of my last successful write of it.
+    held_from: Option<Duration>,
+    /// A conflict (or lost create) happened: the next read decides whether I step down.
+    recheck: bool,
+    /// Start of the request in flight.
+    pending: Option<Duration>,
+    /// Start of the last request sent.
+    last_sent: Option<Duration>,
+    /// Receipt of the last answer that was not `Failed`.
+    last_ok: Option<Duration>,
+    /// Receipt of the last `Failed` answer, while no success followed: nothing is resent before a retry
+    /// period has passed (a refused connection answers at once).
+    failed_at: Option<Duration>,
+}
+
+impl View {
+    fn new() -> Self {
+        View {
+            seen: Seen::Unknown,
+            held_from: None,
+            recheck: false,
+            pending: None,
+            last_sent: None,
+            last_ok: None,
+            failed_at: None,
+        }
+    }
+}
+
+/// The role, derived from the Leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Admits nothing.
+    Standby,
+    /// Leads at `epoch`: writes the Leases, and admits while [`Elector::is_active`].
+    Leader {
+        /// The failover epoch.
+        epoch: Epoch,
+        /// Bootstrap without a witness: the peer's Lease must be held too before acting.
+        bootstrap: bool,
+    },
+}
+
+/// Deliberately broken rules, so the model can show it catches each (feature `test-util`).
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Flaws {
+    /// Date a takeover wait from the first observation of the Lease, not of the version written over (a
+    /// precondition from a later read than the one that started the wait).
+    pub precondition_from_later_read: bool,
+    /// Create a missing Lease at once.
+    pub create_missing_at_once: bool,
+}
+
+/// The elector's fixed settings.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ElectorConfig {
+    /// This cluster's id.
+    pub cluster: String,
+    /// This cluster's rank.
+    pub rank: u16,
+    /// Whether a witness Lease is used.
+    pub witness: bool,
+    /// `--ha-mode=active`: bootstrap as leader while every Lease is missing.
+    pub bootstrap_active: bool,
+    /// Timings.
+    pub timings: Timings,
+}
+
+impl ElectorConfig {
+    /// Settings for cluster `cluster` of rank `rank`.
+    #[must_use]
+    pub fn new(cluster: impl Into<String>, rank: u16, witness: bool, timings: Timings) -> Self {
+        ElectorConfig {
+            cluster: cluster.into(),
+            rank,
+            witness,
+            bootstrap_active: false,
+            timings,
+        }
+    }
+
+    /// Bootstrap as leader while every Lease is missing.
+    #[must_use]
+    pub fn bootstrap_active(mut self, on: bool) -> Self {
+        self.bootstrap_active = on;
+        self
+    }
+}
+
+/// The elector of one process. Cheap to clone; hashable (the model stores it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Elector {
+    cfg: ElectorConfig,
+    views: [View; 3],
+    role: Role,
+    /// Since when a leader has held no term.
+    no_term_since: Option<Duration>,
+    alarm: Option<Alarm>,
+    /// The highest epoch in any decodable record seen.
+    max_seen: Epoch,
+    /// The start-up decision (resume, bootstrap or standby) was taken.
+    decided: bool,
+    /// When this process started.
+    started: Duration,
+    /// The caller's gate on automatic promotion (the mirror's lag), default open.
+    auto_promote: bool,
+    #[cfg(any(test, feature = "test-util"))]
+    flaws: Flaws,
+}
+
+impl Elector {
+    /// A process that starts at local time `now` knowing nothing: Standby until it has read the Leases.
+    #[must_use]
+    pub fn new(cfg: ElectorConfig, now: Duration) -> Self {
+        Elector {
+            cfg,
+            views: [View::new(), View::new(), View::new()],
+            role: Role::Standby,
+            no_term_since: None,
+            alarm: None,
+            max_seen: Epoch::default(),
+            decided: false,
+            started: now,
+            auto_promote: true,
+            #[cfg(any(test, feature = "test-util"))]
+            flaws: Flaws::default(),
+        }
+    }
+
+    /// The same elector with deliberately broken rules (model tests only).
+    #[cfg(any(test, feature = "test-util"))]
+    #[must_use]
+    pub fn with_flaws(mut self, flaws: Flaws) -> Self {
+        self.flaws = flaws;
+        self
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    fn flaws(&self) -> Flaws {
+        self.flaws
+    }
+
+    #[cfg(not(any(test, feature = "test-util")))]
+    fn flaws(&self) -> FlawsOff {
+        FlawsOff::default()
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> &ElectorConfig {
+        &self.cfg
+    }
+
+    /// The role.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The current alarm.
+    #[must_use]
+    pub fn alarm(&self) -> Option<Alarm> {
+        self.alarm
+    }
+
+    /// The highest epoch seen in any decodable record.
+    #[must_use]
+    pub fn max_seen(&self) -> Epoch {
+        self.max_seen
+    }
+
+    /// What this elector last saw of `slot`.
+    #[must_use]
+    pub fn seen(&self, slot: Slot) -> &Seen {
+        &self.views[slot.index()].seen
+    }
+
+    /// Open or close automatic promotion (witness mode; the mirror's lag gate).
+    pub fn set_auto_promote(&mut self, allowed: bool) {
+        self.auto_promote = allowed;
+    }
+
+    fn slots(&self) -> &'static [Slot] {
+        if self.cfg.witness {
+            &Slot::ALL
+        } else {
+            &Slot::ALL[..2]
+        }
+    }
+
+    fn view(&self, s: Slot) -> &View {
+        &self.views[s.index()]
+    }
+
+    fn view_mut(&mut self, s: Slot) -> &mut View {
+        &mut self.views[s.index()]
+    }
+
+    fn published(&self) -> Published {
+        let t = &self.cfg.timings;
+        Published {
+            lease_duration: t.lease_duration,
+            renew_deadline: t.renew_deadline,
+            request_timeout: t.request_timeout,
+        }
+    }
+
+    fn my_record(&self, epoch: Epoch) -> Record {
+        Record {
+            cluster: self.cfg.cluster.clone(),
+            epoch,
+            timings: self.published(),
+        }
+    }
+
+    fn is_mine(&self, r: &Record, epoch: Epoch) -> bool {
+        r.cluster == self.cfg.cluster && r.epoch == epoch
+    }
+
+    fn mine(&self, s: Slot, epoch: Epoch) -> bool {
+        matches!(&self.view(s).seen, Seen::Present { record: Some(r), .. } if self.is_mine(r, epoch))
+    }
+
+    /// The wait before taking over a version of `record` (`None`: missing or undecodable).
+    fn wait(&self, record: Option<&Record>) -> Duration {
+        let t = &self.cfg.timings;
+        let published = record.map_or(Duration::ZERO, |r| {
+            r.timings.renew_deadline + r.timings.request_timeout
+        });
+        t.lease_duration
+            .max(published)
+            .max(record.map_or(Duration::ZERO, |r| r.timings.lease_duration))
+            + t.grace
+    }
+
+    /// The slot's current version has been unchanged (or missing) for the full wait.
+    fn stale(&self, s: Slot, now: Duration) -> bool {
+        match &self.view(s).seen {
+            Seen::Present {
+                record: Some(r),
+                since,
+                ..
+            } => now >= *since + self.wait(Some(r)),
+            Seen::Missing { since } => {
+                self.flaws().create_missing_at_once || now >= *since + self.wait(None)
+            }
+            _ => false,
+        }
+    }
+
+    fn held(&self, s: Slot, now: Duration) -> bool {
+        let Role::Leader { epoch, .. } = self.role else {
+            return false;
+        };
+        let v = self.view(s);
+        v.held_from
+            .is_some_and(|h| now < h + self.cfg.timings.renew_deadline)
+            && self.mine(s, epoch)
+    }
+
+    fn in_term(&self, now: Duration) -> bool {
+        let Role::Leader { bootstrap, .. } = self.role else {
+            return false;
+        };
+        if !self.held(Slot::Own, now) {
+            return false;
+        }
+        if self.cfg.witness {
+            self.held(Slot::Peer, now) || self.held(Slot::Witness, now)
+        } else {
+            !bootstrap || self.held(Slot::Peer, now)
+        }
+    }
+
+    /// The epoch this process may act under now: leader, inside its term, no alarm, and (without a
+    /// witness) the peer's Lease read since start. "Started acting" is only ever signalled after a
+    /// successful write, because a hold needs one.
+    #[must_use]
+    pub fn is_active(&self, now: Duration) -> Option<Epoch> {
+        let Role::Leader { epoch, .. } = self.role else {
+            return None;
+        };
+        let peer_read = self.view(Slot::Peer).last_ok.is_some();
+        (self.alarm.is_none() && (self.cfg.witness || peer_read) && self.in_term(now))
+            .then_some(epoch)
+    }
+
+    /// When the current term ends if nothing is renewed (`None` if not active): the earliest hold that
+    /// the term needs.
+    #[must_use]
+    pub fn term_deadline(&self, now: Duration) -> Option<Duration> {
+        self.is_active(now)?;
+        let end = |s: Slot| {
+            self.held(s, now)
+                .then(|| {
+                    self.view(s)
+                        .held_from
+                        .map(|h| h + self.cfg.timings.renew_deadline)
+                })
+                .flatten()
+        };
+        let own = end(Slot::Own)?;
+        let other = if self.cfg.witness {
+            end(Slot::Peer).max(end(Slot::Witness))?
+        } else if let Role::Leader {
+            bootstrap: true, ..
+        } = self.role
+        {
+            end(Slot::Peer)?
+        } else {
+            own
+        };
+        Some(own.min(other))
+    }
+
+    /// Armed: the peer's Lease has been stale, missing or unreadable for the full wait on this process's
+    /// clock, counted from this process's start (a restart disarms; arming never shortens a wait).
+    #[must_use]
+    pub fn armed(&self, now: Duration) -> bool {
+        let v = self.view(Slot::Peer);
+        let unreadable = now >= v.last_ok.unwrap_or(self.started) + self.wait(None);
+        self.stale(Slot::Peer, now) || unreadable
+    }
+
+    /// `kshard ha promote --force --old-active-stopped`: start a candidacy at a new epoch now. The Lease
+    /// rules still apply (each takeover waits its full wait).
+    pub fn force_promote(&mut self, now: Duration) -> Result<Vec<Transition>, ForceError> {
+        if matches!(self.role, Role::Leader { .. }) {
+            return Err(ForceError::AlreadyLeading);
+        }
+        if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
+            return Err(ForceError::Undecodable);
+        }
+        if !self.armed(now) {
+            return Err(ForceError::NotArmed);
+        }
+        let epoch = self
+            .max_seen
+            .next(self.cfg.rank)
+            .map_err(|_| ForceError::Exhausted)?;
+        self.alarm = None;
+        self.decided = true;
+        self.lead(epoch, false);
+        Ok(vec![Transition::Promoted(epoch)])
+    }
+
+    fn lead(&mut self, epoch: Epoch, bootstrap: bool) {
+        self.role = Role::Leader { epoch, bootstrap };
+        self.no_term_since = None;
+        for v in &mut self.views {
+            v.held_from = None;
+        }
+    }
+
+    fn step_down(&mut self, why: StepDown, out: &mut Vec<Transition>) {
+        if let Role::Leader { epoch, .. } = self.role {
+            self.role = Role::Standby;
+            self.no_term_since = None;
+            for v in &mut self.views {
+                v.held_from = None;
+            }
+            out.push(Transition::SteppedDown(epoch, why));
+        }
+    }
+
+    /// Feed the answer to the request in flight for `slot`, received at local time `now`.
+    pub fn on_answer(&mut self, slot: Slot, answer: Answer, now: Duration) -> Vec<Transition> {
+        let mut out = Vec::new();
+        let Some(start) = self.view_mut(slot).pending.take() else {
+            return out; // nothing in flight: a stray answer
+        };
+        let answer_ok = answer != Answer::Failed;
+        match answer {
+            Answer::Found { rv, record } => self.on_found(slot, rv, record, now, &mut out),
+            Answer::NotFound => {
+                let v = self.view_mut(slot);
+                v.last_ok = Some(now);
+                v.held_from = None;
+                v.recheck = false;
+                if !matches!(v.seen, Seen::Missing { .. }) {
+                    v.seen = Seen::Missing { since: now };
+                }
+            }
+            Answer::Written { rv } => self.on_written(slot, rv, start, now),
+            Answer::Conflict | Answer::AlreadyExists => {
+                let v = self.view_mut(slot);
+                v.last_ok = Some(now);
+                v.held_from = None;
+                v.seen = Seen::Unknown;
+                v.recheck = true;
+            }
+            Answer::Failed => self.view_mut(slot).failed_at = Some(now),
+        }
+        if answer_ok {
+            self.view_mut(slot).failed_at = None;
+        }
+        self.settle(now, &mut out);
+        out
+    }
+
+    fn on_written(&mut self, slot: Slot, rv: String, start: Duration, now: Duration) {
+        let Role::Leader { epoch, .. } = self.role else {
+            // stepped down while the write was in flight: it counts as nothing but a new version
+            let v = self.view_mut(slot);
+            v.seen = Seen::Unknown;
+            return;
+        };
+        let record = self.my_record(epoch);
+        let v = self.view_mut(slot);
+        v.last_ok = Some(now);
+        v.held_from = Some(start);
+        v.recheck = false;
+        v.seen = Seen::Present {
+            rv,
+            record: Some(record),
+            since: now,
+        };
+    }
+
+    fn on_found(
+        &mut self,
+        slot: Slot,
+        rv: String,
+        record: Option<Record>,
+        now: Duration,
+        out: &mut Vec<Transition>,
+    ) {
+        let keep_since = self.flaws().precondition_from_later_read;
+        let v = self.view_mut(slot);
+        v.last_ok = Some(now);
+        let recheck = std::mem::take(&mut v.recheck);
+        let since = match &v.seen {
+            Seen::Present { rv: old, since, .. } if *old == rv || keep_since => *since,
+            _ => now,
+        };
+        v.seen = Seen::Present {
+            rv,
+            record: record.clone(),
+            since,
+        };
+        let Some(r) = record else {
+            self.alarm = Some(Alarm::Undecodable(slot));
+            out.push(Transition::Alarmed(Alarm::Undecodable(slot)));
+            self.step_down(StepDown::Undecodable(slot), out);
+            return;
+        };
+        self.max_seen = self.max_seen.max(r.epoch);
+        if let Role::Leader { epoch, .. } = self.role {
+            let mine = self.is_mine(&r, epoch);
+            if !mine {
+                self.view_mut(slot).held_from = None;
+            }
+            let counts = slot != Slot::Peer || !self.cfg.witness;
+            if r.epoch > epoch && counts {
+                self.step_down(StepDown::HigherEpoch(slot), out);
+            } else if recheck && !mine {
+                self.step_down(StepDown::Conflict(slot), out);
+            }
+        }
+    }
+
+    /// Take the decisions that depend only on what is known and the time: start-up, candidacy, the
+    /// no-term limit, and clearing an alarm whose cause is gone.
+    fn settle(&mut self, now: Duration, out: &mut Vec<Transition>) {
+        if let Some(Alarm::Undecodable(s)) = self.alarm {
+            if matches!(&self.view(s).seen, Seen::Present { record: None, .. }) {
+                return;
+            }
+            self.alarm = None;
+        }
+        if !self.decided {
+            self.decide_start(out);
+        }
+        match self.role {
+            Role::Leader { .. } => {
+                // "holding a Lease without a term": a candidate still acquiring holds nothing yet
+                let holds_some = Slot::ALL.iter().any(|&s| self.held(s, now));
+                if self.in_term(now) || !holds_some {
+                    self.no_term_since = None;
+                } else {
+                    let since = *self.no_term_since.get_or_insert(now);
+                    if now >= since + self.cfg.timings.lease_duration {
+                        self.step_down(StepDown::NoTerm, out);
+                    }
+                }
+            }
+            Role::Standby if self.decided => self.consider_candidacy(now, out),
+            Role::Standby => {}
+        }
+    }
+
+    fn decide_start(&mut self, out: &mut Vec<Transition>) {
+        let known = |s: Slot| !matches!(self.view(s).seen, Seen::Unknown);
+        let missing = |s: Slot| matches!(self.view(s).seen, Seen::Missing { .. });
+        let need: [Slot; 2] = if self.cfg.witness {
+            [Slot::Own, Slot::Witness]
+        } else {
+            [Slot::Own, Slot::Peer]
+        };
+        if !need.iter().all(|&s| known(s)) {
+            let peer = self.view(Slot::Peer);
+            let peer_failed =
+                peer.last_ok.is_none() && peer.last_sent.is_some() && peer.pending.is_none();
+            if !self.cfg.witness && peer_failed && self.alarm.is_none() {
+                self.alarm = Some(Alarm::PeerUnreadableAtStart);
+                out.push(Transition::Alarmed(Alarm::PeerUnreadableAtStart));
+            }
+            return;
+        }
+        if need.iter().all(|&s| missing(s)) {
+            // bootstrap needs every Lease seen missing: wait for the peer's answer
+            if !self.slots().iter().all(|&s| known(s)) {
+                return;
+            }
+            let every_missing = self.slots().iter().all(|&s| missing(s));
+            self.decided = true;
+            if self.cfg.bootstrap_active && every_missing {
+                if let Ok(e) = Epoch::new(1, self.cfg.rank) {
+                    self.lead(e, !self.cfg.witness);
+                    out.push(Transition::Bootstrapped(e));
+                }
+            }
+            return;
+        }
+        if self.alarm == Some(Alarm::PeerUnreadableAtStart) {
+            self.alarm = None;
+        }
+        self.decided = true;
+        let resume_slot = if self.cfg.witness {
+            Slot::Witness
+        } else {
+            Slot::Own
+        };
+        if let Seen::Present {
+            record: Some(r), ..
+        } = &self.view(resume_slot).seen
+        {
+            if r.cluster == self.cfg.cluster && r.epoch == self.max_seen {
+                let e = r.epoch;
+                self.lead(e, false);
+                out.push(Transition::Resumed(e));
+            }
+        }
+    }
+
+    fn consider_candidacy(&mut self, now: Duration, out: &mut Vec<Transition>) {
+        if !self.cfg.witness || !self.auto_promote || self.alarm.is_some() {
+            return;
+        }
+        // only over a witness record (never at bootstrap, when every Lease is missing: the flag decides)
+        let witness_record = matches!(
+            self.view(Slot::Witness).seen,
+            Seen::Present {
+                record: Some(_),
+                ..
+            }
+        );
+        if witness_record && self.stale(Slot::Witness, now) && self.stale(Slot::Own, now) {
+            if let Ok(e) = self.max_seen.next(self.cfg.rank) {
+                self.lead(e, false);
+                out.push(Transition::Promoted(e));
+            }
+        }
+    }
+
+    /// The requests to send at local time `now` (at most one in flight per slot), after taking the
+    /// decisions that are due. Call it every retry period and after every answer.
+    pub fn poll(&mut self, now: Duration) -> (Vec<Request>, Vec<Transition>) {
+        let mut out = Vec::new();
+        self.settle(now, &mut out);
+        let mut reqs = Vec::new();
+        for &s in self.slots() {
+            let v = self.view(s);
+            let backing_off = v
+                .failed_at
+                .is_some_and(|t| now < t + self.cfg.timings.retry_period);
+            if v.pending.is_some() || backing_off {
+                continue;
+            }
+            let op = match self.write_for(s, now) {
+                Decision::Write(op) => op,
+                Decision::NotYet => continue,
+                Decision::Read => {
+                    let v = self.view(s);
+                    let due = v.recheck
+                        || matches!(v.seen, Seen::Unknown)
+                        || v.last_sent
+                            .is_none_or(|t| now >= t + self.cfg.timings.retry_period);
+                    if !due {
+                        continue;
+                    }
+                    Op::Read
+                }
+            };
+            let v = self.view_mut(s);
+            v.pending = Some(now);
+            v.last_sent = Some(now);
+            reqs.push(Request { slot: s, op });
+        }
+        (reqs, out)
+    }
+
+    /// The slot's request in flight was abandoned without an answer (the caller's timeout fired): the
+    /// same as a `Failed` answer.
+    pub fn on_timeout(&mut self, slot: Slot, now: Duration) -> Vec<Transition> {
+        self.on_answer(slot, Answer::Failed, now)
+    }
+
+    /// Whether a request is in flight for `slot`.
+    #[must_use]
+    pub fn pending(&self, slot: Slot) -> bool {
+        self.view(slot).pending.is_some()
+    }
+
+    fn order_allows(&self, s: Slot, epoch: Epoch, now: Duration) -> bool {
+        let own_held = self.held(Slot::Own, now);
+        match s {
+            Slot::Own => {
+                !self.cfg.witness || self.mine(Slot::Own, epoch) || self.held(Slot::Witness, now)
+            }
+            Slot::Witness => own_held || !self.mine(Slot::Own, epoch),
+            Slot::Peer => own_held,
+        }
+    }
+
+    fn write_for(&self, s: Slot, now: Duration) -> Decision {
+        let Role::Leader { epoch, .. } = self.role else {
+            return Decision::Read;
+        };
+        if self.alarm.is_some() || !self.order_allows(s, epoch, now) {
+            return Decision::Read;
+        }
+        let v = self.view(s);
+        let record = self.my_record(epoch);
+        match &v.seen {
+            Seen::Unknown | Seen::Present { record: None, .. } => Decision::Read,
+            Seen::Present {
+                rv,
+                record: Some(r),
+                ..
+            } if self.is_mine(r, epoch) => {
+                let due = v
+                    .held_from
+                    .is_none_or(|h| now >= h + self.cfg.timings.retry_period);
+                if due {
+                    Decision::Write(Op::Update {
+                        rv: rv.clone(),
+                        record,
+                    })
+                } else {
+                    Decision::NotYet
+                }
+            }
+            Seen::Present {
+                rv,
+                record: Some(r),
+                ..
+            } => {
+                if r.epoch < epoch && self.stale(s, now) {
+                    Decision::Write(Op::Update {
+                        rv: rv.clone(),
+                        record,
+                    })
+                } else {
+                    Decision::Read
+                }
+            }
+            Seen::Missing { .. } if self.stale(s, now) => Decision::Write(Op::Create { record }),
+            Seen::Missing { .. } => Decision::Read,
+        }
+    }
+}
+
+enum Decision {
+    Write(Op),
+    NotYet,
+    Read,
+}
+
+/// Without `test-util` every flaw is off, and the compiler folds the checks away.
+#[cfg(not(any(test, feature = "test-util")))]
+#[derive(Clone, Copy, Default)]
+struct FlawsOff {
+    precondition_from_later_read: bool,
+    create_missing_at_once: bool,
+}

@@ -1,0 +1,215 @@
+//! The HA state handle: the cheap admission guard an operator (and, in a later slice, a shard group's HA
+//! gate) consults in every reconcile.
+//!
+//! [`HaHandle::is_active`] is an atomic read of the term the driver published, checked against the local
+//! clock *now*: a term ends at its deadline even if the driver is stalled (self-fencing at the renew
+//! deadline needs no task to run). [`HaHandle::await_change`] resolves when the role or epoch changes, so a
+//! Standby's reconciler waits instead of requeueing every 2 s.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use super::epoch::Epoch;
+use super::metrics::HaMetrics;
+
+/// The local monotonic clock the elector and the guard read (injectable: tests give each cluster its own
+/// offset and rate).
+pub type LocalClock = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+/// The tokio clock (pausable in tests) as time since the first call in this process.
+#[must_use]
+pub fn tokio_clock() -> LocalClock {
+    let origin = tokio::time::Instant::now();
+    Arc::new(move || origin.elapsed())
+}
+
+/// A published term: admission is open at `epoch` until `deadline` on the local clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Term {
+    /// The failover epoch of the term.
+    pub epoch: Epoch,
+    /// The local-clock time the term ends unless renewed.
+    pub deadline: Duration,
+}
+
+/// Admission refused: this cluster is not active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("this cluster is not the active HA cluster")]
+#[non_exhaustive]
+pub struct NotActive;
+
+struct Shared {
+    clock: LocalClock,
+    term: ArcSwap<Option<Term>>,
+    changes: watch::Sender<u64>,
+    refused: AtomicU64,
+    metrics: HaMetrics,
+    standalone: bool,
+}
+
+/// The HA state handle. Cheap to clone.
+#[derive(Clone)]
+pub struct HaHandle {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for HaHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HaHandle")
+            .field("term", &**self.shared.term.load())
+            .field("standalone", &self.shared.standalone)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HaHandle {
+    pub(crate) fn new(clock: LocalClock, metrics: HaMetrics, standalone: bool) -> Self {
+        HaHandle {
+            shared: Arc::new(Shared {
+                clock,
+                term: ArcSwap::from_pointee(None),
+                changes: watch::channel(0).0,
+                refused: AtomicU64::new(0),
+                metrics,
+                standalone,
+            }),
+        }
+    }
+
+    /// A handle for standalone mode: always active, no epoch (today's behaviour).
+    #[must_use]
+    pub fn standalone() -> Self {
+        HaHandle::new(tokio_clock(), HaMetrics::default(), true)
+    }
+
+    /// The epoch this cluster acts under now, if it is active (an atomic read and a clock read).
+    #[must_use]
+    pub fn active_epoch(&self) -> Option<Epoch> {
+        if self.shared.standalone {
+            return Some(Epoch::default());
+        }
+        let term = (**self.shared.term.load())?;
+        ((self.shared.clock)() < term.deadline).then_some(term.epoch)
+    }
+
+    /// Whether this cluster acts now.
+    #[must_use]
+    pub fn is_active(&self) -> bool {
+        self.active_epoch().is_some()
+    }
+
+    /// The admission guard: the epoch to record in the permit, or [`NotActive`] (counted in
+    /// `kube_shard_ha_refused_admissions`).
+    pub fn admit(&self) -> Result<Epoch, NotActive> {
+        self.active_epoch().ok_or_else(|| {
+            let n = self.shared.refused.fetch_add(1, Ordering::Relaxed) + 1;
+            self.shared.metrics.update_refused(n);
+            NotActive
+        })
+    }
+
+    /// The published term, whether or not its deadline has passed.
+    #[must_use]
+    pub fn term(&self) -> Option<Term> {
+        **self.shared.term.load()
+    }
+
+    /// Time left in the term now (zero when not active).
+    #[must_use]
+    pub fn term_remaining(&self) -> Duration {
+        self.term().map_or(Duration::ZERO, |t| {
+            t.deadline.saturating_sub((self.shared.clock)())
+        })
+    }
+
+    /// Resolves at the next change of the published term's epoch or presence (a promotion, a step-down,
+    /// a lost term). A Standby's reconciler awaits this instead of requeueing. Also resolves when the
+    /// current term's deadline passes, since that ends admission without the driver.
+    pub async fn await_change(&self) {
+        let mut rx = self.shared.changes.subscribe();
+        let remaining = self.term().map(|_| self.term_remaining());
+        match remaining {
+            Some(d) if !d.is_zero() => {
+                tokio::select! {
+                    _ = rx.changed() => {}
+                    () = tokio::time::sleep(d) => {}
+                }
+            }
+            _ => {
+                let _ = rx.changed().await;
+            }
+        }
+    }
+
+    /// The local clock this handle reads.
+    #[must_use]
+    pub fn clock(&self) -> LocalClock {
+        self.shared.clock.clone()
+    }
+
+    pub(crate) fn publish(&self, term: Option<Term>) {
+        let old = self.term();
+        self.shared.term.store(Arc::new(term));
+        let changed = old.map(|t| t.epoch) != term.map(|t| t.epoch);
+        if changed {
+            self.shared.changes.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+impl HaMetrics {
+    fn update_refused(&self, n: u64) {
+        self.update_keep(|s| s.refused_admissions = n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_guard_closes_at_the_deadline_without_the_driver() {
+        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        assert!(!h.is_active());
+        assert_eq!(h.admit(), Err(NotActive));
+        let e = Epoch::new(2, 1).unwrap();
+        h.publish(Some(Term {
+            epoch: e,
+            deadline: (h.clock())() + Duration::from_secs(10),
+        }));
+        assert_eq!(h.admit(), Ok(e));
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(h.is_active());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!h.is_active());
+        assert_eq!(h.admit(), Err(NotActive));
+        assert_eq!(h.shared.metrics.snapshot().refused_admissions, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn await_change_wakes_on_a_new_epoch() {
+        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h2 = h.clone();
+        let waiter = tokio::spawn(async move { h2.await_change().await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        h.publish(Some(Term {
+            epoch: Epoch::new(1, 1).unwrap(),
+            deadline: Duration::from_secs(100),
+        }));
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+    }
+
+    #[test]
+    fn standalone_is_always_active() {
+        assert!(HaHandle::standalone().is_active());
+    }
+}

@@ -1,0 +1,34 @@
+//! Cross-cluster Active/Standby (HA.md): one cluster's operator acts, the other stands by, and a witness
+//! cluster may decide promotions automatically.
+//!
+//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire.
+//! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
+//! - [`record`]: the HA Lease codec (`<cluster-id>/<epoch>`, published timings).
+//! - [`elector`]: the pure elector step (no I/O), model-checked by `tests/it/model_ha.rs`.
+//!
+//! Everything above is pure.
+//!
+//! - [`driver`]: the I/O driver on `kube::Api<Lease>` ([`spawn`]), its [`HaControl`] commands and
+//!   [`HaStatus`].
+//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`): the seam a
+//!   shard group's HA gate will consult.
+//! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+
+pub mod config;
+pub mod driver;
+pub mod elector;
+pub mod epoch;
+mod events;
+pub mod handle;
+pub mod metrics;
+pub mod record;
+
+pub use driver::{spawn, HaClients, HaControl, HaStatus};
+pub use events::reason;
+pub use handle::{HaHandle, LocalClock, NotActive};
+pub use metrics::{HaMetrics, HaSnapshot};
+
+pub use config::{ConfigError, HaConfig, HaConfigBuilder, HaMode, Timings};
+pub use elector::{Elector, ElectorConfig, Role, Slot};
+pub use epoch::Epoch;
+pub use record::Record;

@@ -1,0 +1,248 @@
+//! The HA Lease codec. What every version can read lives in fields of its own (`review-ha.md` H2 d):
+//! `spec.holderIdentity` = `<cluster-id>/<epoch>` and `spec.leaseTransitions` = the epoch's wire form; the
+//! writer's `renew_deadline` and request timeout are published in a versioned annotation next to
+//! `spec.leaseDurationSeconds` (H8). A Lease that does not decode is never overwritten: the elector treats it
+//! as "a higher epoch may exist".
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::ObjectMeta;
+
+use super::epoch::Epoch;
+
+/// The annotation holding the writer's published timings (format version 1).
+pub const TIMINGS_ANNOTATION: &str = "kube-shard.io/ha-timings";
+/// The label every HA Lease carries (value: the HA name), so tools can list them.
+pub const HA_LABEL: &str = "kube-shard.io/ha";
+
+/// The timings a writer publishes: a taker waits `max(own lease_duration, renew_deadline + request_timeout)
+/// + grace` from its observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Published {
+    /// The writer's `lease_duration` (`spec.leaseDurationSeconds`, whole seconds, rounded up).
+    pub lease_duration: Duration,
+    /// The writer's `renew_deadline`.
+    pub renew_deadline: Duration,
+    /// The writer's request timeout.
+    pub request_timeout: Duration,
+}
+
+/// What an HA Lease says: cluster `cluster` holds epoch `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Record {
+    /// The holder's cluster id.
+    pub cluster: String,
+    /// The failover epoch.
+    pub epoch: Epoch,
+    /// The writer's timings.
+    pub timings: Published,
+}
+
+/// Why a Lease does not decode.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// No `spec`, or no `spec.holderIdentity`.
+    #[error("no holderIdentity")]
+    NoHolder,
+    /// `holderIdentity` is not `<cluster-id>/<epoch>`.
+    #[error("holderIdentity {0:?} is not <cluster-id>/<epoch>")]
+    Holder(String),
+    /// `spec.leaseTransitions` differs from the holder's epoch.
+    #[error("leaseTransitions {got:?} differs from the holder's epoch {want}")]
+    Transitions {
+        /// What the Lease says.
+        got: Option<i32>,
+        /// The holder's epoch (wire form).
+        want: u64,
+    },
+    /// The timings annotation is missing or not version 1.
+    #[error("timings annotation {0:?} missing or of an unknown format")]
+    Timings(Option<String>),
+}
+
+impl Record {
+    /// `<cluster-id>/<epoch>`.
+    #[must_use]
+    pub fn holder(&self) -> String {
+        format!("{}/{}", self.cluster, self.epoch)
+    }
+}
+
+fn timings_text(t: &Published) -> String {
+    format!(
+        "v1 renewDeadlineMs={} requestTimeoutMs={}",
+        t.renew_deadline.as_millis(),
+        t.request_timeout.as_millis()
+    )
+}
+
+fn parse_timings(s: &str) -> Option<(Duration, Duration)> {
+    let rest = s.strip_prefix("v1 ")?;
+    let mut rd = None;
+    let mut to = None;
+    for part in rest.split_whitespace() {
+        let (k, v) = part.split_once('=')?;
+        let ms = Duration::from_millis(v.parse().ok()?);
+        match k {
+            "renewDeadlineMs" => rd = Some(ms),
+            "requestTimeoutMs" => to = Some(ms),
+            _ => {} // later versions may add keys
+        }
+    }
+    Some((rd?, to?))
+}
+
+/// The Lease `name` in `namespace` holding `record` (no resourceVersion: the caller sets its precondition).
+#[must_use]
+pub fn encode(record: &Record, name: &str, namespace: &str, ha_name: &str) -> Lease {
+    let secs = record.timings.lease_duration.as_secs_f64().ceil() as i32;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                HA_LABEL.to_string(),
+                ha_name.to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                TIMINGS_ANNOTATION.to_string(),
+                timings_text(&record.timings),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(record.holder()),
+            lease_duration_seconds: Some(secs.max(1)),
+            lease_transitions: i32::try_from(record.epoch.wire()).ok(),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// What `lease` says, or why it cannot be read.
+pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
+    let spec = lease.spec.as_ref().ok_or(DecodeError::NoHolder)?;
+    let holder = spec
+        .holder_identity
+        .as_deref()
+        .ok_or(DecodeError::NoHolder)?;
+    let bad = || DecodeError::Holder(holder.to_string());
+    let (cluster, wire) = holder.rsplit_once('/').ok_or_else(bad)?;
+    if cluster.is_empty() || wire.starts_with('+') || (wire.len() > 1 && wire.starts_with('0')) {
+        return Err(bad());
+    }
+    let epoch = Epoch::from_wire(wire.parse().map_err(|_| bad())?).map_err(|_| bad())?;
+    if spec.lease_transitions.and_then(|t| u64::try_from(t).ok()) != Some(epoch.wire()) {
+        return Err(DecodeError::Transitions {
+            got: spec.lease_transitions,
+            want: epoch.wire(),
+        });
+    }
+    let ann = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TIMINGS_ANNOTATION));
+    let (rd, to) = ann
+        .and_then(|s| parse_timings(s))
+        .ok_or_else(|| DecodeError::Timings(ann.cloned()))?;
+    let ld = spec
+        .lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .ok_or(DecodeError::Timings(ann.cloned()))?;
+    Ok(Record {
+        cluster: cluster.to_string(),
+        epoch,
+        timings: Published {
+            lease_duration: Duration::from_secs(ld),
+            renew_deadline: rd,
+            request_timeout: to,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> Record {
+        Record {
+            cluster: "east".into(),
+            epoch: Epoch::new(3, 2).unwrap(),
+            timings: Published {
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                request_timeout: Duration::from_millis(2500),
+            },
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let l = encode(&rec(), "op-ha", "ops", "op");
+        assert_eq!(
+            l.spec.as_ref().unwrap().holder_identity.as_deref(),
+            Some("east/3002")
+        );
+        assert_eq!(l.spec.as_ref().unwrap().lease_transitions, Some(3002));
+        assert_eq!(decode(&l).unwrap(), rec());
+    }
+
+    #[test]
+    fn every_malformed_field_is_undecodable() {
+        let good = encode(&rec(), "op-ha", "ops", "op");
+        let with = |f: &dyn Fn(&mut Lease)| {
+            let mut l = good.clone();
+            f(&mut l);
+            decode(&l)
+        };
+        assert_eq!(with(&|l| l.spec = None), Err(DecodeError::NoHolder));
+        for h in [
+            "east",
+            "/3002",
+            "east/x",
+            "east/03002",
+            "east/+3002",
+            "east/-1",
+        ] {
+            assert!(
+                matches!(
+                    with(&|l| l.spec.as_mut().unwrap().holder_identity = Some(h.into())),
+                    Err(DecodeError::Holder(_))
+                ),
+                "{h}"
+            );
+        }
+        assert!(matches!(
+            with(&|l| l.spec.as_mut().unwrap().lease_transitions = Some(4002)),
+            Err(DecodeError::Transitions { .. })
+        ));
+        assert!(matches!(
+            with(&|l| l.metadata.annotations = None),
+            Err(DecodeError::Timings(None))
+        ));
+        assert!(matches!(
+            with(&|l| {
+                l.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .insert(TIMINGS_ANNOTATION.into(), "v2 anything".into());
+            }),
+            Err(DecodeError::Timings(Some(_)))
+        ));
+    }
+
+    #[test]
+    fn cluster_ids_may_contain_slashes_only_before_the_epoch() {
+        let mut r = rec();
+        r.cluster = "eu/west".into();
+        assert_eq!(
+            decode(&encode(&r, "n", "ns", "op")).unwrap().cluster,
+            "eu/west"
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! The HA elector's I/O driver on two testservers (three with a witness), paused time, with the T6
+//! cross-cluster overlap checker (`kube_shard::oracles::ha_overlap`) fed by a worker per cluster that
+//! admits through `HaHandle::admit` and keeps each request in flight 300 ms (below the request timeout).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use kube_shard::ha::{self, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode};
+use kube_shard::oracles::ha_overlap::HaOverlap;
+use kube_shard_testserver::{Scope, TestServer};
+use tokio::time::Instant;
+
+const NS: &str = "ops";
+
+async fn server() -> TestServer {
+    let s = TestServer::new();
+    let ns: Api<Namespace> = Api::all(s.client("admin"));
+    ns.create(
+        &PostParams::default(),
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some(NS.into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        },
+    )
+    .await
+    .unwrap();
+    s
+}
+
+/// One cluster's operator: its elector and a worker admitting through the guard.
+struct Op {
+    handle: HaHandle,
+    control: HaControl,
+    task: tokio::task::JoinHandle<()>,
+    worker: tokio::task::JoinHandle<()>,
+    admitted: Arc<AtomicU64>,
+}
+
+impl Op {
+    fn stop(&self) {
+        self.task.abort();
+        self.worker.abort();
+    }
+}
+
+fn start(
+    id: &str,
+    rank: u64,
+    mode: HaMode,
+    own: &TestServer,
+    peer: &TestServer,
+    witness: Option<&TestServer>,
+    overlap: &HaOverlap,
+) -> Op {
+    let who = format!("{id}-op");
+    let cfg = HaConfig::builder("widgets")
+        .mode(mode)
+        .cluster(id, rank)
+        .namespace(NS)
+        .kubeconfigs(
+            None,
+            Some("/peer".into()),
+            witness.map(|_| "/witness".into()),
+        )
+        .build()
+        .unwrap();
+    let clients = HaClients::new(
+        own.client(&who),
+        peer.client(&who),
+        witness.map(|w| w.client(&who)),
+    );
+    let (handle, control, task) = ha::spawn(
+        &cfg,
+        clients,
+        ha::handle::tokio_clock(),
+        HaMetrics::default(),
+    );
+    let admitted = Arc::new(AtomicU64::new(0));
+    let (h, o, n, id) = (
+        handle.clone(),
+        overlap.clone(),
+        admitted.clone(),
+        id.to_string(),
+    );
+    let worker = tokio::spawn(async move {
+        loop {
+            match h.admit() {
+                Ok(e) => {
+                    let w = o.admit(&id, e.wire());
+                    n.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    drop(w);
+                }
+                Err(_) => {
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(200), h.await_change()).await;
+                }
+            }
+        }
+    });
+    Op {
+        handle,
+        control,
+        task: task.expect("not standalone"),
+        worker,
+        admitted,
+    }
+}
+
+async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(
+            t.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.elapsed()
+}
+
+fn no_overlap(o: &HaOverlap) {
+    assert_eq!(o.violations(), vec![], "intervals: {:?}", o.intervals());
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_standby_never_admits_while_the_active_renews() {
+    let (sa, sb) = (server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    // bootstrap: every Lease seen missing for lease_duration + grace, then created
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(a.handle.is_active());
+    assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
+    assert!(a.admitted.load(Ordering::SeqCst) > 100);
+    let st = b.control.status().await.unwrap();
+    assert_eq!(st.role, "standby");
+    assert_eq!(st.leases[1].holder.as_deref(), Some("a/1001"));
+    no_overlap(&o);
+    a.stop();
+    b.stop();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_an_active_cut_from_its_apiserver_stops_admitting_within_renew_deadline() {
+    let (sa, sb) = (server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    sa.faults().partition(Scope::identity("a-op"), true);
+    let took = until(Duration::from_secs(11), "A inactive", || {
+        !a.handle.is_active()
+    })
+    .await;
+    assert!(took <= Duration::from_secs(10), "{took:?}");
+    // it never re-admits while cut off, and the Standby does not act without a witness or a human
+    let n = a.admitted.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(a.admitted.load(Ordering::SeqCst) <= n + 1);
+    assert!(!a.handle.is_active() && !b.handle.is_active());
+    no_overlap(&o);
+    a.stop();
+    b.stop();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_forced_promotion_then_the_returning_old_active_steps_down_without_admitting() {
+    let (sa, sb) = (server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.stop(); // the old Active is stopped
+    let stopped = Instant::now();
+    // not armed yet: the peer's Lease was renewed moments ago
+    assert!(b.control.force_promote().await.is_err());
+    let mut epoch = None;
+    for _ in 0..40 {
+        if let Ok(e) = b.control.force_promote().await {
+            epoch = Some(e);
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let epoch = epoch.expect("armed within 40 s");
+    assert_eq!(epoch.n(), 2);
+    until(Duration::from_secs(30), "B active", || b.handle.is_active()).await;
+    eprintln!(
+        "[ha] forced: A stopped → B admitting after {:?} (armed wait + takeover wait)",
+        stopped.elapsed()
+    );
+    // B marks A's Lease demoted when it can; the old Active restarts with --ha-mode=active
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let a2 = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        a2.admitted.load(Ordering::SeqCst),
+        0,
+        "the returning Active admitted"
+    );
+    assert_eq!(a2.control.status().await.unwrap().role, "standby");
+    assert!(b.handle.is_active());
+    no_overlap(&o);
+    a2.stop();
+    b.stop();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_a_standby_restarted_mid_outage_stays_armed_but_does_not_act() {
+    let (sa, sb) = (server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    a.stop();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    b.stop();
+    let b2 = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let st = b2.control.status().await.unwrap();
+    assert!(st.armed, "{st:?}");
+    assert_eq!(st.role, "standby");
+    assert_eq!(b2.admitted.load(Ordering::SeqCst), 0);
+    no_overlap(&o);
+    b2.stop();
+}
+
+// OPEN BUG (found by this test, not fixed this session): with a witness, B admits while A is still
+// running after bootstrap (7 admissions before A stopped). The model starts from established Leases and
+// does not cover the witness bootstrap; see the report of issue 20.
+#[ignore = "open bug: witness-mode bootstrap lets the Standby admit"]
+#[tokio::test(start_paused = true)]
+async fn ha_witness_promotes_after_the_active_dies_and_never_overlaps() {
+    let (sa, sb, sw) = (server().await, server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, Some(&sw), &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, Some(&sw), &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
+    a.stop();
+    let stopped = Instant::now();
+    until(Duration::from_secs(60), "B active", || b.handle.is_active()).await;
+    eprintln!(
+        "[ha] witness: A stopped → B admitting after {:?}",
+        stopped.elapsed()
+    );
+    // A's last renewal started at most a retry period (2 s) before it stopped; B waits 17 s from a read
+    // after that renewal
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(14),
+        "{:?}",
+        stopped.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(b.handle.is_active());
+    no_overlap(&o);
+    b.stop();
+}
+
+// OPEN BUG (found by this test, not fixed this session): with a witness, B admits while A is still
+// running after bootstrap (7 admissions before A stopped). The model starts from established Leases and
+// does not cover the witness bootstrap; see the report of issue 20.
+#[ignore = "open bug: witness-mode bootstrap lets the Standby admit"]
+#[tokio::test(start_paused = true)]
+async fn ha_witness_a_site_partition_moves_the_term_without_overlap() {
+    let (sa, sb, sw) = (server().await, server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, Some(&sw), &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, Some(&sw), &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // A's site loses its WAN link: it still reaches its own apiserver, not B's nor the witness
+    sb.faults().partition(Scope::identity("a-op"), true);
+    sw.faults().partition(Scope::identity("a-op"), true);
+    until(Duration::from_secs(11), "A inactive", || {
+        !a.handle.is_active()
+    })
+    .await;
+    until(Duration::from_secs(60), "B active", || b.handle.is_active()).await;
+    // heal: A sees the higher epoch and stays down
+    sb.faults().partition(Scope::identity("a-op"), false);
+    sw.faults().partition(Scope::identity("a-op"), false);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(b.handle.is_active() && !a.handle.is_active());
+    no_overlap(&o);
+    a.stop();
+    b.stop();
+}
