@@ -100,8 +100,11 @@ pub fn report(data: &[u8]) {
     }
 }
 
+/// A check: feed it one input; it panics on a violation.
+pub type Check = fn(&[u8]);
+
 /// Every library check by name, for the corpus replay.
-pub const ALL: &[(&str, fn(&[u8]))] = &[
+pub const ALL: &[(&str, Check)] = &[
     ("selector", selector),
     ("fence_token", fence_token),
     ("shard_set", shard_set),

@@ -95,8 +95,11 @@ pub fn strategic_merge_patch(data: &[u8]) {
     }
 }
 
+/// A check: feed it one input; it panics on a violation.
+pub type Check = fn(&[u8]);
+
 /// Every testserver check by name, for the corpus replay.
-pub const ALL: &[(&str, fn(&[u8]))] = &[
+pub const ALL: &[(&str, Check)] = &[
     ("query", query),
     ("label_selector", label_selector),
     ("field_selector", field_selector),

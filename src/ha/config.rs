@@ -183,7 +183,6 @@ pub struct HaConfig {
 
 impl HaConfig {
     /// A builder for the HA name `name` (the Leases are `<name>-ha`).
-    #[must_use]
     pub fn builder(name: impl Into<String>) -> HaConfigBuilder {
         HaConfigBuilder {
             name: name.into(),

@@ -21,7 +21,7 @@ use kube_shard::{
 use proptest::prelude::*;
 
 /// The library's checks and testserver's, by target name.
-fn all_checks() -> impl Iterator<Item = (&'static str, fn(&[u8]))> {
+fn all_checks() -> impl Iterator<Item = (&'static str, checks::Check)> {
     checks::ALL.iter().chain(server_checks::ALL).copied()
 }
 
@@ -30,7 +30,7 @@ fn fuzz_dir() -> PathBuf {
 }
 
 /// Every file under `fuzz/<kind>/<target>/`, with its target's check.
-fn kept_inputs(kind: &str) -> Vec<(PathBuf, fn(&[u8]))> {
+fn kept_inputs(kind: &str) -> Vec<(PathBuf, checks::Check)> {
     let mut out = Vec::new();
     for (name, check) in all_checks() {
         let dir = fuzz_dir().join(kind).join(name);
@@ -63,7 +63,8 @@ fn corpora_and_regressions_pass_every_check() {
 /// The round-trip half of each check runs only on input that decodes: every corpus must hold some.
 #[test]
 fn each_corpus_reaches_a_successful_decode() {
-    let decodes: &[(&str, fn(&[u8]) -> bool)] = &[
+    type Decodes = fn(&[u8]) -> bool;
+    let decodes: &[(&str, Decodes)] = &[
         ("selector", |d| {
             std::str::from_utf8(d)
                 .is_ok_and(|t| t.parse::<kube_shard::selector::ShardSelector>().is_ok())
