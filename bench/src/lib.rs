@@ -71,9 +71,6 @@ impl Scenario {
         Scenario::Coordination,
     ];
 
-    /// Scenarios the issue names that this engine does not implement yet.
-    pub const NOT_IMPLEMENTED: [&'static str; 0] = [];
-
     /// The scenario's name on the command line.
     #[must_use]
     pub fn name(self) -> &'static str {
@@ -103,9 +100,6 @@ impl FromStr for Scenario {
             "handoff" => Ok(Scenario::Handoff),
             "coordination" => Ok(Scenario::Coordination),
             "read" => Ok(Scenario::Read),
-            other if Scenario::NOT_IMPLEMENTED.contains(&other) => {
-                Err(BenchError::NotImplemented(other.to_owned()))
-            }
             other => Err(BenchError::UnknownScenario(other.to_owned())),
         }
     }
@@ -175,9 +169,6 @@ pub enum BenchError {
     /// Not a scenario name.
     #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read, read")]
     UnknownScenario(String),
-    /// A scenario the issue names that is not built yet.
-    #[error("scenario {0:?} is not implemented yet (implemented: all, recovery, movement, scale, failover, handoff, coordination, read)")]
-    NotImplemented(String),
     /// An option out of range.
     #[error("{0}")]
     BadOption(String),
