@@ -273,7 +273,7 @@ impl Runtime {
                 expired: !me && since >= expiry,
                 gone: o.taken_over || (deleted && since >= expiry),
                 report: if me {
-                    Some(self.report())
+                    self.committed_report()
                 } else {
                     o.report.clone()
                 },
@@ -321,7 +321,7 @@ impl Runtime {
                 alive: me,
                 expired: false,
                 gone,
-                report: me.then(|| self.report()),
+                report: if me { self.committed_report() } else { None },
                 joined: 0,
                 joining: false,
             });
