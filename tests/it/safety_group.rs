@@ -573,9 +573,10 @@ async fn a_coordinator_completes_its_own_moves_only_on_its_committed_release() {
         owned_count(&ms[1]) == 8 && each_shard_owned_once(&[&ms[0], &ms[1]])
     })
     .await;
+    // (before the fix too: no fences overlapped — a had released, only its Lease did not say so yet)
+    check_fences(&log);
     assert!(
         crate::oracle_support::check_ownership_history(&server) >= 8,
         "the oracle judged the moves a -> d"
     );
-    check_fences(&log);
 }
