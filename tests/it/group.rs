@@ -926,9 +926,44 @@ fn spawn_worker(
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
-    let (server, log) = crate::support::group_server().await;
+/// The testserver seeds the default run of the churn scenario takes (`KUBE_SHARD_SEED=<n>` runs `n`
+/// instead; `churn_sweep` runs many).
+const CHURN_SEEDS: &[u64] = &[1];
+
+#[test]
+fn churn_loses_no_work_every_latest_version_is_reconciled_by_its_owner() {
+    crate::seeds::run("churn", CHURN_SEEDS, churn);
+}
+
+/// The churn scenario over many seeds (`KUBE_SHARD_SEEDS=<from>..<to>`, default `0..200`): lists every
+/// failing seed with its first line of failure.
+#[test]
+#[ignore = "a sweep over many seeds: minutes"]
+fn churn_sweep() {
+    let mut failed = Vec::new();
+    let range = crate::seeds::sweep(0..200);
+    for seed in range.clone() {
+        if let Err(msg) = crate::seeds::try_run(seed, churn) {
+            eprintln!("churn sweep: seed {seed} FAILED: {msg}");
+            failed.push((seed, msg.lines().take(3).collect::<Vec<_>>().join(" | ")));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "churn sweep over seeds {range:?}: {} failed:\n{}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|(s, m)| format!("seed {s}: {m}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The whole stack under churn (a join, a crash, a graceful leave) while a writer touches every object:
+/// every latest version is reconciled by its owner, and the oracles hold.
+async fn churn(seed: u64) {
+    let (server, log) = crate::support::group_server_seeded(seed).await;
     crate::oracle_support::record_group(&server);
     server.history().record(
         kube_shard_testserver::ResourceFilter::resource("configmaps").namespace(crate::watcher::NS),

@@ -14,5 +14,6 @@ mod safety_control;
 mod safety_group;
 mod safety_read;
 mod safety_scenarios;
+mod seeds;
 mod support;
 mod watcher;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
 use kube_shard::oracles::history::{
-    assert_justified, owner_changes, AssignmentVersion, LeaseVersion, OwnershipHistory,
+    assert_justified, check, owner_changes, AssignmentVersion, LeaseVersion, OwnershipHistory,
 };
 use kube_shard::oracles::quiescence::FencedCommit;
 use kube_shard::token::FENCE_ANNOTATION;
@@ -92,6 +92,12 @@ pub(crate) fn check_ownership_history(server: &TestServer) -> usize {
         !h.assignments.is_empty(),
         "no assignment version recorded: was record_group called before the members started?"
     );
+    if !check(&h).is_empty() {
+        eprintln!(
+            "ownership history oracle: the run's committed history is in {}",
+            dump_timeline(server)
+        );
+    }
     assert_justified(&h);
     let changes = owner_changes(&h);
     eprintln!(
@@ -100,6 +106,52 @@ pub(crate) fn check_ownership_history(server: &TestServer) -> usize {
         h.leases.len()
     );
     changes
+}
+
+/// Write the recorded assignment and Lease commits (rv, writer, object, and the assignment's or report's
+/// text) one per line to a file in the temporary directory, for reading a violation's interleaving; returns
+/// its path.
+fn dump_timeline(server: &TestServer) -> String {
+    let mut commits: Vec<Commit> = server.history().of(&assignment_filter());
+    commits.extend(server.history().of(&lease_filter()));
+    commits.sort_by_key(|c| c.resource_version);
+    let mut text = String::new();
+    for c in &commits {
+        let ann = c.object.pointer("/metadata/annotations");
+        let pick = |k: &str| ann.and_then(|a| a.get(k)).and_then(|v| v.as_str());
+        let body = if c.name.ends_with("-assignment") {
+            c.object
+                .pointer(&format!("/data/{DATA_KEY}"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("-")
+                .to_owned()
+        } else {
+            format!(
+                "renew={} inc={} taken-over={} report={}",
+                c.object
+                    .pointer("/spec/renewTime")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("-"),
+                pick(INCARNATION).unwrap_or("-"),
+                pick(TAKEN_OVER).unwrap_or("-"),
+                pick(REPORT).unwrap_or("-"),
+            )
+        };
+        let change = if c.deleted() { " DELETED" } else { "" };
+        text.push_str(&format!(
+            "{} {} by {}{change}: {body}\n",
+            c.resource_version, c.name, c.identity
+        ));
+    }
+    let path = std::env::temp_dir().join(format!(
+        "kube-shard-history-{}-{}.txt",
+        std::process::id(),
+        commits.last().map_or(0, |c| c.resource_version)
+    ));
+    match std::fs::write(&path, text) {
+        Ok(()) => path.display().to_string(),
+        Err(e) => format!("(not written: {e})"),
+    }
 }
 
 /// Every recorded commit that `filter` covers, as the fence-epoch oracle's input (the raw

@@ -14,6 +14,16 @@ pub(crate) async fn group_server() -> (TestServer, FenceLog) {
     (server, FenceLog::default())
 }
 
+/// [`group_server`] drawing uids and `generateName` suffixes from `seed` (`crate::seeds`).
+pub(crate) async fn group_server_seeded(seed: u64) -> (TestServer, FenceLog) {
+    let server = TestServer::builder()
+        .shard_selector(true)
+        .seed(seed)
+        .build();
+    setup(&server).await;
+    (server, FenceLog::default())
+}
+
 /// A testserver (shard selectors honoured or not: `gate`) holding `n` seeded ConfigMaps, name → uid: the
 /// start of the read-path tests.
 pub(crate) async fn seeded(gate: bool, n: usize) -> (TestServer, BTreeMap<String, String>) {

@@ -41,6 +41,22 @@ impl Runtime {
         r
     }
 
+    /// Our report as committed in our Lease (the answer to our last successful write): what the
+    /// coordinator judges itself on, as it judges every other member. Never [`report`](Self::report):
+    /// the in-memory state may be ahead of every committed version (a release while a renewal is in
+    /// flight), and an assignment completed on it would rest on an ack nobody can read — the group's
+    /// history must justify every owner change on its own (`oracles::history`).
+    pub(super) fn committed_report(&self) -> Option<MemberReport> {
+        let text = self
+            .own
+            .as_ref()?
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(REPORT)?;
+        MemberReport::decode(text, self.cfg.shards).ok()
+    }
+
     pub(super) fn lease_body(&self, base: Option<&Lease>) -> Lease {
         let mut lease = base.cloned().unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
