@@ -285,14 +285,6 @@ impl Runtime {
         out
     }
 
-    /// Our own report as our Lease last committed it, not as our state says now: a coordinator completes a
-    /// move away from itself only on an ack that others can read (and that the ownership-history oracle
-    /// finds committed before the completion). A release between our last renewal and this pass waits
-    /// for the next renewal, which the changed report triggers at once.
-    fn committed_report(&self) -> Option<crate::group::report::MemberReport> {
-        crate::group::report::MemberReport::decode(&self.published, self.cfg.shards).ok()
-    }
-
     /// The members for a coordinator pass: the observed ones, plus every member the assignment names that
     /// is not observed. Such a member is *unknown* (limbo: it holds its shards), never gone by absence: it
     /// is gone only once taken over, or `lease_duration + grace` on our clock without a renewal of that
