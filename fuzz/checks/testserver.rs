@@ -52,9 +52,15 @@ fn split(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-fn same_json(a: &[u8], b: &[u8]) -> bool {
-    let parse = |x: &[u8]| serde_json::from_slice::<serde_json::Value>(x).ok();
-    parse(a) == parse(b)
+/// Whether `out` is `doc` as the server prints it after parsing: compared as text, byte for byte,
+/// with `doc` parsed and printed the same way. Parsing both and comparing values is wrong: serde_json's
+/// default float parser is not correctly rounded, so a printed float can parse back one ulp away
+/// (`"3" * 49` became 3.333333333333334e48 after a round trip; kept in `regressions/json_patch/`).
+fn same_json(out: &[u8], doc: &[u8]) -> bool {
+    let printed = serde_json::from_slice::<serde_json::Value>(doc)
+        .ok()
+        .and_then(|v| serde_json::to_vec(&v).ok());
+    printed.as_deref() == Some(out)
 }
 
 /// An RFC 6902 JSON patch; `[]` changes nothing.
