@@ -195,3 +195,137 @@ fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
     let out = ha(&["status"], &b, &a);
     assert!(String::from_utf8_lossy(&out.stdout).contains("limbo: epoch 3002"));
 }
+
+fn ha_operator(
+    own: &Path,
+    peer: &Path,
+    name: &str,
+    mode: &str,
+    cluster: &str,
+    rank: &str,
+) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(own)
+        .args(["--group", "widgets", "-n", "default", "--identity", name])
+        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
+        .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
+        .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
+        .args(["--settle", "1s", "--join-debounce", "500ms"])
+        .args([
+            "--expected-replicas",
+            "1",
+            "--shards",
+            "16",
+            "--install-crd",
+        ])
+        .args([
+            "--ha-mode",
+            mode,
+            "--ha-cluster-id",
+            cluster,
+            "--ha-rank",
+            rank,
+        ])
+        .arg("--ha-remote-kubeconfig")
+        .arg(peer)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Running(child)
+}
+
+fn widget_api(rt: &tokio::runtime::Runtime, kc: &Path) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource {
+        group: "example.kube-shard.io".into(),
+        version: "v1".into(),
+        api_version: "example.kube-shard.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let c = rt.block_on(client(kc));
+    Api::namespaced_with(c, "default", &ar)
+}
+
+fn until(limit: std::time::Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// `kshard operator --ha-*`: the Active cluster's operator bootstraps epoch 1001 and reconciles, the
+/// Standby's reconciles nothing; an unknown `--ha-mode` is a start-up error naming the accepted words.
+#[test]
+fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _sa) = testserver(dir.path(), "a");
+    let (b, _sb) = testserver(dir.path(), "b");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(&a)
+        .args([
+            "--ha-mode",
+            "primary",
+            "--ha-cluster-id",
+            "a",
+            "--ha-rank",
+            "1",
+        ])
+        .arg("--ha-remote-kubeconfig")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("primary") && err.contains("active") && err.contains("standby"),
+        "{err}"
+    );
+
+    let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
+    let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");
+    // bootstrap: every HA Lease seen missing for lease_duration + grace (17 s), then created
+    let mut last = Value::Null;
+    until(
+        std::time::Duration::from_secs(60),
+        "a active at 1001",
+        || {
+            let out = ha(&["status", "--json"], &b, &a);
+            if !out.status.success() {
+                return false;
+            }
+            last = serde_json::from_slice(&out.stdout).unwrap();
+            last["active"] == "a" && last["highest_epoch"] == 1001
+        },
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let w: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+        "metadata": {"name": "w1"}, "spec": {"size": 3}
+    }))
+    .unwrap();
+    let (wa, wb) = (widget_api(&rt, &a), widget_api(&rt, &b));
+    rt.block_on(wa.create(&Default::default(), &w)).unwrap();
+    rt.block_on(wb.create(&Default::default(), &w)).unwrap();
+    until(
+        std::time::Duration::from_secs(20),
+        "the Active reconciles w1",
+        || rt.block_on(wa.get("w1")).unwrap().data["status"]["reconciledBy"] == "a-0",
+    );
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let on_b = rt.block_on(wb.get("w1")).unwrap();
+    assert!(
+        on_b.data["status"]["reconciledBy"].is_null(),
+        "the Standby reconciled: {}",
+        on_b.data
+    );
+}
