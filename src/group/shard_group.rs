@@ -476,7 +476,9 @@ impl GroupHandle {
     #[must_use]
     pub fn leadership(&self) -> Leadership {
         // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
+        // with cross-cluster HA a term counts only while this cluster is the Active one
         Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
+            .with_ha(self.ha())
     }
 
     /// This member's HA term handle (`None` without HA or in standalone mode).
