@@ -421,3 +421,75 @@ async fn ha_group_the_overlap_checker_finds_a_worker_that_ignores_its_fences() {
         o.intervals()
     );
 }
+
+/// T8 "the legacy gate together with HA": the Standby's group also migrates from a leader-elected
+/// deployment. When the legacy leader goes away the legacy gate lifts its own hold bit only: the Standby
+/// still admits nothing (a single-value hold would have been cleared here).
+#[tokio::test(start_paused = true)]
+async fn ha_group_the_legacy_gate_lifting_does_not_open_a_standby() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::{ObjectMeta, PostParams};
+    let (sa, sb) = two_servers().await;
+    let o = HaOverlap::default();
+    let leases: kube::Api<Lease> = kube::Api::namespaced(sb.client("old"), CP_NS);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("old-leader".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("old-0".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+            )),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let renewer = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            for n in 1..40i64 {
+                let mut l = leases.get("old-leader").await.unwrap();
+                let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + n).unwrap();
+                l.spec.as_mut().unwrap().renew_time = Some(MicroTime(t));
+                leases
+                    .replace("old-leader", &PostParams::default(), &l)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let a = side(
+        ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
+        "a1",
+        "a",
+        &o,
+        Worker::Honest,
+    );
+    let b = side(
+        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa).legacy_leader_lease("old-leader"),
+        "b1",
+        "b",
+        &o,
+        Worker::Honest,
+    );
+    until(Duration::from_secs(40), "A admitting", || {
+        is_admitting(&a.ownership())
+    })
+    .await;
+    renewer.await.unwrap(); // the legacy leader stops renewing
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        b.ownership().admission_hold(),
+        Some("this cluster is not the active HA cluster")
+    );
+    assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
+    assert!(!is_admitting(&b.ownership()));
+    assert_eq!(o.violations(), vec![]);
+    a.kill();
+    b.kill();
+}
