@@ -50,6 +50,8 @@ enum Command {
     Bench(crate::bench_cmd::BenchArgs),
     /// Print ValidatingAdmissionPolicies (and bindings) with which the apiserver refuses stale fenced writes.
     FencePolicy(FencePolicyArgs),
+    /// Cross-cluster Active/Standby: `status` (both sides), `promote --force --old-active-stopped`.
+    Ha(crate::ha_cmd::HaArgs),
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +197,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Bench(args) => crate::bench_cmd::run(&args, &mut out),
         Command::FencePolicy(args) => fence_policy(&args, &mut out),
+        Command::Ha(args) => crate::ha_cmd::run(&args, &mut out),
     }
 }
 

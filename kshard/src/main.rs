@@ -17,6 +17,10 @@
 //!   scenario, or with `--json` one JSON object per scenario, one per line; exit 2 for an unknown scenario.
 //! - `kshard fence-policy --resource PLURAL.GROUP [--resource ...] [--annotation KEY] [--name NAME]` prints the
 //!   fence ValidatingAdmissionPolicy and its binding as YAML (for `kubectl apply -f -`); bad input exits 2.
+//! - `kshard ha status --peer-kubeconfig P -n NS --name N --cluster-id ID --rank R [--json]` prints both
+//!   clusters' HA Leases side by side (with `--json`, one object: `leases`, `active`, `limbo`, `alarm`);
+//!   `kshard ha promote --force --old-active-stopped ...` prints `promoted: ...` once this cluster's HA Lease
+//!   records the new epoch; refused or timed out → exit 1, bad flags → exit 2.
 //! - `kshard operator ...` (hidden) runs the example operator; with `--metrics-addr` its first stdout line is
 //!   `metrics http://ADDR`.
 #![forbid(unsafe_code)]
@@ -25,6 +29,7 @@ mod bench_cmd;
 mod cli;
 mod demo;
 mod duration;
+mod ha_cmd;
 mod operator;
 mod ops;
 mod testserver_cmd;

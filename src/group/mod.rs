@@ -26,6 +26,7 @@ pub mod status;
 
 pub use config::{ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};
+pub(crate) use runtime::next_stamp;
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
 pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard};

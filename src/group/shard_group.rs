@@ -12,6 +12,7 @@ use super::metrics::GroupMetrics;
 use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
+use crate::ha::{self, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock};
 use crate::hash::ShardKey;
 use crate::ownership::spawn::Spawner;
 use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig};
@@ -36,6 +37,15 @@ pub struct ShardGroup {
     dedicated: Option<kube::Config>,
     clock: Clock,
     spawner: Spawner,
+    ha: Option<HaSetup>,
+}
+
+/// Cross-cluster HA for a group (`ShardGroupBuilder::ha`).
+struct HaSetup {
+    config: HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    metrics: HaMetrics,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -54,6 +64,7 @@ pub struct ShardGroupBuilder {
     dedicated: Option<kube::Config>,
     clock: Clock,
     spawner: Spawner,
+    ha: Option<HaSetup>,
 }
 
 impl std::fmt::Debug for ShardGroupBuilder {
@@ -73,6 +84,7 @@ impl ShardGroup {
             dedicated: None,
             clock: Clock::system(),
             spawner: Spawner::tokio(),
+            ha: None,
         }
     }
 
@@ -84,6 +96,10 @@ impl ShardGroup {
 
     /// Start the member: returns its handle and the task to run (spawn it). The task ends after a graceful
     /// leave ([`GroupHandle::leave`]) has moved every shard away and the Lease was deleted.
+    ///
+    /// With cross-cluster HA ([`ShardGroupBuilder::ha`]) this also starts, on tasks of their own, the
+    /// member's HA elector and its gate (call it inside a tokio runtime then); both stop when the returned
+    /// task ends or is dropped.
     ///
     /// Create the read streams (`kube_shard::watcher`, ...) for `handle.ownership()` before the task first
     /// runs: a shard is warm only when every stream registered by then has synced it. A member with no
@@ -106,7 +122,15 @@ impl ShardGroup {
         let metrics = GroupMetrics::default();
         let (leave_tx, leave_rx) = oneshot::channel();
         let (leader_tx, leader_rx) = watch::channel(None);
+        let (ha, ha_tasks) = match self.ha {
+            Some(setup) if setup.config.mode != HaMode::Standalone => {
+                let (h, control, tasks) = start_ha(setup, &ownership);
+                (Some((h, control)), tasks)
+            }
+            _ => (None, Vec::new()),
+        };
         let handle = GroupHandle {
+            ha,
             leadership: leader_rx,
             ownership: ownership.clone(),
             status: status_rx,
@@ -117,6 +141,7 @@ impl ShardGroup {
         let (client, config) = (self.client, self.config);
         let (dedicated, spawner) = (self.dedicated, self.spawner);
         (handle, async move {
+            let _ha = AbortOnDrop(ha_tasks);
             if let Some(kube_config) = dedicated {
                 return run_dedicated(
                     kube_config,
@@ -138,6 +163,38 @@ impl ShardGroup {
             runtime.run(leave_rx).await
         })
     }
+}
+
+/// Aborts the HA tasks when the member's task ends (or is dropped: a killed process).
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// The member's HA elector (its own task, its own timeouts: HA.md "HA in a shard group") and the HA gate:
+/// admission and fences need the cluster's term (read live on each use); the gate task keeps the
+/// member's `HaStandby` hold bit in step, so lifting it at promotion re-enqueues every owned shard through
+/// the unbounded transitions stream.
+fn start_ha(
+    setup: HaSetup,
+    ownership: &Ownership,
+) -> (HaHandle, HaControl, Vec<tokio::task::JoinHandle<()>>) {
+    let (handle, control, task) =
+        ha::spawn(&setup.config, setup.clients, setup.clock, setup.metrics);
+    ownership.set_hold(crate::ownership::Hold::HaStandby, !handle.is_active());
+    ownership.install_ha(handle.clone());
+    let gate = {
+        let (h, own) = (handle.clone(), ownership.clone());
+        tokio::spawn(ha::handle::gate(h, move |active| {
+            own.set_hold(crate::ownership::Hold::HaStandby, !active);
+        }))
+    };
+    (handle, control, task.into_iter().chain([gate]).collect())
 }
 
 /// Run the member on its own OS thread, with its own single-threaded tokio runtime and its own `Client`, so a
@@ -327,6 +384,33 @@ impl ShardGroupBuilder {
         self
     }
 
+    /// Cross-cluster Active/Standby ([`crate::ha`]): admission and fences need this cluster's HA term.
+    /// A permit records the term's failover epoch ([`Permit::failover_epoch`]); a fence is valid only while
+    /// the term at that epoch holds, and ends by the term's deadline; on a Standby nothing is admitted (the
+    /// reconcile wrapper returns `await_change()`), and promotion re-enqueues every owned shard. Every
+    /// member runs its own elector on its own task, dating the term from its own writes. A standalone
+    /// `config` (empty `--ha-mode`) changes nothing.
+    ///
+    /// [`Permit::failover_epoch`]: crate::ownership::Permit::failover_epoch
+    pub fn ha(mut self, config: HaConfig, clients: HaClients) -> Self {
+        self.ha = Some(HaSetup {
+            config,
+            clients,
+            clock: ha::handle::tokio_clock(),
+            metrics: HaMetrics::default(),
+        });
+        self
+    }
+
+    /// The HA elector's local monotonic clock (default: tokio's; tests give each cluster its own offset
+    /// and rate). Call after [`ha`](Self::ha).
+    pub fn ha_clock(mut self, clock: LocalClock) -> Self {
+        if let Some(h) = self.ha.as_mut() {
+            h.clock = clock;
+        }
+        self
+    }
+
     /// Validate and build.
     pub fn build(self) -> Result<ShardGroup, ConfigError> {
         self.config.validate()?;
@@ -339,6 +423,7 @@ impl ShardGroupBuilder {
             dedicated: self.dedicated,
             clock: self.clock,
             spawner: self.spawner,
+            ha: self.ha,
         })
     }
 }
@@ -346,6 +431,7 @@ impl ShardGroupBuilder {
 /// The running member's handle. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct GroupHandle {
+    ha: Option<(HaHandle, HaControl)>,
     ownership: Ownership,
     leadership: watch::Receiver<Option<LeaderTerm>>,
     status: watch::Receiver<GroupStatus>,
@@ -390,7 +476,21 @@ impl GroupHandle {
     #[must_use]
     pub fn leadership(&self) -> Leadership {
         // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
+        // with cross-cluster HA a term counts only while this cluster is the Active one
         Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
+            .with_ha(self.ha())
+    }
+
+    /// This member's HA term handle (`None` without HA or in standalone mode).
+    #[must_use]
+    pub fn ha(&self) -> Option<HaHandle> {
+        self.ha.as_ref().map(|(h, _)| h.clone())
+    }
+
+    /// Commands to this member's HA elector (`kshard ha promote`, `status`).
+    #[must_use]
+    pub fn ha_control(&self) -> Option<HaControl> {
+        self.ha.as_ref().map(|(_, c)| c.clone())
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

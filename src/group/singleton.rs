@@ -23,6 +23,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::ha::HaHandle;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
 
@@ -112,6 +114,8 @@ pub struct NotLeader {
 pub struct Leadership {
     rx: watch::Receiver<Option<LeaderTerm>>,
     clock: Clock,
+    /// Cross-cluster HA: a term counts only while the cluster is the Active one.
+    ha: Option<HaHandle>,
 }
 
 impl Leadership {
@@ -122,13 +126,40 @@ impl Leadership {
 
     /// Terms judged on `clock` (tests: a boot clock moved by hand).
     pub(crate) fn with_clock(rx: watch::Receiver<Option<LeaderTerm>>, clock: Clock) -> Self {
-        Leadership { rx, clock }
+        Leadership {
+            rx,
+            clock,
+            ha: None,
+        }
     }
 
-    /// The current term, when this member leads and the term is valid now.
+    /// Terms count only while `ha` says this cluster is the Active one (a Standby runs no singleton).
+    pub(crate) fn with_ha(mut self, ha: Option<HaHandle>) -> Self {
+        self.ha = ha;
+        self
+    }
+
+    fn ha_active(&self) -> bool {
+        self.ha.as_ref().is_none_or(HaHandle::is_active)
+    }
+
+    fn ha_epoch(&self) -> Option<crate::ha::Epoch> {
+        self.ha.as_ref().and_then(HaHandle::active_epoch)
+    }
+
+    /// Resolves at the next change of the HA term (never without HA).
+    async fn ha_changed(&self) {
+        match &self.ha {
+            Some(h) => h.await_change().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The current term, when this member leads, the term is valid now, and (with cross-cluster HA) this
+    /// cluster is the Active one.
     #[must_use]
     pub fn current(&self) -> Option<LeaderTerm> {
-        (*self.rx.borrow()).filter(|t| t.is_valid_on(&self.clock))
+        (*self.rx.borrow()).filter(|t| t.is_valid_on(&self.clock) && self.ha_active())
     }
 
     /// Wait until this member leads (returns at once when it does). `None` when the member has stopped.
@@ -136,12 +167,16 @@ impl Leadership {
         loop {
             let cur = *self.rx.borrow_and_update();
             if let Some(t) = cur {
-                if t.is_valid_on(&self.clock) {
+                if t.is_valid_on(&self.clock) && self.ha_active() {
                     return Some(t);
                 }
-                // lapsed: wait for a renewal (a new term) or a change
+                // lapsed (or a Standby): wait for a renewal (a new term), a change, or a promotion
             }
-            self.rx.changed().await.ok()?;
+            let mut rx = self.rx.clone();
+            tokio::select! {
+                r = rx.changed() => r.ok()?,
+                () = self.ha_changed() => {}
+            }
         }
     }
 
@@ -152,6 +187,7 @@ impl Leadership {
             rx: self.rx.clone(),
             term: t.term,
             clock: self.clock.clone(),
+            ha: self.ha.clone().map(|h| (h, self.ha_epoch())),
         })
     }
 
@@ -164,7 +200,7 @@ impl Leadership {
                 return;
             };
             let left = t.left_on(&self.clock);
-            if left.is_zero() {
+            if left.is_zero() || !self.ha_active() {
                 return;
             }
             tokio::select! {
@@ -203,10 +239,12 @@ impl Leadership {
             let Some(t) = self.acquired().await else {
                 return;
             };
+            let epoch = self.ha_epoch();
             let guard = SingletonGuard {
                 rx: self.rx.clone(),
                 term: t.term,
                 clock: self.clock.clone(),
+                ha: self.ha.clone().map(|h| (h, epoch)),
             };
             let span = info_span!("singleton", name, term = t.term);
             info!(parent: &span, "term began: starting the singleton");
@@ -220,10 +258,20 @@ impl Leadership {
                     self.ended(t.term).await;
                 }
             }
-            // never start twice in one term
-            while self.rx.borrow().is_some_and(|c| c.term == t.term) {
-                if self.rx.changed().await.is_err() {
-                    return;
+            // never start twice in one term (of the group and, with HA, of the cluster)
+            while self
+                .rx
+                .borrow_and_update()
+                .is_some_and(|c| c.term == t.term)
+            {
+                let promoted = self.ha_epoch().is_some_and(|e| Some(e) != epoch);
+                if promoted {
+                    break;
+                }
+                let mut rx = self.rx.clone();
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() { return },
+                    () = self.ha_changed() => {}
                 }
             }
         }
@@ -236,6 +284,8 @@ pub struct SingletonGuard {
     rx: watch::Receiver<Option<LeaderTerm>>,
     term: u64,
     clock: Clock,
+    /// Cross-cluster HA: the handle and the failover epoch the guard was given in.
+    ha: Option<(HaHandle, Option<crate::ha::Epoch>)>,
 }
 
 impl SingletonGuard {
@@ -245,10 +295,15 @@ impl SingletonGuard {
         self.term
     }
 
-    /// `Ok(term)` while this member still leads in this term and the term is valid now.
+    /// `Ok(term)` while this member still leads in this term, the term is valid now, and (with
+    /// cross-cluster HA) the cluster's term at the guard's failover epoch still holds.
     pub fn check(&self) -> Result<u64, NotLeader> {
+        let ha_ok = self
+            .ha
+            .as_ref()
+            .is_none_or(|(h, e)| e.is_some() && h.active_epoch() == *e);
         match *self.rx.borrow() {
-            Some(t) if t.term == self.term && t.is_valid_on(&self.clock) => Ok(self.term),
+            Some(t) if t.term == self.term && t.is_valid_on(&self.clock) && ha_ok => Ok(self.term),
             _ => Err(NotLeader { term: self.term }),
         }
     }
@@ -412,5 +467,63 @@ mod tests {
         assert_eq!(starts.load(Ordering::SeqCst), 2, "a new term runs it again");
         drop(tx);
         task.await.unwrap();
+    }
+
+    /// With cross-cluster HA the singleton runs only while the cluster is the Active one: not on a
+    /// Standby's coordinator, cancelled when the HA term ends, started again at a promotion (same group
+    /// term, new failover epoch).
+    #[tokio::test(start_paused = true)]
+    async fn with_ha_the_singleton_runs_only_in_the_clusters_term() {
+        use crate::ha::handle::{tokio_clock, Term};
+        use crate::ha::{Epoch, HaMetrics};
+        let ha = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let (tx, rx) = watch::channel(Some(LeaderTerm::new(
+            1,
+            Instant::now() + Duration::from_secs(3600),
+        )));
+        let leadership = Leadership::new(rx).with_ha(Some(ha.clone()));
+        let starts = Arc::new(AtomicU32::new(0));
+        let running = Arc::new(AtomicU32::new(0));
+        let (s2, r2) = (starts.clone(), running.clone());
+        let task = tokio::spawn(leadership.clone().run_singleton("t", move |g| {
+            s2.fetch_add(1, Ordering::SeqCst);
+            let r = r2.clone();
+            async move {
+                while g.check().is_ok() {
+                    r.store(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r.store(0, Ordering::SeqCst);
+            }
+        }));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            starts.load(Ordering::SeqCst),
+            0,
+            "a Standby runs no singleton"
+        );
+        assert!(leadership.current().is_none());
+        let term = |n| Term {
+            epoch: Epoch::new(n, 1).unwrap(),
+            deadline: (ha.clock())() + Duration::from_secs(3600),
+        };
+        ha.publish(Some(term(1)));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 1, "runs once Active");
+        assert_eq!(running.load(Ordering::SeqCst), 1);
+        let guard = leadership.guard().unwrap();
+        ha.publish(None);
+        assert!(guard.check().is_err(), "the guard ends with the HA term");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(task.is_finished() || starts.load(Ordering::SeqCst) == 1);
+        ha.publish(Some(term(2)));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            starts.load(Ordering::SeqCst),
+            2,
+            "started again at the promotion, in the same group term"
+        );
+        drop(tx);
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
 }

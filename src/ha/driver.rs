@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, oneshot};
@@ -148,6 +150,10 @@ impl HaControl {
 /// Start the elector of `cfg` on its own task. Standalone mode starts nothing and returns an always-active
 /// handle. The returned task runs until the runtime stops (abort it to stop the elector; the term then
 /// ends at its deadline).
+///
+/// The elector may be one of several processes of this cluster (the members of a shard group, or `kshard
+/// ha promote` beside the operator): while Standby it follows a term another process of this cluster
+/// leads ([`ElectorConfig::follow`]), dating it from its own renewals.
 pub fn spawn(
     cfg: &HaConfig,
     clients: HaClients,
@@ -165,7 +171,8 @@ pub fn spawn(
         clients.witness.is_some(),
         cfg.timings,
     )
-    .bootstrap_active(cfg.mode == HaMode::Active);
+    .bootstrap_active(cfg.mode == HaMode::Active)
+    .follow(true);
     let lease = cfg.lease_name();
     let apis = [
         Some(Api::namespaced(clients.local.clone(), &cfg.namespace)),
@@ -192,6 +199,7 @@ pub fn spawn(
         metrics,
         clock,
         was_active: false,
+        stamps: [None; 3],
     };
     let task = tokio::spawn(driver.run(rx));
     (handle, HaControl { tx }, Some(task))
@@ -210,9 +218,14 @@ struct Driver {
     metrics: HaMetrics,
     clock: LocalClock,
     was_active: bool,
+    /// Per slot, the latest `renewTime` seen in an answer or sent: the next write stamps strictly after
+    /// it, so every renewal changes the Lease (a no-op update keeps the resourceVersion, and an observer
+    /// would take a renewed Lease for a stale one).
+    stamps: [Option<Timestamp>; 3],
 }
 
-type Flight = std::pin::Pin<Box<dyn std::future::Future<Output = (Slot, Answer)> + Send>>;
+type Flight =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (Slot, Answer, Option<Timestamp>)> + Send>>;
 
 impl Driver {
     async fn run(mut self, mut cmds: mpsc::Receiver<Command>) {
@@ -225,7 +238,9 @@ impl Driver {
             }
             self.publish();
             tokio::select! {
-                Some((slot, answer)) = inflight.next(), if !inflight.is_empty() => {
+                Some((slot, answer, stamp)) = inflight.next(), if !inflight.is_empty() => {
+                    let last = &mut self.stamps[slot as usize];
+                    *last = (*last).max(stamp);
                     let trans = self.elector.on_answer(slot, answer, (self.clock)());
                     self.on_transitions(&trans);
                 }
@@ -250,7 +265,15 @@ impl Driver {
         }
     }
 
-    fn send(&self, r: Request) -> Flight {
+    fn send(&mut self, r: Request) -> Flight {
+        let stamp = if r.op == Op::Read {
+            None
+        } else {
+            let last = &mut self.stamps[r.slot as usize];
+            let t = crate::group::next_stamp(Timestamp::now(), *last);
+            *last = Some(t);
+            Some(t)
+        };
         let api = self.apis[r.slot as usize].clone();
         let name = self.lease.clone();
         let ns = self.namespaces[r.slot as usize].clone();
@@ -258,13 +281,13 @@ impl Driver {
         let timeout = self.timeout;
         Box::pin(async move {
             let Some(api) = api else {
-                return (r.slot, Answer::Failed);
+                return (r.slot, Answer::Failed, None);
             };
-            let fut = request(api, name, ns, ha, r.op);
-            let answer = tokio::time::timeout(timeout, fut)
+            let fut = request(api, name, ns, ha, r.op, stamp);
+            let (answer, seen) = tokio::time::timeout(timeout, fut)
                 .await
-                .unwrap_or(Answer::Failed);
-            (r.slot, answer)
+                .unwrap_or((Answer::Failed, None));
+            (r.slot, answer, seen)
         })
     }
 
@@ -401,16 +424,39 @@ fn slot_status(el: &Elector, s: Slot, now: Duration) -> SlotStatus {
     }
 }
 
-async fn request(api: Api<Lease>, name: String, ns: String, ha: String, op: Op) -> Answer {
-    let encode = |r: &Record| record::encode(r, &name, &ns, &ha);
+/// One request; the answer and the `renewTime` the Lease carries after it (if known).
+async fn request(
+    api: Api<Lease>,
+    name: String,
+    ns: String,
+    ha: String,
+    op: Op,
+    stamp: Option<Timestamp>,
+) -> (Answer, Option<Timestamp>) {
+    let encode = |r: &Record| {
+        let mut l = record::encode(r, &name, &ns, &ha);
+        if let Some(spec) = l.spec.as_mut() {
+            spec.renew_time = stamp.map(MicroTime);
+        }
+        l
+    };
+    let renewed = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0)
+    };
     let res = match op {
         Op::Read => {
             return match api.get(&name).await {
-                Ok(l) => Answer::Found {
-                    rv: l.metadata.resource_version.clone().unwrap_or_default(),
-                    record: record::decode(&l).ok(),
-                },
-                Err(e) => classify(&e),
+                Ok(l) => (
+                    Answer::Found {
+                        rv: l.metadata.resource_version.clone().unwrap_or_default(),
+                        record: record::decode(&l).ok(),
+                    },
+                    renewed(&l),
+                ),
+                Err(e) => (classify(&e), None),
             }
         }
         Op::Update { rv, record } => {
@@ -421,10 +467,13 @@ async fn request(api: Api<Lease>, name: String, ns: String, ha: String, op: Op) 
         Op::Create { record } => api.create(&PostParams::default(), &encode(&record)).await,
     };
     match res {
-        Ok(l) => Answer::Written {
-            rv: l.metadata.resource_version.unwrap_or_default(),
-        },
-        Err(e) => classify(&e),
+        Ok(l) => (
+            Answer::Written {
+                rv: l.metadata.resource_version.clone().unwrap_or_default(),
+            },
+            renewed(&l),
+        ),
+        Err(e) => (classify(&e), None),
     }
 }
 

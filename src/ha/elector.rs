@@ -265,6 +265,11 @@ pub struct ElectorConfig {
     pub bootstrap_active: bool,
     /// Timings.
     pub timings: Timings,
+    /// One of several processes of this cluster (the members of a shard group): while Standby, follow a
+    /// term another process of this cluster leads (the Leases name this cluster at the highest epoch, and
+    /// changed since this process last stepped down). Each process still dates the term from its own
+    /// writes, so following never extends anyone's hold.
+    pub follow: bool,
 }
 
 impl ElectorConfig {
@@ -277,7 +282,15 @@ impl ElectorConfig {
             witness,
             bootstrap_active: false,
             timings,
+            follow: false,
         }
+    }
+
+    /// One of several processes of this cluster (see [`ElectorConfig::follow`]).
+    #[must_use]
+    pub fn follow(mut self, on: bool) -> Self {
+        self.follow = on;
+        self
     }
 
     /// Bootstrap as leader while every Lease is missing.
@@ -305,6 +318,8 @@ pub struct Elector {
     started: Duration,
     /// The caller's gate on automatic promotion (the mirror's lag), default open.
     auto_promote: bool,
+    /// When this process last stepped down (a follower re-follows only a record written after it).
+    stepped_down_at: Option<Duration>,
     #[cfg(any(test, feature = "test-util"))]
     flaws: Flaws,
 }
@@ -323,6 +338,7 @@ impl Elector {
             decided: false,
             started: now,
             auto_promote: true,
+            stepped_down_at: None,
             #[cfg(any(test, feature = "test-util"))]
             flaws: Flaws::default(),
         }
@@ -553,9 +569,10 @@ impl Elector {
         }
     }
 
-    fn step_down(&mut self, why: StepDown, out: &mut Vec<Transition>) {
+    fn step_down(&mut self, why: StepDown, now: Duration, out: &mut Vec<Transition>) {
         if let Role::Leader { epoch, .. } = self.role {
             self.role = Role::Standby;
+            self.stepped_down_at = Some(now);
             self.no_term_since = None;
             for v in &mut self.views {
                 v.held_from = None;
@@ -642,7 +659,7 @@ impl Elector {
         let Some(r) = record else {
             self.alarm = Some(Alarm::Undecodable(slot));
             out.push(Transition::Alarmed(Alarm::Undecodable(slot)));
-            self.step_down(StepDown::Undecodable(slot), out);
+            self.step_down(StepDown::Undecodable(slot), now, out);
             return;
         };
         self.max_seen = self.max_seen.max(r.epoch);
@@ -653,9 +670,9 @@ impl Elector {
             }
             let counts = slot != Slot::Peer || !self.cfg.witness;
             if r.epoch > epoch && counts {
-                self.step_down(StepDown::HigherEpoch(slot), out);
+                self.step_down(StepDown::HigherEpoch(slot), now, out);
             } else if recheck && !mine {
-                self.step_down(StepDown::Conflict(slot), out);
+                self.step_down(StepDown::Conflict(slot), now, out);
             }
         }
     }
@@ -681,11 +698,16 @@ impl Elector {
                 } else {
                     let since = *self.no_term_since.get_or_insert(now);
                     if now >= since + self.cfg.timings.lease_duration {
-                        self.step_down(StepDown::NoTerm, out);
+                        self.step_down(StepDown::NoTerm, now, out);
                     }
                 }
             }
-            Role::Standby if self.decided => self.consider_candidacy(now, out),
+            Role::Standby if self.decided => {
+                self.consider_following(out);
+                if self.role == Role::Standby {
+                    self.consider_candidacy(now, out);
+                }
+            }
             Role::Standby => {}
         }
     }
@@ -741,6 +763,37 @@ impl Elector {
                 self.lead(e, false);
                 out.push(Transition::Resumed(e));
             }
+        }
+    }
+
+    /// [`ElectorConfig::follow`]: lead the term another process of this cluster leads. The record that
+    /// names this cluster is the one a restart would resume on (the witness's, or without one the own
+    /// Lease's with the peer read and nothing higher seen).
+    fn consider_following(&mut self, out: &mut Vec<Transition>) {
+        if !self.cfg.follow || self.alarm.is_some() {
+            return;
+        }
+        let slot = if self.cfg.witness {
+            Slot::Witness
+        } else {
+            Slot::Own
+        };
+        if !self.cfg.witness && self.view(Slot::Peer).last_ok.is_none() {
+            return;
+        }
+        let Seen::Present {
+            record: Some(r),
+            since,
+            ..
+        } = &self.view(slot).seen
+        else {
+            return;
+        };
+        let fresh = self.stepped_down_at.is_none_or(|t| *since > t);
+        if r.cluster == self.cfg.cluster && r.epoch == self.max_seen && fresh {
+            let e = r.epoch;
+            self.lead(e, false);
+            out.push(Transition::Resumed(e));
         }
     }
 

@@ -155,9 +155,37 @@ impl HaHandle {
     pub(crate) fn publish(&self, term: Option<Term>) {
         let old = self.term();
         self.shared.term.store(Arc::new(term));
-        let changed = old.map(|t| t.epoch) != term.map(|t| t.epoch);
-        if changed {
+        // a change of the epoch acted under *now*: a term that lapsed at its deadline and is renewed again
+        // at the same epoch is a change too (the gate waiting on it must wake)
+        let now = (self.shared.clock)();
+        let live = |t: Option<Term>| t.filter(|t| now < t.deadline).map(|t| t.epoch);
+        if live(old) != live(term) {
             self.shared.changes.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Call `on_change(active)` now and at every change of whether the cluster acts (a promotion, a
+/// step-down, a term lapsing at its deadline, a lapsed term renewed): the HA gate of a shard group keeps its
+/// hold bit with it. Runs until dropped.
+pub(crate) async fn gate(ha: HaHandle, mut on_change: impl FnMut(bool)) {
+    let mut rx = ha.shared.changes.subscribe();
+    let mut last = None;
+    loop {
+        rx.borrow_and_update();
+        let active = ha.is_active();
+        if last != Some(active) {
+            on_change(active);
+            last = Some(active);
+        }
+        let remaining = ha.term_remaining();
+        if active && !remaining.is_zero() {
+            tokio::select! {
+                _ = rx.changed() => {}
+                () = tokio::time::sleep(remaining) => {}
+            }
+        } else if rx.changed().await.is_err() {
+            return;
         }
     }
 }

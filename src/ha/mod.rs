@@ -13,6 +13,7 @@
 //! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`): the seam a
 //!   shard group's HA gate will consult.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+//! - [`ops`]: the engine of `kshard ha status` and `kshard ha promote --force`.
 
 pub mod config;
 pub mod driver;
@@ -21,6 +22,7 @@ pub mod epoch;
 mod events;
 pub mod handle;
 pub mod metrics;
+pub mod ops;
 pub mod record;
 
 pub use driver::{spawn, HaClients, HaControl, HaStatus};

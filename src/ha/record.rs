@@ -67,7 +67,13 @@ impl Record {
     /// `<cluster-id>/<epoch>`.
     #[must_use]
     pub fn holder(&self) -> String {
-        format!("{}/{}", self.cluster, self.epoch)
+        Record::holder_of(&self.cluster, self.epoch)
+    }
+
+    /// `<cluster-id>/<epoch>` of any cluster and epoch.
+    #[must_use]
+    pub fn holder_of(cluster: &str, epoch: Epoch) -> String {
+        format!("{cluster}/{epoch}")
     }
 }
 

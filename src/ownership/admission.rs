@@ -105,6 +105,8 @@ pub struct Permit {
     pub(crate) shard: u32,
     pub(crate) epoch: u64,
     pub(crate) gate: Arc<Gate>,
+    /// The failover epoch of the HA term it was admitted in (`None`: no HA).
+    pub(crate) failover: Option<crate::ha::Epoch>,
 }
 
 impl fmt::Debug for Permit {
@@ -112,6 +114,7 @@ impl fmt::Debug for Permit {
         f.debug_struct("Permit")
             .field("shard", &self.shard)
             .field("epoch", &self.epoch)
+            .field("failover", &self.failover)
             .finish()
     }
 }
@@ -135,10 +138,23 @@ impl Permit {
         self.epoch
     }
 
+    /// The failover epoch of the cross-cluster HA term this permit was admitted in (`None` without HA).
+    #[must_use]
+    pub fn failover_epoch(&self) -> Option<crate::ha::Epoch> {
+        self.failover
+    }
+
     /// A fence for a side effect now: valid only while the shard is still Owned at this epoch (or Outgoing,
-    /// before the drain deadline) and the member's last renewal is recent enough, on both clocks.
+    /// before the drain deadline), the member's last renewal is recent enough, on both clocks, and (with HA)
+    /// the cluster's term at the permit's failover epoch still holds.
     pub fn fence(&self) -> Result<Fence, FenceError> {
-        Fence::issue(&self.inner, self.shard, self.epoch, &self.gate)
+        Fence::issue(
+            &self.inner,
+            self.shard,
+            self.epoch,
+            self.failover,
+            &self.gate,
+        )
     }
 }
 
@@ -196,7 +212,7 @@ impl AdmitError {
 /// Admission on one shard: the race-free sequence. `Ok` holds one count on the gate.
 pub(crate) fn admit(inner: &Arc<Inner>, shard: u32) -> Result<Permit, AdmitError> {
     let snap = inner.snapshot();
-    let (epoch, gate) = precheck(inner, &snap, shard)?;
+    let (epoch, gate, failover) = precheck(inner, &snap, shard)?;
     if !gate.try_enter() {
         return Err(refusal(&inner.snapshot(), shard));
     }
@@ -204,11 +220,12 @@ pub(crate) fn admit(inner: &Arc<Inner>, shard: u32) -> Result<Permit, AdmitError
     // state earlier is visible now.
     let snap = inner.snapshot();
     match precheck(inner, &snap, shard) {
-        Ok((e, g)) if e == epoch && Arc::ptr_eq(&g, &gate) => Ok(Permit {
+        Ok((e, g, f)) if e == epoch && f == failover && Arc::ptr_eq(&g, &gate) => Ok(Permit {
             inner: inner.clone(),
             shard,
             epoch,
             gate,
+            failover,
         }),
         Ok(_) => {
             gate.leave();
@@ -221,21 +238,32 @@ pub(crate) fn admit(inner: &Arc<Inner>, shard: u32) -> Result<Permit, AdmitError
     }
 }
 
+type Prechecked = (u64, Arc<Gate>, Option<crate::ha::Epoch>);
+
 fn precheck(
     inner: &Inner,
     snap: &super::handle::Snapshot,
     shard: u32,
-) -> Result<(u64, Arc<Gate>), AdmitError> {
+) -> Result<Prechecked, AdmitError> {
     match snap.state.shard(shard) {
         Some(ShardState::Owned { epoch }) => {
             if let Some(reason) = inner.hold_reason() {
                 return Err(AdmitError::Held { shard, reason });
             }
+            // the HA term is read live (an atomic and a clock read), not only through the hold bit its
+            // gate task sets: a term ends at its deadline even if no task runs
+            let failover = match inner.ha.get() {
+                None => None,
+                Some(ha) => Some(ha.admit().map_err(|_| AdmitError::Held {
+                    shard,
+                    reason: super::handle::Hold::HaStandby.reason_text(),
+                })?),
+            };
             if snap.state.is_fenced() || !inner.renewal_valid(snap) {
                 return Err(AdmitError::SelfFenced { shard });
             }
             let gate = snap.gate(shard).ok_or(AdmitError::NotOwned { shard })?;
-            Ok((epoch, gate))
+            Ok((epoch, gate, failover))
         }
         _ => Err(refusal(snap, shard)),
     }

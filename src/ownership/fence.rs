@@ -3,7 +3,8 @@
 //! A [`Fence`] is `(shard, epoch, valid_until)`. It is issued only while the shard is Owned at the permit's
 //! epoch (or Outgoing at it, before the drain deadline) and the member is not self-fenced; `valid_until` is the
 //! earliest of the last renewal start + `renew_deadline` − margin and, while Outgoing, the drain deadline, on
-//! both the runtime and the boot clock. [`Fence::check`] re-checks all of it at send time.
+//! both the runtime and the boot clock, and, with cross-cluster HA, the end of the cluster's term at the
+//! permit's failover epoch. [`Fence::check`] re-checks all of it at send time.
 //!
 //! # What a fence does not guarantee
 //! A fence says the member *may* act until `valid_until` under the stated assumptions (bounded stalls, the
@@ -29,6 +30,8 @@ pub struct Fence {
     gate: Arc<Gate>,
     token: FenceToken,
     valid_until: Deadline,
+    /// The failover epoch whose HA term this fence needs (`None`: no HA).
+    failover: Option<crate::ha::Epoch>,
     /// Set only while an observer is installed: reports the drop of the last clone.
     tracked: Option<Arc<Tracked>>,
 }
@@ -50,6 +53,7 @@ impl Clone for Fence {
             gate: self.gate.clone(),
             token: self.token,
             valid_until: self.valid_until,
+            failover: self.failover,
             tracked: self.tracked.clone(),
         }
     }
@@ -66,10 +70,11 @@ impl Fence {
         inner: &Arc<Inner>,
         shard: u32,
         epoch: u64,
+        failover: Option<crate::ha::Epoch>,
         gate: &Arc<Gate>,
     ) -> Result<Fence, FenceError> {
         let snap = inner.snapshot();
-        let valid_until = valid_until(inner, &snap, shard, epoch)?;
+        let valid_until = valid_until(inner, &snap, shard, epoch, failover)?;
         if valid_until.remaining(inner.clock.now()).is_zero() {
             return Err(FenceError::Expired { shard, epoch });
         }
@@ -96,6 +101,7 @@ impl Fence {
             gate: gate.clone(),
             token: FenceToken { shard, epoch },
             valid_until,
+            failover,
             tracked,
         })
     }
@@ -110,6 +116,12 @@ impl Fence {
     #[must_use]
     pub fn epoch(&self) -> u64 {
         self.token.epoch
+    }
+
+    /// The failover epoch of the HA term this fence needs (`None` without HA).
+    #[must_use]
+    pub fn failover_epoch(&self) -> Option<crate::ha::Epoch> {
+        self.failover
     }
 
     /// The wire token `"<shard>/<epoch>"`.
@@ -137,7 +149,8 @@ impl Fence {
     pub fn check(&self) -> Result<Duration, FenceError> {
         let snap = self.inner.snapshot();
         let (shard, epoch) = (self.token.shard, self.token.epoch);
-        let now_valid = valid_until(&self.inner, &snap, shard, epoch)?.min(self.valid_until);
+        let now_valid =
+            valid_until(&self.inner, &snap, shard, epoch, self.failover)?.min(self.valid_until);
         let left = now_valid.remaining(self.inner.clock.now());
         if left.is_zero() {
             return Err(FenceError::Expired { shard, epoch });
@@ -151,6 +164,7 @@ fn valid_until(
     snap: &Snapshot,
     shard: u32,
     epoch: u64,
+    failover: Option<crate::ha::Epoch>,
 ) -> Result<Deadline, FenceError> {
     if snap.state.is_fenced() {
         return Err(FenceError::SelfFenced { shard });
@@ -166,8 +180,15 @@ fn valid_until(
         }
         _ => return Err(FenceError::NotHeld { shard, epoch }),
     };
-    let _ = inner;
-    Ok(until)
+    match (inner.ha.get(), failover) {
+        (None, _) => Ok(until),
+        // HA.md "HA in a shard group": a fence needs the term of its permit's failover epoch, and ends
+        // at the earliest of the renewal, the drain and the term's deadline
+        (Some(ha), Some(f)) if ha.active_epoch() == Some(f) => {
+            Ok(until.min(inner.clock.now().plus(ha.term_remaining())))
+        }
+        (Some(_), _) => Err(FenceError::HaTermEnded { shard, epoch }),
+    }
 }
 
 /// Why a fence was refused or is no longer valid.
@@ -187,6 +208,15 @@ pub enum FenceError {
     SelfFenced {
         /// The shard.
         shard: u32,
+    },
+    /// Cross-cluster HA: the cluster's term at the permit's failover epoch has ended (a Standby now, or a
+    /// new epoch).
+    #[error("fence {shard}/{epoch}: the HA term it was issued under has ended")]
+    HaTermEnded {
+        /// The shard.
+        shard: u32,
+        /// The epoch.
+        epoch: u64,
     },
     /// The renewal deadline or the drain deadline passed on one of the clocks.
     #[error("fence {shard}/{epoch} expired")]

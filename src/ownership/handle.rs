@@ -65,13 +65,16 @@ pub(crate) struct Inner {
     changed: watch::Sender<u64>,
     /// The read streams registered by the read path (warm and activation need all of them).
     pub(crate) readers: Arc<super::readers::Readers>,
-    /// A member-wide admission hold (0 = none); see [`Hold`].
+    /// The member-wide admission holds, one bit per [`Hold`] (0 = none).
     hold: std::sync::atomic::AtomicU8,
+    /// Cross-cluster HA: the cluster's term (admission and fences need it), when configured.
+    pub(crate) ha: std::sync::OnceLock<crate::ha::HaHandle>,
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).
     pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
 }
 
-/// Why a member admits nothing although it owns shards.
+/// Why a member admits nothing although it owns shards. Each cause is its own bit: a gate sets and clears
+/// only its own, so one gate lifting (the legacy leader gone) never clears another's hold (the HA Standby).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Hold {
@@ -82,24 +85,46 @@ pub enum Hold {
     /// A member of the group writes another report format (another build): the members cannot be
     /// sure they read each other's acks alike, so nothing is admitted until it is gone.
     ForeignFormat,
+    /// Cross-cluster HA: this cluster is not the Active one (see [`crate::ha`]).
+    HaStandby,
 }
 
 impl Hold {
-    fn code(self) -> u8 {
+    /// Strongest first: the reason reported when several bits are set.
+    const ALL: [Hold; 4] = [
+        Hold::Shadow,
+        Hold::ForeignFormat,
+        Hold::HaStandby,
+        Hold::LegacyLeader,
+    ];
+
+    fn bit(self) -> u8 {
         match self {
             Hold::Shadow => 1,
             Hold::LegacyLeader => 2,
-            Hold::ForeignFormat => 3,
+            Hold::ForeignFormat => 4,
+            Hold::HaStandby => 8,
         }
     }
 
-    fn reason(code: u8) -> Option<&'static str> {
-        match code {
-            1 => Some("shadow mode"),
-            2 => Some("a legacy leader-election lease has a live holder"),
-            3 => Some("a member of another build (report format) is in the group"),
-            _ => None,
+    pub(crate) fn reason_text(self) -> &'static str {
+        self.text()
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Hold::Shadow => "shadow mode",
+            Hold::LegacyLeader => "a legacy leader-election lease has a live holder",
+            Hold::ForeignFormat => "a member of another build (report format) is in the group",
+            Hold::HaStandby => "this cluster is not the active HA cluster",
         }
+    }
+
+    fn reason(bits: u8) -> Option<&'static str> {
+        Hold::ALL
+            .iter()
+            .find(|h| bits & h.bit() != 0)
+            .map(|h| h.text())
     }
 }
 
@@ -173,6 +198,7 @@ impl Ownership {
                 changed,
                 readers: Arc::default(),
                 hold: std::sync::atomic::AtomicU8::new(0),
+                ha: std::sync::OnceLock::new(),
                 observer: std::sync::OnceLock::new(),
             }),
         }
@@ -325,15 +351,24 @@ impl Ownership {
         })
     }
 
-    /// Hold (or release) admission for the whole member. Releasing a hold re-enqueues every Owned shard
-    /// (cause [`AdmitCause::Unfenced`]: the member became admissible again).
-    pub(crate) fn set_hold(&self, hold: Option<Hold>) {
-        let code = hold.map_or(0, Hold::code);
-        let before = self
-            .inner
-            .hold
-            .swap(code, std::sync::atomic::Ordering::AcqRel);
-        if before != 0 && code == 0 {
+    /// Set or clear one cause of the member-wide hold; the other causes' bits are untouched. Clearing the
+    /// last bit re-enqueues every Owned shard (cause [`AdmitCause::Unfenced`]: the member became
+    /// admissible again).
+    ///
+    /// [`AdmitCause::Unfenced`]: super::state::AdmitCause::Unfenced
+    pub(crate) fn set_hold(&self, hold: Hold, on: bool) {
+        use std::sync::atomic::Ordering;
+        let before = if on {
+            self.inner.hold.fetch_or(hold.bit(), Ordering::AcqRel)
+        } else {
+            self.inner.hold.fetch_and(!hold.bit(), Ordering::AcqRel)
+        };
+        let after = if on {
+            before | hold.bit()
+        } else {
+            before & !hold.bit()
+        };
+        if before != 0 && after == 0 {
             self.step_with(|st, _| {
                 let transitions = st
                     .shards()
@@ -350,12 +385,24 @@ impl Ownership {
                     ignored: false,
                 }
             });
-        } else if before != code {
+        } else if before != after {
             self.inner.changed.send_modify(|v| *v += 1);
         }
     }
 
-    /// The member-wide admission hold, if any (shadow mode, or a live legacy leader).
+    /// Put admission and fences behind the cluster's HA term (once; later calls are ignored).
+    pub(crate) fn install_ha(&self, ha: crate::ha::HaHandle) -> bool {
+        self.inner.ha.set(ha).is_ok()
+    }
+
+    /// The cluster's HA term handle, when the member runs in an HA pair.
+    #[must_use]
+    pub fn ha(&self) -> Option<&crate::ha::HaHandle> {
+        self.inner.ha.get()
+    }
+
+    /// The member-wide admission hold, if any (shadow mode, a member of another build, the HA Standby, a
+    /// live legacy leader; the strongest when several apply).
     #[must_use]
     pub fn admission_hold(&self) -> Option<&'static str> {
         self.inner.hold_reason()

@@ -455,13 +455,13 @@ async fn f17_held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue
     let (own, drv, _) = owning();
     let mine = cm(&uid_in(&own, 0));
     let mut tr = own.transitions();
-    own.set_hold(Some(super::Hold::Shadow));
+    own.set_hold(super::Hold::Shadow, true);
     assert_eq!(
         super::reconcile::admit(&own, mine.as_ref()).unwrap_err(),
         Action::await_change(),
         "held: wait for the hold to lift"
     );
-    own.set_hold(None);
+    own.set_hold(super::Hold::Shadow, false);
     let t = tr.next_transition().await.unwrap();
     assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));
     assert!(super::reconcile::admit(&own, mine.as_ref()).is_ok());
@@ -757,4 +757,29 @@ pub(crate) mod fenced {
         );
         server.abort();
     }
+}
+
+/// HA.md "HA in a shard group": the HA gate is its own hold bit. Before it was, the hold was one value
+/// that each gate overwrote, and the legacy gate lifting cleared the HA Standby's hold.
+#[tokio::test(start_paused = true)]
+async fn a_gate_clears_only_its_own_hold_bit() {
+    let (own, _drv, _) = owning();
+    let mut tr = own.transitions();
+    own.set_hold(super::Hold::HaStandby, true);
+    own.set_hold(super::Hold::LegacyLeader, true);
+    own.set_hold(super::Hold::LegacyLeader, false);
+    assert_eq!(
+        own.admission_hold(),
+        Some("this cluster is not the active HA cluster")
+    );
+    assert!(matches!(own.admit_shard(0), Err(AdmitError::Held { .. })));
+    assert!(
+        tr.try_next_transition().is_none(),
+        "no re-enqueue while held"
+    );
+    own.set_hold(super::Hold::HaStandby, false);
+    assert_eq!(own.admission_hold(), None);
+    let t = tr.next_transition().await.unwrap();
+    assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));
+    assert!(own.admit_shard(0).is_ok());
 }

@@ -182,8 +182,10 @@ async fn ha_forced_promotion_then_the_returning_old_active_steps_down_without_ad
     let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let own_age = a.control.status().await.unwrap().leases[0].age_ms.unwrap();
     a.stop(); // the old Active is stopped
     let stopped = Instant::now();
+    let last_renewal = stopped - Duration::from_millis(own_age);
     // not armed yet: the peer's Lease was renewed moments ago
     assert!(b.control.force_promote().await.is_err());
     let mut epoch = None;
@@ -196,10 +198,14 @@ async fn ha_forced_promotion_then_the_returning_old_active_steps_down_without_ad
     }
     let epoch = epoch.expect("armed within 40 s");
     assert_eq!(epoch.n(), 2);
-    until(Duration::from_secs(30), "B active", || b.handle.is_active()).await;
+    until(Duration::from_secs(30), "B admitting", || {
+        o.intervals().contains_key(&("b".to_string(), 2002))
+    })
+    .await;
+    let first = o.intervals()[&("b".to_string(), 2002)].start;
     eprintln!(
-        "[ha] forced: A stopped → B admitting after {:?} (armed wait + takeover wait)",
-        stopped.elapsed()
+        "[ha] forced: A's last renewal → B admitting {:?} (the command retried every 1 s until armed)",
+        first.duration_since(last_renewal)
     );
     // B marks A's Lease demoted when it can; the old Active restarts with --ha-mode=active
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -214,6 +220,26 @@ async fn ha_forced_promotion_then_the_returning_old_active_steps_down_without_ad
     assert!(b.handle.is_active());
     no_overlap(&o);
     a2.stop();
+    b.stop();
+}
+
+/// A renewal must change the Lease: the Standby is never armed while the Active renews, however long.
+#[tokio::test(start_paused = true)]
+async fn ha_a_standby_is_never_armed_while_the_active_renews() {
+    let (sa, sb) = (server().await, server().await);
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let st = b.control.status().await.unwrap();
+        assert!(!st.armed, "armed while the Active renews: {st:?}");
+        assert!(b.control.force_promote().await.is_err());
+    }
+    assert!(a.handle.is_active());
+    no_overlap(&o);
+    a.stop();
     b.stop();
 }
 
@@ -237,10 +263,9 @@ async fn ha_a_standby_restarted_mid_outage_stays_armed_but_does_not_act() {
     b2.stop();
 }
 
-// OPEN BUG (found by this test, not fixed this session): with a witness, B admits while A is still
-// running after bootstrap (7 admissions before A stopped). The model starts from established Leases and
-// does not cover the witness bootstrap; see the report of issue 20.
-#[ignore = "open bug: witness-mode bootstrap lets the Standby admit"]
+// Regression: renewals used to write identical Leases, a no-op update keeps the resourceVersion, and the
+// Standby took the renewed witness Lease for a stale one (it admitted while A ran). Every renewal now
+// stamps `renewTime` strictly after the last one seen.
 #[tokio::test(start_paused = true)]
 async fn ha_witness_promotes_after_the_active_dies_and_never_overlaps() {
     let (sa, sb, sw) = (server().await, server().await, server().await);
@@ -250,12 +275,19 @@ async fn ha_witness_promotes_after_the_active_dies_and_never_overlaps() {
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
+    let own_age = a.control.status().await.unwrap().leases[0].age_ms.unwrap();
     a.stop();
     let stopped = Instant::now();
-    until(Duration::from_secs(60), "B active", || b.handle.is_active()).await;
+    let last_renewal = stopped - Duration::from_millis(own_age);
+    until(Duration::from_secs(60), "B admitting", || {
+        o.intervals().contains_key(&("b".to_string(), 2002))
+    })
+    .await;
+    let first = o.intervals()[&("b".to_string(), 2002)].start;
     eprintln!(
-        "[ha] witness: A stopped → B admitting after {:?}",
-        stopped.elapsed()
+        "[ha] witness: A's last renewal → B admitting {:?} (A stopped → B admitting {:?})",
+        first.duration_since(last_renewal),
+        first.duration_since(stopped)
     );
     // A's last renewal started at most a retry period (2 s) before it stopped; B waits 17 s from a read
     // after that renewal
@@ -270,10 +302,9 @@ async fn ha_witness_promotes_after_the_active_dies_and_never_overlaps() {
     b.stop();
 }
 
-// OPEN BUG (found by this test, not fixed this session): with a witness, B admits while A is still
-// running after bootstrap (7 admissions before A stopped). The model starts from established Leases and
-// does not cover the witness bootstrap; see the report of issue 20.
-#[ignore = "open bug: witness-mode bootstrap lets the Standby admit"]
+// Regression: renewals used to write identical Leases, a no-op update keeps the resourceVersion, and the
+// Standby took the renewed witness Lease for a stale one (it admitted while A ran). Every renewal now
+// stamps `renewTime` strictly after the last one seen.
 #[tokio::test(start_paused = true)]
 async fn ha_witness_a_site_partition_moves_the_term_without_overlap() {
     let (sa, sb, sw) = (server().await, server().await, server().await);

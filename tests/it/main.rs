@@ -4,6 +4,7 @@ mod fenced;
 mod fuzz_fallback;
 mod group;
 mod ha_elector;
+mod ha_group;
 mod model_common;
 mod model_ha;
 mod model_handoff;

@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use kube::Client;
 use kube_shard::group::ShardGroup;
+use kube_shard::ha::{HaClients, HaConfig, HaMode};
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{Ownership, ShardCount, ShardKey};
 use kube_shard_example_operator::{self as example, OnWrite, WriteRecord};
@@ -90,6 +91,25 @@ pub(crate) struct OperatorArgs {
     /// live holder: roll the sharded operator out beside a leader-elected one.
     #[arg(long, value_name = "LEASE")]
     legacy_leader_lease: Option<String>,
+    /// Cross-cluster HA: `active` or `standby` names the role at bootstrap only (while no HA Lease
+    /// exists); empty (the default) or `standalone` is no HA. Anything else is a start-up error.
+    #[arg(long, default_value = "", value_name = "MODE")]
+    ha_mode: String,
+    /// This cluster's stable id (HA).
+    #[arg(long, default_value = "", value_name = "ID")]
+    ha_cluster_id: String,
+    /// This cluster's rank, distinct per cluster, below 1000 (HA).
+    #[arg(long, default_value = "0")]
+    ha_rank: u64,
+    /// Kubeconfig of the peer cluster (HA; required with a mode).
+    #[arg(long, value_name = "PATH")]
+    ha_remote_kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of the witness cluster (HA; without one promotion is a command).
+    #[arg(long, value_name = "PATH")]
+    ha_witness_kubeconfig: Option<PathBuf>,
+    /// The HA Lease namespace (default: the pod's namespace from POD_NAMESPACE, else `--namespace`).
+    #[arg(long, value_name = "NS")]
+    ha_namespace: Option<String>,
     /// How often the singleton (on the coordinator) collects child ConfigMaps whose Widget is gone.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     gc_interval: Duration,
@@ -110,6 +130,50 @@ fn parse_key(s: &str) -> Result<ShardKey, String> {
 
 fn parse_count(s: &str) -> Result<ShardCount, String> {
     s.parse().map_err(|e: kube_shard::ShardError| e.to_string())
+}
+
+/// The HA configuration of the `--ha-*` flags (`None`: standalone, today's behaviour).
+async fn ha_setup(
+    args: &OperatorArgs,
+    local: &Client,
+) -> Result<Option<(HaConfig, HaClients)>, CliError> {
+    let ha = HaConfig::builder(&args.group)
+        .mode_word(&args.ha_mode)
+        .cluster(&args.ha_cluster_id, args.ha_rank)
+        .kubeconfigs(
+            args.kubeconfig.clone(),
+            args.ha_remote_kubeconfig.clone(),
+            args.ha_witness_kubeconfig.clone(),
+        )
+        // the pod's namespace (downward API, else the service account's), else the group's namespace
+        .pod_namespace(
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .or_else(|| {
+                    std::fs::read_to_string(
+                        "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
+                    )
+                    .ok()
+                })
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .or(Some(args.namespace.clone())),
+        );
+    let ha = match &args.ha_namespace {
+        Some(ns) => ha.namespace(ns),
+        None => ha,
+    }
+    .build()
+    .map_err(|e| CliError::Usage(format!("HA: {e}")))?;
+    if ha.mode == HaMode::Standalone {
+        return Ok(None);
+    }
+    let peer = client_from(ha.remote_kubeconfig.as_deref()).await?;
+    let witness = match &ha.witness_kubeconfig {
+        Some(p) => Some(client_from(Some(p)).await?),
+        None => None,
+    };
+    Ok(Some((ha, HaClients::new(local.clone(), peer, witness))))
 }
 
 /// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
@@ -199,6 +263,9 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     }
     if let Some(lease) = &args.legacy_leader_lease {
         builder = builder.legacy_leader_lease(lease.clone());
+    }
+    if let Some((ha, clients)) = ha_setup(&args, &client).await? {
+        builder = builder.ha(ha, clients);
     }
     let group = builder
         .build()

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod fence_policy;
+mod ha;
 mod hash_selector;
 mod status;
 mod testserver;

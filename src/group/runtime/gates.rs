@@ -93,6 +93,20 @@ impl Runtime {
         } else {
             None
         };
+        // only this runtime's own bits: the HA gate's bit is its own (a gate clears only its own); set
+        // before clearing, so no moment shows none of them while one still applies
+        let bits = [
+            (Hold::Shadow, self.cfg.shadow),
+            (Hold::ForeignFormat, !self.foreign_formats.is_empty()),
+            (Hold::LegacyLeader, self.legacy_live),
+        ];
+        for on in [true, false] {
+            for (h, want_on) in bits {
+                if want_on == on {
+                    self.ownership.set_hold(h, on);
+                }
+            }
+        }
         let had = self.hold;
         if had == want {
             return;
@@ -118,6 +132,5 @@ impl Runtime {
             _ => {}
         }
         self.hold = want;
-        self.ownership.set_hold(want);
     }
 }

@@ -1,0 +1,331 @@
+//! `kshard ha status` and `kshard ha promote --force --old-active-stopped` against two `kshard testserver`
+//! processes (cluster `a`, the stopped Active, and cluster `b`, the Standby), with short HA timings.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use serde_json::Value;
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn testserver(dir: &Path, name: &str) -> (PathBuf, Running) {
+    let kc = dir.join(format!("{name}.kubeconfig"));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["testserver", "--plain-http", "--kubeconfig-out"])
+        .arg(&kc)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("serving http://"), "{line}");
+    (kc, Running(server))
+}
+
+async fn client(kc: &Path) -> kube::Client {
+    let yaml = std::fs::read_to_string(kc).unwrap();
+    let kcfg = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kcfg, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// An HA Lease as the operators write it: `<cluster>/<epoch>`, timings 3 s / 2 s / 500 ms.
+fn ha_lease(holder: &str, epoch: i32) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("widgets-ha".into()),
+            annotations: Some(BTreeMap::from([(
+                "kube-shard.io/ha-timings".to_string(),
+                "v1 renewDeadlineMs=2000 requestTimeoutMs=500".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(format!("{holder}/{epoch}")),
+            lease_duration_seconds: Some(3),
+            lease_transitions: Some(epoch),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+fn ha(args: &[&str], own: &Path, peer: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("ha")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(own)
+        .arg("--peer-kubeconfig")
+        .arg(peer)
+        .args(["-n", "default", "--name", "widgets"])
+        .args(["--cluster-id", "b", "--rank", "2"])
+        .output()
+        .unwrap()
+}
+
+const TIMINGS: [&str; 10] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+    "--request-timeout",
+    "500ms",
+    "--grace",
+    "500ms",
+];
+
+fn status(b: &Path, a: &Path) -> Value {
+    let out = ha(&["status", "--json"], b, a);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _sa) = testserver(dir.path(), "a");
+    let (b, _sb) = testserver(dir.path(), "b");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // the old Active `a` wrote both HA Leases at epoch 1001, then stopped
+    let (la, lb): (Api<Lease>, Api<Lease>) = rt.block_on(async {
+        (
+            Api::namespaced(client(&a).await, "default"),
+            Api::namespaced(client(&b).await, "default"),
+        )
+    });
+    rt.block_on(async {
+        la.create(&PostParams::default(), &ha_lease("a", 1001))
+            .await
+            .unwrap();
+        lb.create(&PostParams::default(), &ha_lease("a", 1001))
+            .await
+            .unwrap();
+    });
+
+    let st = status(&b, &a);
+    assert_eq!(st["active"], "a");
+    assert_eq!(st["highest_epoch"], 1001);
+    assert_eq!(st["limbo"], Value::Null);
+    assert_eq!(st["leases"][0]["cluster"], "local");
+    assert_eq!(st["leases"][0]["holder"], "a/1001");
+    assert_eq!(st["leases"][1]["cluster"], "peer");
+    assert_eq!(st["leases"][1]["holder"], "a/1001");
+    // the table names both sides
+    let out = ha(&["status"], &b, &a);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("local") && text.contains("peer"), "{text}");
+    assert!(text.contains("active: a at epoch 1001"), "{text}");
+    assert!(text.contains("limbo: no"), "{text}");
+
+    // --force alone is refused: the human must assert the old Active is stopped
+    let out = ha(&["promote", "--force"], &b, &a);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--old-active-stopped"));
+
+    let mut args = vec![
+        "promote",
+        "--force",
+        "--old-active-stopped",
+        "--timeout",
+        "30s",
+    ];
+    args.extend(TIMINGS);
+    let t = std::time::Instant::now();
+    let out = ha(&args, &b, &a);
+    let took = t.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("promoted: b is Active at epoch 2002"),
+        "{stdout}"
+    );
+    // armed after the full wait (max(3 s, 2 s + 0.5 s) + 0.5 s) from the command's start, not sooner
+    assert!(took >= std::time::Duration::from_millis(3_500), "{took:?}");
+    let st = status(&b, &a);
+    assert_eq!(st["active"], "b", "{st}");
+    assert_eq!(st["highest_epoch"], 2002);
+    assert_eq!(st["leases"][0]["holder"], "b/2002");
+
+    // a record of a higher epoch that b's own Lease does not hold: limbo
+    rt.block_on(async {
+        let mut l = la.get("widgets-ha").await.unwrap();
+        let spec = l.spec.as_mut().unwrap();
+        spec.holder_identity = Some("b/3002".into());
+        spec.lease_transitions = Some(3002);
+        la.replace("widgets-ha", &PostParams::default(), &l)
+            .await
+            .unwrap();
+    });
+    let st = status(&b, &a);
+    assert_eq!(st["active"], Value::Null);
+    assert!(
+        st["limbo"].as_str().unwrap().contains("3002"),
+        "{}",
+        st["limbo"]
+    );
+    let out = ha(&["status"], &b, &a);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("limbo: epoch 3002"));
+}
+
+fn ha_operator(
+    own: &Path,
+    peer: &Path,
+    name: &str,
+    mode: &str,
+    cluster: &str,
+    rank: &str,
+) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(own)
+        .args(["--group", "widgets", "-n", "default", "--identity", name])
+        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
+        .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
+        .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
+        .args(["--settle", "1s", "--join-debounce", "500ms"])
+        .args([
+            "--expected-replicas",
+            "1",
+            "--shards",
+            "16",
+            "--install-crd",
+        ])
+        .args([
+            "--ha-mode",
+            mode,
+            "--ha-cluster-id",
+            cluster,
+            "--ha-rank",
+            rank,
+        ])
+        .arg("--ha-remote-kubeconfig")
+        .arg(peer)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Running(child)
+}
+
+fn widget_api(rt: &tokio::runtime::Runtime, kc: &Path) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource {
+        group: "example.kube-shard.io".into(),
+        version: "v1".into(),
+        api_version: "example.kube-shard.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let c = rt.block_on(client(kc));
+    Api::namespaced_with(c, "default", &ar)
+}
+
+fn until(limit: std::time::Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// `kshard operator --ha-*`: the Active cluster's operator bootstraps epoch 1001 and reconciles, the
+/// Standby's reconciles nothing; an unknown `--ha-mode` is a start-up error naming the accepted words.
+#[test]
+fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _sa) = testserver(dir.path(), "a");
+    let (b, _sb) = testserver(dir.path(), "b");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(&a)
+        .args([
+            "--ha-mode",
+            "primary",
+            "--ha-cluster-id",
+            "a",
+            "--ha-rank",
+            "1",
+        ])
+        .arg("--ha-remote-kubeconfig")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("primary") && err.contains("active") && err.contains("standby"),
+        "{err}"
+    );
+
+    let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
+    let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");
+    // bootstrap: every HA Lease seen missing for lease_duration + grace (17 s), then created
+    let mut last = Value::Null;
+    until(
+        std::time::Duration::from_secs(60),
+        "a active at 1001",
+        || {
+            let out = ha(&["status", "--json"], &b, &a);
+            if !out.status.success() {
+                return false;
+            }
+            last = serde_json::from_slice(&out.stdout).unwrap();
+            last["active"] == "a" && last["highest_epoch"] == 1001
+        },
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let w: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+        "metadata": {"name": "w1"}, "spec": {"size": 3}
+    }))
+    .unwrap();
+    let (wa, wb) = (widget_api(&rt, &a), widget_api(&rt, &b));
+    rt.block_on(wa.create(&Default::default(), &w)).unwrap();
+    rt.block_on(wb.create(&Default::default(), &w)).unwrap();
+    until(
+        std::time::Duration::from_secs(20),
+        "the Active reconciles w1",
+        || rt.block_on(wa.get("w1")).unwrap().data["status"]["reconciledBy"] == "a-0",
+    );
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let on_b = rt.block_on(wb.get("w1")).unwrap();
+    assert!(
+        on_b.data["status"]["reconciledBy"].is_null(),
+        "the Standby reconciled: {}",
+        on_b.data
+    );
+}

@@ -1,0 +1,363 @@
+//! The engine of `kshard ha` (the CLI only parses flags and prints).
+//!
+//! - [`read_pair`]: both clusters' HA Leases and the witness's, read directly with GETs, side by side, with
+//!   the derived verdict: which cluster is active at the highest epoch, and **limbo** — a promotion that
+//!   started (a record of the highest epoch exists) but did not complete (the cluster it names does not
+//!   record it in its own Lease, or, with a witness, the witness does not confirm it). A pair in limbo
+//!   has no cluster that may act; `kshard ha status` alerts on it.
+//! - [`force_promote`]: `kshard ha promote --force --old-active-stopped`. It runs this cluster's elector
+//!   in-process as one more process of the Standby cluster, with every rule of the running ones: it is
+//!   refused until it is *armed* (the peer's Lease stale or unreadable for the full takeover wait, counted
+//!   from this command's start), and each Lease takeover waits its own wait. It returns once this
+//!   cluster's own Lease records the new epoch (the durable record); the cluster's running operator
+//!   processes then follow that term (they date it from their own renewals), and mark the old Active's
+//!   Lease when it is reachable.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use serde::Serialize;
+
+use super::config::HaConfig;
+use super::driver::{spawn, HaClients, PromoteError};
+use super::elector::ForceError;
+use super::epoch::Epoch;
+use super::handle::LocalClock;
+use super::metrics::HaMetrics;
+use super::record::{self, Record};
+
+/// One HA Lease as read by `kshard ha status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct LeaseRead {
+    /// `local`, `peer` or `witness`: whose cluster it lives in.
+    pub cluster: &'static str,
+    /// `present`, `missing`, `undecodable` or `unreadable`.
+    pub state: &'static str,
+    /// `<cluster-id>/<epoch>` when present and decodable.
+    pub holder: Option<String>,
+    /// The holder's cluster id.
+    pub holder_cluster: Option<String>,
+    /// The epoch on the wire (`n·1000 + rank`).
+    pub epoch: Option<u64>,
+    /// The epoch number n.
+    pub epoch_n: Option<u64>,
+    /// The resourceVersion read.
+    pub resource_version: Option<String>,
+    /// The writer's published renew deadline and request timeout, in ms.
+    pub renew_deadline_ms: Option<u64>,
+    /// The writer's published request timeout, in ms.
+    pub request_timeout_ms: Option<u64>,
+    /// Why it could not be read or decoded.
+    pub error: Option<String>,
+}
+
+/// Both clusters' HA Leases (and the witness's) side by side, with the verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PairStatus {
+    /// The HA Lease name.
+    pub lease: String,
+    /// The Leases: local, peer, then the witness's if configured.
+    pub leases: Vec<LeaseRead>,
+    /// The highest epoch any decodable Lease records (wire form).
+    pub highest_epoch: Option<u64>,
+    /// The cluster whose term the Leases record at the highest epoch (its own Lease names it, and the
+    /// witness confirms it when there is one); `None` when none does.
+    pub active: Option<String>,
+    /// A promotion that started and did not complete: no cluster may act until it completes or a human
+    /// promotes again. `None` when the records agree.
+    pub limbo: Option<String>,
+    /// A Lease does not decode or cannot be read: a human must look.
+    pub alarm: Option<String>,
+}
+
+async fn read_one(api: &Api<Lease>, name: &str, cluster: &'static str) -> LeaseRead {
+    let mut out = LeaseRead {
+        cluster,
+        state: "missing",
+        holder: None,
+        holder_cluster: None,
+        epoch: None,
+        epoch_n: None,
+        resource_version: None,
+        renew_deadline_ms: None,
+        request_timeout_ms: None,
+        error: None,
+    };
+    match api.get_opt(name).await {
+        Ok(None) => {}
+        Ok(Some(l)) => {
+            out.resource_version = l.metadata.resource_version.clone();
+            match record::decode(&l) {
+                Ok(r) => {
+                    out.state = "present";
+                    out.holder = Some(r.holder());
+                    out.holder_cluster = Some(r.cluster.clone());
+                    out.epoch = Some(r.epoch.wire());
+                    out.epoch_n = Some(r.epoch.n());
+                    out.renew_deadline_ms =
+                        u64::try_from(r.timings.renew_deadline.as_millis()).ok();
+                    out.request_timeout_ms =
+                        u64::try_from(r.timings.request_timeout.as_millis()).ok();
+                }
+                Err(e) => {
+                    out.state = "undecodable";
+                    out.error = Some(e.to_string());
+                }
+            }
+        }
+        Err(e) => {
+            out.state = "unreadable";
+            out.error = Some(e.to_string());
+        }
+    }
+    out
+}
+
+/// Read the HA Leases `<name>-ha` of both clusters (and the witness's) and judge them.
+pub async fn read_pair(
+    cfg: &HaConfig,
+    clients: &HaClients,
+    request_timeout: Duration,
+) -> PairStatus {
+    let name = cfg.lease_name();
+    let get = |c: &kube::Client, ns: &str, who: &'static str| {
+        let api: Api<Lease> = Api::namespaced(c.clone(), ns);
+        let name = name.clone();
+        async move {
+            match tokio::time::timeout(request_timeout, read_one(&api, &name, who)).await {
+                Ok(r) => r,
+                Err(_) => LeaseRead {
+                    cluster: who,
+                    state: "unreadable",
+                    holder: None,
+                    holder_cluster: None,
+                    epoch: None,
+                    epoch_n: None,
+                    resource_version: None,
+                    renew_deadline_ms: None,
+                    request_timeout_ms: None,
+                    error: Some(format!("no answer within {request_timeout:?}")),
+                },
+            }
+        }
+    };
+    let mut leases = vec![
+        get(&clients.local, &cfg.namespace, "local").await,
+        get(&clients.peer, &cfg.namespace, "peer").await,
+    ];
+    if let Some(w) = &clients.witness {
+        leases.push(get(w, &cfg.witness_namespace, "witness").await);
+    }
+    judge(&cfg.cluster_id, name, leases)
+}
+
+/// The verdict on a set of reads (pure): `local_id` is the cluster id of the `local` Lease's cluster.
+#[must_use]
+pub fn judge(local_id: &str, lease: String, leases: Vec<LeaseRead>) -> PairStatus {
+    let alarm = leases
+        .iter()
+        .find(|l| matches!(l.state, "undecodable" | "unreadable"))
+        .map(|l| {
+            format!(
+                "the {} cluster's HA Lease is {}: {}",
+                l.cluster,
+                l.state,
+                l.error.as_deref().unwrap_or("")
+            )
+        });
+    let highest = leases.iter().filter_map(|l| l.epoch).max();
+    let at = |l: &LeaseRead| highest.is_some() && l.epoch == highest;
+    let top = leases
+        .iter()
+        .find(|l| at(l))
+        .and_then(|l| l.holder_cluster.clone());
+    let witness = leases.iter().find(|l| l.cluster == "witness");
+    // the own Lease of the cluster the highest record names: `local` if that is this cluster, else `peer`
+    let own_of = |id: &str| {
+        let side = if id == local_id { "local" } else { "peer" };
+        leases.iter().find(|l| l.cluster == side)
+    };
+    let (mut active, mut limbo) = (None, None);
+    if let Some(id) = top {
+        let own_records =
+            own_of(&id).is_some_and(|l| at(l) && l.holder_cluster.as_deref() == Some(&id));
+        let witness_confirms =
+            witness.is_none_or(|w| at(w) && w.holder_cluster.as_deref() == Some(&id));
+        if own_records && witness_confirms {
+            active = Some(id);
+        } else {
+            let e = highest.unwrap_or_default();
+            limbo = Some(if own_records {
+                format!("{id} recorded epoch {e} in its own Lease but the witness does not confirm it (a candidacy that did not complete)")
+            } else {
+                format!("epoch {e} of {id} is recorded, but not in {id}'s own Lease (a promotion that did not complete)")
+            });
+        }
+    }
+    PairStatus {
+        lease,
+        leases,
+        highest_epoch: highest,
+        active,
+        limbo,
+        alarm,
+    }
+}
+
+/// Why `promote --force` did not promote.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForceFailed {
+    /// Not armed within the time allowed: the peer's Lease kept changing (or was read fresh).
+    #[error("not armed after {0:?}: the old Active's HA Lease was renewed or read fresh within the takeover wait — is it really stopped?")]
+    NotArmed(Duration),
+    /// The elector refused for another reason.
+    #[error("refused: {0}")]
+    Refused(ForceError),
+    /// The own Lease did not record the new epoch in time (the candidacy may still complete: run
+    /// `kshard ha status`).
+    #[error("epoch {0} was not recorded in this cluster's HA Lease within {1:?} (see `kshard ha status`: the promotion may be in limbo)")]
+    NotRecorded(Epoch, Duration),
+    /// The elector stopped.
+    #[error("the elector stopped")]
+    Stopped,
+}
+
+/// `kshard ha promote --force --old-active-stopped` for the cluster of `cfg` (mode is ignored: this is
+/// one more process of that cluster). Waits until armed (at most `timeout`), promotes, and returns the
+/// new epoch once this cluster's own HA Lease records it (at most `timeout` more). `progress` is called
+/// with a line to show now and then.
+pub async fn force_promote(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    timeout: Duration,
+    mut progress: impl FnMut(&str),
+) -> Result<Epoch, ForceFailed> {
+    let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
+    let _abort = Abort(task);
+    let start = tokio::time::Instant::now();
+    let epoch = loop {
+        match control.force_promote().await {
+            Ok(e) => break e,
+            Err(PromoteError::Refused(ForceError::NotArmed)) => {
+                if start.elapsed() >= timeout {
+                    return Err(ForceFailed::NotArmed(timeout));
+                }
+                progress("waiting until armed: the peer's HA Lease must stay unchanged (or unreadable) for the full takeover wait");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(PromoteError::Refused(e)) => return Err(ForceFailed::Refused(e)),
+            Err(_) => return Err(ForceFailed::Stopped),
+        }
+    };
+    progress(&format!(
+        "candidacy at epoch {epoch}: taking this cluster's HA Lease over (it waits its full takeover wait)"
+    ));
+    let me = Record::holder_of(&cfg.cluster_id, epoch);
+    let recorded = tokio::time::Instant::now();
+    loop {
+        let st = control.status().await.map_err(|_| ForceFailed::Stopped)?;
+        let own = st.leases.first().and_then(|l| l.holder.clone());
+        if own.as_deref() == Some(me.as_str()) && st.role != "standby" {
+            // give the peer's Lease (the old Active's mark) one retry period to be written too
+            tokio::time::sleep(cfg.timings.retry_period).await;
+            return Ok(epoch);
+        }
+        if st.role == "standby" || recorded.elapsed() >= timeout {
+            return Err(ForceFailed::NotRecorded(epoch, timeout));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+struct Abort(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(cluster: &'static str, holder: Option<(&str, u64)>) -> LeaseRead {
+        LeaseRead {
+            cluster,
+            state: if holder.is_some() {
+                "present"
+            } else {
+                "missing"
+            },
+            holder: holder.map(|(c, e)| format!("{c}/{e}")),
+            holder_cluster: holder.map(|(c, _)| c.to_string()),
+            epoch: holder.map(|(_, e)| e),
+            epoch_n: holder.map(|(_, e)| e / 1000),
+            resource_version: None,
+            renew_deadline_ms: None,
+            request_timeout_ms: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_active_is_the_cluster_its_own_lease_names_at_the_highest_epoch() {
+        let s = judge(
+            "b",
+            "w-ha".into(),
+            vec![
+                read("local", Some(("a", 1001))),
+                read("peer", Some(("a", 1001))),
+            ],
+        );
+        assert_eq!(s.active.as_deref(), Some("a"));
+        assert_eq!(s.limbo, None);
+    }
+
+    #[test]
+    fn a_promotion_recorded_only_in_the_peer_lease_is_limbo() {
+        // b's candidacy wrote a's Lease but not its own: nobody may act
+        let s = judge(
+            "a",
+            "w-ha".into(),
+            vec![
+                read("local", Some(("b", 2002))),
+                read("peer", Some(("a", 1001))),
+            ],
+        );
+        assert_eq!(s.active, None);
+        assert!(s.limbo.unwrap().contains("not in b's own Lease"));
+    }
+
+    #[test]
+    fn with_a_witness_an_unconfirmed_record_is_limbo() {
+        let s = judge(
+            "a",
+            "w-ha".into(),
+            vec![
+                read("local", Some(("a", 1001))),
+                read("peer", Some(("b", 2002))),
+                read("witness", Some(("a", 1001))),
+            ],
+        );
+        assert_eq!(s.active, None);
+        assert!(s.limbo.unwrap().contains("witness does not confirm"));
+    }
+
+    #[test]
+    fn nothing_written_is_neither_active_nor_limbo() {
+        let s = judge(
+            "a",
+            "w-ha".into(),
+            vec![read("local", None), read("peer", None)],
+        );
+        assert_eq!((s.active, s.limbo, s.highest_epoch), (None, None, None));
+    }
+}
