@@ -1052,7 +1052,12 @@ pub(crate) fn apply_patch(
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(target, &ops).map_err(|_| {
+            // On a copy, without the crate's undo: json-patch 4.2's `patch` panics when a `move`
+            // fails after removing its source and the undo then meets the missing path (found by the
+            // `json_patch` fuzz target; `fuzz/regressions/json_patch/move-undo-panic`). A failed patch
+            // leaves the stored object as it was either way.
+            let mut patched = target.clone();
+            json_patch::patch_unsafe(&mut patched, &ops).map_err(|_| {
                 ApiError::new(
                     422,
                     Some("Invalid"),
@@ -1060,6 +1065,7 @@ pub(crate) fn apply_patch(
                 )
                 .with_details(json!({}))
             })?;
+            *target = patched;
         }
     }
     Ok(())

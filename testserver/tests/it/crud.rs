@@ -458,6 +458,38 @@ async fn hostile_patches_are_errors_not_panics() {
     assert!(after.is_ok(), "still serving: {after:?}");
 }
 
+/// json-patch 4.2's own undo panicked on this patch: the `move` removed `/metadata/labels`, failed to add
+/// it under a missing parent, and the undo of the first `replace` then met the missing path (found by the
+/// `json_patch` fuzz target). The patch is refused as a whole and the object stays as it was.
+#[tokio::test]
+async fn a_json_patch_whose_move_fails_half_way_is_refused_and_changes_nothing() {
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("a"), "default");
+    let before = api
+        .create(
+            &PostParams::default(),
+            &crate::common::cm_labeled("m", "a", "b"),
+        )
+        .await
+        .unwrap();
+    let body = r#"[{"op":"replace","path":"/metadata/labels/a","value":"x"},
+        {"op":"move","from":"/metadata/labels","path":"/nope/labels"}]"#;
+    let request = http::Request::builder()
+        .method("PATCH")
+        .uri("/api/v1/namespaces/default/configmaps/m")
+        .header("content-type", "application/json-patch+json")
+        .body(body.as_bytes().to_vec())
+        .unwrap();
+    let err = server.client("a").request_text(request).await.unwrap_err();
+    assert_eq!(code(&err), Some(422), "{err:?}");
+    let after = api.get("m").await.unwrap();
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+}
+
 #[tokio::test]
 async fn lease_compare_and_swap_has_one_winner() {
     use k8s_openapi::api::coordination::v1::Lease;
