@@ -31,7 +31,7 @@ fn thirty_seeds_pass_the_oracle() {
     eprintln!("{summary:?}");
     assert_eq!(summary.schedules, 30);
     assert!(summary.faults.values().sum::<u64>() >= 30);
-    assert!(summary.checks >= 30 * 5);
+    assert!(summary.checks >= 30 * 6);
     assert!(
         summary.violations.is_empty(),
         "violations {:?} on seeds {:?}",
@@ -89,44 +89,75 @@ fn one_seed_twice_gives_an_identical_event_log() {
     assert_eq!(a.simulated_ms, b.simulated_ms);
 }
 
-/// Each planted bug is caught within 12 seeds that pass without it (a seed whose unplanted run already
-/// fails says nothing about the bug, so it is skipped).
-///
-/// Ignored: today none of the four is caught within 12 clean seeds. The workload's fenced writes are
-/// answered at once (a reconcile's slow part runs before it takes its fence), so a drain that does not wait
-/// has nothing in flight to overlap; see docs/testing.md, "Planted bugs". Run it with `--ignored`.
-#[test]
-#[ignore = "no planted bug is caught yet by the current workload (docs/testing.md)"]
-fn every_planted_bug_is_caught() {
-    let opts = quick();
-    let mut clean = Vec::new();
-    for seed in 0..40 {
-        if run_seed(seed, &opts, None).findings.is_empty() {
-            clean.push(seed);
-        }
-        if clean.len() == 12 {
-            break;
-        }
-    }
-    let mut caught = Vec::new();
-    for bug in kube_shard_chaos::plant::names() {
-        let planted = Options {
-            plant: Some(bug.to_owned()),
-            ..opts.clone()
-        };
-        let at = clean
-            .iter()
-            .position(|&s| !run_seed(s, &planted, None).findings.is_empty());
-        eprintln!(
-            "{bug}: caught after {:?} clean seed(s) of {}",
-            at.map(|i| i + 1),
-            clean.len()
+/// Run seeds `0..budget` drawing only `kinds`, with `bug` planted and without: every seed must pass
+/// without it (else a catch proves nothing), and the planted run must fail on one of them. Returns how
+/// many seeds it took and the violation kinds of the catch.
+fn seeds_to_catch(bug: &str, kinds: &'static [&'static str], budget: u64) -> (u64, Vec<String>) {
+    let clean = Options {
+        kinds,
+        max_faults: 3,
+        ..quick()
+    };
+    let planted = Options {
+        plant: Some(bug.to_owned()),
+        ..clean.clone()
+    };
+    for seed in 0..budget {
+        let without = run_seed(seed, &clean, None);
+        assert!(
+            without.findings.is_empty(),
+            "seed {seed} fails without {bug}: {:?}\n  {}",
+            without.findings,
+            kube_shard_chaos::replay_command(&without, &clean, false)
         );
-        caught.push((bug, at));
+        let with = run_seed(seed, &planted, None);
+        if !with.findings.is_empty() {
+            let mut found: Vec<String> = with.findings.iter().map(|f| f.kind.clone()).collect();
+            found.dedup();
+            eprintln!(
+                "{bug}: caught on seed {seed} ({} seed(s)): {found:?}; first: {}",
+                seed + 1,
+                with.findings[0].detail
+            );
+            return (seed + 1, found);
+        }
     }
-    assert_eq!(caught.len(), 4);
-    let missed: Vec<_> = caught.iter().filter(|(_, at)| at.is_none()).collect();
-    assert!(missed.is_empty(), "not caught: {missed:?}");
+    panic!("{bug} not caught within {budget} seeds of {kinds:?}");
+}
+
+/// A drain that releases at once (without waiting for its requests in flight) is caught by the fence
+/// oracle: slow-handoff leaves or scales up while the member's writes are unanswered.
+#[test]
+fn planted_skip_drain_wait_is_caught() {
+    let (n, kinds) = seeds_to_catch("skip-drain-wait", &["slow-handoff"], 6);
+    assert!(kinds.iter().any(|k| k == "fences"), "{kinds:?} after {n}");
+}
+
+/// A shard activated without the barrier acts on a stale cache: lagging-join's frozen Widget watch makes
+/// the new owner write an older spec into a child (`regressed`).
+#[test]
+fn planted_skip_activation_barrier_is_caught() {
+    let (n, kinds) = seeds_to_catch("skip-activation-barrier", &["lagging-join"], 6);
+    assert!(kinds.iter().any(|k| k == "regressed"), "{kinds:?} after {n}");
+}
+
+/// A coordinator that counts an unobserved owner gone (no wait after its Lease was deleted or claimed)
+/// reassigns while the owner's requests are in flight: the fence oracle.
+#[test]
+fn planted_unobserved_is_gone_is_caught() {
+    let (n, kinds) = seeds_to_catch("unobserved-is-gone", &["delete-lease-under-load"], 6);
+    assert!(kinds.iter().any(|k| k == "fences"), "{kinds:?} after {n}");
+}
+
+/// A member that follows a lower epoch (a restored backup of the assignment) fences with it: epochs go
+/// back.
+#[test]
+fn planted_accept_lower_epoch_is_caught() {
+    let (n, kinds) = seeds_to_catch("accept-lower-epoch", &["stale-assignment"], 6);
+    assert!(
+        kinds.iter().any(|k| k == "fences" || k == "epochs"),
+        "{kinds:?} after {n}"
+    );
 }
 
 /// Five seeds with the writer only (spec changes, creates, deletes, delete + re-create) and no faults pass
@@ -139,7 +170,7 @@ fn the_writer_alone_passes_the_oracle_on_five_seeds() {
     for seed in 100..105 {
         let o = run_seed(seed, &opts, Some(Vec::new()));
         assert!(o.faults.is_empty());
-        assert_eq!(o.checks, 5);
+        assert_eq!(o.checks, 6);
         assert!(
             o.simulated_ms >= 60_000,
             "ran the window: {}",
