@@ -52,6 +52,12 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(p) = &args.plant {
         let names = kube_shard_chaos::plant::names();
         if !names.contains(&p.as_str()) {

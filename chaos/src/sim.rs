@@ -259,6 +259,24 @@ fn log_assignments(w: &World) {
                 st.generation
             ));
         }
+        for m in w.live().into_iter().map(|i| &w.members[i]) {
+            w.note(format!("status {} {:?}", m.name, m.handle.status()));
+        }
+        for c in w
+            .server
+            .history()
+            .of(&kube_shard_testserver::ResourceFilter::resource("leases")
+                .namespace(crate::world::CP_NS)
+                .name(format!("{}-coordinator", crate::world::GROUP)))
+        {
+            w.note(format!(
+                "coordinator lease rv={} by {} {:?} {}",
+                c.resource_version,
+                c.identity,
+                c.change,
+                c.object.pointer("/spec").cloned().unwrap_or_default()
+            ));
+        }
         for l in h.leases {
             w.note(format!(
                 "lease rv={} {}/{} released={:?} taken_over={:?}",
