@@ -286,9 +286,21 @@ fn leave(w: &mut World, i: Option<usize>) {
     }
 }
 
-/// Undo every lasting fault: the faults switched off, every member resumed, wall clocks back in step.
-pub fn heal(w: &World) {
+/// Undo every lasting fault: the faults switched off, every member resumed, wall clocks back in step,
+/// and an assignment no member decodes deleted. That last one is the admin's repair: by design no
+/// coordinator writes over an assignment it cannot decode (it could be a newer format), so until someone
+/// repairs it nothing moves — a member that was leaving stays, and its name's successor waits for it.
+pub async fn heal(w: &World) {
     w.server.faults().clear();
+    let cms: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-assignment");
+    if let Ok(Some(cm)) = cms.get_opt(&name).await {
+        let text = cm.data.as_ref().and_then(|d| d.get(DATA_KEY));
+        if text.is_none_or(|t| Assignment::decode(t, shards(), ShardKey::Uid).is_err()) {
+            let _ = cms.delete(&name, &DeleteParams::default()).await;
+            w.note("heal: deleted the assignment no member decodes");
+        }
+    }
     for m in &w.members {
         m.switch.set_frozen(false);
         m.wall_offset.store(0, Ordering::SeqCst);

@@ -184,7 +184,7 @@ async fn simulate(
     tokio::time::sleep(Duration::from_millis(window_ms.saturating_sub(w.now_ms()))).await;
     // faults stop: heal, bring the group back to its size, then the settle bound
     tokio::time::sleep(Duration::from_secs(2)).await;
-    inject::heal(&w);
+    inject::heal(&w).await;
     while w.live().len() < opts.members {
         let n = w.fresh_name();
         w.spawn(&n);

@@ -160,6 +160,33 @@ fn planted_accept_lower_epoch_is_caught() {
     );
 }
 
+/// Library regression (found by seed 13, shrunk): a burst of 429s, then the coordinator is killed. A
+/// member whose renewal returned after `missed_renewal` had already judged the renew deadline passed (a
+/// slow renewal started before the deadline, or one landing exactly on it) did not count that as a gap:
+/// `continuous_since` stayed empty, the member never had a lease period of continuous renewals, and as the
+/// next coordinator it never took the dead one over — its shards stayed unowned for good. Fails without the
+/// fix in `runtime/membership.rs` (`renewed`).
+#[test]
+fn a_coordinator_after_a_429_burst_still_takes_the_dead_one_over() {
+    use kube_shard_chaos::fault::{Fault, Timed};
+    let faults = vec![
+        Timed {
+            at_ms: 45_378,
+            fault: Fault::ErrorBurst {
+                code: 429,
+                times: 29,
+            },
+        },
+        Timed {
+            at_ms: 51_197,
+            fault: Fault::KillCoordinator,
+        },
+    ];
+    let o = run_seed(13, &quick(), Some(faults));
+    assert!(o.log.iter().any(|l| l.contains("kill m")), "a coordinator was killed");
+    assert!(o.findings.is_empty(), "{:?}", o.findings);
+}
+
 /// Five seeds with the writer only (spec changes, creates, deletes, delete + re-create) and no faults pass
 /// every check. Before the group's clock judged leadership terms, the singleton never ran under the
 /// simulator's clock, orphaned children were never collected, and a re-created Widget's reconcile conflicted
