@@ -7,10 +7,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use kube_shard::group::assignment::DATA_KEY;
-use kube_shard_example_operator::widget::{Widget, WidgetSpec};
 use kube_shard::group::assignment::Assignment;
+use kube_shard::group::assignment::DATA_KEY;
 use kube_shard::ShardKey;
+use kube_shard_example_operator::widget::{Widget, WidgetSpec};
 use kube_shard_testserver::{FailRule, Scope, Target, Verb};
 
 use crate::fault::Fault;

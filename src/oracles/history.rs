@@ -316,12 +316,12 @@ fn justified(history: &OwnershipHistory, shard: u32, prev: &ShardOwner, rv: u64)
             .iter()
             .filter(|l| l.rv < rv && l.name == who.name && !l.deleted)
             .any(|l| {
-            let taken = l.taken_over.as_deref() == Some(who.incarnation.as_str());
-            let released = l.incarnation.as_deref() == Some(who.incarnation.as_str())
-                && prev
-                    .move_id
-                    .and_then(|m| l.released.get(&m))
-                    .is_some_and(|s| s.contains(&shard));
+                let taken = l.taken_over.as_deref() == Some(who.incarnation.as_str());
+                let released = l.incarnation.as_deref() == Some(who.incarnation.as_str())
+                    && prev
+                        .move_id
+                        .and_then(|m| l.released.get(&m))
+                        .is_some_and(|s| s.contains(&shard));
                 taken || released
             })
 }

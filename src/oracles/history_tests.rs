@@ -401,7 +401,14 @@ fn a_change_to_a_new_incarnation_without_a_displacement_before_it_is_caught() {
     // the claim committed after the assignment gave a/1's shard away
     let v = check(&same_name_restart(25));
     assert!(
-        matches!(&v[..], [Violation::Unjustified { shard: 0, rv: 20, .. }]),
+        matches!(
+            &v[..],
+            [Violation::Unjustified {
+                shard: 0,
+                rv: 20,
+                ..
+            }]
+        ),
         "{v:?}"
     );
     assert!(v[0].to_string().contains("a/1 -> a/2"), "{}", v[0]);
