@@ -51,11 +51,16 @@ fn widget_filter() -> ResourceFilter {
     ResourceFilter::resource("widgets").namespace(NS)
 }
 
+fn child_filter() -> ResourceFilter {
+    ResourceFilter::resource("configmaps").namespace(NS)
+}
+
 /// Start recording what the oracles read (before the members start).
 pub fn record(server: &TestServer) {
     server.history().record(assignment_filter());
     server.history().record(lease_filter());
     server.history().record(widget_filter());
+    server.history().record(child_filter());
 }
 
 fn decode(cm: &ConfigMap) -> Option<Assignment> {
@@ -85,7 +90,6 @@ pub fn ownership_history(server: &TestServer) -> OwnershipHistory {
         .history()
         .of(&lease_filter())
         .iter()
-        .filter(|c| !c.deleted())
         .filter_map(member_lease)
         .collect();
     OwnershipHistory {
@@ -101,6 +105,9 @@ fn member_lease(c: &Commit) -> Option<LeaseVersion> {
         return None;
     }
     let name = meta.name?.strip_prefix(&format!("{GROUP}-"))?.to_owned();
+    if c.deleted() {
+        return Some(LeaseVersion::deletion(c.resource_version, &name));
+    }
     let ann = meta.annotations.unwrap_or_default();
     let report = ann
         .get(REPORT)
@@ -219,5 +226,50 @@ pub fn safety(w: &World) -> (Vec<Finding>, usize) {
             .iter()
             .map(|v| Finding::new("epochs", v)),
     );
-    (out, 3)
+    out.extend(
+        check_children(&w.server)
+            .into_iter()
+            .map(|v| Finding::new("regressed", v)),
+    );
+    (out, 4)
+}
+
+/// No stale actuation: per child ConfigMap and per Widget uid its data names (`widgetUid`; a delete +
+/// re-create under one name shares the child), the Widget generation its committed data reflects
+/// (`widgetGeneration`) never goes back. A member that reconciles from a cache older than the previous
+/// owner's last write (what the activation barrier prevents) writes an older spec over a newer one: its
+/// child replace carries the child's current resourceVersion, so no precondition stops it.
+#[must_use]
+pub fn check_children(server: &TestServer) -> Vec<String> {
+    let mut highest: BTreeMap<(String, String), (u64, u64, String)> = BTreeMap::new();
+    let mut out = Vec::new();
+    for c in server.history().of(&child_filter()) {
+        if c.deleted() {
+            continue;
+        }
+        let data = |k: &str| {
+            c.object
+                .pointer(&format!("/data/{k}"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let (Some(widget), Some(g)) = (
+            data("widgetUid"),
+            data("widgetGeneration").and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        let key = (c.uid.clone(), widget);
+        match highest.get(&key) {
+            Some((max, at, by)) if g < *max => out.push(format!(
+                "child {}: widgetGeneration {g} committed at rv {} by {} ({:?}, fence {:?}) after {max} at rv {at} by {by}",
+                c.name, c.resource_version, c.identity, c.verb, c.fence
+            )),
+            Some((max, _, _)) if g == *max => {}
+            _ => {
+                highest.insert(key, (g, c.resource_version, c.identity.clone()));
+            }
+        }
+    }
+    out
 }

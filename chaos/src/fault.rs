@@ -49,6 +49,21 @@ pub enum Fault {
     DeleteCoordinatorLease,
     /// A member's wall clock jumps by `secs` (forward or back).
     WallJump { member: usize, secs: i64 },
+    /// A handoff under load: the member's fenced writes commit `ms` late and are never answered (the
+    /// client times out at its fence's end), every Widget's spec changes (so it has writes in flight),
+    /// and a second later it leaves (`leave`) or a new member joins: its shards drain with requests in
+    /// flight.
+    SlowHandoff { member: usize, ms: u64, leave: bool },
+    /// A new member joins whose Widget watches freeze for `secs` after their first LIST (a lagging
+    /// watch cache), while every Widget's spec changes every 200 ms: the shards it receives must not be
+    /// acted on from its stale cache.
+    LaggingJoin { secs: u64 },
+    /// A restored backup: the assignment is rewritten with its current owners, every epoch one lower,
+    /// at a higher generation.
+    StaleAssignment,
+    /// The member's fenced writes commit `ms` late and are never answered, every Widget's spec changes,
+    /// and its Lease is deleted: it rejoins as a new incarnation while its requests are in flight.
+    DeleteLeaseUnderLoad { member: usize, ms: u64 },
 }
 
 impl Fault {
@@ -76,6 +91,10 @@ impl Fault {
             Fault::DeleteMemberLease { .. } => "delete-member-lease",
             Fault::DeleteCoordinatorLease => "delete-coordinator-lease",
             Fault::WallJump { .. } => "wall-jump",
+            Fault::SlowHandoff { .. } => "slow-handoff",
+            Fault::LaggingJoin { .. } => "lagging-join",
+            Fault::StaleAssignment => "stale-assignment",
+            Fault::DeleteLeaseUnderLoad { .. } => "delete-lease-under-load",
         }
     }
 }
@@ -100,13 +119,15 @@ pub struct Shape {
     pub lease: Duration,
     /// The renew deadline (pauses last longer).
     pub renew_deadline: Duration,
+    /// Draw only these kinds ([`Fault::kind`]); empty: every kind.
+    pub kinds: &'static [&'static str],
 }
 
 fn one(rng: &mut Rng, shape: &Shape) -> Fault {
     let m = rng.range(0, 15) as usize;
     let past_renew = shape.renew_deadline.as_secs().max(1) + rng.range(1, 4);
     let past_lease = shape.lease.as_secs().max(1) + rng.range(1, 6);
-    match rng.range(0, 19) {
+    match rng.range(0, 23) {
         0 => Fault::Kill { member: m },
         1 => Fault::Pause {
             member: m,
@@ -139,6 +160,19 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
         15 => Fault::CorruptAssignment,
         16 => Fault::DeleteMemberLease { member: m },
         17 => Fault::DeleteCoordinatorLease,
+        19 => Fault::SlowHandoff {
+            member: m,
+            ms: rng.range(500, 6_000),
+            leave: rng.chance(1, 2),
+        },
+        20 => Fault::LaggingJoin {
+            secs: rng.range(3, 12),
+        },
+        21 => Fault::StaleAssignment,
+        22 => Fault::DeleteLeaseUnderLoad {
+            member: m,
+            ms: rng.range(500, 6_000),
+        },
         _ => Fault::WallJump {
             member: m,
             secs: if rng.chance(1, 2) {
@@ -150,6 +184,45 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
     }
 }
 
+/// One fault of an allowed kind (drawn again until it is one; a kind no fault has draws forever, so
+/// [`schedule`] is only given kinds [`Fault::kind`] names).
+fn allowed(rng: &mut Rng, shape: &Shape) -> Fault {
+    loop {
+        let f = one(rng, shape);
+        if shape.kinds.is_empty() || shape.kinds.contains(&f.kind()) {
+            return f;
+        }
+    }
+}
+
+/// Every fault kind.
+pub const KINDS: [&str; 24] = [
+    "kill",
+    "pause",
+    "partition",
+    "kill-coordinator",
+    "scale-up",
+    "leave",
+    "rolling-restart",
+    "same-name",
+    "burst-429",
+    "burst-5xx",
+    "latency",
+    "close-watches",
+    "freeze-watches",
+    "compact-410",
+    "outage",
+    "delete-assignment",
+    "corrupt-assignment",
+    "delete-member-lease",
+    "delete-coordinator-lease",
+    "wall-jump",
+    "slow-handoff",
+    "lagging-join",
+    "stale-assignment",
+    "delete-lease-under-load",
+];
+
 /// The faults of seed `rng`'s schedule, sorted by time: between 1 and `max_faults`, spread over the window
 /// after a first settle (10 s).
 #[must_use]
@@ -159,7 +232,7 @@ pub fn schedule(rng: &mut Rng, shape: &Shape) -> Vec<Timed> {
     let mut out: Vec<Timed> = (0..n)
         .map(|_| Timed {
             at_ms: 10_000 + rng.range(0, window.saturating_sub(10_000)),
-            fault: one(rng, shape),
+            fault: allowed(rng, shape),
         })
         .collect();
     out.sort_by_key(|t| t.at_ms);
@@ -176,6 +249,7 @@ mod tests {
             max_faults: 8,
             lease: Duration::from_secs(3),
             renew_deadline: Duration::from_secs(2),
+            kinds: &[],
         }
     }
 
@@ -202,7 +276,21 @@ mod tests {
                 kinds.insert(t.fault.kind());
             }
         }
-        assert_eq!(kinds.len(), 20, "{kinds:?}");
+        assert_eq!(kinds.len(), 24, "{kinds:?}");
+        assert_eq!(kinds, KINDS.into_iter().collect());
+    }
+
+    #[test]
+    fn a_schedule_narrowed_to_kinds_draws_only_those() {
+        let narrow = Shape {
+            kinds: &["slow-handoff", "kill"],
+            ..shape()
+        };
+        for seed in 0..50 {
+            for t in schedule(&mut Rng::new(seed), &narrow) {
+                assert!(narrow.kinds.contains(&t.fault.kind()), "{t:?}");
+            }
+        }
     }
 
     #[test]

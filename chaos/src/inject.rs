@@ -7,13 +7,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
+use kube_shard::group::assignment::Assignment;
 use kube_shard::group::assignment::DATA_KEY;
+use kube_shard::ShardKey;
 use kube_shard_example_operator::widget::{Widget, WidgetSpec};
-use kube_shard_testserver::{FailRule, Scope};
+use kube_shard_testserver::{FailRule, Scope, Target, Verb};
 
 use crate::fault::Fault;
 use crate::rng::Rng;
-use crate::world::{World, CP_NS, GROUP, NS};
+use crate::world::{shards, World, CP_NS, GROUP, NS};
 
 fn later(after: Duration, f: impl FnOnce() + Send + 'static) {
     tokio::spawn(async move {
@@ -135,6 +137,36 @@ pub async fn apply(w: &mut World, f: &Fault) {
                 .delete(&format!("{GROUP}-coordinator"), &DeleteParams::default())
                 .await;
         }
+        Fault::SlowHandoff { member, ms, leave } => {
+            if let Some(i) = pick(w, member) {
+                late_writes(w, i, ms);
+                bump_all(w).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if leave {
+                    self::leave(w, Some(i));
+                } else {
+                    let n = w.fresh_name();
+                    w.spawn(&n);
+                }
+                // changes right after the handoff: the new owners' watches move past their barrier
+                // LISTs at once, so they act while the old owner's requests may still be in flight
+                for _ in 0..4 {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    bump_all(w).await;
+                }
+            }
+        }
+        Fault::LaggingJoin { secs } => lagging_join(w, secs).await,
+        Fault::StaleAssignment => stale_assignment(w).await,
+        Fault::DeleteLeaseUnderLoad { member, ms } => {
+            if let Some(i) = pick(w, member) {
+                late_writes(w, i, ms);
+                bump_all(w).await;
+                let leases: Api<Lease> = Api::namespaced(w.server.client("admin"), CP_NS);
+                let name = format!("{GROUP}-{}", w.members[i].name);
+                let _ = leases.delete(&name, &DeleteParams::default()).await;
+            }
+        }
         Fault::WallJump { member, secs } => {
             if let Some(i) = pick(w, member) {
                 w.members[i]
@@ -143,6 +175,101 @@ pub async fn apply(w: &mut World, f: &Fault) {
             }
         }
     }
+}
+
+/// The targets of member `i`'s fenced writes in the Widget namespace (creates, replaces, patches).
+fn write_targets(w: &World, i: usize) -> Vec<Target> {
+    [Verb::Create, Verb::Update, Verb::Patch]
+        .into_iter()
+        .map(|v| {
+            Scope::identity(w.members[i].name.clone())
+                .verb(v)
+                .namespace(NS)
+        })
+        .collect()
+}
+
+/// Member `i`'s fenced writes commit `ms` late and are never answered, for 8 s.
+fn late_writes(w: &World, i: usize, ms: u64) {
+    let faults = w.server.faults();
+    let targets = write_targets(w, i);
+    for t in &targets {
+        faults.late_commit(t.clone(), Duration::from_millis(ms));
+    }
+    later(Duration::from_secs(8), move || {
+        for t in targets {
+            faults.answer_normally(t);
+        }
+    });
+}
+
+/// The writer changes every Widget's spec (a rollout): every owner has reconciles queued.
+async fn bump_all(w: &World) {
+    let api: Api<Widget> = Api::namespaced(w.server.client("writer"), NS);
+    let names: Vec<String> = w
+        .server
+        .objects("example.kube-shard.io", "widgets")
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let size = w.now_ms();
+    for n in names {
+        let patch = serde_json::json!({"spec": {"size": size}});
+        let _ = api
+            .patch(&n, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+    }
+}
+
+/// A new member whose Widget watches freeze for `secs` (after their first LIST), while every Widget
+/// changes every 200 ms.
+async fn lagging_join(w: &mut World, secs: u64) {
+    let n = w.fresh_name();
+    w.spawn(&n);
+    let faults = w.server.faults();
+    let target = Scope::identity(n.clone())
+        .verb(Verb::Watch)
+        .resource("widgets");
+    faults.freeze_watches(target.clone(), true);
+    // its Lease writes (the warm acks) take 400 ms: each move stays in Moving — the old owner serving,
+    // the new one's LIST done — while changes land
+    let acks = Scope::identity(n).verb(Verb::Update).resource("leases");
+    faults.latency(acks.clone(), Some(Duration::from_millis(400)));
+    // changes every 200 ms: some land while its moves are in Moving (after its LIST, before the
+    // release), so the old owner writes a newer spec its frozen cache never sees
+    for _ in 0..secs.min(6) * 5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        bump_all(w).await;
+    }
+    let rest = secs.saturating_sub(secs.min(6));
+    later(Duration::from_secs(rest), move || {
+        faults.freeze_watches(target, false);
+        faults.latency(acks, None);
+    });
+}
+
+/// Rewrite the assignment as a restored backup would be: its owners, every epoch one lower, at a higher
+/// generation.
+async fn stale_assignment(w: &World) {
+    let cms: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-assignment");
+    let Ok(cm) = cms.get(&name).await else {
+        return;
+    };
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) else {
+        return;
+    };
+    let Ok(mut a) = Assignment::decode(text, shards(), ShardKey::Uid) else {
+        return;
+    };
+    a.view.generation += 1;
+    for sa in a.view.shards.values_mut() {
+        sa.epoch = sa.epoch.saturating_sub(1).max(1);
+    }
+    let patch = serde_json::json!({"data": {DATA_KEY: a.encode()}});
+    let _ = cms
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
 }
 
 fn kill(w: &mut World, i: Option<usize>) {
@@ -159,9 +286,21 @@ fn leave(w: &mut World, i: Option<usize>) {
     }
 }
 
-/// Undo every lasting fault: the faults switched off, every member resumed, wall clocks back in step.
-pub fn heal(w: &World) {
+/// Undo every lasting fault: the faults switched off, every member resumed, wall clocks back in step,
+/// and an assignment no member decodes deleted. That last one is the admin's repair: by design no
+/// coordinator writes over an assignment it cannot decode (it could be a newer format), so until someone
+/// repairs it nothing moves — a member that was leaving stays, and its name's successor waits for it.
+pub async fn heal(w: &World) {
     w.server.faults().clear();
+    let cms: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-assignment");
+    if let Ok(Some(cm)) = cms.get_opt(&name).await {
+        let text = cm.data.as_ref().and_then(|d| d.get(DATA_KEY));
+        if text.is_none_or(|t| Assignment::decode(t, shards(), ShardKey::Uid).is_err()) {
+            let _ = cms.delete(&name, &DeleteParams::default()).await;
+            w.note("heal: deleted the assignment no member decodes");
+        }
+    }
     for m in &w.members {
         m.switch.set_frozen(false);
         m.wall_offset.store(0, Ordering::SeqCst);

@@ -146,6 +146,19 @@ pub fn replay_command(o: &Outcome, opts: &Options, faults: bool) -> String {
     if let Some(p) = &opts.plant {
         cmd.push_str(&format!(" --plant {p}"));
     }
+    let d = Options::default();
+    if opts.window != d.window {
+        cmd.push_str(&format!(" --window {}", opts.window.as_secs()));
+    }
+    if opts.objects != d.objects {
+        cmd.push_str(&format!(" --objects {}", opts.objects));
+    }
+    if opts.max_faults != d.max_faults {
+        cmd.push_str(&format!(" --max-faults {}", opts.max_faults));
+    }
+    if !opts.kinds.is_empty() {
+        cmd.push_str(&format!(" --kinds {}", opts.kinds.join(",")));
+    }
     if faults {
         let json = serde_json::to_string(&o.faults).unwrap_or_default();
         cmd.push_str(&format!(" --faults '{json}'"));

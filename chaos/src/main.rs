@@ -42,10 +42,22 @@ struct Args {
     /// Print each seed's event log (faults, starts, reconciles, assignment versions).
     #[arg(long)]
     log: bool,
+    /// At most this many faults per seed.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
+    max_faults: u64,
+    /// Draw only these fault kinds (comma-separated, as the summary names them).
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<String>,
 }
 
 fn main() {
     let args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(p) = &args.plant {
         let names = kube_shard_chaos::plant::names();
         if !names.contains(&p.as_str()) {
@@ -53,7 +65,22 @@ fn main() {
             std::process::exit(2);
         }
     }
+    let mut kinds: Vec<&'static str> = Vec::new();
+    for k in &args.kinds {
+        match kube_shard_chaos::fault::KINDS.iter().find(|n| *n == k) {
+            Some(n) => kinds.push(n),
+            None => {
+                eprintln!(
+                    "chaos: no fault kind {k:?} (kinds: {:?})",
+                    kube_shard_chaos::fault::KINDS
+                );
+                std::process::exit(2);
+            }
+        }
+    }
     let opts = Options {
+        kinds: Vec::leak(kinds),
+        max_faults: args.max_faults as usize,
         members: args.members as usize,
         objects: args.objects as usize,
         window: Duration::from_secs(args.window),

@@ -27,6 +27,8 @@ pub struct Options {
     pub settle: Duration,
     /// The planted bug to switch on (feature `planted-bugs`).
     pub plant: Option<String>,
+    /// Draw only these fault kinds (`fault::KINDS`); empty: every kind.
+    pub kinds: &'static [&'static str],
 }
 
 impl Default for Options {
@@ -39,6 +41,7 @@ impl Default for Options {
             max_faults: 8,
             settle: Duration::from_secs(60),
             plant: None,
+            kinds: &[],
         }
     }
 }
@@ -52,6 +55,7 @@ impl Options {
             max_faults: self.max_faults,
             lease: LEASE,
             renew_deadline: RENEW,
+            kinds: self.kinds,
         }
     }
 }
@@ -78,6 +82,7 @@ pub struct Outcome {
 /// current-thread runtime in paused time, on the calling thread.
 #[must_use]
 pub fn run_seed(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcome {
+    fixed_hashers();
     let mut rng = Rng::new(seed);
     let faults = faults.unwrap_or_else(|| fault::schedule(&mut rng, &opts.shape()));
     // the library's randomness (incarnations, Event names, jitter) and kube's backoff jitter
@@ -125,6 +130,23 @@ pub fn run_seed(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcom
     }
 }
 
+/// A constant random source for ahash (kube's reflector store), set once per process before any map is
+/// built: every ahash `RandomState` of the process then hashes alike, so a store's iteration order
+/// repeats from one run of a seed to the next in the same process. (Its fixed keys still come from the OS
+/// once per process, and the process may have built a map before: then this does nothing.)
+fn fixed_hashers() {
+    struct Fixed;
+    impl ahash::random_state::RandomSource for Fixed {
+        fn gen_hasher_seed(&self) -> usize {
+            0x5eed
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ahash::random_state::set_random_source(Fixed);
+    });
+}
+
 async fn simulate(
     seed: u64,
     opts: &Options,
@@ -162,7 +184,7 @@ async fn simulate(
     tokio::time::sleep(Duration::from_millis(window_ms.saturating_sub(w.now_ms()))).await;
     // faults stop: heal, bring the group back to its size, then the settle bound
     tokio::time::sleep(Duration::from_secs(2)).await;
-    inject::heal(&w);
+    inject::heal(&w).await;
     while w.live().len() < opts.members {
         let n = w.fresh_name();
         w.spawn(&n);
@@ -206,6 +228,21 @@ fn log_assignments(w: &World) {
             .collect();
         w.note(format!("assignment rv={} {}", a.rv, owners.join(",")));
     }
+    if std::env::var_os("CHAOS_FENCES").is_some() {
+        let fh = w.fences.history();
+        for f in &fh.fences {
+            w.note(format!(
+                "fence #{} {} shard {} epoch {} issued {}us valid_until {}us dropped {}us",
+                f.id, f.member, f.shard, f.epoch, f.issued, f.valid_until, f.dropped
+            ));
+        }
+        for r in &fh.requests {
+            w.note(format!(
+                "request #{} fence #{} uid {:?} sent {}us ended {}us",
+                r.id, r.fence, r.uid, r.sent, r.ended
+            ));
+        }
+    }
     if std::env::var_os("CHAOS_LEASES").is_some() {
         for m in w.live().into_iter().map(|i| &w.members[i]) {
             let st = m.handle.status();
@@ -220,6 +257,24 @@ fn log_assignments(w: &World) {
                 m.metrics.fence_refused.get(),
                 st.self_fenced,
                 st.generation
+            ));
+        }
+        for m in w.live().into_iter().map(|i| &w.members[i]) {
+            w.note(format!("status {} {:?}", m.name, m.handle.status()));
+        }
+        for c in w
+            .server
+            .history()
+            .of(&kube_shard_testserver::ResourceFilter::resource("leases")
+                .namespace(crate::world::CP_NS)
+                .name(format!("{}-coordinator", crate::world::GROUP)))
+        {
+            w.note(format!(
+                "coordinator lease rv={} by {} {:?} {}",
+                c.resource_version,
+                c.identity,
+                c.change,
+                c.object.pointer("/spec").cloned().unwrap_or_default()
             ));
         }
         for l in h.leases {

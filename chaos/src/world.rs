@@ -88,8 +88,10 @@ pub struct World {
     pub log: Arc<Mutex<Vec<String>>>,
     /// Simulated time 0.
     pub start: Instant,
-    /// The reconcile hook's randomness (slow and failing reconciles).
-    pub hook_rng: Arc<Mutex<Rng>>,
+    /// The reconcile hook's randomness (slow and failing reconciles): the seed, and per object key how
+    /// many reconciles it has had. Each draw depends on (seed, key, count) only, not on the order in
+    /// which the members' reconciles of one instant run.
+    pub hook_rng: Arc<Mutex<(u64, std::collections::BTreeMap<String, u64>)>>,
     next_name: usize,
 }
 
@@ -123,7 +125,7 @@ impl World {
             reconciles: Arc::default(),
             log: Arc::default(),
             start: Instant::now(),
-            hook_rng: Arc::new(Mutex::new(Rng::new(seed ^ 0xA5A5))),
+            hook_rng: Arc::new(Mutex::new((seed ^ 0xA5A5, Default::default()))),
             next_name: 0,
         }
     }
@@ -220,9 +222,15 @@ impl World {
 
     fn before_write(&self) -> example::BeforeWrite {
         let rng = self.hook_rng.clone();
-        Arc::new(move |_key: &str| {
+        Arc::new(move |key: &str| {
             let (fail, slow) = {
-                let mut r = rng.lock().unwrap_or_else(|e| e.into_inner());
+                let mut g = rng.lock().unwrap_or_else(|e| e.into_inner());
+                let seed = g.0;
+                let n = g.1.entry(key.to_owned()).or_default();
+                *n += 1;
+                let mut r = Rng::new(
+                    seed ^ kube_shard::hash::fnv1a64(key.as_bytes()) ^ n.wrapping_mul(0x9E37_79B9),
+                );
                 (
                     r.chance(1, 25),
                     r.chance(1, 30).then(|| r.range(500, 4_000)),

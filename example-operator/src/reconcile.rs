@@ -63,6 +63,11 @@ fn desired_data(w: &Widget) -> BTreeMap<String, String> {
         "widgetGeneration".to_owned(),
         w.metadata.generation.unwrap_or(0).to_string(),
     );
+    // which Widget (a delete + re-create under one name shares the child's name): lets a checker
+    // compare the generations one Widget's reconciles wrote
+    if let Some(uid) = &w.metadata.uid {
+        d.insert("widgetUid".to_owned(), uid.clone());
+    }
     d
 }
 

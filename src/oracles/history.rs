@@ -9,7 +9,15 @@
 //!
 //! - acked `released` for that shard under the move id the shard carried in the last version that the
 //!   previous owner held it in, or
-//! - been marked taken over (`kube-shard.io/taken-over` = its incarnation).
+//! - been marked taken over (`kube-shard.io/taken-over` = its incarnation), or
+//! - been **displaced**: after a version of its own, its Lease was replaced by another incarnation of the
+//!   same name, or deleted, and it never wrote a version again. A member renews only with the
+//!   resourceVersion of its last write and never re-creates its Lease under the same incarnation after a
+//!   404 or a conflict (DESIGN, "Membership"), so a displacement ends its renewals for good, as a takeover
+//!   mark does: it is the claimant's (or the deleter's) takeover write. The library then waits
+//!   `lease_duration + grace` after the displaced incarnation's last renewal it saw (review F3's fix, and
+//!   F10 for a deleted Lease) before it counts it gone; that wait, like the one before a takeover mark, is
+//!   not this oracle's to judge: the fence oracle sees a reassignment that came too early.
 //!
 //! A committed (not deleted) version that no longer names a shard its last known owner held **drops** it:
 //! the owner stops admitting it without a handoff, so a drop needs the same evidence. A deletion of the
@@ -113,6 +121,9 @@ pub struct LeaseVersion {
     pub released: BTreeMap<MoveId, Vec<u32>>,
     /// The incarnation marked taken over (`kube-shard.io/taken-over`), if any.
     pub taken_over: Option<String>,
+    /// The Lease was deleted at `rv` (the other fields are empty).
+    #[serde(default)]
+    pub deleted: bool,
 }
 
 impl LeaseVersion {
@@ -139,6 +150,18 @@ impl LeaseVersion {
             incarnation: incarnation.map(str::to_owned),
             released,
             taken_over: taken_over.map(str::to_owned),
+            deleted: false,
+        }
+    }
+
+    /// The Lease of member `name` deleted at `rv`.
+    #[must_use]
+    pub fn deletion(rv: u64, name: &str) -> Self {
+        LeaseVersion {
+            rv,
+            name: name.to_owned(),
+            deleted: true,
+            ..LeaseVersion::default()
         }
     }
 }
@@ -283,22 +306,35 @@ pub fn check(history: &OwnershipHistory) -> Vec<Violation> {
         .collect()
 }
 
-/// A Lease version of `prev.owner` committed before `rv` releases `shard` under its move or marks it taken over.
+/// A Lease version of `prev.owner` committed before `rv` releases `shard` under its move or marks it taken
+/// over, or the owner was displaced before `rv` (see the module doc).
 fn justified(history: &OwnershipHistory, shard: u32, prev: &ShardOwner, rv: u64) -> bool {
     let who = &prev.owner;
-    history
-        .leases
-        .iter()
-        .filter(|l| l.rv < rv && l.name == who.name)
-        .any(|l| {
-            let taken = l.taken_over.as_deref() == Some(who.incarnation.as_str());
-            let released = l.incarnation.as_deref() == Some(who.incarnation.as_str())
-                && prev
-                    .move_id
-                    .and_then(|m| l.released.get(&m))
-                    .is_some_and(|s| s.contains(&shard));
-            taken || released
-        })
+    displaced_before(history, who, rv)
+        || history
+            .leases
+            .iter()
+            .filter(|l| l.rv < rv && l.name == who.name && !l.deleted)
+            .any(|l| {
+                let taken = l.taken_over.as_deref() == Some(who.incarnation.as_str());
+                let released = l.incarnation.as_deref() == Some(who.incarnation.as_str())
+                    && prev
+                        .move_id
+                        .and_then(|m| l.released.get(&m))
+                        .is_some_and(|s| s.contains(&shard));
+                taken || released
+            })
+}
+
+/// `who`'s Lease was replaced by another incarnation or deleted before `rv`, after a version of `who`'s
+/// own, and `who` never wrote a version after that (a displaced incarnation cannot renew again).
+fn displaced_before(history: &OwnershipHistory, who: &Holder, rv: u64) -> bool {
+    let mine = |l: &LeaseVersion| !l.deleted && l.incarnation.as_deref() == Some(&who.incarnation);
+    let of_name = || history.leases.iter().filter(|l| l.name == who.name);
+    let Some(last_mine) = of_name().filter(|l| mine(l)).map(|l| l.rv).max() else {
+        return false;
+    };
+    of_name().any(|l| l.rv > last_mine && l.rv < rv && !mine(l))
 }
 
 /// Panic with every violation, one per line, when an owner change was not justified.

@@ -49,6 +49,7 @@ fn lease(
             .map(|(m, s)| (*m, s.to_vec()))
             .collect::<BTreeMap<_, _>>(),
         taken_over: taken.map(str::to_owned),
+        deleted: false,
     }
 }
 
@@ -367,4 +368,60 @@ fn a_drop_after_a_release_or_a_takeover_is_justified_and_a_deletion_drops_nothin
             move_id: None
         }]
     );
+}
+
+/// A same-name restart (the simulator's finding): a/1 owns shard 0; a second process a/2 claims the Lease
+/// of name a at rv 15; the coordinator gives shard 0 to a/2 at rv 20 without a move.
+fn same_name_restart(claim_rv: u64) -> OwnershipHistory {
+    let (a1, a2) = (h("a", "1"), h("a", "2"));
+    OwnershipHistory {
+        assignments: vec![
+            version(10, &[(0, a1.clone(), None)]),
+            version(20, &[(0, a2.clone(), None)]),
+        ],
+        leases: vec![
+            lease(5, "a", "1", &[], None),
+            lease(8, "a", "1", &[], None),
+            lease(claim_rv, "a", "2", &[], None),
+        ],
+    }
+}
+
+#[test]
+fn a_displaced_incarnation_justifies_the_change_once_its_lease_is_claimed_or_deleted() {
+    assert_eq!(check(&same_name_restart(15)), vec![]);
+    // the Lease deleted (an admin, or the member's own leave) instead of claimed
+    let mut deleted = same_name_restart(15);
+    deleted.leases[2] = LeaseVersion::deletion(15, "a");
+    assert_eq!(check(&deleted), vec![]);
+}
+
+#[test]
+fn a_change_to_a_new_incarnation_without_a_displacement_before_it_is_caught() {
+    // the claim committed after the assignment gave a/1's shard away
+    let v = check(&same_name_restart(25));
+    assert!(
+        matches!(
+            &v[..],
+            [Violation::Unjustified {
+                shard: 0,
+                rv: 20,
+                ..
+            }]
+        ),
+        "{v:?}"
+    );
+    assert!(v[0].to_string().contains("a/1 -> a/2"), "{}", v[0]);
+    // no other incarnation ever held the Lease: a/1 was live and renewing
+    let mut live = same_name_restart(15);
+    live.leases.pop();
+    assert_eq!(check(&live).len(), 1);
+    // a/1 renewed after the other version: it was not displaced (that version proves nothing)
+    let mut renewed = same_name_restart(15);
+    renewed.leases.push(lease(17, "a", "1", &[], None));
+    assert_eq!(check(&renewed).len(), 1);
+    // another member's Lease changing proves nothing about a/1
+    let mut other = same_name_restart(15);
+    other.leases[2].name = "b".into();
+    assert_eq!(check(&other).len(), 1);
 }

@@ -195,9 +195,14 @@ impl Runtime {
 
     pub(super) fn renewed(&mut self, start: crate::ownership::clock::Now, t0: Instant) {
         self.ownership.record_renewal(start);
-        let gap = self
-            .last_renew_ok
-            .is_none_or(|prev| t0.duration_since(prev) > self.cfg.renew_deadline);
+        // a gap: none renewed before, one longer than the renew deadline, or one `missed_renewal` already
+        // judged one (it fences at `>= renew_deadline`; a renewal landing exactly on the deadline after it
+        // must start a new continuous period, or `continuous_since` stays None and this member never takes
+        // anyone over)
+        let gap = self.continuous_since.is_none()
+            || self
+                .last_renew_ok
+                .is_none_or(|prev| t0.duration_since(prev) > self.cfg.renew_deadline);
         if gap {
             // our own gap: nothing we observed of others during it may count against them
             self.reset_observations();

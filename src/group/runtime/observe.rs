@@ -267,6 +267,15 @@ impl Runtime {
             let since = now.duration_since(o.last_change);
             let deleted = o.deleted_at.is_some();
             let me = o.id == self.me;
+            // planted: a member whose Lease is deleted (no longer observed) is gone at once
+            #[cfg(feature = "planted-bugs")]
+            let since = if deleted
+                && crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone)
+            {
+                expiry
+            } else {
+                since
+            };
             out.push(Observed {
                 id: o.id.clone(),
                 alive: me || (!deleted && !o.taken_over && since < lease_period),
@@ -309,6 +318,22 @@ impl Runtime {
                 continue;
             }
             let me = *id == self.me;
+            #[cfg(feature = "planted-bugs")]
+            if !me
+                && crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone)
+            {
+                // planted: an owner not observed on its Lease is gone at once (no wait, no evidence)
+                out.push(Observed {
+                    id: id.clone(),
+                    alive: false,
+                    expired: false,
+                    gone: true,
+                    report: None,
+                    joined: 0,
+                    joining: false,
+                });
+                continue;
+            }
             let gone = !me
                 && match self.displaced.get(id) {
                     Some((seen, taken)) => *taken || now.duration_since(*seen) >= expiry,
