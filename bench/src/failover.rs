@@ -21,7 +21,7 @@ use crate::stats::{f2, percentile, ratio, verdict};
 use crate::{BenchError, Options, Report, Table};
 
 /// The group's timings for this scenario.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Timings {
     /// `lease_duration`.

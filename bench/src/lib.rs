@@ -23,12 +23,15 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod coordination;
+pub mod cpu;
 pub mod failover;
 pub mod handoff;
 mod members;
+pub mod memory;
 pub mod movement;
 pub mod read;
 pub mod recovery;
+pub mod replica;
 pub mod scale;
 pub mod stats;
 mod table;
@@ -117,6 +120,9 @@ pub struct Options {
     pub quick: bool,
     /// Random seed of the pure scenarios (membership orders, weights).
     pub seed: u64,
+    /// How to start a replica process (`kshard-bench-replica`): `read` measures memory per replica
+    /// with it; `None`: that table is left out.
+    pub replica: Option<memory::ReplicaCommand>,
 }
 
 impl Default for Options {
@@ -126,6 +132,7 @@ impl Default for Options {
             replicas: None,
             quick: false,
             seed: 18,
+            replica: None,
         }
     }
 }
@@ -167,7 +174,7 @@ impl Report {
 #[non_exhaustive]
 pub enum BenchError {
     /// Not a scenario name.
-    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read, read")]
+    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read")]
     UnknownScenario(String),
     /// An option out of range.
     #[error("{0}")]

@@ -49,8 +49,33 @@ pub(crate) fn start_settled(
     t: Timings,
     settle: Duration,
 ) -> Result<Member, BenchError> {
-    let client = server.client(name);
-    let group = ShardGroup::builder(client.clone(), "bench", NS)
+    let reader = format!("{name}-read");
+    let on = Clients {
+        group: server.client(name),
+        group_name: "bench",
+        read: items(server.client(&reader)),
+        reader,
+    };
+    start_on(on, name, n, t, settle)
+}
+
+/// Where a member runs: its group's client and group name, its read stream's API (and identity).
+pub(crate) struct Clients<'a> {
+    pub(crate) group: kube::Client,
+    pub(crate) group_name: &'a str,
+    pub(crate) read: kube::Api<DynamicObject>,
+    pub(crate) reader: String,
+}
+
+/// A member on these clients (in process, or in a replica process over HTTP).
+pub(crate) fn start_on(
+    on: Clients<'_>,
+    name: &str,
+    n: usize,
+    t: Timings,
+    settle: Duration,
+) -> Result<Member, BenchError> {
+    let group = ShardGroup::builder(on.group, on.group_name, NS)
         .member(name.to_owned())
         .timings(t.lease, t.renew, t.retry)
         .takeover_grace(t.grace)
@@ -61,9 +86,9 @@ pub(crate) fn start_settled(
         .build()
         .map_err(|e| BenchError::Library(format!("shard group: {e}")))?;
     let (handle, task) = group.start();
-    let reader = format!("{name}-read");
+    let reader = on.reader;
     let sharded = ShardedWatcher::new_with(
-        items(server.client(&reader)),
+        on.read,
         watcher::Config::default(),
         handle.ownership(),
         item_resource(),

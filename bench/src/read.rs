@@ -5,9 +5,9 @@
 //! **unsharded** stock `kube_runtime::watcher` replica reading everything.
 //!
 //! Per replica: read amplification (distinct uids delivered ÷ the objects of the shards it owns), response
-//! bytes ÷ the unsharded replica's, objects held in its store. Memory per replica (RSS from
-//! `smaps_rollup`) needs replicas as real processes, which this engine does not run yet: the objects held
-//! are reported in its place.
+//! bytes ÷ the unsharded replica's, objects held in its store. With [`Options::replica`] set (`kshard
+//! bench` sets it when `kshard-bench-replica` is built beside it), also memory per replica in server mode
+//! with replicas as processes ([`crate::memory`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -276,6 +276,11 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     let objects = opts.objects.unwrap_or(objects);
     let n = opts.replicas.unwrap_or(4).max(2);
     let all = rt.block_on(measure(n, objects, t))?;
+    let quiet = Duration::from_secs(if opts.quick { 5 } else { 30 });
+    let memory = match &opts.replica {
+        Some(cmd) => Some(rt.block_on(crate::memory::measure(cmd, n, objects, t, quiet))?),
+        None => None,
+    };
     let mut table = Table::new(
         format!("read: N={n} replicas over {objects} objects, after sync; bytes are response bytes of the read stream alone"),
         &["mode", "amplification (mean, max)", "bytes ÷ unsharded (mean)", "× N", "held per replica (mean)", "held ÷ owned"],
@@ -320,20 +325,113 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
         }));
     }
     let met = amp_server <= 1.05;
+    let mut tables = vec![table];
+    let mut memory_json = serde_json::Value::Null;
+    let mut memory_note = "memory per replica (smaps_rollup, replicas as processes) not measured: run through `kshard bench` with `kshard-bench-replica` built beside it (`cargo build -p kshard`)".to_owned();
+    let mut memory_met = None;
+    if let Some(m) = &memory {
+        let (t, j, met) = memory_table(m, n, objects);
+        memory_note = format!(
+            "memory per replica (server mode, object memory ÷ the unsharded replica's) ≤ 1.2/N = {}: {}",
+            f2(1.2 / n as f64),
+            verdict(met)
+        );
+        tables.push(t);
+        memory_json = j;
+        memory_met = Some(met);
+    }
     Ok(Report {
         scenario: "read",
-        tables: vec![table],
+        tables,
         notes: vec![
             format!("read amplification ≤ 1.05 in server mode, cold start and relist (max over replicas): {}", verdict(met)),
             "cold start bytes include each activation's barrier LIST (one per shard): about twice a relist's".into(),
             "fallback lists everything and filters locally: amplification ≈ N, by design; what it holds is its own shards".into(),
-            "memory per replica (smaps_rollup, replicas as processes) is not measured yet: objects held stand in for it".into(),
+            memory_note,
         ],
         json: json!({
             "scenario": "read", "replicas": n, "objects": objects, "rows": rows,
-            "targets_met": met,
+            "memory": memory_json,
+            "targets_met": met && memory_met != Some(false),
         }),
     })
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1}", bytes / (1024.0 * 1024.0))
+}
+
+/// The memory table: one row per replica process, its object memory (minus the zero-object mean of
+/// its kind), and the ratio against the target `1.2 / N`.
+fn memory_table(
+    m: &crate::memory::Memory,
+    n: usize,
+    objects: usize,
+) -> (Table, serde_json::Value, bool) {
+    use crate::memory::{Usage, ARENA_MAX};
+    let mut table = Table::new(
+        format!(
+            "read: memory per replica in server mode, replicas as processes (kshard-bench-replica, 2 tokio workers, MALLOC_ARENA_MAX={ARENA_MAX}), {objects} objects, N={n}; after sync + {} s quiet; \"objects\" = minus the same binary with zero objects",
+            m.quiet.as_secs()
+        ),
+        &["replica", "objects held", "index copies", "threads", "RSS MiB", "RSS objects MiB", "live MiB", "live objects MiB"],
+    );
+    let zero = |v: &[Usage], f: fn(&Usage) -> u64| {
+        v.iter().map(|u| f(u) as f64).sum::<f64>() / v.len().max(1) as f64
+    };
+    let (rss0, live0) = (
+        zero(&m.members_zero, |u| u.rss),
+        zero(&m.members_zero, |u| u.live),
+    );
+    let mut row = |name: String, u: &Usage, rss0: f64, live0: f64| {
+        table.row(vec![
+            name,
+            u.held.to_string(),
+            u.index_copies.to_string(),
+            u.threads.to_string(),
+            mib(u.rss as f64),
+            mib(u.rss as f64 - rss0),
+            mib(u.live as f64),
+            mib(u.live as f64 - live0),
+        ]);
+    };
+    for (i, u) in m.members.iter().enumerate() {
+        row(format!("member {i}"), u, rss0, live0);
+    }
+    for (i, u) in m.members_zero.iter().enumerate() {
+        row(format!("member {i}, zero objects"), u, rss0, live0);
+    }
+    let (urss0, ulive0) = (m.unsharded_zero.rss as f64, m.unsharded_zero.live as f64);
+    row("unsharded".into(), &m.unsharded, urss0, ulive0);
+    row(
+        "unsharded, zero objects".into(),
+        &m.unsharded_zero,
+        urss0,
+        ulive0,
+    );
+    let (rss, live) = (m.ratio(|u| u.rss), m.ratio(|u| u.live));
+    let target = 1.2 / n as f64;
+    // both: the allocator's live bytes (the objects proper) and RSS (also what malloc keeps)
+    let met = live <= target && rss <= target;
+    table.row(vec![
+        format!("member ÷ unsharded (target ≤ 1.2/N = {})", f2(target)),
+        f2(ratio(zero(&m.members, |u| u.held), m.unsharded.held as f64)),
+        String::new(),
+        String::new(),
+        String::new(),
+        format!("{} {}", f2(rss), verdict(rss <= target)),
+        String::new(),
+        format!("{} {}", f2(live), verdict(met)),
+    ]);
+    let u = |u: &Usage| json!({"held": u.held, "index_copies": u.index_copies, "rss": u.rss, "anonymous": u.anonymous, "live": u.live, "threads": u.threads});
+    let j = json!({
+        "quiet_s": m.quiet.as_secs(), "malloc_arena_max": ARENA_MAX,
+        "members": m.members.iter().map(u).collect::<Vec<_>>(),
+        "members_zero": m.members_zero.iter().map(u).collect::<Vec<_>>(),
+        "unsharded": u(&m.unsharded), "unsharded_zero": u(&m.unsharded_zero),
+        "rss_ratio": rss, "live_ratio": live, "target": target, "met": met,
+    });
+    (table, j, met)
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError
     opts.replicas = args.replicas;
     opts.quick = args.quick;
     opts.seed = args.seed;
+    opts.replica = replica_command();
     let mut failed = None;
     let result = kube_shard_bench::run_each(scenario, &opts, |report| {
         let written = if args.json {
@@ -61,4 +62,15 @@ pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError
     }
     result.map_err(|e| CliError::failed(e.to_string()))?;
     Ok(())
+}
+
+/// `kshard-bench-replica` beside this binary (both are built by `cargo build -p kshard`), if it is there.
+fn replica_command() -> Option<kube_shard_bench::memory::ReplicaCommand> {
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.with_file_name(format!(
+        "kshard-bench-replica{}",
+        std::env::consts::EXE_SUFFIX
+    ));
+    path.is_file()
+        .then(|| kube_shard_bench::memory::ReplicaCommand::new(path))
 }

@@ -15,6 +15,8 @@
 //!   a live shard group; with `--json` each prints one JSON object.
 //! - `kshard bench [SCENARIO|all] [--json] [--objects N] [--replicas N] [--quick]` prints a table per
 //!   scenario, or with `--json` one JSON object per scenario, one per line; exit 2 for an unknown scenario.
+//!   `read` runs `kshard-bench-replica` (a second binary of this package, found beside `kshard`) as its
+//!   replica processes for the memory table; without it that table is left out.
 //! - `kshard fence-policy --resource PLURAL.GROUP [--resource ...] [--annotation KEY] [--name NAME]` prints the
 //!   fence ValidatingAdmissionPolicy and its binding as YAML (for `kubectl apply -f -`); bad input exits 2.
 //! - `kshard ha status --peer-kubeconfig P -n NS --name N --cluster-id ID --rank R [--json]` prints both

@@ -33,8 +33,9 @@ pub(crate) fn parse_rv(rv: Option<&str>) -> Option<u64> {
 
 struct Entry<K> {
     /// `None` once the consumer's store holds this very version (reflector mode): it is taken back from
-    /// the store when needed, so a projected object is not held twice.
-    obj: Option<K>,
+    /// the store when needed, so a projected object is not held twice. Boxed: an entry handed over keeps
+    /// only a pointer's width, not the object's inline size, in the index's B-tree nodes.
+    obj: Option<Box<K>>,
     rv: Option<u64>,
     /// The first placement hash (what ranges are matched against).
     hash: u64,
@@ -205,7 +206,7 @@ impl<K: Resource + Clone> Index<K> {
     fn object_of(&self, uid: &Arc<str>) -> Option<K> {
         let e = self.entries.get(uid)?;
         if let Some(obj) = &e.obj {
-            return Some(obj.clone());
+            return Some(K::clone(obj));
         }
         self.lookup
             .as_ref()
@@ -221,7 +222,7 @@ impl<K: Resource + Clone> Index<K> {
                 if obj.is_some() {
                     self.handed -= 1;
                 }
-                e.obj = obj;
+                e.obj = obj.map(Box::new);
             }
         }
     }
@@ -413,7 +414,7 @@ impl<K: Resource + Clone> Index<K> {
             .insert(
                 uid.clone(),
                 Entry {
-                    obj: Some(obj),
+                    obj: Some(Box::new(obj)),
                     rv,
                     hash,
                     shards: shards.clone(),
@@ -505,7 +506,7 @@ impl<K: Resource + Clone> Index<K> {
             observer(Observed::Remove { uid });
         }
         let key = entry.key.clone();
-        let last = last.or(entry.obj).or_else(|| {
+        let last = last.or(entry.obj.map(|b| *b)).or_else(|| {
             self.lookup
                 .as_ref()
                 .and_then(|l| l(&entry.key))
@@ -681,7 +682,11 @@ impl<K: Resource + Clone> Index<K> {
             (None, Some((uid, _))) => {
                 self.restore(&uid);
                 self.emitted.remove(key);
-                let obj = self.entries.get(&uid).and_then(|e| e.obj.clone()).or(last);
+                let obj = self
+                    .entries
+                    .get(&uid)
+                    .and_then(|e| e.obj.as_deref().cloned())
+                    .or(last);
                 if let Some(obj) = obj {
                     self.out.push_back(Event::Delete(obj));
                 }

@@ -243,6 +243,19 @@ pub(crate) fn describe(replicas: &[Replica]) -> String {
         .join("; ")
 }
 
+/// Whether any member is coordinator, and how many shards the members own in all (`None` for a leader).
+pub(crate) fn group_progress(replicas: &[Replica]) -> Option<(bool, usize)> {
+    let groups: Vec<_> = replicas.iter().filter_map(|r| r.group.as_ref()).collect();
+    if groups.is_empty() {
+        return None;
+    }
+    let st: Vec<_> = groups.iter().map(|g| g.status()).collect();
+    Some((
+        st.iter().any(|s| s.coordinator),
+        st.iter().map(|s| s.owned.len()).sum(),
+    ))
+}
+
 /// Start `side` (every replica) on `server`; `round` makes the client identities unique per start.
 pub(crate) async fn start(
     side: Side,

@@ -65,6 +65,11 @@ pub struct Outcome {
     pub restart_missed: usize,
     /// Burst: each replica's first reconcile after the heal.
     pub burst_first: Vec<f64>,
+    /// Burst: CPU used from the heal until the phase ended (this process: the API server and every
+    /// replica; and the rest of the machine).
+    pub burst_cpu: Option<crate::cpu::CpuUse>,
+    /// Burst: reconciles run from the heal until the phase ended.
+    pub burst_reconciles: u64,
     /// Burst: each replica's relist (its LISTs delivered at least half its share) after the heal.
     pub burst_list: Vec<f64>,
     /// Reconciles after the no-change outage.
@@ -76,6 +81,9 @@ pub struct Outcome {
     pub restart: Option<f64>,
     /// Restart: each replica's first reconcile after the restart.
     pub restart_first: Vec<f64>,
+    /// Restart (kube-shard): seconds until a member was coordinator, until half the shards were owned
+    /// again, until all were.
+    pub restart_timeline: Option<[Option<f64>; 3]>,
     /// Restart under the same names until every object was reconciled.
     pub restart_same_names: Option<f64>,
     /// The limit the same-name restart did not finish within.
@@ -139,6 +147,8 @@ pub async fn measure(
         )
         .await?;
         let healed = Instant::now();
+        let cpu = crate::cpu::CpuClock::now();
+        let reconciles = ledger.reconciles();
         deploy::reset_clocks(&replicas, healed);
         let relisted =
             cluster::until_relisted(&server, &ids, &base, per_replica(ids.len()), healed, limit);
@@ -147,6 +157,8 @@ pub async fn measure(
             relisted
         );
         out.burst = Some(done.secs);
+        out.burst_cpu = Some(cpu.since());
+        out.burst_reconciles = ledger.reconciles() - reconciles;
         out.burst_missed = done.missed;
         out.burst_first = deploy::firsts(&replicas);
         out.burst_list = relisted
@@ -206,7 +218,11 @@ pub async fn measure(
         replicas = deploy::start(side, &server, &ledger, how, 1, false).await?;
         deploy::reset_clocks(&replicas, restarted);
         let waiting = restarted.elapsed().as_secs_f64();
-        let done = cluster::until_reconciled_or_stalled(&ledger, stall, limit).await;
+        let (done, timeline) = tokio::join!(
+            cluster::until_reconciled_or_stalled(&ledger, stall, limit),
+            restart_timeline(&replicas, restarted, limit)
+        );
+        out.restart_timeline = timeline;
         out.restart = Some(waiting + done.secs);
         out.restart_missed = done.missed;
         out.restart_first = deploy::firsts(&replicas);
@@ -217,6 +233,33 @@ pub async fn measure(
     out.writes = ledger.writes.load(std::sync::atomic::Ordering::Relaxed);
     deploy::kill(&server, replicas);
     Ok(out)
+}
+
+/// Sample the members' status every 50 ms: when one became coordinator, when half and all of the
+/// shards were owned again (seconds from `since`); `None` for a leader.
+async fn restart_timeline(
+    replicas: &[deploy::Replica],
+    since: Instant,
+    limit: Duration,
+) -> Option<[Option<f64>; 3]> {
+    let s = kube_shard::ShardCount::DEFAULT.get() as usize;
+    let mut marks = [None; 3];
+    loop {
+        let (coordinator, owned) = deploy::group_progress(replicas)?;
+        let t = since.elapsed().as_secs_f64();
+        for (i, reached) in [coordinator, owned * 2 >= s, owned >= s]
+            .into_iter()
+            .enumerate()
+        {
+            if reached && marks[i].is_none() {
+                marks[i] = Some(t);
+            }
+        }
+        if marks[2].is_some() || since.elapsed() > limit {
+            return Some(marks);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn opt(x: Option<f64>) -> String {
@@ -453,6 +496,45 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             json_speed.push(json!({"phase": phase, "replicas": n, "vs_leader_c4": s4, "per_n": per_n, "vs_leader_c4n": sn}));
         }
     }
+    let mut cpu_table = Table::new(
+        format!("recovery: CPU over the burst — this process (API server and every replica) and the rest of the machine, {objects} objects"),
+        &["configuration", "work", "burst s", "bench CPU s", "bench cores (CPU ÷ burst s)", "other processes' cores", "reconciles", "bench CPU ms per reconcile"],
+    );
+    for r in rows
+        .iter()
+        .filter(|r| r.predicate && r.out.burst_cpu.is_some())
+    {
+        let c = r.out.burst_cpu.unwrap_or_default();
+        let burst = r.out.burst.unwrap_or(f64::NAN);
+        cpu_table.row(vec![
+            r.side.label(),
+            workload_label(r.work),
+            f2(burst),
+            f2(c.own),
+            f2(ratio(c.own, burst)),
+            f2(c.other_cores()),
+            r.out.burst_reconciles.to_string(),
+            f2(ratio(c.own * 1000.0, r.out.burst_reconciles as f64)),
+        ]);
+    }
+    let mut timeline = Table::new(
+        format!(
+            "recovery: restart timeline of kube-shard (seconds from the restart; lease {:?}, grace {:?}, takeovers at most max(1, ⌈members/2⌉ − 1) per lease period)",
+            t.lease, t.grace
+        ),
+        &["configuration", "a coordinator", "half the shards owned", "every shard owned", "first reconcile per replica", "every object reconciled"],
+    );
+    for r in rows.iter().filter(|r| r.out.restart_timeline.is_some()) {
+        let [c, h, a] = r.out.restart_timeline.unwrap_or_default();
+        timeline.row(vec![
+            r.side.label(),
+            opt(c),
+            opt(h),
+            opt(a),
+            list(&r.out.restart_first),
+            opt(r.out.restart),
+        ]);
+    }
     let mut avoided = Table::new(
         format!("recovery: reconciles after an outage with compaction and NO change ({objects} objects; work avoided, not a speedup)"),
         &["configuration", "predicate_filter(generation)", "reconciles after the relist", "÷ objects"],
@@ -525,7 +607,8 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
             json!({
                 "configuration": r.side.label(), "predicate": r.predicate,
                 "io_ms": r.work.io.as_millis() as u64, "cpu_ms": r.work.cpu.as_millis() as u64,
-                "cold_s": r.out.cold, "burst_s": r.out.burst, "burst_missed": r.out.burst_missed, "restart_missed": r.out.restart_missed, "burst_first_reconcile_s": r.out.burst_first, "burst_relist_s": r.out.burst_list,
+                "cold_s": r.out.cold, "burst_s": r.out.burst,
+                "burst_cpu_s": r.out.burst_cpu.map(|c| c.own), "burst_other_cores": r.out.burst_cpu.map(|c| c.other_cores()), "burst_reconciles": r.out.burst_reconciles, "burst_missed": r.out.burst_missed, "restart_missed": r.out.restart_missed, "burst_first_reconcile_s": r.out.burst_first, "burst_relist_s": r.out.burst_list,
                 "no_change_reconciles": r.out.no_change_reconciles, "restart_s": r.out.restart,
                 "restart_first_reconcile_s": r.out.restart_first, "unreconciled": r.out.unreconciled,
                 "restart_same_names_s": r.out.restart_same_names, "same_names_not_done_after_s": r.out.same_names_limit,
@@ -535,7 +618,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
         .collect();
     Report {
         scenario: "recovery",
-        tables: vec![times, speed, avoided, cpu, same],
+        tables: vec![times, speed, cpu_table, timeline, avoided, cpu, same],
         notes,
         json: json!({
             "scenario": "recovery", "objects": objects, "lease_s": t.lease.as_secs_f64(),

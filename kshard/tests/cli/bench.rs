@@ -46,3 +46,50 @@ fn bench_unknown_scenario_exits_2_naming_the_scenarios() {
         assert!(err.contains(name), "the error lists {name}: {err}");
     }
 }
+
+/// The `read` scenario's memory table runs `kshard-bench-replica` processes: each member holds its
+/// share, the unsharded one everything, the zero-object ones nothing; a member's object memory (live
+/// bytes minus the zero-object members') is below the unsharded replica's. A replica that did not shard
+/// (every member holding every object) fails the held checks; memory not read from the processes (0)
+/// fails the `rss`/`live` checks. (Not run against such a binary: argued, not demonstrated.)
+#[test]
+fn memory_is_measured_on_replica_processes() {
+    use kube_shard_bench::failover::Timings;
+    use kube_shard_bench::memory::{measure, ReplicaCommand};
+    let cmd = ReplicaCommand::new(env!("CARGO_BIN_EXE_kshard-bench-replica"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let objects = 1000;
+    let m = rt
+        .block_on(measure(
+            &cmd,
+            2,
+            objects,
+            Timings::quick(),
+            std::time::Duration::from_secs(1),
+        ))
+        .unwrap();
+    let held: Vec<u64> = m.members.iter().map(|u| u.held).collect();
+    assert_eq!(held.iter().sum::<u64>(), objects as u64, "{m:?}");
+    assert!(held.iter().all(|h| *h > 0 && *h < objects as u64), "{m:?}");
+    assert_eq!(m.unsharded.held, objects as u64);
+    assert!(m.members_zero.iter().all(|u| u.held == 0) && m.unsharded_zero.held == 0);
+    let every = m
+        .members
+        .iter()
+        .chain(&m.members_zero)
+        .chain([&m.unsharded, &m.unsharded_zero]);
+    for u in every {
+        assert!(u.rss > 0 && u.live > 0, "{m:?}");
+        assert_eq!(u.threads, m.unsharded.threads, "same thread count: {m:?}");
+    }
+    assert!(m.unsharded.live > m.unsharded_zero.live, "{m:?}");
+    let live = m.ratio(|u| u.live);
+    assert!(
+        live > 0.0 && live < 1.0,
+        "a member holds half: {live} {m:?}"
+    );
+}
