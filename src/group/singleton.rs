@@ -250,15 +250,30 @@ impl Leadership {
             info!(parent: &span, "term began: starting the singleton");
             let ended = self.ended(t.term);
             let fut = work(guard).instrument(span.clone());
-            tokio::select! {
+            let cancelled = tokio::select! {
                 biased; // the term's end first: never poll the work once it is over
-                () = ended => info!(parent: &span, "term ended: the singleton was cancelled"),
+                () = ended => {
+                    info!(parent: &span, "term ended or lapsed: the singleton was cancelled");
+                    true
+                }
                 () = fut => {
                     info!(parent: &span, "the singleton returned; waiting for the next term");
                     self.ended(t.term).await;
+                    false
                 }
+            };
+            if cancelled {
+                if self.rx.has_changed().is_err() {
+                    return; // the member stopped
+                }
+                // Start again as soon as this member leads: in a later term, or in this one when a
+                // renewal revives it after a lapse (the holder never changed; the cancelled work is gone).
+                // Waiting for another term here left a coordinator without its singleton for as long as
+                // it kept the Lease (chaos seed 9: a latency burst lapsed the term, renewals resumed).
+                continue;
             }
-            // never start twice in one term (of the group and, with HA, of the cluster)
+            // work that returned is never started twice in one term (of the group and, with HA, of the
+            // cluster)
             while self
                 .rx
                 .borrow_and_update()
@@ -437,6 +452,45 @@ mod tests {
             ended.is_finished(),
             "the singleton is cancelled within a second"
         );
+    }
+
+    /// A term that lapses (renewals late) and is then renewed by the same holder is led again: the
+    /// cancelled work starts again. Before, it waited for another term and a coordinator that kept its
+    /// Lease ran no singleton at all (chaos seed 9: orphaned children were never collected).
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_work_starts_again_when_a_lapsed_term_is_renewed() {
+        let (tx, rx) = watch::channel(Some(LeaderTerm::new(
+            3,
+            Instant::now() + Duration::from_secs(1),
+        )));
+        let leadership = Leadership::new(rx);
+        let starts = Arc::new(AtomicU32::new(0));
+        let s2 = starts.clone();
+        let task = tokio::spawn(leadership.clone().run_singleton("gc", move |g| {
+            s2.fetch_add(1, Ordering::SeqCst);
+            async move {
+                while g.check().is_ok() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                std::future::pending::<()>().await;
+            }
+        }));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        assert!(leadership.current().is_none(), "the term lapsed");
+        // the same holder renews: term 3 is valid again
+        tx.send_replace(Some(LeaderTerm::new(
+            3,
+            Instant::now() + Duration::from_secs(10),
+        )));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            starts.load(Ordering::SeqCst),
+            2,
+            "the singleton runs again in the revived term"
+        );
+        drop(tx);
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
