@@ -134,6 +134,32 @@ async fn two_servers() -> (TestServer, TestServer) {
     (sa, sb)
 }
 
+/// Servers for clusters a and b, an HA Active member `a1` (its worker `kind`) and a Standby `b1`, once
+/// `a1` admits.
+async fn active_and_standby(kind: Worker) -> (TestServer, TestServer, HaOverlap, Side, Side) {
+    let (sa, sb) = two_servers().await;
+    let o = HaOverlap::default();
+    let a = side(
+        ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
+        "a1",
+        "a",
+        &o,
+        kind,
+    );
+    let b = side(
+        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
+        "b1",
+        "b",
+        &o,
+        Worker::Honest,
+    );
+    until(Duration::from_secs(40), "A admitting", || {
+        is_admitting(&a.ownership())
+    })
+    .await;
+    (sa, sb, o, a, b)
+}
+
 fn is_admitting(o: &Ownership) -> bool {
     let shards = o.config().shards.get();
     (0..shards).any(|s| o.admit_shard(s).is_ok())
@@ -187,26 +213,7 @@ async fn ha_group_a_standby_never_admits_while_the_active_renews() {
 
 #[tokio::test(start_paused = true)]
 async fn ha_group_an_active_cut_from_its_apiserver_stops_admitting_within_renew_deadline() {
-    let (sa, sb) = two_servers().await;
-    let o = HaOverlap::default();
-    let a = side(
-        ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
-        "a1",
-        "a",
-        &o,
-        Worker::Honest,
-    );
-    let b = side(
-        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
-        "b1",
-        "b",
-        &o,
-        Worker::Honest,
-    );
-    until(Duration::from_secs(40), "A admitting", || {
-        is_admitting(&a.ownership())
-    })
-    .await;
+    let (sa, _sb, o, a, b) = active_and_standby(Worker::Honest).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // a fence taken now must end with the term, though the group itself keeps renewing
     let p = a
@@ -268,26 +275,7 @@ async fn force_promote(b: &Side) -> Instant {
 
 #[tokio::test(start_paused = true)]
 async fn ha_group_forced_promotion_then_the_returning_old_active_steps_down_without_admitting() {
-    let (sa, sb) = two_servers().await;
-    let o = HaOverlap::default();
-    let a = side(
-        ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
-        "a1",
-        "a",
-        &o,
-        Worker::Honest,
-    );
-    let b = side(
-        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
-        "b1",
-        "b",
-        &o,
-        Worker::Honest,
-    );
-    until(Duration::from_secs(40), "A admitting", || {
-        is_admitting(&a.ownership())
-    })
-    .await;
+    let (sa, sb, o, a, b) = active_and_standby(Worker::Honest).await;
     until(Duration::from_secs(40), "B's group settled (held)", || {
         b.ownership().admission_hold().is_some() && owned(&b.ownership()) == 16
     })
@@ -368,26 +356,7 @@ fn owned(o: &Ownership) -> usize {
 /// below the takeover wait). The same run with a worker that ignores its fences is an overlap, and the
 /// checker finds it.
 async fn cut_off_active_then_forced(kind: Worker) -> HaOverlap {
-    let (sa, sb) = two_servers().await;
-    let o = HaOverlap::default();
-    let a = side(
-        ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
-        "a1",
-        "a",
-        &o,
-        kind,
-    );
-    let b = side(
-        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
-        "b1",
-        "b",
-        &o,
-        Worker::Honest,
-    );
-    until(Duration::from_secs(40), "A admitting", || {
-        is_admitting(&a.ownership())
-    })
-    .await;
+    let (sa, sb, o, a, b) = active_and_standby(kind).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     sa.faults().partition(Scope::identity("a1-ha"), true);
     sb.faults().partition(Scope::identity("a1-ha"), true);
