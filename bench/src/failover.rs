@@ -135,11 +135,7 @@ pub async fn measure(
 
 /// The scenario.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| BenchError::Cluster(format!("tokio runtime: {e}")))?;
+    let rt = crate::runtime()?;
     let (t, reps, objects) = if opts.quick {
         (Timings::quick(), 5, 500)
     } else {

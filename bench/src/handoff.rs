@@ -139,11 +139,7 @@ pub async fn measure(n: usize, objects: usize, t: Timings) -> Result<Figures, Be
 
 /// The scenario.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| BenchError::Cluster(format!("tokio runtime: {e}")))?;
+    let rt = crate::runtime()?;
     let (t, sizes) = if opts.quick {
         (Timings::quick(), vec![1_000, 5_000])
     } else {

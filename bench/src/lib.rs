@@ -187,6 +187,16 @@ pub enum BenchError {
     Cluster(String),
 }
 
+/// The runtime every in-process scenario runs on: two worker threads, as the 2-core machines the tables
+/// were taken on (the same for kube-shard and its baselines).
+fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Cluster(format!("tokio runtime: {e}")))
+}
+
 /// Run one scenario (or all): one report per scenario, in order.
 pub fn run(scenario: Scenario, opts: &Options) -> Result<Vec<Report>, BenchError> {
     run_each(scenario, opts, |_| {})

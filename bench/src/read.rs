@@ -263,11 +263,7 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 
 /// The scenario.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| BenchError::Cluster(format!("tokio runtime: {e}")))?;
+    let rt = crate::runtime()?;
     let (t, objects) = if opts.quick {
         (Timings::quick(), 5_000)
     } else {

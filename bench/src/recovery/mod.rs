@@ -279,11 +279,7 @@ struct Row {
 
 /// The scenario.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| BenchError::Cluster(format!("tokio runtime: {e}")))?;
+    let rt = crate::runtime()?;
     rt.block_on(run_async(opts))
 }
 
