@@ -398,10 +398,9 @@ async fn ha_group_the_overlap_checker_finds_a_worker_that_ignores_its_fences() {
 async fn ha_group_the_legacy_gate_lifting_does_not_open_a_standby() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use kube::api::{ObjectMeta, PostParams};
+    use kube::api::ObjectMeta;
     let (sa, sb) = two_servers().await;
     let o = HaOverlap::default();
-    let leases: kube::Api<Lease> = kube::Api::namespaced(sb.client("old"), CP_NS);
     let lease = Lease {
         metadata: ObjectMeta {
             name: Some("old-leader".into()),
@@ -416,22 +415,13 @@ async fn ha_group_the_legacy_gate_lifting_does_not_open_a_standby() {
             ..LeaseSpec::default()
         }),
     };
-    leases.create(&PostParams::default(), &lease).await.unwrap();
-    let renewer = {
-        let leases = leases.clone();
-        tokio::spawn(async move {
-            for n in 1..40i64 {
-                let mut l = leases.get("old-leader").await.unwrap();
-                let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + n).unwrap();
-                l.spec.as_mut().unwrap().renew_time = Some(MicroTime(t));
-                leases
-                    .replace("old-leader", &PostParams::default(), &l)
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        })
-    };
+    let started = Instant::now();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewer = crate::safety_group::renew_lease_forever(&sb, "old", lease, stop.clone());
+    let leases: kube::Api<Lease> = kube::Api::namespaced(sb.client("old"), CP_NS);
+    while leases.get_opt("old-leader").await.unwrap().is_none() {
+        tokio::task::yield_now().await; // the legacy Lease exists before the Standby starts
+    }
     let a = side(
         ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb),
         "a1",
@@ -450,7 +440,10 @@ async fn ha_group_the_legacy_gate_lifting_does_not_open_a_standby() {
         is_admitting(&a.ownership())
     })
     .await;
-    renewer.await.unwrap(); // the legacy leader stops renewing
+    // the legacy leader renews for 39 s, then stops
+    tokio::time::sleep_until(started + Duration::from_secs(39)).await;
+    stop.store(true, Ordering::Relaxed);
+    renewer.await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(
         b.ownership().admission_hold(),
