@@ -14,6 +14,7 @@
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B not live | cancel after release: `Owned(owner, epoch = generation)` |
 //! | `Draining(m → B)` | B not live, no release seen | cancel: `Owned(owner, epoch = generation)` — a release may have happened unseen, so always a new epoch |
 //! | `Draining(m → B)` | no release within `drain_stall_timeout` | cancel: `Owned(owner, epoch = generation)` (F9) |
+//! | any, owner live | the owner reports the entry's epoch stale: it holds the shard higher, or released it (a rolled-back assignment) | `Owned(owner, epoch = generation)`, generation above the owner's seen generation |
 //! | any | owner taken over | `Owned(B or planner's choice, epoch = generation)` |
 //! | unowned | planning allowed | `Owned(planner's choice, epoch = generation)` |
 //! | `Stable` | planner moves it, under the move bound | `Moving(new id → target)` |
@@ -28,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::assignment::Assignment;
+use super::assignment::{Assignment, MAX_GENERATION_STEP};
 use super::planner::{self, PlanInput};
 use super::report::MemberReport;
 use crate::ownership::{Handoff, MemberId, MoveId, ShardAssignment};
@@ -111,7 +112,7 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
     let cur = input.current;
     let ctx = Ctx {
         input,
-        gen: Assignment::next_generation(cur.view.generation, input.now_ms),
+        gen: Assignment::next_generation(stale_floor(input), input.now_ms),
         by_id: input.members.iter().map(|m| (&m.id, m)).collect(),
     };
     let mut pass = Pass {
@@ -127,6 +128,14 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
 
     // 1. advance or cancel handoffs; orphan shards of gone owners
     for (&shard, a) in &cur.view.shards {
+        if let Some(e) = stale_regrant(&ctx, shard, a) {
+            pass.notes.push(format!(
+                "shard {shard}: {} holds or released it past epoch {} (a rolled-back assignment): re-granted at a new epoch",
+                a.owner, a.epoch
+            ));
+            pass.decide(shard, Decided::Set(e));
+            continue;
+        }
         let decided = match &a.handoff {
             Handoff::Stable => on_stable(&ctx, a),
             Handoff::Moving { id, to } => on_moving(&ctx, &mut pass, shard, a, *id, to),
@@ -241,6 +250,38 @@ impl Pass {
             }
         }
     }
+}
+
+/// The generation to write above: the current one, or, when a live owner reports a shard named to it at
+/// an epoch it is past, that owner's highest seen generation — its held epoch is at most that, and the
+/// re-grant must be above it. Bounded like every generation step (F13), so a hostile report cannot push
+/// generations out of reach.
+fn stale_floor(input: &StepInput<'_>) -> u64 {
+    let cur = input.current.view.generation;
+    let floor = input
+        .members
+        .iter()
+        .filter(|m| m.live())
+        .filter_map(|m| m.report.as_ref())
+        .filter(|r| !r.stale.is_empty())
+        .map(|r| r.seen_generation)
+        .max()
+        .unwrap_or(0);
+    cur.max(floor.min(cur.saturating_add(MAX_GENERATION_STEP)))
+}
+
+/// The owner of `shard` reports the entry's epoch stale (a rolled-back assignment, see
+/// [`MemberState::stale`](crate::ownership::MemberState::stale)): the same owner at this pass's epoch,
+/// any handoff cancelled (its target never admitted; the owner never drained at an epoch it is past).
+/// Only on a report made from a view at least as new as the entry's epoch: an older one may predate an
+/// earlier re-grant.
+fn stale_regrant(ctx: &Ctx<'_>, shard: u32, a: &ShardAssignment) -> Option<ShardAssignment> {
+    if !ctx.live(&a.owner) {
+        return None;
+    }
+    let r = ctx.report(&a.owner)?;
+    (r.stale.contains(shard) && r.applied_generation >= a.epoch)
+        .then(|| ShardAssignment::owned(a.owner.clone(), ctx.gen))
 }
 
 /// `Stable`: only a gone owner changes anything (its shard becomes an orphan).
@@ -557,6 +598,73 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// A restored backup: `a`'s shards named at epochs below the one `a` holds. `a` reports them stale;
+    /// the coordinator re-grants each to `a` above `a`'s seen generation, cancelling the move the backup
+    /// carried — not after `drain_stall_timeout`, which is what waiting for `a`'s release would take.
+    #[test]
+    fn a_shard_its_owner_reports_stale_is_re_granted_to_it_above_its_seen_generation() {
+        let mut cur = settled(&["a", "b"]);
+        let mine: Vec<u32> = cur.owned_by(&id("a")).iter().collect();
+        let moving = mine[0];
+        let e = cur.view.shards.get_mut(&moving).unwrap();
+        e.handoff = Handoff::Draining {
+            id: 7,
+            to: id("b"),
+        };
+        let mut members = [obs("a"), obs("b")];
+        let r = members[0].report.as_mut().unwrap();
+        r.stale = mine.iter().copied().collect();
+        r.applied_generation = cur.view.generation;
+        r.seen_generation = 5_000;
+        let ages = BTreeMap::new();
+        let next = step(&input(&cur, &members, &ages)).assignment.unwrap();
+        assert!(next.view.generation > 5_000, "above a's seen generation");
+        for s in &mine {
+            let e = &next.view.shards[s];
+            assert_eq!(
+                (&*e.owner.name, e.epoch, &e.handoff),
+                ("a", next.view.generation, &Handoff::Stable),
+                "shard {s}"
+            );
+        }
+        // a report from before the entry was written (an earlier re-grant) changes nothing
+        let mut again = [obs("a"), obs("b")];
+        let r = again[0].report.as_mut().unwrap();
+        r.stale = mine.iter().copied().collect();
+        r.applied_generation = next.view.generation - 1;
+        let out = step(&input(&next, &again, &ages));
+        assert!(out.assignment.is_none(), "{:?}", out.notes);
+        // an owner not seen renewing is not re-granted anything
+        let mut dead = [obs("a"), obs("b")];
+        dead[0].alive = false;
+        let r = dead[0].report.as_mut().unwrap();
+        r.stale = mine.iter().copied().collect();
+        r.applied_generation = cur.view.generation;
+        let out = step(&input(&cur, &dead, &ages));
+        assert!(out
+            .assignment
+            .is_none_or(|n| mine.iter().all(|s| n.view.shards[s].epoch < 5_000)));
+    }
+
+    /// A hostile report cannot push generations out of reach: the floor is bounded like every step.
+    #[test]
+    fn a_stale_report_with_a_huge_seen_generation_moves_the_generation_by_one_bounded_step() {
+        let cur = settled(&["a", "b"]);
+        let mut members = [obs("a"), obs("b")];
+        let r = members[0].report.as_mut().unwrap();
+        r.stale = cur.owned_by(&id("a"));
+        r.applied_generation = cur.view.generation;
+        r.seen_generation = u64::MAX;
+        let ages = BTreeMap::new();
+        let next = step(&input(&cur, &members, &ages)).assignment.unwrap();
+        assert!(
+            next.view.generation
+                <= cur.view.generation + 2 * crate::group::assignment::MAX_GENERATION_STEP,
+            "{}",
+            next.view.generation
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub const ROLE_LABEL: &str = "kube-shard.io/role";
 /// The report format this build writes and reads (the `format` field). Reports of builds from before the
 /// report was versioned carry none; a member refuses those and any other version with an error that says
 /// so ([`ReportError::is_other_format`]): members of different formats cannot share a group.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 const MAX_REPORT: usize = 256 * 1024;
 
@@ -67,6 +67,10 @@ pub struct MemberReport {
     pub admitted: ShardSet,
     /// The shards its read streams serve (read and synced).
     pub serving: ShardSet,
+    /// The shards the assignment names it the owner of at an epoch it is past (a rolled-back
+    /// assignment, see [`MemberState::stale`](crate::ownership::MemberState::stale)): the coordinator
+    /// re-grants them at a new epoch. Left out of the JSON when empty. Added in format 2.
+    pub stale: ShardSet,
     /// Decoded `warm` acks: move id → shards.
     pub(crate) warm_acks: BTreeMap<MoveId, ShardSet>,
     /// Decoded `released` acks: move id → shards.
@@ -83,6 +87,7 @@ impl PartialEq for MemberReport {
             && self.seen_generation == other.seen_generation
             && self.admitted == other.admitted
             && self.serving == other.serving
+            && self.stale == other.stale
             && self.ack_sets() == other.ack_sets()
     }
 }
@@ -112,6 +117,8 @@ struct Wire {
     admitted: String,
     #[serde(default)]
     serving: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    stale: String,
 }
 
 fn one() -> u32 {
@@ -157,6 +164,7 @@ impl MemberReport {
                 .collect(),
             admitted: self.admitted.to_string(),
             serving: self.serving.to_string(),
+            stale: self.stale.to_string(),
         };
         serde_json::to_string(&wire).unwrap_or_default()
     }
@@ -192,6 +200,7 @@ impl MemberReport {
             acks: Vec::new(),
             admitted: set("admitted", &wire.admitted)?,
             serving: set("serving", &wire.serving)?,
+            stale: set("stale", &wire.stale)?,
             warm_acks: ack_sets("warm", &wire.warm, shards)?,
             released_acks: ack_sets("released", &wire.released, shards)?,
         })
@@ -352,6 +361,14 @@ mod tests {
         want.acks.sort();
         assert_eq!(back, want);
         assert!(back.warm(4, 7) && !back.warm(4, 8) && back.released(9, 2));
+        assert!(!text.contains("stale"), "left out when empty: {text}");
+        let stale = MemberReport {
+            stale: ShardSet::parse("2,5-6", s()).unwrap(),
+            ..r
+        };
+        let text = stale.encode();
+        assert!(text.contains("\"stale\":\"2,5-6\""), "{text}");
+        assert_eq!(MemberReport::decode(&text, s()).unwrap().stale, stale.stale);
     }
 
     #[test]

@@ -10,7 +10,11 @@
 //! Every call returns the [`ShardTransition`]s it made; a transition into "admitted" is a re-enqueue signal.
 //! The stateright models in `tests/it` drive this very function.
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    sync::Arc,
+};
 
 /// The identity of a member: a stable name (the pod name) and a random per-process incarnation.
 ///
@@ -294,6 +298,8 @@ pub struct MemberState {
     shards: BTreeMap<u32, ShardState>,
     /// Per shard, the highest epoch released locally: a shard stays released until granted at a newer epoch.
     released: BTreeMap<u32, (u64, MoveId)>,
+    /// Shards the last applied view names us the owner of at an epoch we are past (see [`MemberState::stale`]).
+    stale: BTreeSet<u32>,
     fenced: bool,
     ignored_views: u64,
 }
@@ -304,6 +310,7 @@ impl PartialEq for MemberState {
             && self.generation == other.generation
             && self.shards == other.shards
             && self.released == other.released
+            && self.stale == other.stale
             && self.fenced == other.fenced
     }
 }
@@ -316,6 +323,7 @@ impl std::hash::Hash for MemberState {
         self.generation.hash(h);
         self.shards.hash(h);
         self.released.hash(h);
+        self.stale.hash(h);
         self.fenced.hash(h);
     }
 }
@@ -329,6 +337,7 @@ impl MemberState {
             generation: 0,
             shards: BTreeMap::new(),
             released: BTreeMap::new(),
+            stale: BTreeSet::new(),
             fenced: true,
             ignored_views: 0,
         }
@@ -373,6 +382,17 @@ impl MemberState {
     #[must_use]
     pub fn is_admitted(&self, shard: u32) -> bool {
         !self.fenced && matches!(self.shard(shard), Some(ShardState::Owned { .. }))
+    }
+
+    /// Shards the last applied view names this member the owner of at an epoch it is already past: it
+    /// holds the shard at a higher epoch, or released it at that epoch or a higher one (outside the
+    /// `Draining` of that very release). Only a rolled-back assignment (a restored backup) says so: epochs
+    /// of one owner only grow. The member keeps what it has (a lower epoch is never followed) and reports
+    /// these shards; the coordinator re-grants each to its owner at a new epoch
+    /// (`group::coordinator`), without which a handoff at the stale epoch would wait for a release the
+    /// owner never gives, and a released shard would stay owned by nobody.
+    pub fn stale(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stale.iter().copied()
     }
 
     /// The highest epoch at which `shard` was released locally, and the move id.
@@ -440,7 +460,28 @@ impl MemberState {
             };
             self.set(shard, from, to, admitted, &mut out);
         }
+        self.stale = view
+            .shards
+            .iter()
+            .filter(|(&shard, a)| a.owner == self.me && self.is_stale(shard, a))
+            .map(|(&shard, _)| shard)
+            .collect();
         out
+    }
+
+    /// `a` names us the owner of `shard` at an epoch we are past (see [`MemberState::stale`]).
+    fn is_stale(&self, shard: u32, a: &ShardAssignment) -> bool {
+        if let Some(held) = self.shard(shard).and_then(ShardState::epoch) {
+            return held > a.epoch;
+        }
+        match self.released(shard) {
+            // the Draining of this very release: the coordinator completes it
+            Some((r, id)) if r == a.epoch => {
+                !matches!(a.handoff, Handoff::Draining { id: d, .. } if d == id)
+            }
+            Some((r, _)) => r > a.epoch,
+            None => false,
+        }
     }
 
     fn next_for_view(
@@ -629,6 +670,7 @@ impl MemberState {
             generation: self.generation,
             shards: self.shards.iter().map(|(s, st)| (shard(*s), *st)).collect(),
             released: self.released.iter().map(|(s, r)| (shard(*s), *r)).collect(),
+            stale: self.stale.iter().map(|s| shard(*s)).collect(),
             fenced: self.fenced,
             ignored_views: self.ignored_views,
         }

@@ -490,3 +490,46 @@ fn regression_cancel_at_the_old_epoch_after_release_is_not_revived() {
     assert_eq!(src.shard(0), None);
     assert!(!src.is_admitted(0));
 }
+
+/// A rolled-back assignment names us at epochs we are past: held higher (kept, not followed), or released
+/// at that epoch outside its own Draining. Both are reported stale; the Draining of the release itself,
+/// a grant above what we hold, and shards named to others are not.
+#[test]
+fn shards_named_to_us_at_an_epoch_we_are_past_are_reported_stale() {
+    let mut st = unfenced(a());
+    st.apply_view(&view(
+        10,
+        &[
+            (0, owned(a(), 10)),
+            (1, owned(a(), 10)),
+            (2, draining(a(), 10, 7, b())),
+        ],
+    ));
+    for s in [0, 1] {
+        st.apply_event(Event::Activated { shard: s, epoch: 10 });
+    }
+    st.apply_event(Event::Drained {
+        shard: 2,
+        move_id: 7,
+    });
+    assert_eq!(st.stale().count(), 0, "the Draining of our own release");
+    // the backup: every epoch one lower, at a higher generation
+    st.apply_view(&view(
+        11,
+        &[
+            (0, owned(a(), 9)),
+            (1, moving(a(), 9, 8, b())),
+            (2, owned(a(), 9)),
+            (3, owned(b(), 9)),
+        ],
+    ));
+    assert_eq!(st.shard(0), Some(ShardState::Owned { epoch: 10 }), "kept");
+    assert_eq!(st.stale().collect::<Vec<_>>(), vec![0, 1, 2]);
+    // the coordinator re-grants above: nothing stale any more
+    st.apply_view(&view(
+        12,
+        &[(0, owned(a(), 12)), (1, owned(a(), 12)), (2, owned(a(), 12))],
+    ));
+    assert_eq!(st.stale().count(), 0);
+    assert_eq!(st.shard(2), Some(ShardState::Activating { epoch: 12 }));
+}
