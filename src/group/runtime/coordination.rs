@@ -117,6 +117,17 @@ impl Runtime {
             (None, false) => return,
         };
         let mut members = self.step_members(now, &current);
+        // a re-creation without a view of the assignment before it (not a cold start: someone saw one)
+        let blind = absent
+            && self.assignment.is_none()
+            && members
+                .iter()
+                .filter_map(|m| m.report.as_ref())
+                .any(|r| r.seen_generation > 0);
+        if blind {
+            self.blind_rebuild = None;
+        }
+        let hold_write = blind && members.iter().any(|m| !m.alive && !m.gone);
         self.displaced.retain(|id, _| named_in(&current, id));
         let ages = self.move_ages(&current, now);
         // cold start
@@ -131,7 +142,7 @@ impl Runtime {
         }
         let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
         let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
-        let ready_to_plan = has_owners || settled || enough;
+        let ready_to_plan = (has_owners || settled || enough) && !blind && !self.blind_rebuild_holds(&members);
         // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
         while self
             .takeovers
@@ -189,9 +200,37 @@ impl Runtime {
         if !self.renew_between().await {
             return;
         }
-        if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
-            self.write_assignment(next).await;
+        if hold_write {
+            debug!("re-creating the assignment without a view of the last one: waiting until every member that stopped renewing is taken over");
+            return;
         }
+        if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
+            let generation = next.view.generation;
+            if self.write_assignment(next).await && blind {
+                self.blind_rebuild = Some(generation);
+            }
+        }
+    }
+
+    /// After a blind re-creation (the assignment was deleted and we never saw it), the owners come from
+    /// the members' reports of what they admit and serve; a shard a member held unreported (activating,
+    /// or its report not yet renewed) is left out, and that member drops it only when it applies the
+    /// re-created assignment. Until every live member has applied it, giving such a shard to another
+    /// member could let both admit it: no planning (orphans wait). Members that stopped renewing are
+    /// taken over before the re-creation is written at all (`hold_write`), so every shard dropped from
+    /// one of them is justified by its takeover mark.
+    fn blind_rebuild_holds(&mut self, members: &[Observed]) -> bool {
+        let Some(g) = self.blind_rebuild else {
+            return false;
+        };
+        let holds = members
+            .iter()
+            .filter(|m| m.live())
+            .any(|m| m.report.as_ref().is_none_or(|r| r.applied_generation < g));
+        if !holds {
+            self.blind_rebuild = None;
+        }
+        holds
     }
 
     /// The age of each move in flight in its current phase, on our clock: from when we first saw it
@@ -336,20 +375,17 @@ impl Runtime {
             fresh.drained = last.drained.clone();
             return fresh;
         }
+        // above every generation reported, so every member applies it and drops what it does not name
         let gen = Assignment::next_generation(fresh.view.generation, self.clock().wall_ms());
-        let mut rebuilt = false;
         for m in members.iter().filter(|m| !m.gone) {
             let Some(r) = &m.report else { continue };
-            for s in r.admitted.iter() {
+            for s in r.admitted.iter().chain(r.serving.iter()) {
                 if let std::collections::btree_map::Entry::Vacant(e) = fresh.view.shards.entry(s) {
                     e.insert(crate::ownership::ShardAssignment::owned(m.id.clone(), gen));
-                    rebuilt = true;
                 }
             }
         }
-        if rebuilt {
-            fresh.view.generation = gen;
-        }
+        fresh.view.generation = gen;
         fresh
     }
 
@@ -399,7 +435,8 @@ impl Runtime {
         }
     }
 
-    pub(super) async fn write_assignment(&mut self, next: Assignment) {
+    /// Write `next` (conditional on the resourceVersion we hold, or a create); whether it was written.
+    pub(super) async fn write_assignment(&mut self, next: Assignment) -> bool {
         let name = self.cfg.assignment_name();
         let mut cm = self.assignment_cm.clone().unwrap_or_else(|| ConfigMap {
             metadata: ObjectMeta {
@@ -430,7 +467,7 @@ impl Runtime {
                     crate::group::assignment::MAX_TEXT
                 ),
             );
-            return;
+            return false;
         }
         cm.data
             .get_or_insert_with(Default::default)
@@ -452,6 +489,7 @@ impl Runtime {
                 self.assignment_cm = Some(written);
                 self.assignment_missing = false;
                 self.vacuous_progress();
+                true
             }
             // our view is behind: read the assignment directly rather than trust our watch to catch up
             // (F9: it may be stuck)
@@ -462,8 +500,12 @@ impl Runtime {
                     Ok(None) => {}
                     Err(err) => debug!(error = %err, "cannot re-read the assignment"),
                 }
+                false
             }
-            Err(err) => warn!(error = %err, "assignment write failed"),
+            Err(err) => {
+                warn!(error = %err, "assignment write failed");
+                false
+            }
         }
     }
 }

@@ -92,6 +92,9 @@ pub(crate) struct Runtime {
     assignment: Option<Assignment>,
     assignment_cm: Option<ConfigMap>,
     assignment_missing: bool,
+    /// The generation of an assignment we re-created without a view of the one before it: no planning
+    /// until every live member applied it (see `coordination.rs`, `blind_rebuild_holds`).
+    blind_rebuild: Option<u64>,
     seen_generation: u64,
     leader: bool,
     /// When we first saw each move in flight in its phase (`true`: `Draining`).
@@ -243,6 +246,7 @@ impl Runtime {
             assignment: None,
             assignment_cm: None,
             assignment_missing: false,
+            blind_rebuild: None,
             seen_generation: 0,
             leader: false,
             move_first_seen: BTreeMap::new(),
