@@ -64,6 +64,14 @@ pub enum Fault {
     /// The member's fenced writes commit `ms` late and are never answered, every Widget's spec changes,
     /// and its Lease is deleted: it rejoins as a new incarnation while its requests are in flight.
     DeleteLeaseUnderLoad { member: usize, ms: u64 },
+    /// Feature-gate skew between apiservers for `secs`: every other request (or connection) sees the
+    /// `ShardedListAndWatch` gate flipped, so one LIST is filtered and the next is not.
+    GateSkew { secs: u64, per_connection: bool },
+    /// For `secs`, Widget WATCHes ignore `shardSelector` while LISTs honour it (kubernetes#140510).
+    UnfilteredWatch { secs: u64 },
+    /// A member configured with another `S` joins for `secs`, then dies: it must refuse the assignment,
+    /// admit nothing and write nothing (F1).
+    AnotherS { secs: u64 },
 }
 
 impl Fault {
@@ -95,6 +103,9 @@ impl Fault {
             Fault::LaggingJoin { .. } => "lagging-join",
             Fault::StaleAssignment => "stale-assignment",
             Fault::DeleteLeaseUnderLoad { .. } => "delete-lease-under-load",
+            Fault::GateSkew { .. } => "gate-skew",
+            Fault::UnfilteredWatch { .. } => "unfiltered-watch",
+            Fault::AnotherS { .. } => "another-s",
         }
     }
 }
@@ -127,7 +138,7 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
     let m = rng.range(0, 15) as usize;
     let past_renew = shape.renew_deadline.as_secs().max(1) + rng.range(1, 4);
     let past_lease = shape.lease.as_secs().max(1) + rng.range(1, 6);
-    match rng.range(0, 23) {
+    match rng.range(0, 26) {
         0 => Fault::Kill { member: m },
         1 => Fault::Pause {
             member: m,
@@ -173,6 +184,16 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
             member: m,
             ms: rng.range(500, 6_000),
         },
+        23 => Fault::GateSkew {
+            secs: rng.range(2, 20),
+            per_connection: rng.chance(1, 2),
+        },
+        24 => Fault::UnfilteredWatch {
+            secs: rng.range(2, 20),
+        },
+        25 => Fault::AnotherS {
+            secs: rng.range(3, 15),
+        },
         _ => Fault::WallJump {
             member: m,
             secs: if rng.chance(1, 2) {
@@ -196,7 +217,7 @@ fn allowed(rng: &mut Rng, shape: &Shape) -> Fault {
 }
 
 /// Every fault kind.
-pub const KINDS: [&str; 24] = [
+pub const KINDS: [&str; 27] = [
     "kill",
     "pause",
     "partition",
@@ -221,6 +242,9 @@ pub const KINDS: [&str; 24] = [
     "lagging-join",
     "stale-assignment",
     "delete-lease-under-load",
+    "gate-skew",
+    "unfiltered-watch",
+    "another-s",
 ];
 
 /// The faults of seed `rng`'s schedule, sorted by time: between 1 and `max_faults`, spread over the window
@@ -276,7 +300,7 @@ mod tests {
                 kinds.insert(t.fault.kind());
             }
         }
-        assert_eq!(kinds.len(), 24, "{kinds:?}");
+        assert_eq!(kinds.len(), 27, "{kinds:?}");
         assert_eq!(kinds, KINDS.into_iter().collect());
     }
 

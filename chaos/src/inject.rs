@@ -9,9 +9,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use kube_shard::group::assignment::Assignment;
 use kube_shard::group::assignment::DATA_KEY;
-use kube_shard::ShardKey;
-use kube_shard_example_operator::widget::{Widget, WidgetSpec};
-use kube_shard_testserver::{FailRule, Scope, Target, Verb};
+use kube_shard::{ShardCount, ShardKey};
+use kube_shard_example_operator::widget::{Widget, WidgetSpec, PLURAL};
+use kube_shard_testserver::{FailRule, GateSkew, Scope, Target, Verb};
 
 use crate::fault::Fault;
 use crate::rng::Rng;
@@ -166,6 +166,32 @@ pub async fn apply(w: &mut World, f: &Fault) {
                 let name = format!("{GROUP}-{}", w.members[i].name);
                 let _ = leases.delete(&name, &DeleteParams::default()).await;
             }
+        }
+        Fault::GateSkew {
+            secs,
+            per_connection,
+        } => {
+            faults.gate_skew(if per_connection {
+                GateSkew::PerConnection
+            } else {
+                GateSkew::PerRequest
+            });
+            later(Duration::from_secs(secs), move || {
+                faults.gate_skew(GateSkew::None)
+            });
+        }
+        Fault::UnfilteredWatch { secs } => {
+            faults.unfiltered_watch(PLURAL, true);
+            later(Duration::from_secs(secs), move || {
+                faults.unfiltered_watch(PLURAL, false)
+            });
+        }
+        Fault::AnotherS { secs } => {
+            let n = w.fresh_name();
+            let other = ShardCount::new(shards().get() * 2).expect("a valid shard count");
+            w.spawn_with(&n, other);
+            let sw = w.members[w.members.len() - 1].switch.clone();
+            later(Duration::from_secs(secs), move || sw.kill());
         }
         Fault::WallJump { member, secs } => {
             if let Some(i) = pick(w, member) {

@@ -60,6 +60,9 @@ pub struct Member {
     pub wall_offset: Arc<AtomicI64>,
     /// It was asked to leave.
     pub leaving: bool,
+    /// It runs with another shard count (a misconfigured rollout): it must refuse the group's
+    /// assignment, admit nothing and write nothing; never counted among the group's members.
+    pub foreign: bool,
     /// Its operator's metrics (reconciles, errors, refused fences).
     pub metrics: example::OperatorMetrics,
     /// Its singleton's metrics (orphan collection).
@@ -156,19 +159,28 @@ impl World {
     #[must_use]
     pub fn live(&self) -> Vec<usize> {
         (0..self.members.len())
-            .filter(|&i| self.members[i].alive() && !self.members[i].leaving)
+            .filter(|&i| {
+                let m = &self.members[i];
+                m.alive() && !m.leaving && !m.foreign
+            })
             .collect()
     }
 
     /// Start a member process named `name` (a same-name restart when the name was used before).
     pub fn spawn(&mut self, name: &str) {
+        self.spawn_with(name, shards());
+    }
+
+    /// Start a member process named `name` configured with `s` shards (another `S` than the group's:
+    /// a member that must refuse loudly and admit nothing).
+    pub fn spawn_with(&mut self, name: &str, s: ShardCount) {
         let switch = Switch::default();
         let wall_offset = Arc::new(AtomicI64::new(0));
         let clock = member_clock(self.start, wall_offset.clone());
         let client = self.server.client(name);
         let group = ShardGroup::builder(client.clone(), GROUP, CP_NS)
             .member(name)
-            .shards(shards())
+            .shards(s)
             .key(ShardKey::Uid)
             .timings(LEASE, RENEW, RETRY)
             .takeover_grace(GRACE)
@@ -215,6 +227,7 @@ impl World {
             handle,
             wall_offset,
             leaving: false,
+            foreign: s != shards(),
             metrics,
             gc,
         });
