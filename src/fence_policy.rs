@@ -1,7 +1,7 @@
 //! Fences enforced by the apiserver itself: a generator of `ValidatingAdmissionPolicy` objects (CEL, GA since
 //! Kubernetes 1.30, no webhook server) that refuse the writes a deposed owner may still send.
 //!
-//! **Per object** (this module today): on an UPDATE of a main resource the policy compares the fence token in
+//! **Per object**: on an UPDATE of a main resource the policy compares the fence token in
 //! the annotation ([`FENCE_ANNOTATION`] by default, `"<shard>/<epoch>"`) with the one on the stored object
 //! (`oldObject`) and refuses the write when
 //!
@@ -19,6 +19,13 @@
 //! write may change annotations (checked on kube-apiserver 1.36: a Deployment's `/status` patch set a lower
 //! fence), while a CRD's status write copies the stored metadata, so its fence compares equal and passes —
 //! status writes of CRDs are not fenced by this level.
+//!
+//! **Per shard** ([`FencePolicyConfig::params`]): a second policy, bound with `paramRef` to a ConfigMap in
+//! which the coordinator publishes each shard's current epoch (`data["<shard>"]`, see
+//! [`crate::group::ShardGroupBuilder::fence_params`]), refuses a fenced CREATE or main-resource UPDATE whose
+//! epoch is lower than its shard's: a deposed owner's late write is refused even on an object the new owner
+//! never wrote. Malformed tokens are left to the per-object policy; the parameter ConfigMap itself is
+//! excluded (`excludeResourceRules`), since a `Deny` binding refuses every covered write while it is missing.
 //!
 //! Pure: no I/O. The policy objects are returned typed (ready for [`kube::Api::create`]) and as YAML.
 //!
@@ -567,5 +574,54 @@ mod tests {
         );
         assert!(y.contains("\n---\n"));
         assert!(y.contains("'example.com/fence' in oldObject.metadata.annotations"));
+    }
+
+    #[test]
+    fn params_add_the_per_shard_policy_bound_with_param_ref() {
+        let set = FencePolicyConfig::new(vec!["widgets.example.com".parse().unwrap()])
+            .params("ops/widgets-fence".parse().unwrap())
+            .generate()
+            .unwrap();
+        assert_eq!((set.policies.len(), set.bindings.len()), (2, 2));
+        let p = serde_json::to_value(&set.policies[1]).unwrap();
+        assert_eq!(p["metadata"]["name"], "kube-shard-fence-shard");
+        assert_eq!(
+            p["spec"]["paramKind"],
+            json!({"apiVersion": "v1", "kind": "ConfigMap"})
+        );
+        let c = &p["spec"]["matchConstraints"];
+        assert_eq!(
+            c["resourceRules"][0]["operations"],
+            json!(["CREATE", "UPDATE"])
+        );
+        assert_eq!(c["resourceRules"][0]["resources"], json!(["widgets"]));
+        assert_eq!(
+            c["excludeResourceRules"][0]["resourceNames"],
+            json!(["widgets-fence"])
+        );
+        // every int() is behind a matches(): `ok` guards the token, `floorOk` the parameter
+        let vars = p["spec"]["variables"].as_array().unwrap();
+        assert!(vars[2]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.ok ? "));
+        let stale = p["spec"]["validations"][1]["expression"].as_str().unwrap();
+        assert!(stale.starts_with("!variables.floorOk || "), "{stale}");
+        let b = serde_json::to_value(&set.bindings[1]).unwrap();
+        assert_eq!(
+            b["spec"]["paramRef"],
+            json!({"name": "widgets-fence", "namespace": "ops", "parameterNotFoundAction": "Deny"})
+        );
+        let cm = set.params.as_ref().unwrap();
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
+        assert!(
+            set.to_yaml()
+                .ends_with("  name: widgets-fence\n  namespace: ops\n"),
+            "{}",
+            set.to_yaml()
+        );
+        for bad in ["ops", "/x", "ops/", "o.ps/x", "ops/X"] {
+            assert!(bad.parse::<ParamsRef>().is_err(), "{bad:?}");
+        }
     }
 }
