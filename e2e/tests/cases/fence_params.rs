@@ -167,6 +167,24 @@ fn scoped(policy: &ValidatingAdmissionPolicy, ns: &str) -> ValidatingAdmissionPo
     serde_json::from_value(v).unwrap()
 }
 
+/// The median round trip of 200 sequential fenced merge patches of `cost` (shard 7, epoch 5000).
+async fn write_cost(api: &Api<ConfigMap>) -> Duration {
+    let mut times = Vec::new();
+    for i in 0..200 {
+        let patch = Patch::Merge(json!({
+            "metadata": {"annotations": {"kube-shard.io/fence": "7/5000"}},
+            "data": {"n": i.to_string()},
+        }));
+        let t = Instant::now();
+        api.patch("cost", &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
 /// Policies unload asynchronously too: a dry-run CREATE with `token` until it passes (at most 30 s), so that
 /// the next test (cluster-wide policies) does not meet this one's.
 async fn until_unloaded(api: &Api<ConfigMap>, token: &str) {
@@ -205,6 +223,10 @@ async fn fence_params_on_real_server() {
         .unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let params: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &fenced("cost", "7/5000"))
+        .await
+        .unwrap();
+    let without = write_cost(&api).await;
     install(&client, &ns).await;
     // policies load asynchronously: wait until a probe below a published epoch is refused
     publish(&params, "7", "100").await;
@@ -260,6 +282,13 @@ async fn fence_params_on_real_server() {
         &malformed.expect("refused"),
         "t4",
         messages::PARAM_MALFORMED,
+    );
+
+    let with = write_cost(&api).await;
+    println!(
+        "real server, fenced UPDATE round trip (median of 200): without the per-shard policy {:.2} ms, with it {:.2} ms",
+        without.as_secs_f64() * 1000.0,
+        with.as_secs_f64() * 1000.0
     );
 
     // the parameter lag: from the start of the parameter write to the first refused probe
