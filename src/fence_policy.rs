@@ -1,7 +1,7 @@
 //! Fences enforced by the apiserver itself: a generator of `ValidatingAdmissionPolicy` objects (CEL, GA since
 //! Kubernetes 1.30, no webhook server) that refuse the writes a deposed owner may still send.
 //!
-//! **Per object** (this module today): on an UPDATE of a main resource the policy compares the fence token in
+//! **Per object**: on an UPDATE of a main resource the policy compares the fence token in
 //! the annotation ([`FENCE_ANNOTATION`] by default, `"<shard>/<epoch>"`) with the one on the stored object
 //! (`oldObject`) and refuses the write when
 //!
@@ -20,6 +20,13 @@
 //! fence), while a CRD's status write copies the stored metadata, so its fence compares equal and passes —
 //! status writes of CRDs are not fenced by this level.
 //!
+//! **Per shard** ([`FencePolicyConfig::params`]): a second policy, bound with `paramRef` to a ConfigMap in
+//! which the coordinator publishes each shard's current epoch (`data["<shard>"]`, see
+//! [`crate::group::ShardGroupBuilder::fence_params`]), refuses a fenced CREATE or main-resource UPDATE whose
+//! epoch is lower than its shard's: a deposed owner's late write is refused even on an object the new owner
+//! never wrote. Malformed tokens are left to the per-object policy; the parameter ConfigMap itself is
+//! excluded (`excludeResourceRules`), since a `Deny` binding refuses every covered write while it is missing.
+//!
 //! Pure: no I/O. The policy objects are returned typed (ready for [`kube::Api::create`]) and as YAML.
 //!
 //! ```
@@ -33,9 +40,11 @@
 
 use std::{fmt, str::FromStr};
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+    core::v1::ConfigMap,
 };
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::token::FENCE_ANNOTATION;
@@ -66,7 +75,16 @@ pub mod messages {
     /// The token's epoch is lower than the stored one: the writer lost the shard.
     pub const STALE: &str =
         "stale kube-shard fence: its epoch is lower than the stored object's (the writer lost the shard)";
+    /// Per shard: the token's epoch is lower than its shard's current epoch in the parameter ConfigMap.
+    pub const SHARD_STALE: &str =
+        "stale kube-shard fence: its epoch is lower than its shard's current epoch (the writer lost the shard)";
+    /// Per shard: the parameter ConfigMap's value for the token's shard is not a decimal epoch.
+    pub const PARAM_MALFORMED: &str =
+        "the kube-shard fence parameter for this shard is not a decimal epoch of at most 18 digits";
 }
+
+/// The suffix of the per-shard policy's and binding's name (`kube-shard-fence-shard` by default).
+pub const SHARD_POLICY_SUFFIX: &str = "-shard";
 
 /// A resource the policy covers, `PLURAL.GROUP` (`configmaps` for the core group).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +143,36 @@ pub enum PolicyError {
     /// Not a valid object name.
     #[error("invalid policy name {0:?}: expected a lowercase DNS subdomain")]
     Name(String),
+    /// Not `NAMESPACE/NAME` of a ConfigMap.
+    #[error("invalid parameter ConfigMap {0:?}: expected NAMESPACE/NAME (lowercase DNS names)")]
+    Params(String),
+}
+
+/// The parameter ConfigMap of the per-shard level: one key per shard (`"17"`), its value the shard's current
+/// epoch in decimal. The coordinator keeps it ([`crate::group::ShardGroupBuilder::fence_params`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParamsRef {
+    /// Its namespace (the shard group's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl FromStr for ParamsRef {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || PolicyError::Params(s.chars().take(128).collect());
+        let (namespace, name) = s.split_once('/').ok_or_else(bad)?;
+        if !dns_label(namespace) || !dns_subdomain(name) {
+            return Err(bad());
+        }
+        Ok(ParamsRef {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
 }
 
 /// What to generate.
@@ -137,6 +185,8 @@ pub struct FencePolicyConfig {
     pub annotation: String,
     /// The name of the policy and of its binding ([`DEFAULT_POLICY_NAME`]).
     pub name: String,
+    /// With a parameter ConfigMap: also the per-shard policy (`<name>-shard`), bound to it with `paramRef`.
+    pub params: Option<ParamsRef>,
 }
 
 impl FencePolicyConfig {
@@ -147,7 +197,16 @@ impl FencePolicyConfig {
             resources,
             annotation: FENCE_ANNOTATION.to_owned(),
             name: DEFAULT_POLICY_NAME.to_owned(),
+            params: None,
         }
+    }
+
+    /// Also generate the per-shard policy, bound to the parameter ConfigMap `params` (and that ConfigMap,
+    /// empty, for `kubectl apply`: the binding refuses every covered write while it is missing).
+    #[must_use]
+    pub fn params(mut self, params: ParamsRef) -> Self {
+        self.params = Some(params);
+        self
     }
 
     /// Use another annotation key.
@@ -167,17 +226,23 @@ impl FencePolicyConfig {
     /// The policies and their bindings.
     pub fn generate(&self) -> Result<PolicySet, PolicyError> {
         self.validate()?;
-        let policy = per_object_policy(self);
-        let binding = json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": self.name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-            "spec": {"policyName": self.name, "validationActions": ["Deny"]},
-        });
-        Ok(PolicySet {
-            policies: vec![serde_json::from_value(policy).expect("a well-formed policy")],
-            bindings: vec![serde_json::from_value(binding).expect("a well-formed binding")],
-        })
+        let mut set = PolicySet {
+            policies: vec![typed(per_object_policy(self))],
+            bindings: vec![typed(binding(&self.name, None))],
+            params: None,
+        };
+        if let Some(p) = &self.params {
+            let name = format!("{}{SHARD_POLICY_SUFFIX}", self.name);
+            set.policies.push(typed(per_shard_policy(self, &name, p)));
+            set.bindings.push(typed(binding(&name, Some(p))));
+            set.params = Some(typed(json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": p.name, "namespace": p.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+            })));
+        }
+        Ok(set)
     }
 
     fn validate(&self) -> Result<(), PolicyError> {
@@ -189,7 +254,7 @@ impl FencePolicyConfig {
                 self.annotation.chars().take(128).collect(),
             ));
         }
-        if !dns_subdomain(&self.name) {
+        if !dns_subdomain(&self.name) || self.name.len() + SHARD_POLICY_SUFFIX.len() > 253 {
             return Err(PolicyError::Name(self.name.chars().take(128).collect()));
         }
         Ok(())
@@ -204,10 +269,13 @@ pub struct PolicySet {
     pub policies: Vec<ValidatingAdmissionPolicy>,
     /// Their `ValidatingAdmissionPolicyBinding`s.
     pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// The per-shard level's parameter ConfigMap, empty (the coordinator fills it), when asked for.
+    pub params: Option<ConfigMap>,
 }
 
 impl PolicySet {
-    /// Every object as a YAML stream (`---` between documents), policies first.
+    /// Every object as a YAML stream (`---` between documents), policies first, then bindings, then the
+    /// parameter ConfigMap.
     #[must_use]
     pub fn to_yaml(&self) -> String {
         let docs = self
@@ -218,6 +286,11 @@ impl PolicySet {
                 self.bindings
                     .iter()
                     .map(|b| serde_json::to_value(b).expect("serializable")),
+            )
+            .chain(
+                self.params
+                    .iter()
+                    .map(|c| serde_json::to_value(c).expect("serializable")),
             );
         let mut out = String::new();
         for (i, doc) in docs.enumerate() {
@@ -229,6 +302,89 @@ impl PolicySet {
         out
     }
 }
+
+/// A generated object as its typed form (the generator's own JSON: always well-formed).
+fn typed<T: DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("a well-formed generated object")
+}
+
+fn binding(name: &str, params: Option<&ParamsRef>) -> Value {
+    let mut b = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    });
+    if let Some(p) = params {
+        // Deny: a missing parameter ConfigMap refuses every covered write (fail closed)
+        b["spec"]["paramRef"] = json!({
+            "name": p.name, "namespace": p.namespace, "parameterNotFoundAction": "Deny",
+        });
+    }
+    b
+}
+
+/// The annotation's value on `obj` (`object`, `oldObject`), `''` when absent.
+fn read_fence(obj: &str, key: &str) -> String {
+    // `key` is validated: no quote or backslash can reach the CEL string literal
+    format!("has({obj}.metadata.annotations) && '{key}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{key}'] : ''")
+}
+
+/// Per shard: a fenced CREATE or UPDATE whose epoch is lower than `params.data["<shard>"]` is refused. A
+/// token that is absent or malformed is left to the per-object policy (UPDATE); a shard without a key has no
+/// floor yet. The parameter ConfigMap itself is excluded (its own writes would otherwise need it).
+fn per_shard_policy(config: &FencePolicyConfig, name: &str, params: &ParamsRef) -> Value {
+    let rules: Vec<Value> = config
+        .resources
+        .iter()
+        .map(|r| {
+            json!({
+                "apiGroups": [r.group],
+                "apiVersions": ["*"],
+                "resources": [r.plural],
+                "operations": ["CREATE", "UPDATE"],
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": rules,
+                "excludeResourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
+                    "operations": ["*"], "resourceNames": [params.name],
+                }],
+            },
+            "variables": [
+                {"name": "fence", "expression": read_fence("object", &config.annotation)},
+                {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
+                {"name": "shard", "expression": "variables.ok ? string(int(variables.fence.split('/')[0])) : ''"},
+                {"name": "floor", "expression": "variables.shard != '' && has(params.data) && variables.shard in params.data ? params.data[variables.shard] : ''"},
+                {"name": "floorOk", "expression": format!("variables.floor.matches('{EPOCH_PATTERN}')")},
+            ],
+            "validations": [
+                {
+                    "expression": "variables.floor == '' || variables.floorOk",
+                    "message": messages::PARAM_MALFORMED,
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": "!variables.floorOk || int(variables.fence.split('/')[1]) >= int(variables.floor)",
+                    "message": messages::SHARD_STALE,
+                    "reason": "Invalid",
+                },
+            ],
+        },
+    })
+}
+
+/// A parameter value the per-shard policy accepts: a decimal epoch of at most 18 digits.
+pub const EPOCH_PATTERN: &str = "^[0-9]{1,18}$";
 
 fn per_object_policy(config: &FencePolicyConfig) -> Value {
     let rules: Vec<Value> = config
@@ -245,10 +401,7 @@ fn per_object_policy(config: &FencePolicyConfig) -> Value {
             })
         })
         .collect();
-    let key = &config.annotation; // validated: no quote or backslash can reach the CEL string literal
-    let read = |obj: &str| {
-        format!("has({obj}.metadata.annotations) && '{key}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{key}'] : ''")
-    };
+    let read = |obj: &str| read_fence(obj, &config.annotation);
     let both = "!(variables.oldOk && variables.newOk)";
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -310,6 +463,10 @@ fn valid_annotation_key(key: &str) -> bool {
             .last()
             .is_some_and(|b| b.is_ascii_alphanumeric());
     name_ok && prefix.is_none_or(dns_subdomain)
+}
+
+fn dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && dns_subdomain(s)
 }
 
 fn dns_subdomain(s: &str) -> bool {
@@ -417,5 +574,54 @@ mod tests {
         );
         assert!(y.contains("\n---\n"));
         assert!(y.contains("'example.com/fence' in oldObject.metadata.annotations"));
+    }
+
+    #[test]
+    fn params_add_the_per_shard_policy_bound_with_param_ref() {
+        let set = FencePolicyConfig::new(vec!["widgets.example.com".parse().unwrap()])
+            .params("ops/widgets-fence".parse().unwrap())
+            .generate()
+            .unwrap();
+        assert_eq!((set.policies.len(), set.bindings.len()), (2, 2));
+        let p = serde_json::to_value(&set.policies[1]).unwrap();
+        assert_eq!(p["metadata"]["name"], "kube-shard-fence-shard");
+        assert_eq!(
+            p["spec"]["paramKind"],
+            json!({"apiVersion": "v1", "kind": "ConfigMap"})
+        );
+        let c = &p["spec"]["matchConstraints"];
+        assert_eq!(
+            c["resourceRules"][0]["operations"],
+            json!(["CREATE", "UPDATE"])
+        );
+        assert_eq!(c["resourceRules"][0]["resources"], json!(["widgets"]));
+        assert_eq!(
+            c["excludeResourceRules"][0]["resourceNames"],
+            json!(["widgets-fence"])
+        );
+        // every int() is behind a matches(): `ok` guards the token, `floorOk` the parameter
+        let vars = p["spec"]["variables"].as_array().unwrap();
+        assert!(vars[2]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.ok ? "));
+        let stale = p["spec"]["validations"][1]["expression"].as_str().unwrap();
+        assert!(stale.starts_with("!variables.floorOk || "), "{stale}");
+        let b = serde_json::to_value(&set.bindings[1]).unwrap();
+        assert_eq!(
+            b["spec"]["paramRef"],
+            json!({"name": "widgets-fence", "namespace": "ops", "parameterNotFoundAction": "Deny"})
+        );
+        let cm = set.params.as_ref().unwrap();
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
+        assert!(
+            set.to_yaml()
+                .ends_with("  name: widgets-fence\n  namespace: ops\n"),
+            "{}",
+            set.to_yaml()
+        );
+        for bad in ["ops", "/x", "ops/", "o.ps/x", "ops/X"] {
+            assert!(bad.parse::<ParamsRef>().is_err(), "{bad:?}");
+        }
     }
 }

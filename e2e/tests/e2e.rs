@@ -8,6 +8,10 @@ mod support;
 #[path = "cases/fence_policy.rs"]
 mod fence_policy;
 
+/// The per-shard fence level and its parameter lag on the real server (issue 16).
+#[path = "cases/fence_params.rs"]
+mod fence_params;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

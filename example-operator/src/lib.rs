@@ -240,6 +240,9 @@ pub struct OperatorMetrics {
     pub errors: Counter,
     /// Writes not sent because the fence was no longer valid.
     pub fence_refused: Counter,
+    /// Fenced writes the apiserver's fence policy refused (422: the writer lost the shard); requeued, never
+    /// a reconcile error.
+    pub server_refused: Counter,
     /// 1 when `/readyz` succeeds (set by the caller).
     pub ready: Gauge,
 }
@@ -271,6 +274,11 @@ impl OperatorMetrics {
             "kshard_widget_fence_refused",
             "Writes not sent because the fence was no longer valid",
             self.fence_refused.clone(),
+        );
+        r.register(
+            "kshard_widget_server_refused",
+            "Fenced writes the apiserver's fence policy refused (the writer lost the shard)",
+            self.server_refused.clone(),
         );
         r.register(
             "kshard_ready",

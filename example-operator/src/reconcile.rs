@@ -92,6 +92,8 @@ async fn fenced<T>(
         Err(e) => {
             if e.is_fenced() {
                 ctx.metrics.fence_refused.inc();
+            } else if e.is_fence_refused() {
+                ctx.metrics.server_refused.inc();
             } else if e.is_conflict() {
                 ctx.metrics.write_conflicts.inc();
             }
@@ -178,7 +180,22 @@ async fn child(
     Ok(None)
 }
 
+/// A write the apiserver's fence policy refused is a lost shard, like a lost fence: requeue (counted in
+/// `server_refused` by [`fenced`]), never a reconcile error.
 pub(crate) async fn reconcile_widget(
+    w: Arc<Widget>,
+    ctx: Arc<Ctx>,
+    permit: Permit,
+) -> Result<Action, ReconcileError> {
+    match reconcile_fenced(w, ctx, permit).await {
+        Err(ReconcileError::Write(e)) if e.is_fence_refused() => Ok(Action::requeue(
+            kube_shard::ownership::jitter(Duration::from_millis(500)),
+        )),
+        other => other,
+    }
+}
+
+async fn reconcile_fenced(
     w: Arc<Widget>,
     ctx: Arc<Ctx>,
     permit: Permit,

@@ -189,3 +189,50 @@ pub async fn install_crd(client: Client, wait: Duration) -> Result<(), kube::Err
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The parameter ConfigMap of the per-shard fence level for group `group`: `<group>-fence`.
+#[must_use]
+pub fn fence_params_name(group: &str) -> String {
+    format!("{group}-fence")
+}
+
+/// Install the fence policies (both levels, [`kube_shard::fence_policy`]) for Widgets and their child
+/// ConfigMaps, bound to the parameter ConfigMap `<group>-fence` in `namespace` — created first, empty, since
+/// the per-shard binding refuses every ConfigMap write while it is missing. Idempotent (`AlreadyExists` is
+/// success: every replica may pass it); an existing object is left as it is.
+pub async fn install_fence_policy(
+    client: Client,
+    group: &str,
+    namespace: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_shard::fence_policy::{FencePolicyConfig, ParamsRef};
+    let params: ParamsRef = format!("{namespace}/{}", fence_params_name(group)).parse()?;
+    let set = FencePolicyConfig::new(vec![
+        format!("{PLURAL}.{GROUP}").parse()?,
+        "configmaps".parse()?,
+    ])
+    .params(params)
+    .generate()?;
+    let exists_ok = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other,
+    };
+    let pp = PostParams::default();
+    if let Some(cm) = &set.params {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        exists_ok(api.create(&pp, cm).await.map(|_| ()))?;
+    }
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    for p in &set.policies {
+        exists_ok(policies.create(&pp, p).await.map(|_| ()))?;
+    }
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client);
+    for b in &set.bindings {
+        exists_ok(bindings.create(&pp, b).await.map(|_| ()))?;
+    }
+    Ok(())
+}

@@ -65,6 +65,10 @@ struct FencePolicyArgs {
     /// The name of the policy and of its binding.
     #[arg(long, default_value = kube_shard::fence_policy::DEFAULT_POLICY_NAME)]
     name: String,
+    /// Also the per-shard policy, bound to this parameter ConfigMap (`NAMESPACE/NAME`) that the coordinator
+    /// keeps (`ShardGroupBuilder::fence_params`); the empty ConfigMap is printed too.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    params: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -207,10 +211,13 @@ fn fence_policy(args: &FencePolicyArgs, out: &mut impl Write) -> Result<(), CliE
         .iter()
         .map(|r| r.parse())
         .collect::<Result<Vec<_>, _>>()?;
-    let set = kube_shard::fence_policy::FencePolicyConfig::new(resources)
+    let mut config = kube_shard::fence_policy::FencePolicyConfig::new(resources)
         .annotation(args.annotation.as_str())
-        .name(args.name.as_str())
-        .generate()?;
+        .name(args.name.as_str());
+    if let Some(p) = &args.params {
+        config = config.params(p.parse()?);
+    }
+    let set = config.generate()?;
     out.write_all(set.to_yaml().as_bytes())?;
     Ok(())
 }

@@ -17,8 +17,10 @@
 //!   scenario, or with `--json` one JSON object per scenario, one per line; exit 2 for an unknown scenario.
 //!   `read` runs `kshard-bench-replica` (a second binary of this package, found beside `kshard`) as its
 //!   replica processes for the memory table; without it that table is left out.
-//! - `kshard fence-policy --resource PLURAL.GROUP [--resource ...] [--annotation KEY] [--name NAME]` prints the
-//!   fence ValidatingAdmissionPolicy and its binding as YAML (for `kubectl apply -f -`); bad input exits 2.
+//! - `kshard fence-policy --resource PLURAL.GROUP [--resource ...] [--annotation KEY] [--name NAME]
+//!   [--params NAMESPACE/NAME]` prints the fence ValidatingAdmissionPolicy and its binding as YAML (for
+//!   `kubectl apply -f -`; with `--params` also the per-shard policy, its binding and the empty parameter
+//!   ConfigMap); bad input exits 2.
 //! - `kshard ha status --peer-kubeconfig P -n NS --name N --cluster-id ID --rank R [--json]` prints both
 //!   clusters' HA Leases side by side (with `--json`, one object: `leases`, `active`, `limbo`, `alarm`);
 //!   `kshard ha promote --force --old-active-stopped ...` prints `promoted: ...` once this cluster's HA Lease

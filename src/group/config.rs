@@ -54,6 +54,10 @@ pub struct GroupConfig {
     /// Admit nothing while this leader-election Lease (`name` in the group namespace, or `namespace/name`)
     /// has a live holder: run beside the old leader-elected deployment, take over when it is gone.
     pub legacy_leader_lease: Option<String>,
+    /// The per-shard fence level: the name of the parameter ConfigMap (in the group namespace) in which the
+    /// coordinator publishes each shard's current epoch before activating a new owner
+    /// ([`crate::fence_policy`], `--params`). `None`: not kept.
+    pub fence_params: Option<String>,
 }
 
 impl GroupConfig {
@@ -91,6 +95,7 @@ impl GroupConfig {
             unhealthy_after_fenced: Duration::from_secs(60),
             shadow: false,
             legacy_leader_lease: None,
+            fence_params: None,
         }
     }
 
@@ -147,6 +152,14 @@ impl GroupConfig {
             return Err(ConfigError::Invalid(
                 "max_concurrent_moves must be at least 1".into(),
             ));
+        }
+        if let Some(p) = &self.fence_params {
+            check_name("fence_params", p, 253)?;
+            if *p == self.assignment_name() {
+                return Err(ConfigError::Invalid(
+                    "fence_params must not name the assignment ConfigMap".into(),
+                ));
+            }
         }
         Ok(())
     }

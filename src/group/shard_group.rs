@@ -378,6 +378,16 @@ impl ShardGroupBuilder {
         self
     }
 
+    /// The per-shard fence level ([`crate::fence_policy`], `kshard fence-policy --params NS/NAME`): the
+    /// coordinator keeps the ConfigMap `name` in the group namespace — one key per shard, its current
+    /// epoch — and raises it *before* each assignment write that activates a new owner, so the per-shard
+    /// policy refuses a deposed owner's late writes. Off by default; needs `get`, `create` and `update` on
+    /// that ConfigMap (the group's Role has them).
+    pub fn fence_params(mut self, name: impl Into<String>) -> Self {
+        self.config.fence_params = Some(name.into());
+        self
+    }
+
     /// `/healthz` fails once self-fenced this long (default 60 s).
     pub fn unhealthy_after_fenced(mut self, d: Duration) -> Self {
         self.config.unhealthy_after_fenced = d;

@@ -1,4 +1,5 @@
 mod dependent;
+mod fence_params;
 mod fence_policy;
 mod fenced;
 mod fuzz_fallback;

@@ -2,16 +2,23 @@
 //! answer: **422, reason `Invalid`** (or the validation's `reason`), message `<plural>.<group> "<name>" is
 //! forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied request: <message>`.
 //!
-//! Served: `matchConstraints.resourceRules` (apiGroups, apiVersions, resources incl. `plural/subresource`,
-//! `*` and `*/status`, operations), `variables` (evaluated in order, bound as `variables.<name>`),
-//! `validations` (`expression`, `message`, `messageExpression`, `reason`), `failurePolicy`, bindings with
-//! `validationActions` (`Deny` refuses; `Warn`/`Audit` alone do not). CEL: the `cel` interpreter with
-//! kube-cel's Kubernetes string, list and regex libraries; `object`, `oldObject`, `request` (operation, name,
-//! namespace, dryRun, subResource, kind, resource, userInfo.username) are bound.
-//! Not served (a binding that needs them is skipped): `paramKind`/`paramRef`, `matchConditions`,
-//! namespace and object selectors, `excludeResourceRules`, a binding's own `matchResources`,
-//! `auditAnnotations`; no type checking of expressions. Policies take effect at once (the real server loads
-//! them asynchronously, in about a second).
+//! Served: `matchConstraints.resourceRules` and `excludeResourceRules` (apiGroups, apiVersions, resources incl.
+//! `plural/subresource`, `*` and `*/status`, operations, resourceNames), `variables` (evaluated in order, bound
+//! as `variables.<name>`), `validations` (`expression`, `message`, `messageExpression`, `reason`),
+//! `failurePolicy`, bindings with `validationActions` (`Deny` refuses; `Warn`/`Audit` alone do not).
+//! Parameters: `paramKind` ConfigMap (`v1`) with a binding's `paramRef` by `name` or `selector` (`matchLabels`,
+//! `matchExpressions`), in `paramRef.namespace` or else the request's namespace; the policy is evaluated once
+//! per parameter found (bound as `params`), and refuses when any evaluation fails; none found with
+//! `parameterNotFoundAction: Deny` (or unset) refuses as kube-apiserver v1.36.2 does (`failed to configure
+//! binding: no params found for policy binding with `Deny` parameterNotFoundAction`), with `Allow` the binding
+//! is skipped. CEL: the `cel` interpreter with kube-cel's Kubernetes string, list and regex libraries;
+//! `object`, `oldObject`, `params`, `request` (operation, name, namespace, dryRun, subResource, kind, resource,
+//! userInfo.username) are bound.
+//! Not served (a binding that needs them is skipped): another `paramKind` than ConfigMap, a `paramKind`
+//! without `paramRef` or the reverse, `matchConditions`, namespace and object selectors, a binding's own
+//! `matchResources`, `auditAnnotations`; no type checking of expressions. Policies and parameters take effect
+//! at once (the real server loads policies asynchronously, in about a second, and parameters through an
+//! informer: see `docs/fence-policy.md` for the measured lag).
 
 use std::collections::HashMap;
 
@@ -19,9 +26,10 @@ use kube_cel::{cel, KubeCelExt};
 use serde_json::{json, Value};
 
 use crate::{
+    labels::LabelSelector,
     resources::{store_key, ResourceInfo},
     status::{qualified, ApiError, ApiResult},
-    store::Store,
+    store::{obj_key, Store},
 };
 
 const GROUP: &str = "admissionregistration.k8s.io";
@@ -55,22 +63,113 @@ pub(crate) fn admit(store: &Store, attempt: &Attempt<'_>) -> ApiResult<()> {
         let deny = b["spec"]["validationActions"]
             .as_array()
             .is_some_and(|a| a.iter().any(|x| x == "Deny"));
-        if !deny || !b["spec"]["paramRef"].is_null() {
+        if !deny {
             continue;
         }
         let Some(policy) = policies.iter().find(|p| p.name() == pname) else {
             continue;
         };
         let spec = &policy.value["spec"];
-        if !spec["paramKind"].is_null() || !matches(&spec["matchConstraints"], attempt) {
+        if !matches(&spec["matchConstraints"], attempt) {
             continue;
         }
-        if let Some((reason, msg)) = evaluate(spec, attempt) {
-            let bname = b["metadata"]["name"].as_str().unwrap_or_default();
-            return Err(denied(attempt, pname, bname, &reason, &msg));
+        let bname = b["metadata"]["name"].as_str().unwrap_or_default();
+        let params = match params_for(store, spec, &b["spec"], attempt) {
+            Params::Found(p) => p,
+            Params::Skip => continue,
+            Params::NotFound => {
+                return Err(denied(attempt, pname, bname, "Invalid", NO_PARAMS));
+            }
+        };
+        for param in &params {
+            if let Some((reason, msg)) = evaluate(spec, attempt, param) {
+                return Err(denied(attempt, pname, bname, &reason, &msg));
+            }
         }
     }
     Ok(())
+}
+
+/// kube-apiserver v1.36.2's message when a `Deny` binding finds no parameter.
+const NO_PARAMS: &str =
+    "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
+
+enum Params {
+    /// Evaluate once per parameter (`Null`: the policy takes none).
+    Found(Vec<Value>),
+    /// The binding does not apply (`Allow` and none found, or a form not served).
+    Skip,
+    /// None found, `Deny`: refuse.
+    NotFound,
+}
+
+/// The parameters a binding selects for `attempt`.
+fn params_for(store: &Store, policy: &Value, binding: &Value, attempt: &Attempt<'_>) -> Params {
+    let (kind, pref) = (&policy["paramKind"], &binding["paramRef"]);
+    match (kind.is_null(), pref.is_null()) {
+        (true, true) => return Params::Found(vec![Value::Null]),
+        (false, false) => {}
+        _ => return Params::Skip,
+    }
+    if kind["apiVersion"] != "v1" || kind["kind"] != "ConfigMap" {
+        return Params::Skip;
+    }
+    let ns = pref["namespace"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .or(attempt.namespace);
+    let key = store_key("", "configmaps");
+    let found: Vec<Value> = if let Some(name) = pref["name"].as_str().filter(|n| !n.is_empty()) {
+        store
+            .get(&key, &obj_key(ns, name))
+            .map(|o| o.value.clone())
+            .into_iter()
+            .collect()
+    } else {
+        let Some(selector) = label_selector(&pref["selector"]) else {
+            return Params::Skip;
+        };
+        store
+            .current(&key, ns)
+            .iter()
+            .filter(|o| selector.matches(&o.value))
+            .map(|o| o.value.clone())
+            .collect()
+    };
+    if !found.is_empty() {
+        Params::Found(found)
+    } else if pref["parameterNotFoundAction"] == "Allow" {
+        Params::Skip
+    } else {
+        Params::NotFound
+    }
+}
+
+/// A `metav1.LabelSelector` object as a parsed selector (`None`: malformed).
+fn label_selector(sel: &Value) -> Option<LabelSelector> {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(m) = sel["matchLabels"].as_object() {
+        for (k, v) in m {
+            parts.push(format!("{k}={}", v.as_str()?));
+        }
+    }
+    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+        let key = e["key"].as_str()?;
+        let values: Vec<&str> = e["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        parts.push(match e["operator"].as_str()? {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_owned(),
+            "DoesNotExist" => format!("!{key}"),
+            _ => return None,
+        });
+    }
+    LabelSelector::parse(&parts.join(",")).ok()
 }
 
 /// The refusal, as kube-apiserver words it (checked against v1.36.2).
@@ -100,6 +199,17 @@ fn denied(attempt: &Attempt<'_>, policy: &str, binding: &str, reason: &str, msg:
 }
 
 fn matches(constraints: &Value, attempt: &Attempt<'_>) -> bool {
+    let hit = |rules: &Value| {
+        rules
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| rule_matches(rule, attempt))
+    };
+    hit(&constraints["resourceRules"]) && !hit(&constraints["excludeResourceRules"])
+}
+
+fn rule_matches(rule: &Value, attempt: &Attempt<'_>) -> bool {
     let info = attempt.info;
     let resource = match attempt.subresource {
         Some(sub) => format!("{}/{sub}", info.plural),
@@ -109,16 +219,14 @@ fn matches(constraints: &Value, attempt: &Attempt<'_>) -> bool {
         list.as_array()
             .is_some_and(|a| a.iter().filter_map(Value::as_str).any(want))
     };
-    constraints["resourceRules"]
+    let named = rule["resourceNames"]
         .as_array()
-        .into_iter()
-        .flatten()
-        .any(|rule| {
-            any(&rule["apiGroups"], &|g| g == "*" || g == info.group)
-                && any(&rule["apiVersions"], &|v| v == "*" || v == info.version)
-                && any(&rule["operations"], &|o| o == "*" || o == attempt.operation)
-                && any(&rule["resources"], &|r| resource_matches(r, &resource))
-        })
+        .is_none_or(|a| a.is_empty() || a.iter().any(|n| n == attempt.name));
+    any(&rule["apiGroups"], &|g| g == "*" || g == info.group)
+        && any(&rule["apiVersions"], &|v| v == "*" || v == info.version)
+        && any(&rule["operations"], &|o| o == "*" || o == attempt.operation)
+        && any(&rule["resources"], &|r| resource_matches(r, &resource))
+        && named
 }
 
 /// `*` (main resources), `*/*`, `*/status`, `plural/*`, or exact.
@@ -129,7 +237,7 @@ fn resource_matches(rule: &str, resource: &str) -> bool {
 }
 
 /// The first failing validation's `(reason, message)`, or `None` when all pass.
-fn evaluate(spec: &Value, attempt: &Attempt<'_>) -> Option<(String, String)> {
+fn evaluate(spec: &Value, attempt: &Attempt<'_>, params: &Value) -> Option<(String, String)> {
     let fail_closed = spec["failurePolicy"].as_str() != Some("Ignore");
     let mut ctx = cel::Context::default();
     ctx.register_all();
@@ -140,6 +248,7 @@ fn evaluate(spec: &Value, attempt: &Attempt<'_>) -> Option<(String, String)> {
     bind(&mut ctx, "object", attempt.object);
     bind(&mut ctx, "oldObject", attempt.old.unwrap_or(&Value::Null));
     bind(&mut ctx, "request", &request(attempt));
+    bind(&mut ctx, "params", params);
     let mut variables: HashMap<String, cel::Value> = HashMap::new();
     for var in spec["variables"].as_array().into_iter().flatten() {
         let (Some(name), Some(expr)) = (var["name"].as_str(), var["expression"].as_str()) else {

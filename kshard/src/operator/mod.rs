@@ -83,6 +83,10 @@ pub(crate) struct OperatorArgs {
     /// Install the Widget CRD if missing (idempotent: every replica may pass it).
     #[arg(long)]
     install_crd: bool,
+    /// Install the fence ValidatingAdmissionPolicies (per object and per shard) for Widgets and their child
+    /// ConfigMaps if missing, and keep the per-shard parameter ConfigMap `<group>-fence` (idempotent).
+    #[arg(long)]
+    install_fence_policy: bool,
     /// Shadow mode: join, plan and report ownership, but reconcile nothing (to watch the assignment beside
     /// the current deployment first).
     #[arg(long)]
@@ -240,6 +244,11 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
             .await
             .map_err(|e| CliError::failed(format!("installing the Widget CRD: {e}")))?;
     }
+    if args.install_fence_policy {
+        widget::install_fence_policy(client.clone(), &args.group, &args.namespace)
+            .await
+            .map_err(|e| CliError::failed(format!("installing the fence policies: {e}")))?;
+    }
     let identity = match &args.identity {
         Some(i) => i.clone(),
         None => hostname(),
@@ -260,6 +269,9 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     }
     if args.shadow {
         builder = builder.shadow(true);
+    }
+    if args.install_fence_policy {
+        builder = builder.fence_params(widget::fence_params_name(&args.group));
     }
     if let Some(lease) = &args.legacy_leader_lease {
         builder = builder.legacy_leader_lease(lease.clone());

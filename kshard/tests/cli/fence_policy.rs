@@ -32,6 +32,14 @@ fn bad_resource_or_annotation_exits_2() {
     for args in [
         &["fence-policy", "--resource", "Widgets.x"][..],
         &["fence-policy", "--resource", "w.x", "--annotation", "a'b"][..],
+        &[
+            "fence-policy",
+            "--resource",
+            "w.x",
+            "--params",
+            "no-namespace",
+        ][..],
+        &["fence-policy", "--resource", "w.x", "--params", "ns/Bad"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
             .args(args)
@@ -43,4 +51,34 @@ fn bad_resource_or_annotation_exits_2() {
             "{args:?}"
         );
     }
+}
+
+#[test]
+fn params_add_the_per_shard_policy_and_the_empty_configmap() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args([
+            "fence-policy",
+            "--resource",
+            "widgets.example.com",
+            "--params",
+            "ops/widgets-fence",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let set = kube_shard::fence_policy::FencePolicyConfig::new(vec!["widgets.example.com"
+        .parse()
+        .unwrap()])
+    .params("ops/widgets-fence".parse().unwrap())
+    .generate()
+    .unwrap();
+    assert_eq!(yaml, set.to_yaml());
+    assert!(yaml.contains("name: kube-shard-fence-shard\n"), "{yaml}");
+    assert!(yaml.contains("kind: ConfigMap\n"), "{yaml}");
+    assert_eq!(
+        yaml.matches("kind: ValidatingAdmissionPolicyBinding")
+            .count(),
+        2
+    );
 }

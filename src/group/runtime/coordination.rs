@@ -472,6 +472,10 @@ impl Runtime {
         cm.data
             .get_or_insert_with(Default::default)
             .insert(DATA_KEY.into(), text);
+        // the per-shard fence parameters go out before the write that activates a new owner
+        let Ok(raised) = self.publish_fence_params(&next.view).await else {
+            return;
+        };
         let result = if self.assignment_cm.is_some() {
             self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
                 .await
@@ -495,6 +499,9 @@ impl Runtime {
             // (F9: it may be stuck)
             Err(err) if is_conflict(&err) => {
                 debug!("assignment write conflicted; re-reading");
+                if let Some(raised) = raised {
+                    self.unpublish_fence_params(raised).await;
+                }
                 match self.bounded(self.cms.get_opt(&name)).await {
                     Ok(Some(cm)) => self.assignment_seen(cm),
                     Ok(None) => {}

@@ -7,8 +7,9 @@
 //!
 //! One file per concept: [`membership`] (this member's own Lease), [`observe`] (the others, on our clock),
 //! [`election`] (the coordinator Lease), [`coordination`] (the assignment and the coordinator pass),
-//! [`gates`] (the legacy leader gate, vacuous readers), [`channel`] (the member Lease as control channel)
-//! and [`publish`] (status and metrics).
+//! [`gates`] (the legacy leader gate, vacuous readers), [`channel`] (the member Lease as control channel),
+//! [`fence_params`] (the per-shard fence parameters, before each assignment write) and [`publish`] (status
+//! and metrics).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -39,6 +40,7 @@ use crate::shard::ShardSet;
 mod channel;
 mod coordination;
 mod election;
+mod fence_params;
 mod gates;
 mod membership;
 mod observe;
