@@ -474,7 +474,7 @@ impl Runtime {
             .insert(DATA_KEY.into(), text);
         // the per-shard fence parameters go out before the write that activates a new owner
         let Ok(raised) = self.publish_fence_params(&next.view).await else {
-            return;
+            return false;
         };
         let result = if self.assignment_cm.is_some() {
             self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
