@@ -20,7 +20,8 @@ use tracing::{info, warn};
 
 use super::config::{HaConfig, HaMode};
 use super::elector::{
-    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot, Transition,
+    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot,
+    TokenTakeover, Transition,
 };
 use super::epoch::Epoch;
 use super::events::{reason, HaEvents};
@@ -98,6 +99,7 @@ pub struct HaStatus {
 
 enum Command {
     Force(oneshot::Sender<Result<Epoch, ForceError>>),
+    Token(TokenTakeover, oneshot::Sender<Result<Epoch, ForceError>>),
     Status(oneshot::Sender<HaStatus>),
 }
 
@@ -131,6 +133,17 @@ impl HaControl {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Force(tx))
+            .await
+            .map_err(|_| Stopped)?;
+        Ok(rx.await.map_err(|_| Stopped)??)
+    }
+
+    /// Start a promotion with a demotion token (`promote --token`, after the token table's checks): the
+    /// new epoch, or why not.
+    pub async fn promote_with_token(&self, t: TokenTakeover) -> Result<Epoch, PromoteError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Token(t, tx))
             .await
             .map_err(|_| Stopped)?;
         Ok(rx.await.map_err(|_| Stopped)??)
@@ -250,6 +263,11 @@ impl Driver {
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
                     }
+                    Some(Command::Token(t, reply)) => {
+                        let r = self.elector.promote_with_token(t, (self.clock)());
+                        let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
+                        let _ = reply.send(out);
+                    }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
                     None => {}
                 },
@@ -299,6 +317,7 @@ impl Driver {
                 .map(|deadline| Term { epoch, deadline })
         });
         self.handle.publish(term);
+        self.handle.publish_demoting(self.elector.demoting());
         let active = term.is_some();
         if active != self.was_active {
             let e = self.epoch();
@@ -374,6 +393,7 @@ impl Driver {
         let active = self.elector.is_active(now).is_some();
         let role = match (self.elector.role(), active) {
             (_, true) => "active",
+            (Role::Leader { .. }, false) if self.elector.demoting().is_some() => "demoting",
             (Role::Leader { .. }, false) => "leader-without-term",
             (Role::Standby, false) => "standby",
         };
@@ -406,6 +426,11 @@ fn slot_status(el: &Elector, s: Slot, now: Duration) -> SlotStatus {
     };
     let age = |since: Duration| u64::try_from(now.saturating_sub(since).as_millis()).ok();
     let (state, holder, rv, age_ms) = match el.seen(s) {
+        Seen::Present {
+            rv,
+            record: Some(r),
+            since,
+        } if r.state.demoting => ("demoting", Some(r.holder()), Some(rv.clone()), age(*since)),
         Seen::Unknown => ("unknown", None, None, None),
         Seen::Missing { since } => ("missing", None, None, age(*since)),
         Seen::Present {
