@@ -473,6 +473,14 @@ impl Elector {
         }
     }
 
+    /// The token's source still demoting at the token's epoch (perhaps a copy of its state from before the
+    /// token): a conflict with it is a renewal of the demoting holder, not a reason to give up.
+    fn token_source_demoting(&self, r: &Record) -> bool {
+        self.token
+            .as_ref()
+            .is_some_and(|t| r.cluster == t.source && r.epoch == t.epoch && r.state.demoting)
+    }
+
     fn token_matches(&self, r: &Record) -> bool {
         self.token.as_ref().is_some_and(|t| {
             r.cluster == t.source
@@ -769,7 +777,7 @@ impl Elector {
             let counts = slot != Slot::Peer || !self.cfg.witness;
             if r.epoch > epoch && counts {
                 self.step_down(StepDown::HigherEpoch(slot), now, out);
-            } else if recheck && !mine && !self.token_matches(&r) {
+            } else if recheck && !mine && !self.token_source_demoting(&r) {
                 self.step_down(StepDown::Conflict(slot), now, out);
             }
         }

@@ -415,6 +415,39 @@ async fn set_state(
     }
 }
 
+/// Write a state into every HA Lease that names this cluster at `epoch`: the own Lease (required), then the
+/// peer's and the witness's when they name it. Every process of the cluster then finds each of its
+/// resourceVersions stale, so none writes an older state into any Lease again (its next write conflicts,
+/// and the re-read shows the newer state, which it adopts).
+async fn set_state_all(
+    cfg: &HaConfig,
+    clients: &HaClients,
+    epoch: Epoch,
+    next: impl Fn(&HaState) -> Option<HaState>,
+) -> Result<HaState, SwitchError> {
+    let name = cfg.lease_name();
+    let own = set_state(
+        &lease_api(&clients.local, &cfg.namespace),
+        &name,
+        &cfg.cluster_id,
+        epoch,
+        &next,
+    )
+    .await?;
+    let mut others = vec![lease_api(&clients.peer, &cfg.namespace)];
+    if let Some(w) = &clients.witness {
+        others.push(lease_api(w, &cfg.witness_namespace));
+    }
+    // the same state (the same seq) everywhere: a process holding an older one adopts it wherever it reads
+    for api in others {
+        let same = |_: &HaState| Some(own.clone());
+        if let Err(e) = set_state(&api, &name, &cfg.cluster_id, epoch, same).await {
+            tracing::debug!(error = %e, "HA switchover: a Lease not naming this cluster keeps its state");
+        }
+    }
+    Ok(own)
+}
+
 /// The epoch this cluster leads (its own Lease names it, nothing higher in the peer's or the witness's).
 async fn my_epoch(cfg: &HaConfig, clients: &HaClients) -> Result<(Epoch, HaState), SwitchError> {
     let name = cfg.lease_name();
@@ -462,7 +495,7 @@ pub async fn demote(
         progress("already demoted: the token recorded in the Lease");
         return t.parse();
     }
-    let marked = set_state(&own, &name, &cfg.cluster_id, epoch, |s| {
+    let marked = set_state_all(cfg, clients, epoch, |s| {
         (!s.demoting).then(|| HaState {
             seq: s.seq + 1,
             demoting: true,
@@ -507,7 +540,7 @@ pub async fn demote(
     progress("frozen: the covered kinds refuse writes");
     let token = take_token(&clients.local, cfg, epoch, &resolved).await?;
     let text = token.to_string();
-    set_state(&own, &name, &cfg.cluster_id, epoch, |s| {
+    set_state_all(cfg, clients, epoch, |s| {
         Some(HaState {
             seq: s.seq + 1,
             demoting: true,
@@ -1106,13 +1139,13 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
         return Err(SwitchError::Cancel("this cluster is not demoting".into()));
     }
     let name = cfg.lease_name();
-    let back = |s: &HaState| {
-        s.demoting.then(|| HaState {
-            seq: s.seq + 1,
-            demoting: false,
-            token: None,
-        })
+    // one state (one seq) everywhere, above every copy of the demoting one
+    let active = HaState {
+        seq: state.seq + 1,
+        demoting: false,
+        token: None,
     };
+    let back = |s: &HaState| s.demoting.then(|| active.clone());
     if let Some(w) = &clients.witness {
         set_state(
             &lease_api(w, &cfg.witness_namespace),
@@ -1134,6 +1167,8 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
     }
     unfreeze(&clients.local, cfg).await?;
     set_state(&own, &name, &cfg.cluster_id, epoch, back).await?;
+    let peer = lease_api(&clients.peer, &cfg.namespace);
+    let _ = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await;
     Ok(())
 }
 
