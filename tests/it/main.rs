@@ -5,6 +5,7 @@ mod fuzz_fallback;
 mod group;
 mod ha_elector;
 mod ha_group;
+mod ha_lag;
 mod ha_switchover;
 mod model_common;
 mod model_ha;
