@@ -1246,7 +1246,12 @@ mod tests {
     #[test]
     fn the_freeze_refuses_all_but_the_exempt_and_rejects_quotes() {
         let k: Kind = "widgets.example.com/v1".parse().unwrap();
-        let (p, b) = freeze_objects("w-ha-freeze", &[k.clone()], &["system:gc".into()]).unwrap();
+        let (p, b) = freeze_objects(
+            "w-ha-freeze",
+            std::slice::from_ref(&k),
+            &["system:gc".into()],
+        )
+        .unwrap();
         let v = p.spec.unwrap().validations.unwrap();
         assert_eq!(
             v[0].expression,
