@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod ops;
 pub mod record;
 pub mod switchover;
+mod switchover_types;
 
 pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
