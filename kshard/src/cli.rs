@@ -51,7 +51,7 @@ enum Command {
     /// Print ValidatingAdmissionPolicies (and bindings) with which the apiserver refuses stale fenced writes.
     FencePolicy(FencePolicyArgs),
     /// Cross-cluster Active/Standby: `status` (both sides), `promote --force --old-active-stopped`.
-    Ha(crate::ha_cmd::HaArgs),
+    Ha(Box<crate::ha_cmd::HaArgs>),
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use kube_shard::ha::ops::{self, PairStatus};
+use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
 use kube_shard::ha::{HaClients, HaConfig, HaMode, Timings};
 
 use crate::cli::CliError;
@@ -21,9 +22,88 @@ pub(crate) struct HaArgs {
 enum HaCommand {
     /// Both clusters' HA Leases (and the witness's) side by side: who is active at which epoch, limbo.
     Status(StatusArgs),
-    /// Promote this cluster (the one `--kubeconfig` reaches) to Active. Without a witness this is the
-    /// only way: `--force --old-active-stopped`.
+    /// Promote this cluster (the one `--kubeconfig` reaches) to Active: planned, with the demotion token
+    /// of `kshard ha demote` (`--token`), or unplanned (`--force --old-active-stopped`).
     Promote(PromoteArgs),
+    /// Planned switchover, first half, on the Active: mark it demoting, wait for every member's
+    /// `ha-drained` ack, freeze the covered kinds, print the demotion token. `--cancel` undoes it while
+    /// the peer has not promoted.
+    Demote(DemoteArgs),
+    /// Planned switchover with both sides reachable: `demote` on this cluster (the Active), then
+    /// `promote --token` on the peer.
+    Switchover(SwitchoverArgs),
+}
+
+/// What a demotion covers and waits for.
+#[derive(Debug, Args)]
+struct DemoteFlags {
+    /// A covered (mirrored) kind, `<plural>.<group>/<version>` (core: `<plural>/<version>`); repeat.
+    #[arg(long = "kind")]
+    kinds: Vec<String>,
+    /// The Active's shard group: every member Lease must acknowledge `ha-drained` (without it: wait out
+    /// the term).
+    #[arg(long)]
+    group: Option<String>,
+    /// The group's namespace (default: `--namespace`).
+    #[arg(long = "group-namespace")]
+    group_namespace: Option<String>,
+    /// An identity the freeze lets write (the garbage collector, ...); repeat.
+    #[arg(long = "freeze-exempt")]
+    freeze_exempt: Vec<String>,
+    /// Give up (no token) when a member has not acknowledged within this time.
+    #[arg(long = "drain-timeout", value_parser = parse_duration, default_value = "60s")]
+    drain_timeout: Duration,
+}
+
+impl DemoteFlags {
+    fn options(&self) -> Result<DemoteOptions, CliError> {
+        let kinds = self
+            .kinds
+            .iter()
+            .map(|k| k.parse::<Kind>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        if kinds.is_empty() {
+            return Err(CliError::Usage(
+                "--kind is required (the mirrored kinds)".into(),
+            ));
+        }
+        let mut o = DemoteOptions::new(kinds)
+            .drain_timeout(self.drain_timeout)
+            .freeze_exempt(self.freeze_exempt.clone());
+        if let Some(g) = &self.group {
+            o = o.group(g, self.group_namespace.clone());
+        }
+        Ok(o)
+    }
+}
+
+#[derive(Debug, Args)]
+struct DemoteArgs {
+    #[command(flatten)]
+    pair: Pair,
+    #[command(flatten)]
+    flags: DemoteFlags,
+    /// Undo a demotion (lift the freeze, resume at the same epoch): refused once the peer promoted.
+    #[arg(long)]
+    cancel: bool,
+}
+
+#[derive(Debug, Args)]
+struct SwitchoverArgs {
+    #[command(flatten)]
+    pair: Pair,
+    #[command(flatten)]
+    flags: DemoteFlags,
+    /// The peer's (the Standby's) cluster id.
+    #[arg(long = "peer-cluster-id")]
+    peer_cluster_id: String,
+    /// The peer's rank.
+    #[arg(long = "peer-rank")]
+    peer_rank: u64,
+    /// How long the promotion waits for the peer's mirror.
+    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    timeout: Duration,
 }
 
 /// Where the HA Leases are.
@@ -68,6 +148,9 @@ struct StatusArgs {
 struct PromoteArgs {
     #[command(flatten)]
     pair: Pair,
+    /// Planned switchover: the demotion token `kshard ha demote` printed.
+    #[arg(long)]
+    token: Option<String>,
     /// Unplanned failover: promote without a demotion token.
     #[arg(long)]
     force: bool,
@@ -79,7 +162,8 @@ struct PromoteArgs {
     /// release: the flag is accepted and changes nothing).
     #[arg(long = "allow-unsynced")]
     allow_unsynced: bool,
-    /// Give up when not armed (or the Lease not written) within this time.
+    /// Give up when not armed (or the Lease not written) within this time; with `--token`, when the
+    /// mirror has not reached the token within it (then a per-kind report, nothing changed).
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     timeout: Duration,
     /// The operators' HA timings (they must match the running operators': the waits honour the
@@ -139,6 +223,138 @@ pub(crate) fn run(args: &HaArgs, out: &mut impl Write) -> Result<(), CliError> {
             print_status(&st, &a.pair.cluster_id, a.json, out)
         }
         HaCommand::Promote(a) => promote(&rt, a, out),
+        HaCommand::Demote(a) => demote(&rt, a, out),
+        HaCommand::Switchover(a) => switch(&rt, a, out),
+    }
+}
+
+fn say(line: &str) {
+    eprintln!("kshard ha: {line}");
+}
+
+fn demote(
+    rt: &tokio::runtime::Runtime,
+    a: &DemoteArgs,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let cfg = a.pair.config(None)?;
+    rt.block_on(async {
+        let clients = a.pair.clients().await?;
+        if a.cancel {
+            switchover::cancel(&cfg, &clients)
+                .await
+                .map_err(|e| CliError::failed(e.to_string()))?;
+            writeln!(
+                out,
+                "cancelled: {} is Active again (the freeze is lifted)",
+                a.pair.cluster_id
+            )?;
+            return Ok(());
+        }
+        let opts = a.flags.options()?;
+        let token = switchover::demote(&cfg, &clients, &opts, say)
+            .await
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        writeln!(out, "{token}")?;
+        Ok(())
+    })
+}
+
+fn switch(
+    rt: &tokio::runtime::Runtime,
+    a: &SwitchoverArgs,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let cfg = a.pair.config(None)?;
+    let opts = a.flags.options()?;
+    let peer_cfg = HaConfig::builder(&a.pair.name)
+        .mode(HaMode::Standby)
+        .cluster(&a.peer_cluster_id, a.peer_rank)
+        .namespace(&a.pair.namespace)
+        .witness_namespace(&a.pair.witness_namespace)
+        .kubeconfigs(
+            Some(a.pair.peer_kubeconfig.clone()),
+            Some(a.pair.kubeconfig.clone().unwrap_or_default()),
+            a.pair.witness_kubeconfig.clone(),
+        )
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    rt.block_on(async {
+        let clients = a.pair.clients().await?;
+        let token = switchover::demote(&cfg, &clients, &opts, say)
+            .await
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        say(&format!("demoted; token {token}"));
+        let swapped = kube_shard::ha::HaClients::new(
+            clients.peer.clone(),
+            clients.local.clone(),
+            clients.witness.clone(),
+        );
+        let epoch = switchover::promote_with_token(
+            &peer_cfg,
+            swapped,
+            kube_shard::ha::handle::tokio_clock(),
+            &token,
+            &PromoteOptions::new(a.timeout),
+            say,
+        )
+        .await
+        .map_err(|e| {
+            CliError::failed(format!(
+                "{e}\nthe token (for `promote --token` or `demote --cancel`): {token}"
+            ))
+        })?;
+        writeln!(
+            out,
+            "switched over: {} is Active at epoch {epoch} (n={})",
+            a.peer_cluster_id,
+            epoch.n()
+        )?;
+        Ok(())
+    })
+}
+
+fn promote_token(
+    rt: &tokio::runtime::Runtime,
+    a: &PromoteArgs,
+    token: &str,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let token: Token = token
+        .parse()
+        .map_err(|e: switchover::SwitchError| CliError::Usage(e.to_string()))?;
+    let cfg = a.pair.config(Some(a.timings()))?;
+    let epoch = rt.block_on(async {
+        let clients = a.pair.clients().await?;
+        switchover::promote_with_token(
+            &cfg,
+            clients,
+            kube_shard::ha::handle::tokio_clock(),
+            &token,
+            &PromoteOptions::new(a.timeout),
+            say,
+        )
+        .await
+        .map_err(|e| CliError::failed(e.to_string()))
+    })?;
+    writeln!(
+        out,
+        "promoted: {} is Active at epoch {epoch} (n={}) with the demotion token",
+        a.pair.cluster_id,
+        epoch.n()
+    )?;
+    Ok(())
+}
+
+impl PromoteArgs {
+    fn timings(&self) -> Timings {
+        Timings::new(
+            self.lease_duration,
+            self.renew_deadline,
+            self.retry_period,
+            self.request_timeout,
+            self.grace,
+        )
     }
 }
 
@@ -147,24 +363,24 @@ fn promote(
     a: &PromoteArgs,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
-    if !a.force {
-        return Err(CliError::Usage(
-            "planned switchover (`promote --token`) is not built yet: use `--force --old-active-stopped` for an unplanned failover".into(),
-        ));
+    match (&a.token, a.force) {
+        (Some(_), true) => {
+            return Err(CliError::Usage("--token and --force exclude each other".into()))
+        }
+        (Some(t), false) => return promote_token(rt, a, t, out),
+        (None, false) => {
+            return Err(CliError::Usage(
+                "give --token T (planned switchover: the token `kshard ha demote` printed) or --force --old-active-stopped (unplanned failover)".into(),
+            ))
+        }
+        (None, true) => {}
     }
     if !a.old_active_stopped {
         return Err(CliError::Usage(
             "--force needs --old-active-stopped: stop the old Active (or cut it from its own apiserver) first; without a witness nothing else keeps it from acting".into(),
         ));
     }
-    let timings = Timings::new(
-        a.lease_duration,
-        a.renew_deadline,
-        a.retry_period,
-        a.request_timeout,
-        a.grace,
-    );
-    let cfg = a.pair.config(Some(timings))?;
+    let cfg = a.pair.config(Some(a.timings()))?;
     if a.allow_unsynced {
         writeln!(
             out,

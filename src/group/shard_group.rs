@@ -194,7 +194,44 @@ fn start_ha(
             own.set_hold(crate::ownership::Hold::HaStandby, !active);
         }))
     };
-    (handle, control, task.into_iter().chain([gate]).collect())
+    let drained = tokio::spawn(ack_drained(handle.clone(), ownership.clone()));
+    (
+        handle,
+        control,
+        task.into_iter().chain([gate, drained]).collect(),
+    )
+}
+
+/// The member's `ha-drained(epoch)` ack (HA.md contract 2): once its elector reads the `demoting` mark
+/// at epoch e, nothing more is admitted under e (the term reads as not active) and its fences end; when
+/// every permit and fence it issued has ended (its reconciles under the old term finished), it records
+/// e, and its next member-Lease renewal publishes it. Cleared when the mark goes (`demote --cancel`).
+async fn ack_drained(ha: HaHandle, own: Ownership) {
+    let mut rx = ha.watch_demoting();
+    loop {
+        let demoting = *rx.borrow_and_update();
+        match demoting {
+            None => own.set_ha_drained(None),
+            Some(e) => {
+                while !own.idle() {
+                    tokio::select! {
+                        r = rx.changed() => if r.is_err() { return } else { break },
+                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
+                }
+                if *rx.borrow() == Some(e) && own.idle() {
+                    tracing::info!(epoch = %e, "HA: drained for the demotion");
+                    own.set_ha_drained(Some(e));
+                }
+            }
+        }
+        if rx.has_changed().unwrap_or(false) {
+            continue;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Run the member on its own OS thread, with its own single-threaded tokio runtime and its own `Client`, so a

@@ -179,6 +179,10 @@ pub struct HaConfig {
     pub witness_kubeconfig: Option<PathBuf>,
     /// The elector's timings.
     pub timings: Timings,
+    /// Witness mode: promote automatically only while the mirror's lag (the time since the latest probe
+    /// its watermark has passed, for every kind: [`crate::ha::HaControl::mirror_confirmed`]) is below
+    /// this. `None`: no lag gate. With a gate and no confirmation yet, nothing is promoted automatically.
+    pub max_auto_promote_lag: Option<Duration>,
 }
 
 impl HaConfig {
@@ -219,6 +223,7 @@ pub struct HaConfigBuilder {
     witness: Option<PathBuf>,
     timings: Timings,
     env_namespace: Option<String>,
+    max_auto_promote_lag: Option<Duration>,
 }
 
 impl HaConfigBuilder {
@@ -267,6 +272,13 @@ impl HaConfigBuilder {
         self
     }
 
+    /// Witness mode: promote automatically only while the mirror's lag is below `lag`
+    /// (`--max-auto-promote-lag`).
+    pub fn max_auto_promote_lag(mut self, lag: Option<Duration>) -> Self {
+        self.max_auto_promote_lag = lag;
+        self
+    }
+
     /// The timings.
     pub fn timings(mut self, t: Timings) -> Self {
         self.timings = t;
@@ -312,6 +324,7 @@ impl HaConfigBuilder {
                 remote_kubeconfig: None,
                 witness_kubeconfig: None,
                 timings: self.timings,
+                max_auto_promote_lag: None,
             });
         }
         check_cluster_id(&self.cluster_id)?;
@@ -344,6 +357,7 @@ impl HaConfigBuilder {
             remote_kubeconfig: self.remote,
             witness_kubeconfig: self.witness,
             timings: self.timings,
+            max_auto_promote_lag: self.max_auto_promote_lag,
         })
     }
 }

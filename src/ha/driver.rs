@@ -20,7 +20,8 @@ use tracing::{info, warn};
 
 use super::config::{HaConfig, HaMode};
 use super::elector::{
-    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot, Transition,
+    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot,
+    TokenTakeover, Transition,
 };
 use super::epoch::Epoch;
 use super::events::{reason, HaEvents};
@@ -98,7 +99,9 @@ pub struct HaStatus {
 
 enum Command {
     Force(oneshot::Sender<Result<Epoch, ForceError>>),
+    Token(TokenTakeover, oneshot::Sender<Result<Epoch, ForceError>>),
     Status(oneshot::Sender<HaStatus>),
+    MirrorConfirmed(Duration),
 }
 
 /// Commands to a running driver (`kshard ha promote --force`, `kshard ha status`). Cheap to clone.
@@ -134,6 +137,27 @@ impl HaControl {
             .await
             .map_err(|_| Stopped)?;
         Ok(rx.await.map_err(|_| Stopped)??)
+    }
+
+    /// Start a promotion with a demotion token (`promote --token`, after the token table's checks): the
+    /// new epoch, or why not.
+    pub async fn promote_with_token(&self, t: TokenTakeover) -> Result<Epoch, PromoteError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Token(t, tx))
+            .await
+            .map_err(|_| Stopped)?;
+        Ok(rx.await.map_err(|_| Stopped)??)
+    }
+
+    /// The mirror's lag report for `--max-auto-promote-lag`: `at` is the local-clock time (this process's
+    /// [`LocalClock`]) of the latest probe the mirror's watermark has passed for **every** kind. The lag
+    /// is the time since then, so it grows by itself when the mirror stops confirming.
+    pub async fn mirror_confirmed(&self, at: Duration) -> Result<(), Stopped> {
+        self.tx
+            .send(Command::MirrorConfirmed(at))
+            .await
+            .map_err(|_| Stopped)
     }
 
     /// What the elector knows now.
@@ -200,6 +224,8 @@ pub fn spawn(
         clock,
         was_active: false,
         stamps: [None; 3],
+        max_lag: cfg.max_auto_promote_lag,
+        confirmed: None,
     };
     let task = tokio::spawn(driver.run(rx));
     (handle, HaControl { tx }, Some(task))
@@ -222,6 +248,10 @@ struct Driver {
     /// it, so every renewal changes the Lease (a no-op update keeps the resourceVersion, and an observer
     /// would take a renewed Lease for a stale one).
     stamps: [Option<Timestamp>; 3],
+    /// `--max-auto-promote-lag`.
+    max_lag: Option<Duration>,
+    /// The mirror's latest confirmation (local clock).
+    confirmed: Option<Duration>,
 }
 
 type Flight =
@@ -230,7 +260,11 @@ type Flight =
 impl Driver {
     async fn run(mut self, mut cmds: mpsc::Receiver<Command>) {
         let mut inflight: FuturesUnordered<Flight> = FuturesUnordered::new();
+        // every `HaControl` dropped: no more commands (a closed channel answers at once, and polling it
+        // again would spin without ever letting the timers run)
+        let mut commands_open = true;
         loop {
+            self.gate_auto_promotion();
             let (reqs, trans) = self.elector.poll((self.clock)());
             self.on_transitions(&trans);
             for r in reqs {
@@ -244,17 +278,35 @@ impl Driver {
                     let trans = self.elector.on_answer(slot, answer, (self.clock)());
                     self.on_transitions(&trans);
                 }
-                cmd = cmds.recv() => match cmd {
+                cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Command::Force(reply)) => {
                         let r = self.elector.force_promote((self.clock)());
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
                     }
+                    Some(Command::Token(t, reply)) => {
+                        let r = self.elector.promote_with_token(t, (self.clock)());
+                        let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
+                        let _ = reply.send(out);
+                    }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
-                    None => {}
+                    Some(Command::MirrorConfirmed(at)) => {
+                        self.confirmed = Some(self.confirmed.map_or(at, |c| c.max(at)));
+                    }
+                    None => commands_open = false,
                 },
                 () = tokio::time::sleep(self.tick) => {}
             }
+        }
+    }
+
+    /// Witness mode with `--max-auto-promote-lag`: automatic promotion only while the mirror's lag (the
+    /// time since its latest confirmation) is below the bound; never before a first confirmation.
+    fn gate_auto_promotion(&mut self) {
+        if let Some(max) = self.max_lag {
+            let now = (self.clock)();
+            let allowed = self.confirmed.is_some_and(|c| now.saturating_sub(c) < max);
+            self.elector.set_auto_promote(allowed);
         }
     }
 
@@ -299,6 +351,7 @@ impl Driver {
                 .map(|deadline| Term { epoch, deadline })
         });
         self.handle.publish(term);
+        self.handle.publish_demoting(self.elector.demoting());
         let active = term.is_some();
         if active != self.was_active {
             let e = self.epoch();
@@ -374,6 +427,7 @@ impl Driver {
         let active = self.elector.is_active(now).is_some();
         let role = match (self.elector.role(), active) {
             (_, true) => "active",
+            (Role::Leader { .. }, false) if self.elector.demoting().is_some() => "demoting",
             (Role::Leader { .. }, false) => "leader-without-term",
             (Role::Standby, false) => "standby",
         };
@@ -406,6 +460,11 @@ fn slot_status(el: &Elector, s: Slot, now: Duration) -> SlotStatus {
     };
     let age = |since: Duration| u64::try_from(now.saturating_sub(since).as_millis()).ok();
     let (state, holder, rv, age_ms) = match el.seen(s) {
+        Seen::Present {
+            rv,
+            record: Some(r),
+            since,
+        } if r.state.demoting => ("demoting", Some(r.holder()), Some(rv.clone()), age(*since)),
         Seen::Unknown => ("unknown", None, None, None),
         Seen::Missing { since } => ("missing", None, None, age(*since)),
         Seen::Present {

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use super::config::Timings;
 use super::epoch::Epoch;
-use super::record::{Published, Record};
+use super::record::{HaState, Published, Record};
 
 /// One of the Leases the elector reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,6 +170,27 @@ pub enum ForceError {
     /// The epoch space is exhausted.
     #[error("no higher epoch can be written")]
     Exhausted,
+    /// A token promotion whose token epoch is not the highest epoch this process has seen.
+    #[error("the token's epoch {token} is not the highest epoch seen ({seen})")]
+    TokenStale {
+        /// The token's epoch.
+        token: Epoch,
+        /// The highest epoch seen.
+        seen: Epoch,
+    },
+}
+
+/// A promotion with a demotion token (HA.md contract 2): each Lease whose record is the source's at the
+/// token's epoch in the state `demoting(token)` is taken over by a conditional write at once, with no
+/// `lease_duration` wait: its holder has published, after draining, that it no longer acts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TokenTakeover {
+    /// The demoting cluster.
+    pub source: String,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// The token, as its Leases record it.
+    pub token: String,
 }
 
 /// What this elector knows of one slot's Lease.
@@ -320,6 +341,10 @@ pub struct Elector {
     auto_promote: bool,
     /// When this process last stepped down (a follower re-follows only a record written after it).
     stepped_down_at: Option<Duration>,
+    /// The switchover state at the epoch led (adopted from the Leases: the highest `seq` read wins).
+    state: HaState,
+    /// A token promotion in progress.
+    token: Option<TokenTakeover>,
     #[cfg(any(test, feature = "test-util"))]
     flaws: Flaws,
 }
@@ -339,6 +364,8 @@ impl Elector {
             started: now,
             auto_promote: true,
             stepped_down_at: None,
+            state: HaState::default(),
+            token: None,
             #[cfg(any(test, feature = "test-util"))]
             flaws: Flaws::default(),
         }
@@ -427,6 +454,45 @@ impl Elector {
             cluster: self.cfg.cluster.clone(),
             epoch,
             timings: self.published(),
+            state: self.state.clone(),
+        }
+    }
+
+    /// The switchover state of the term led (`demoting`: nothing is admitted).
+    #[must_use]
+    pub fn state(&self) -> &HaState {
+        &self.state
+    }
+
+    /// Leading at this epoch in the state `demoting` (the members drain and acknowledge it).
+    #[must_use]
+    pub fn demoting(&self) -> Option<Epoch> {
+        match self.role {
+            Role::Leader { epoch, .. } if self.state.demoting => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// The token's source still demoting at the token's epoch (perhaps a copy of its state from before the
+    /// token): a conflict with it is a renewal of the demoting holder, not a reason to give up.
+    fn token_source_demoting(&self, r: &Record) -> bool {
+        self.token
+            .as_ref()
+            .is_some_and(|t| r.cluster == t.source && r.epoch == t.epoch && r.state.demoting)
+    }
+
+    fn token_matches(&self, r: &Record) -> bool {
+        self.token.as_ref().is_some_and(|t| {
+            r.cluster == t.source
+                && r.epoch == t.epoch
+                && r.state.demoting
+                && r.state.token.as_deref() == Some(t.token.as_str())
+        })
+    }
+
+    fn adopt(&mut self, r: &Record) {
+        if r.state.seq > self.state.seq {
+            self.state = r.state.clone();
         }
     }
 
@@ -498,8 +564,8 @@ impl Elector {
             return None;
         };
         let peer_read = self.view(Slot::Peer).last_ok.is_some();
-        (self.alarm.is_none() && (self.cfg.witness || peer_read) && self.in_term(now))
-            .then_some(epoch)
+        let acts = self.alarm.is_none() && !self.state.demoting;
+        (acts && (self.cfg.witness || peer_read) && self.in_term(now)).then_some(epoch)
     }
 
     /// When the current term ends if nothing is renewed (`None` if not active): the earliest hold that
@@ -561,8 +627,44 @@ impl Elector {
         Ok(vec![Transition::Promoted(epoch)])
     }
 
+    /// `kshard ha promote --token`: start a candidacy at a new epoch that takes over every Lease the
+    /// demoting source `t` still holds in the state `demoting(token)` at once. The caller has checked the
+    /// token against the Leases; here the token's epoch must be the highest seen. Without a witness the
+    /// source's Lease (the peer's) is written first: a `demote --cancel` and this promotion then serialise
+    /// on it.
+    pub fn promote_with_token(
+        &mut self,
+        t: TokenTakeover,
+        now: Duration,
+    ) -> Result<Vec<Transition>, ForceError> {
+        let _ = now;
+        if matches!(self.role, Role::Leader { .. }) {
+            return Err(ForceError::AlreadyLeading);
+        }
+        if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
+            return Err(ForceError::Undecodable);
+        }
+        if t.epoch != self.max_seen {
+            return Err(ForceError::TokenStale {
+                token: t.epoch,
+                seen: self.max_seen,
+            });
+        }
+        let epoch = self
+            .max_seen
+            .next(self.cfg.rank)
+            .map_err(|_| ForceError::Exhausted)?;
+        self.alarm = None;
+        self.decided = true;
+        self.lead(epoch, false);
+        self.token = Some(t);
+        Ok(vec![Transition::Promoted(epoch)])
+    }
+
     fn lead(&mut self, epoch: Epoch, bootstrap: bool) {
         self.role = Role::Leader { epoch, bootstrap };
+        self.state = HaState::default();
+        self.token = None;
         self.no_term_since = None;
         for v in &mut self.views {
             v.held_from = None;
@@ -574,6 +676,8 @@ impl Elector {
             self.role = Role::Standby;
             self.stepped_down_at = Some(now);
             self.no_term_since = None;
+            self.state = HaState::default();
+            self.token = None;
             for v in &mut self.views {
                 v.held_from = None;
             }
@@ -665,13 +769,15 @@ impl Elector {
         self.max_seen = self.max_seen.max(r.epoch);
         if let Role::Leader { epoch, .. } = self.role {
             let mine = self.is_mine(&r, epoch);
-            if !mine {
+            if mine {
+                self.adopt(&r);
+            } else {
                 self.view_mut(slot).held_from = None;
             }
             let counts = slot != Slot::Peer || !self.cfg.witness;
             if r.epoch > epoch && counts {
                 self.step_down(StepDown::HigherEpoch(slot), now, out);
-            } else if recheck && !mine {
+            } else if recheck && !mine && !self.token_source_demoting(&r) {
                 self.step_down(StepDown::Conflict(slot), now, out);
             }
         }
@@ -759,8 +865,9 @@ impl Elector {
         } = &self.view(resume_slot).seen
         {
             if r.cluster == self.cfg.cluster && r.epoch == self.max_seen {
-                let e = r.epoch;
+                let (e, r) = (r.epoch, r.clone());
                 self.lead(e, false);
+                self.adopt(&r);
                 out.push(Transition::Resumed(e));
             }
         }
@@ -791,8 +898,9 @@ impl Elector {
         };
         let fresh = self.stepped_down_at.is_none_or(|t| *since > t);
         if r.cluster == self.cfg.cluster && r.epoch == self.max_seen && fresh {
-            let e = r.epoch;
+            let (e, r) = (r.epoch, r.clone());
             self.lead(e, false);
+            self.adopt(&r);
             out.push(Transition::Resumed(e));
         }
     }
@@ -801,13 +909,14 @@ impl Elector {
         if !self.cfg.witness || !self.auto_promote || self.alarm.is_some() {
             return;
         }
-        // only over a witness record (never at bootstrap, when every Lease is missing: the flag decides)
+        // only over a witness record (never at bootstrap, when every Lease is missing: the flag decides),
+        // and never from a `demoting` one: that holder hands over with a token (H9)
         let witness_record = matches!(
-            self.view(Slot::Witness).seen,
+            &self.view(Slot::Witness).seen,
             Seen::Present {
-                record: Some(_),
+                record: Some(r),
                 ..
-            }
+            } if !r.state.demoting
         );
         if witness_record && self.stale(Slot::Witness, now) && self.stale(Slot::Own, now) {
             if let Ok(e) = self.max_seen.next(self.cfg.rank) {
@@ -868,12 +977,15 @@ impl Elector {
 
     fn order_allows(&self, s: Slot, epoch: Epoch, now: Duration) -> bool {
         let own_held = self.held(Slot::Own, now);
+        // a token promotion without a witness writes the source's Lease (the peer's) first
+        let token_first = self.token.is_some() && !self.cfg.witness && !self.mine(Slot::Own, epoch);
         match s {
+            Slot::Own if token_first => self.held(Slot::Peer, now),
             Slot::Own => {
                 !self.cfg.witness || self.mine(Slot::Own, epoch) || self.held(Slot::Witness, now)
             }
             Slot::Witness => own_held || !self.mine(Slot::Own, epoch),
-            Slot::Peer => own_held,
+            Slot::Peer => own_held || token_first,
         }
     }
 
@@ -910,7 +1022,7 @@ impl Elector {
                 record: Some(r),
                 ..
             } => {
-                if r.epoch < epoch && self.stale(s, now) {
+                if r.epoch < epoch && (self.stale(s, now) || self.token_matches(r)) {
                     Decision::Write(Op::Update {
                         rv: rv.clone(),
                         record,

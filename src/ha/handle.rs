@@ -47,6 +47,8 @@ struct Shared {
     clock: LocalClock,
     term: ArcSwap<Option<Term>>,
     changes: watch::Sender<u64>,
+    /// The epoch this cluster leads in the state `demoting`, as this process's elector read it.
+    demoting: watch::Sender<Option<Epoch>>,
     refused: AtomicU64,
     metrics: HaMetrics,
     standalone: bool,
@@ -74,6 +76,7 @@ impl HaHandle {
                 clock,
                 term: ArcSwap::from_pointee(None),
                 changes: watch::channel(0).0,
+                demoting: watch::channel(None).0,
                 refused: AtomicU64::new(0),
                 metrics,
                 standalone,
@@ -144,6 +147,26 @@ impl HaHandle {
                 let _ = rx.changed().await;
             }
         }
+    }
+
+    /// The epoch whose term this process's elector leads in the state `demoting` (a planned switchover:
+    /// nothing is admitted, and a shard group's member acknowledges `ha-drained` once its work under
+    /// that epoch has finished).
+    #[must_use]
+    pub fn demoting(&self) -> Option<Epoch> {
+        *self.shared.demoting.borrow()
+    }
+
+    pub(crate) fn watch_demoting(&self) -> watch::Receiver<Option<Epoch>> {
+        self.shared.demoting.subscribe()
+    }
+
+    pub(crate) fn publish_demoting(&self, d: Option<Epoch>) {
+        self.shared.demoting.send_if_modified(|old| {
+            let changed = *old != d;
+            *old = d;
+            changed
+        });
     }
 
     /// The local clock this handle reads.

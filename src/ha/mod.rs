@@ -14,6 +14,8 @@
 //!   shard group's HA gate will consult.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
 //! - [`ops`]: the engine of `kshard ha status` and `kshard ha promote --force`.
+//! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
+//!   the freeze, the demotion token), `promote --token` (the token table), `demote --cancel`.
 
 pub mod config;
 pub mod driver;
@@ -24,6 +26,8 @@ pub mod handle;
 pub mod metrics;
 pub mod ops;
 pub mod record;
+pub mod switchover;
+mod switchover_types;
 
 pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
@@ -31,6 +35,6 @@ pub use handle::{HaHandle, LocalClock, NotActive};
 pub use metrics::{HaMetrics, HaSnapshot};
 
 pub use config::{ConfigError, HaConfig, HaConfigBuilder, HaMode, Timings};
-pub use elector::{Elector, ElectorConfig, Role, Slot};
+pub use elector::{Elector, ElectorConfig, Role, Slot, TokenTakeover};
 pub use epoch::Epoch;
-pub use record::Record;
+pub use record::{HaState, Record};

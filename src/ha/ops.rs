@@ -237,6 +237,7 @@ pub async fn force_promote(
     timeout: Duration,
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, ForceFailed> {
+    let local = clients.local.clone();
     let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
     let _abort = Abort(task);
     let start = tokio::time::Instant::now();
@@ -265,6 +266,10 @@ pub async fn force_promote(
         if own.as_deref() == Some(me.as_str()) && st.role != "standby" {
             // give the peer's Lease (the old Active's mark) one retry period to be written too
             tokio::time::sleep(cfg.timings.retry_period).await;
+            // a cluster demoted earlier (a planned switchover) is still frozen: the new Active must write
+            if let Err(e) = super::switchover::unfreeze(&local, cfg).await {
+                progress(&format!("could not lift this cluster's switchover freeze: {e}"));
+            }
             return Ok(epoch);
         }
         if st.role == "standby" || recorded.elapsed() >= timeout {

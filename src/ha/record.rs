@@ -16,6 +16,62 @@ use super::epoch::Epoch;
 pub const TIMINGS_ANNOTATION: &str = "kube-shard.io/ha-timings";
 /// The label every HA Lease carries (value: the HA name), so tools can list them.
 pub const HA_LABEL: &str = "kube-shard.io/ha";
+/// The annotation holding the holder's switchover state (format version 1); absent means "active, seq 0".
+pub const STATE_ANNOTATION: &str = "kube-shard.io/ha-state";
+
+/// The holder's planned-switchover state at its epoch (HA.md contract 2). `seq` only rises within an
+/// epoch: every command that changes the state (`demote`, the token, `demote --cancel`) writes `seq + 1`,
+/// and a process adopts the record with the highest `seq` it reads, so an older copy of the state in
+/// another Lease never undoes a newer one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HaState {
+    /// Rises with every change of the state within one epoch.
+    pub seq: u64,
+    /// `demoting`: the holder admits nothing and its members drain (`ha-drained` acks).
+    pub demoting: bool,
+    /// The demotion token, once taken (only while demoting).
+    pub token: Option<String>,
+}
+
+impl HaState {
+    pub(crate) fn text(&self) -> Option<String> {
+        if *self == HaState::default() {
+            return None;
+        }
+        let mut s = format!(
+            "v1 seq={} {}",
+            self.seq,
+            if self.demoting { "demoting" } else { "active" }
+        );
+        if let Some(t) = &self.token {
+            s.push_str(" token=");
+            s.push_str(t);
+        }
+        Some(s)
+    }
+
+    fn parse(s: &str) -> Option<HaState> {
+        let mut parts = s.strip_prefix("v1 ")?.split_whitespace();
+        let seq = parts.next()?.strip_prefix("seq=")?.parse().ok()?;
+        let demoting = match parts.next()? {
+            "demoting" => true,
+            "active" => false,
+            _ => return None,
+        };
+        let token = match parts.next() {
+            None => None,
+            Some(t) => Some(t.strip_prefix("token=")?.to_string()),
+        };
+        if parts.next().is_some() || (token.is_some() && !demoting) {
+            return None;
+        }
+        Some(HaState {
+            seq,
+            demoting,
+            token,
+        })
+    }
+}
 
 /// The timings a writer publishes: a taker waits `max(own lease_duration, renew_deadline + request_timeout)
 /// + grace` from its observation.
@@ -38,6 +94,8 @@ pub struct Record {
     pub epoch: Epoch,
     /// The writer's timings.
     pub timings: Published,
+    /// The planned-switchover state.
+    pub state: HaState,
 }
 
 /// Why a Lease does not decode.
@@ -61,6 +119,9 @@ pub enum DecodeError {
     /// The timings annotation is missing or not version 1.
     #[error("timings annotation {0:?} missing or of an unknown format")]
     Timings(Option<String>),
+    /// The state annotation is not version 1.
+    #[error("state annotation {0:?} of an unknown format")]
+    State(String),
 }
 
 impl Record {
@@ -113,10 +174,20 @@ pub fn encode(record: &Record, name: &str, namespace: &str, ha_name: &str) -> Le
                 HA_LABEL.to_string(),
                 ha_name.to_string(),
             )])),
-            annotations: Some(BTreeMap::from([(
-                TIMINGS_ANNOTATION.to_string(),
-                timings_text(&record.timings),
-            )])),
+            annotations: Some(
+                [(
+                    TIMINGS_ANNOTATION.to_string(),
+                    timings_text(&record.timings),
+                )]
+                .into_iter()
+                .chain(
+                    record
+                        .state
+                        .text()
+                        .map(|t| (STATE_ANNOTATION.to_string(), t)),
+                )
+                .collect(),
+            ),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
@@ -159,6 +230,15 @@ pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
         .lease_duration_seconds
         .and_then(|s| u64::try_from(s).ok())
         .ok_or(DecodeError::Timings(ann.cloned()))?;
+    let state = match lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATE_ANNOTATION))
+    {
+        None => HaState::default(),
+        Some(s) => HaState::parse(s).ok_or_else(|| DecodeError::State(s.clone()))?,
+    };
     Ok(Record {
         cluster: cluster.to_string(),
         epoch,
@@ -167,6 +247,7 @@ pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
             renew_deadline: rd,
             request_timeout: to,
         },
+        state,
     })
 }
 
@@ -183,6 +264,46 @@ mod tests {
                 renew_deadline: Duration::from_secs(10),
                 request_timeout: Duration::from_millis(2500),
             },
+            state: HaState::default(),
+        }
+    }
+
+    #[test]
+    fn the_state_round_trips_and_a_bad_one_is_undecodable() {
+        let mut r = rec();
+        for st in [
+            HaState {
+                seq: 1,
+                demoting: true,
+                token: None,
+            },
+            HaState {
+                seq: 2,
+                demoting: true,
+                token: Some("v1;e=3002".into()),
+            },
+            HaState {
+                seq: 3,
+                demoting: false,
+                token: None,
+            },
+        ] {
+            r.state = st;
+            assert_eq!(decode(&encode(&r, "n", "ns", "op")).unwrap(), r);
+        }
+        for bad in [
+            "v2 seq=1 demoting",
+            "v1 seq=x active",
+            "v1 seq=1 active token=t",
+            "v1 seq=1 demoting x",
+        ] {
+            let mut l = encode(&rec(), "n", "ns", "op");
+            l.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(STATE_ANNOTATION.into(), bad.into());
+            assert!(matches!(decode(&l), Err(DecodeError::State(_))), "{bad}");
         }
     }
 

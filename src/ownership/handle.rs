@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     pub(crate) ha: std::sync::OnceLock<crate::ha::HaHandle>,
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).
     pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
+    /// The failover epoch whose demotion this member has drained (its `ha-drained` ack).
+    ha_drained: Mutex<Option<crate::ha::Epoch>>,
 }
 
 /// Why a member admits nothing although it owns shards. Each cause is its own bit: a gate sets and clears
@@ -200,6 +202,7 @@ impl Ownership {
                 hold: std::sync::atomic::AtomicU8::new(0),
                 ha: std::sync::OnceLock::new(),
                 observer: std::sync::OnceLock::new(),
+                ha_drained: Mutex::new(None),
             }),
         }
     }
@@ -391,6 +394,30 @@ impl Ownership {
     }
 
     /// Put admission and fences behind the cluster's HA term (once; later calls are ignored).
+    /// Nothing in flight on any shard this member holds: no permit and no live fence.
+    pub(crate) fn idle(&self) -> bool {
+        self.snapshot().gates.values().all(|g| g.in_flight() == 0)
+    }
+
+    /// The failover epoch whose demotion this member acknowledges as drained (`kube-shard.io/ha-drained`
+    /// in its member Lease, written at its next renewal).
+    #[must_use]
+    pub fn ha_drained(&self) -> Option<crate::ha::Epoch> {
+        *self
+            .inner
+            .ha_drained
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_ha_drained(&self, e: Option<crate::ha::Epoch>) {
+        *self
+            .inner
+            .ha_drained
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = e;
+    }
+
     pub(crate) fn install_ha(&self, ha: crate::ha::HaHandle) -> bool {
         self.inner.ha.set(ha).is_ok()
     }

@@ -20,24 +20,24 @@ use crate::group::{builder, spawn_with, until, FenceLog, Member, CP_NS};
 /// The HA renew deadline (the default timings: 15 s lease, 10 s renew deadline, 2 s retry).
 const HA_RENEW: Duration = Duration::from_secs(10);
 
-struct Side {
-    member: Member,
-    worker: tokio::task::JoinHandle<()>,
-    admitted: Arc<AtomicU64>,
+pub(crate) struct Side {
+    pub(crate) member: Member,
+    pub(crate) worker: tokio::task::JoinHandle<()>,
+    pub(crate) admitted: Arc<AtomicU64>,
 }
 
 impl Side {
-    fn kill(&self) {
+    pub(crate) fn kill(&self) {
         self.member.kill();
         self.worker.abort();
     }
 
-    fn ownership(&self) -> Ownership {
+    pub(crate) fn ownership(&self) -> Ownership {
         self.member.ownership()
     }
 }
 
-fn ha_config(cluster: &str, rank: u64, mode: HaMode) -> HaConfig {
+pub(crate) fn ha_config(cluster: &str, rank: u64, mode: HaMode) -> HaConfig {
     HaConfig::builder("widgets")
         .mode(mode)
         .cluster(cluster, rank)
@@ -49,7 +49,7 @@ fn ha_config(cluster: &str, rank: u64, mode: HaMode) -> HaConfig {
 
 /// Member `name` of cluster `cluster` (rank, mode) on `own`, its HA peer `peer`. The group uses the
 /// identity `name`, the HA elector `name-ha` (so a test can cut either alone).
-fn ha_builder(
+pub(crate) fn ha_builder(
     name: &str,
     cluster: &str,
     rank: u64,
@@ -65,14 +65,20 @@ fn ha_builder(
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Worker {
+pub(crate) enum Worker {
     /// Re-checks its fence before every request and never runs a request past the fence's validity.
     Honest,
     /// PLANTED BUG: keeps its first permit and fence and never re-checks them.
     IgnoresFences,
 }
 
-fn side(b: ShardGroupBuilder, name: &str, cluster: &str, o: &HaOverlap, kind: Worker) -> Side {
+pub(crate) fn side(
+    b: ShardGroupBuilder,
+    name: &str,
+    cluster: &str,
+    o: &HaOverlap,
+    kind: Worker,
+) -> Side {
     let member = spawn_with(b, name, &FenceLog::default());
     let admitted = Arc::new(AtomicU64::new(0));
     let worker = tokio::spawn(work(
@@ -89,7 +95,13 @@ fn side(b: ShardGroupBuilder, name: &str, cluster: &str, o: &HaOverlap, kind: Wo
     }
 }
 
-async fn work(own: Ownership, cluster: String, o: HaOverlap, n: Arc<AtomicU64>, kind: Worker) {
+pub(crate) async fn work(
+    own: Ownership,
+    cluster: String,
+    o: HaOverlap,
+    n: Arc<AtomicU64>,
+    kind: Worker,
+) {
     let shards = own.config().shards.get();
     let mut kept: Vec<(Permit, kube_shard::Fence)> = Vec::new();
     loop {
@@ -128,7 +140,7 @@ async fn work(own: Ownership, cluster: String, o: HaOverlap, n: Arc<AtomicU64>, 
     }
 }
 
-async fn two_servers() -> (TestServer, TestServer) {
+pub(crate) async fn two_servers() -> (TestServer, TestServer) {
     let (sa, _) = crate::support::group_server().await;
     let (sb, _) = crate::support::group_server().await;
     (sa, sb)
@@ -160,7 +172,7 @@ async fn active_and_standby(kind: Worker) -> (TestServer, TestServer, HaOverlap,
     (sa, sb, o, a, b)
 }
 
-fn is_admitting(o: &Ownership) -> bool {
+pub(crate) fn is_admitting(o: &Ownership) -> bool {
     let shards = o.config().shards.get();
     (0..shards).any(|s| o.admit_shard(s).is_ok())
 }
@@ -254,7 +266,7 @@ async fn ha_group_an_active_cut_from_its_apiserver_stops_admitting_within_renew_
     b.kill();
 }
 
-fn owned_shard(o: &Ownership) -> u32 {
+pub(crate) fn owned_shard(o: &Ownership) -> u32 {
     let shards = o.config().shards.get();
     (0..shards)
         .find(|&s| o.admit_shard(s).is_ok())

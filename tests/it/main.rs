@@ -6,6 +6,8 @@ mod fuzz_fallback;
 mod group;
 mod ha_elector;
 mod ha_group;
+mod ha_lag;
+mod ha_switchover;
 mod model_common;
 mod model_ha;
 mod model_handoff;

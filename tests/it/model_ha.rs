@@ -168,6 +168,7 @@ impl Ha {
                 renew_deadline: self.timings.renew_deadline,
                 request_timeout: self.timings.request_timeout,
             },
+            state: Default::default(),
         }
     }
 

@@ -329,3 +329,199 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
         on_b.data
     );
 }
+
+/// Write the mirror's position for `kind` from `source` into the checkpoint on `kc`'s cluster (the mirror
+/// is not built yet: the test stands in for it).
+fn write_position(rt: &tokio::runtime::Runtime, kc: &Path, kind: &str, source: &str, rv: u64) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: Api<ConfigMap> = Api::namespaced(rt.block_on(client(kc)), "default");
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("widgets-ha-mirror".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            kind.to_string(),
+            format!("v1 source={source} rv={rv}"),
+        )])),
+        ..ConfigMap::default()
+    };
+    rt.block_on(async {
+        match api.get_opt("widgets-ha-mirror").await.unwrap() {
+            None => api.create(&PostParams::default(), &cm).await.unwrap(),
+            Some(old) => {
+                let mut cm = cm;
+                let mut data = old.data.clone().unwrap_or_default();
+                data.extend(cm.data.take().unwrap());
+                cm.data = Some(data);
+                cm.metadata.resource_version = old.metadata.resource_version;
+                api.replace("widgets-ha-mirror", &PostParams::default(), &cm)
+                    .await
+                    .unwrap()
+            }
+        }
+    });
+}
+
+fn ha_as(args: &[&str], own: &Path, peer: &Path, id: &str, rank: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("ha")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(own)
+        .arg("--peer-kubeconfig")
+        .arg(peer)
+        .args(["-n", "default", "--name", "widgets"])
+        .args(["--cluster-id", id, "--rank", rank])
+        .output()
+        .unwrap()
+}
+
+const KIND: &str = "widgets.example.kube-shard.io/v1";
+
+/// `kshard ha demote`, `promote --token` and `switchover` on two `kshard testserver` processes with a
+/// `kshard operator` in each: a → b with the token, then b → a in one command.
+#[test]
+fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _sa) = testserver(dir.path(), "a");
+    let (b, _sb) = testserver(dir.path(), "b");
+    let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
+    let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");
+    until(
+        std::time::Duration::from_secs(60),
+        "a active at 1001",
+        || {
+            let out = ha(&["status", "--json"], &b, &a);
+            out.status.success() && {
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                v["active"] == "a" && v["highest_epoch"] == 1001
+            }
+        },
+    );
+    let demote = [
+        "demote",
+        "--kind",
+        KIND,
+        "--group",
+        "widgets",
+        "--drain-timeout",
+        "30s",
+    ];
+    let out = ha_as(&demote, &a, &b, "a", "1");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        token.starts_with("v1;src=a/") && token.contains(";e=1001;"),
+        "{token}"
+    );
+    // the mirror (stand-in) reaches the token on b
+    let source = token
+        .split(';')
+        .nth(1)
+        .unwrap()
+        .strip_prefix("src=")
+        .unwrap();
+    let krv: u64 = token
+        .split(";k=")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    write_position(&rt, &b, "widgets.example.kube-shard.io", source, krv);
+    // a wrong token is refused and changes nothing
+    let wrong = token.replace(";e=1001;", ";e=2001;");
+    let out = ha_as(
+        &["promote", "--token", &wrong, "--timeout", "5s"],
+        &b,
+        &a,
+        "b",
+        "2",
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stale"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut args = vec!["promote", "--token", token.as_str(), "--timeout", "30s"];
+    args.extend(TIMINGS);
+    let t = std::time::Instant::now();
+    let out = ha_as(&args, &b, &a, "b", "2");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("promoted: b is Active at epoch 2002"),
+        "{stdout}"
+    );
+    eprintln!("[cli] promote --token took {:?}", t.elapsed());
+    let st = status(&b, &a);
+    assert_eq!(st["active"], "b", "{st}");
+    // back in one command: b's token is taken and used on a (the stand-in mirror on a is far ahead)
+    let src_b = {
+        let out = ha_as(&["status", "--json"], &b, &a, "b", "2");
+        assert!(out.status.success());
+        let rt2 = &rt;
+        let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(rt2.block_on(client(&b)));
+        format!(
+            "b/{}",
+            rt2.block_on(ns.get("kube-system"))
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap()
+        )
+    };
+    write_position(
+        &rt,
+        &a,
+        "widgets.example.kube-shard.io",
+        &src_b,
+        u64::MAX / 4,
+    );
+    let sw = [
+        "switchover",
+        "--kind",
+        KIND,
+        "--group",
+        "widgets",
+        "--peer-cluster-id",
+        "a",
+        "--peer-rank",
+        "1",
+        "--timeout",
+        "30s",
+    ];
+    let out = ha_as(&sw, &b, &a, "b", "2");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("switched over: a is Active at epoch 3001"),
+        "{stdout}"
+    );
+    let st = status(&b, &a);
+    assert_eq!(st["active"], "a", "{st}");
+    assert_eq!(st["highest_epoch"], 3001);
+}

@@ -31,7 +31,9 @@ use super::config::GroupConfig;
 use super::coordinator::{self, Observed, StepInput};
 use super::events::{Events, Kind};
 use super::metrics::GroupMetrics;
-use super::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
+use super::report::{
+    MemberReport, GROUP_LABEL, HA_DRAINED, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER,
+};
 use super::singleton::{LeaderTerm, TERM_ANNOTATION};
 use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};

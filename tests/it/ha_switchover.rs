@@ -1,0 +1,607 @@
+//! Planned switchover (HA.md contract 2) in shard groups on two testservers (three with a witness),
+//! paused time: `kube_shard::ha::switchover::{demote, promote_with_token, cancel}` against the Active's
+//! group (members ack `ha-drained`) and the Standby, with the cross-cluster overlap checker
+//! (`kube_shard::oracles::ha_overlap`) recording every worker's requests under (cluster, the permit's
+//! failover epoch). The mirrored kind is `secrets/v1`; a small mirror stand-in copies A's Secrets to B
+//! and writes its position (the LIST's resourceVersion) into B's checkpoint, as the mirror will.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::ByteString;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::Api;
+use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, SwitchError, Token};
+use kube_shard::ha::{HaClients, HaConfig, HaMode};
+use kube_shard::oracles::ha_overlap::{HaOverlap, Violation};
+use kube_shard_testserver::TestServer;
+use tokio::time::Instant;
+
+use crate::group::{until, CP_NS};
+use crate::ha_group::{
+    ha_builder, ha_config, is_admitting, owned_shard, side, two_servers, Side, Worker,
+};
+
+fn kinds() -> Vec<Kind> {
+    vec!["secrets/v1".parse().unwrap()]
+}
+
+fn demote_opts() -> DemoteOptions {
+    DemoteOptions::new(kinds()).group(crate::group::GROUP, Some(CP_NS.into()))
+}
+
+/// The commands' view of cluster `id` (rank) with `own` and `peer`.
+fn cmd(id: &str, rank: u64, own: &TestServer, peer: &TestServer) -> (HaConfig, HaClients) {
+    let who = format!("kshard-{id}");
+    (
+        ha_config(id, rank, HaMode::Standby),
+        HaClients::new(own.client(&who), peer.client(&who), None),
+    )
+}
+
+async fn uid_of_kube_system(s: &TestServer) -> String {
+    let ns: Api<Namespace> = Api::all(s.client("admin"));
+    ns.get("kube-system").await.unwrap().metadata.uid.unwrap()
+}
+
+/// Writes Secrets `w-0..5` on A (identity `writer`) every 200 ms while `on`; counts accepted and refused.
+struct Writer {
+    ok: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn secret(name: &str, v: u64) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(CP_NS.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "v".to_string(),
+            ByteString(v.to_string().into_bytes()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+async fn put(api: &Api<Secret>, s: Secret) -> Result<(), kube::Error> {
+    let name = s.metadata.name.clone().unwrap();
+    match api.get_opt(&name).await? {
+        None => api.create(&PostParams::default(), &s).await.map(|_| ()),
+        Some(old) => {
+            let mut s = s;
+            s.metadata.resource_version = old.metadata.resource_version;
+            api.replace(&name, &PostParams::default(), &s)
+                .await
+                .map(|_| ())
+        }
+    }
+}
+
+fn writer(a: &TestServer) -> Writer {
+    let api: Api<Secret> = Api::namespaced(a.client("writer"), CP_NS);
+    let (ok, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (o, r) = (ok.clone(), refused.clone());
+    let task = tokio::spawn(async move {
+        for i in 0u64.. {
+            match put(&api, secret(&format!("w-{}", i % 5), i)).await {
+                Ok(()) => o.fetch_add(1, Ordering::SeqCst),
+                Err(_) => r.fetch_add(1, Ordering::SeqCst),
+            };
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    Writer { ok, refused, task }
+}
+
+/// The mirror stand-in: every 500 ms copies A's Secrets in the namespace to B and records the LIST's
+/// resourceVersion as B's position for `secrets` from A's source identity.
+fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let src: Api<Secret> = Api::namespaced(a.client("mirror"), CP_NS);
+    let dst: Api<Secret> = Api::namespaced(b.client("mirror"), CP_NS);
+    let (a, bc) = (a.client("admin"), b.client("mirror"));
+    tokio::spawn(async move {
+        let ns: Api<Namespace> = Api::all(a);
+        let source = format!(
+            "a/{}",
+            ns.get("kube-system").await.unwrap().metadata.uid.unwrap()
+        );
+        let cfg = ha_config("b", 2, HaMode::Standby);
+        while !stop.load(Ordering::SeqCst) {
+            let l = src.list(&ListParams::default()).await.unwrap();
+            for s in l.items {
+                let mut c = secret(s.metadata.name.as_deref().unwrap(), 0);
+                c.data = s.data.clone();
+                put(&dst, c).await.unwrap();
+            }
+            let rv: u64 = l.metadata.resource_version.unwrap().parse().unwrap();
+            switchover::write_position(&bc, &cfg, "secrets", &source, rv)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+/// A (members a1, a2) Active and B (b1) Standby, both admitting/holding; the writer and the mirror run.
+struct Pair {
+    sa: TestServer,
+    sb: TestServer,
+    o: HaOverlap,
+    a: Vec<Side>,
+    b: Side,
+    writer: Writer,
+    mirror_stop: Arc<AtomicBool>,
+}
+
+async fn pair() -> Pair {
+    let (sa, sb) = two_servers().await;
+    let o = HaOverlap::default();
+    let a: Vec<Side> = ["a1", "a2"]
+        .iter()
+        .map(|n| {
+            side(
+                ha_builder(n, "a", 1, HaMode::Active, &sa, &sb),
+                n,
+                "a",
+                &o,
+                Worker::Honest,
+            )
+        })
+        .collect();
+    let b = side(
+        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
+        "b1",
+        "b",
+        &o,
+        Worker::Honest,
+    );
+    until(Duration::from_secs(40), "both A members admitting", || {
+        a.iter().all(|s| is_admitting(&s.ownership()))
+    })
+    .await;
+    let writer = writer(&sa);
+    let mirror_stop = Arc::new(AtomicBool::new(false));
+    mirror(&sa, &sb, mirror_stop.clone());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    Pair {
+        sa,
+        sb,
+        o,
+        a,
+        b,
+        writer,
+        mirror_stop,
+    }
+}
+
+impl Pair {
+    fn kill(&self) {
+        self.mirror_stop.store(true, Ordering::SeqCst);
+        self.writer.task.abort();
+        for s in self.a.iter().chain([&self.b]) {
+            s.kill();
+        }
+    }
+
+    async fn demote(&self, opts: &DemoteOptions) -> Result<Token, SwitchError> {
+        let (cfg, clients) = cmd("a", 1, &self.sa, &self.sb);
+        switchover::demote(&cfg, &clients, opts, |l| eprintln!("[demote] {l}")).await
+    }
+
+    async fn promote(
+        &self,
+        t: &Token,
+        timeout: Duration,
+    ) -> Result<kube_shard::ha::Epoch, SwitchError> {
+        let (cfg, clients) = cmd("b", 2, &self.sb, &self.sa);
+        let opts = PromoteOptions::new(timeout);
+        switchover::promote_with_token(
+            &cfg,
+            clients,
+            kube_shard::ha::handle::tokio_clock(),
+            t,
+            &opts,
+            |l| eprintln!("[promote] {l}"),
+        )
+        .await
+    }
+
+    fn b_admitted(&self) -> u64 {
+        self.b.admitted.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_under_writes_no_overlap_and_a_higher_epoch() {
+    let p = pair().await;
+    let t0 = Instant::now();
+    let token = p.demote(&demote_opts()).await.unwrap();
+    let demoted = t0.elapsed();
+    assert_eq!(token.epoch.wire(), 1001);
+    assert_eq!(
+        token.source(),
+        format!("a/{}", uid_of_kube_system(&p.sa).await)
+    );
+    for s in &p.a {
+        assert!(!is_admitting(&s.ownership()), "a demoted member admits");
+    }
+    // the freeze refuses the writer from the token on
+    let (ok, refused) = (
+        p.writer.ok.load(Ordering::SeqCst),
+        p.writer.refused.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        p.writer.ok.load(Ordering::SeqCst),
+        ok,
+        "a write was accepted after the freeze"
+    );
+    assert!(p.writer.refused.load(Ordering::SeqCst) > refused);
+    assert_eq!(p.b_admitted(), 0);
+    let epoch = p.promote(&token, Duration::from_secs(60)).await.unwrap();
+    assert!(epoch.wire() > 1001 && epoch.wire() == 2002, "{epoch}");
+    until(
+        Duration::from_secs(30),
+        "B's worker admitting at 2002",
+        || p.o.intervals().contains_key(&("b".to_string(), 2002)),
+    )
+    .await;
+    let first = p.o.intervals()[&("b".to_string(), 2002)].start;
+    eprintln!(
+        "[switchover] demote took {demoted:?}; demote start → B admitting {:?}",
+        first.duration_since(t0)
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for s in &p.a {
+        assert!(!is_admitting(&s.ownership()));
+        let st = s
+            .member
+            .handle
+            .ha_control()
+            .unwrap()
+            .status()
+            .await
+            .unwrap();
+        assert_eq!(st.role, "standby", "{st:?}");
+    }
+    assert!(is_admitting(&p.b.ownership()));
+    // nothing acknowledged was lost: every Secret on A is on B with the same data
+    let on = |s: &TestServer| {
+        let api: Api<Secret> = Api::namespaced(s.client("admin"), CP_NS);
+        async move {
+            let l = api.list(&ListParams::default()).await.unwrap();
+            l.items
+                .into_iter()
+                .map(|s| (s.metadata.name.unwrap(), s.data))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let (sa, sb) = (on(&p.sa).await, on(&p.sb).await);
+    assert!(!sa.is_empty());
+    for (k, v) in &sa {
+        assert_eq!(sb.get(k), Some(v), "{k}");
+    }
+    assert_eq!(p.o.violations(), vec![], "{:?}", p.o.intervals());
+    // the same token again
+    let again = p.promote(&token, Duration::from_secs(5)).await.unwrap_err();
+    assert!(again.to_string().contains("already used"), "{again}");
+    p.kill();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_demote_cancel_restores_the_active() {
+    let p = pair().await;
+    let token = p.demote(&demote_opts()).await.unwrap();
+    assert!(p.a.iter().all(|s| !is_admitting(&s.ownership())));
+    let (cfg, clients) = cmd("a", 1, &p.sa, &p.sb);
+    switchover::cancel(&cfg, &clients).await.unwrap();
+    until(Duration::from_secs(20), "A admitting again", || {
+        p.a.iter().all(|s| is_admitting(&s.ownership()))
+    })
+    .await;
+    for s in &p.a {
+        assert_eq!(
+            s.ownership().ha().unwrap().active_epoch().unwrap().wire(),
+            1001
+        );
+    }
+    let ok = p.writer.ok.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        p.writer.ok.load(Ordering::SeqCst) > ok,
+        "the freeze was not lifted"
+    );
+    // the cancelled token is refused (stale: the source is not demoting any more)
+    let e = p.promote(&token, Duration::from_secs(5)).await.unwrap_err();
+    assert!(e.to_string().contains("stale"), "{e}");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(p.b_admitted(), 0);
+    assert_eq!(p.o.violations(), vec![]);
+    p.kill();
+}
+
+/// A member whose reconcile holds its permit (and a request under the old term) for `hold`.
+fn stalled(s: &Side, o: &HaOverlap, hold: Duration) -> tokio::task::JoinHandle<()> {
+    let own = s.ownership();
+    let o = o.clone();
+    tokio::spawn(async move {
+        let p = own.admit_shard(owned_shard(&own)).unwrap();
+        let f = p.fence().unwrap();
+        let w = o.admit("a", p.failover_epoch().unwrap().wire());
+        tokio::time::sleep(hold).await;
+        drop((w, f, p));
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_a_stalled_member_fails_the_demotion_and_no_token_is_issued() {
+    let p = pair().await;
+    let st = stalled(&p.a[1], &p.o, Duration::from_secs(60));
+    tokio::task::yield_now().await;
+    let t0 = Instant::now();
+    let e = p
+        .demote(&demote_opts().drain_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap_err();
+    eprintln!("[switchover] stalled member: {e}");
+    match &e {
+        SwitchError::NotDrained { pending, .. } => {
+            assert_eq!(pending.len(), 1, "{pending:?}");
+            assert!(pending[0].contains("a2"), "{pending:?}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_secs(20));
+    // no token in the Lease, nothing frozen, B still standing by
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(p.sa.client("admin"), CP_NS);
+    let l = leases.get("widgets-ha").await.unwrap();
+    let state = kube_shard::ha::record::decode(&l).unwrap().state;
+    assert!(state.demoting && state.token.is_none(), "{state:?}");
+    assert_eq!(p.b_admitted(), 0);
+    // once the stalled reconcile ends, the demotion completes
+    st.await.unwrap();
+    let token = p.demote(&demote_opts()).await.unwrap();
+    assert_eq!(token.epoch.wire(), 1001);
+    assert_eq!(p.o.violations(), vec![]);
+    p.kill();
+}
+
+/// A member's request under the old term stays open 30 s; the Standby is promoted with the token at once.
+async fn stalled_switchover(skip_acks: bool) -> HaOverlap {
+    let p = pair().await;
+    let st = stalled(&p.a[1], &p.o, Duration::from_secs(30));
+    tokio::task::yield_now().await;
+    let mut opts = demote_opts();
+    opts.skip_acks = skip_acks;
+    let token = p.demote(&opts).await.unwrap();
+    p.promote(&token, Duration::from_secs(60)).await.unwrap();
+    until(Duration::from_secs(30), "B admitting", || {
+        is_admitting(&p.b.ownership())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    st.await.unwrap();
+    p.kill();
+    p.o
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_waits_for_a_stalled_request_and_never_overlaps() {
+    let o = stalled_switchover(false).await;
+    assert_eq!(o.violations(), vec![], "{:?}", o.intervals());
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_the_overlap_checker_finds_a_token_issued_before_the_acks() {
+    let o = stalled_switchover(true).await;
+    assert!(
+        o.violations()
+            .iter()
+            .any(|v| matches!(v, Violation::Overlap { .. })),
+        "the planted bug was not found: {:?}",
+        o.intervals()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_wrong_tokens_a_lagging_mirror_and_writes_after_the_token_are_refused() {
+    let p = pair().await;
+    // freeze-exempt identity `gc` may still write on A
+    let token = p
+        .demote(&demote_opts().freeze_exempt(vec!["gc".into()]))
+        .await
+        .unwrap();
+    let mut foreign = token.clone();
+    foreign.uid = "another-cluster".into();
+    let e = p
+        .promote(&foreign, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("foreign source"), "{e}");
+    let mut old = token.clone();
+    old.epoch = kube_shard::ha::Epoch::new(0, 1).unwrap();
+    let e = p.promote(&old, Duration::from_secs(5)).await.unwrap_err();
+    assert!(e.to_string().contains("stale"), "{e}");
+    // the mirror stops below the token: wait, then a per-kind report, no change on either side
+    p.mirror_stop.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (cfg_b, _) = cmd("b", 2, &p.sb, &p.sa);
+    let src = token.source();
+    switchover::write_position(
+        &p.sb.client("admin"),
+        &cfg_b,
+        "secrets",
+        &src,
+        token.kinds["secrets"] - 1,
+    )
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let e = p
+        .promote(&token, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(t0.elapsed() >= Duration::from_secs(10));
+    match &e {
+        SwitchError::Behind { report, .. } => {
+            assert_eq!(report.len(), 1);
+            assert_eq!(report[0].position, Some(token.kinds["secrets"] - 1));
+        }
+        other => panic!("{other}"),
+    }
+    eprintln!("[switchover] {e}");
+    // the mirror catches up, but an exempt writer changed a Secret after the token
+    switchover::write_position(
+        &p.sb.client("admin"),
+        &cfg_b,
+        "secrets",
+        &src,
+        token.kinds["secrets"],
+    )
+    .await
+    .unwrap();
+    let gc: Api<Secret> = Api::namespaced(p.sa.client("gc"), CP_NS);
+    put(&gc, secret("w-0", 999)).await.unwrap();
+    let e = p
+        .promote(&token, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("accepted writes after its demotion"),
+        "{e}"
+    );
+    // nothing changed: A demoting, B standing by
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(p.b_admitted(), 0);
+    assert!(p.a.iter().all(|s| !is_admitting(&s.ownership())));
+    assert_eq!(p.o.violations(), vec![]);
+    p.kill();
+}
+
+fn witness_builder(
+    name: &str,
+    cluster: &str,
+    rank: u64,
+    mode: HaMode,
+    own: &TestServer,
+    peer: &TestServer,
+    w: &TestServer,
+) -> kube_shard::group::ShardGroupBuilder {
+    let who = format!("{name}-ha");
+    let cfg = HaConfig::builder("widgets")
+        .mode(mode)
+        .cluster(cluster, rank)
+        .namespace(CP_NS)
+        .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
+        .build()
+        .unwrap();
+    crate::group::builder(own, name).ha(
+        cfg,
+        HaClients::new(own.client(&who), peer.client(&who), Some(w.client(&who))),
+    )
+}
+
+/// T8 "demotion against automatic promotion" (H9): with a witness, a demoting Active keeps its Leases in
+/// the state `demoting(token)`, and the Standby never promotes itself from it — not even once the old
+/// Active is gone for far longer than the takeover wait; the token promotes it without a wait.
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_over() {
+    let (sa, sb) = two_servers().await;
+    let (sw, _) = crate::support::group_server().await;
+    let o = HaOverlap::default();
+    let a = side(
+        witness_builder("a1", "a", 1, HaMode::Active, &sa, &sb, &sw),
+        "a1",
+        "a",
+        &o,
+        Worker::Honest,
+    );
+    let b = side(
+        witness_builder("b1", "b", 2, HaMode::Standby, &sb, &sa, &sw),
+        "b1",
+        "b",
+        &o,
+        Worker::Honest,
+    );
+    until(Duration::from_secs(40), "A admitting", || {
+        is_admitting(&a.ownership())
+    })
+    .await;
+    let writer = writer(&sa);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let who = "kshard-a";
+    let mut cfg_a = ha_config("a", 1, HaMode::Standby);
+    cfg_a = HaConfig::builder("widgets")
+        .mode(HaMode::Standby)
+        .cluster("a", 1)
+        .namespace(CP_NS)
+        .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
+        .build()
+        .unwrap_or(cfg_a);
+    let clients_a = HaClients::new(sa.client(who), sb.client(who), Some(sw.client(who)));
+    let token = switchover::demote(&cfg_a, &clients_a, &demote_opts(), |l| {
+        eprintln!("[demote] {l}")
+    })
+    .await
+    .unwrap();
+    // the demoting Active propagates demoting(token) to the witness, then dies
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.kill();
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert_eq!(
+        b.admitted.load(Ordering::SeqCst),
+        0,
+        "B promoted itself over a demoting Active"
+    );
+    // the mirror's position (its stand-in), then the token
+    let cfg_b = HaConfig::builder("widgets")
+        .mode(HaMode::Standby)
+        .cluster("b", 2)
+        .namespace(CP_NS)
+        .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
+        .build()
+        .unwrap();
+    switchover::write_position(
+        &sb.client("mirror"),
+        &cfg_b,
+        "secrets",
+        &token.source(),
+        token.kinds["secrets"],
+    )
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let clients_b = HaClients::new(
+        sb.client("kshard-b"),
+        sa.client("kshard-b"),
+        Some(sw.client("kshard-b")),
+    );
+    let e = switchover::promote_with_token(
+        &cfg_b,
+        clients_b,
+        kube_shard::ha::handle::tokio_clock(),
+        &token,
+        &PromoteOptions::new(Duration::from_secs(60)),
+        |l| eprintln!("[promote] {l}"),
+    )
+    .await
+    .unwrap();
+    until(Duration::from_secs(30), "B admitting", || {
+        is_admitting(&b.ownership())
+    })
+    .await;
+    eprintln!(
+        "[switchover] witness: promote --token → B admitting {:?} (epoch {e})",
+        t0.elapsed()
+    );
+    assert_eq!(o.violations(), vec![], "{:?}", o.intervals());
+    writer.task.abort();
+    b.kill();
+}
