@@ -417,7 +417,8 @@ mod tests {
         for (bad, found) in [
             ("{}", "no format"),
             ("{\"ready\":true,\"weight\":2}", "no format"),
-            ("{\"format\":2,\"somethingNew\":[1,2]}", "format 2"),
+            ("{\"format\":3,\"somethingNew\":[1,2]}", "format 3"),
+            ("{\"format\":1,\"admitted\":\"0\"}", "format 1"),
             ("{\"format\":0}", "format 0"),
             ("{\"format\":\"1\"}", "format \"1\""),
         ] {

@@ -28,7 +28,7 @@ use crate::support::{ends_owned_once, group_lease, group_server, settled_group};
 async fn a_member_of_another_report_format_holds_admission_loudly() {
     let (server, log, ms) = settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let report = r#"{"format":2,"ready":true,"generation":1,"highest":1}"#;
+    let report = r#"{"format":3,"ready":true,"generation":1,"highest":1}"#;
     let z = renew_lease_forever(
         &server,
         "z",
