@@ -609,10 +609,7 @@ mod tests {
         let mine: Vec<u32> = cur.owned_by(&id("a")).iter().collect();
         let moving = mine[0];
         let e = cur.view.shards.get_mut(&moving).unwrap();
-        e.handoff = Handoff::Draining {
-            id: 7,
-            to: id("b"),
-        };
+        e.handoff = Handoff::Draining { id: 7, to: id("b") };
         let mut members = [obs("a"), obs("b")];
         let r = members[0].report.as_mut().unwrap();
         r.stale = mine.iter().copied().collect();

@@ -268,7 +268,9 @@ pub async fn force_promote(
             tokio::time::sleep(cfg.timings.retry_period).await;
             // a cluster demoted earlier (a planned switchover) is still frozen: the new Active must write
             if let Err(e) = super::switchover::unfreeze(&local, cfg).await {
-                progress(&format!("could not lift this cluster's switchover freeze: {e}"));
+                progress(&format!(
+                    "could not lift this cluster's switchover freeze: {e}"
+                ));
             }
             return Ok(epoch);
         }

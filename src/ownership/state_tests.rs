@@ -506,7 +506,10 @@ fn shards_named_to_us_at_an_epoch_we_are_past_are_reported_stale() {
         ],
     ));
     for s in [0, 1] {
-        st.apply_event(Event::Activated { shard: s, epoch: 10 });
+        st.apply_event(Event::Activated {
+            shard: s,
+            epoch: 10,
+        });
     }
     st.apply_event(Event::Drained {
         shard: 2,
@@ -528,7 +531,11 @@ fn shards_named_to_us_at_an_epoch_we_are_past_are_reported_stale() {
     // the coordinator re-grants above: nothing stale any more
     st.apply_view(&view(
         12,
-        &[(0, owned(a(), 12)), (1, owned(a(), 12)), (2, owned(a(), 12))],
+        &[
+            (0, owned(a(), 12)),
+            (1, owned(a(), 12)),
+            (2, owned(a(), 12)),
+        ],
     ));
     assert_eq!(st.stale().count(), 0);
     assert_eq!(st.shard(2), Some(ShardState::Activating { epoch: 12 }));

@@ -142,7 +142,8 @@ impl Runtime {
         }
         let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
         let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
-        let ready_to_plan = (has_owners || settled || enough) && !blind && !self.blind_rebuild_holds(&members);
+        let ready_to_plan =
+            (has_owners || settled || enough) && !blind && !self.blind_rebuild_holds(&members);
         // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
         while self
             .takeovers
