@@ -177,28 +177,39 @@ pub(crate) fn is_admitting(o: &Ownership) -> bool {
     (0..shards).any(|s| o.admit_shard(s).is_ok())
 }
 
-#[tokio::test(start_paused = true)]
-async fn ha_group_a_standby_never_admits_while_the_active_renews() {
-    let (sa, sb) = two_servers().await;
-    let o = HaOverlap::default();
+/// Cluster A's group of two honest members (`a1`, `a2`, Active) and cluster B's one (`b1`, Standby),
+/// once both A members admit.
+pub(crate) async fn two_active_members_and_a_standby(
+    sa: &TestServer,
+    sb: &TestServer,
+    o: &HaOverlap,
+) -> (Vec<Side>, Side) {
     let a: Vec<Side> = ["a1", "a2"]
         .iter()
         .map(|n| {
-            let b = ha_builder(n, "a", 1, HaMode::Active, &sa, &sb);
-            side(b, n, "a", &o, Worker::Honest)
+            let b = ha_builder(n, "a", 1, HaMode::Active, sa, sb);
+            side(b, n, "a", o, Worker::Honest)
         })
         .collect();
     let b = side(
-        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
+        ha_builder("b1", "b", 2, HaMode::Standby, sb, sa),
         "b1",
         "b",
-        &o,
+        o,
         Worker::Honest,
     );
     until(Duration::from_secs(40), "both A members admitting", || {
         a.iter().all(|s| is_admitting(&s.ownership()))
     })
     .await;
+    (a, b)
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_group_a_standby_never_admits_while_the_active_renews() {
+    let (sa, sb) = two_servers().await;
+    let o = HaOverlap::default();
+    let (a, b) = two_active_members_and_a_standby(&sa, &sb, &o).await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
     assert_eq!(

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::group::{until, CP_NS};
 use crate::ha_group::{
-    ha_builder, ha_config, is_admitting, owned_shard, side, two_servers, Side, Worker,
+    ha_config, is_admitting, owned_shard, side, two_active_members_and_a_standby, two_servers,
+    Side, Worker,
 };
 
 fn kinds() -> Vec<Kind> {
@@ -142,29 +143,7 @@ struct Pair {
 async fn pair() -> Pair {
     let (sa, sb) = two_servers().await;
     let o = HaOverlap::default();
-    let a: Vec<Side> = ["a1", "a2"]
-        .iter()
-        .map(|n| {
-            side(
-                ha_builder(n, "a", 1, HaMode::Active, &sa, &sb),
-                n,
-                "a",
-                &o,
-                Worker::Honest,
-            )
-        })
-        .collect();
-    let b = side(
-        ha_builder("b1", "b", 2, HaMode::Standby, &sb, &sa),
-        "b1",
-        "b",
-        &o,
-        Worker::Honest,
-    );
-    until(Duration::from_secs(40), "both A members admitting", || {
-        a.iter().all(|s| is_admitting(&s.ownership()))
-    })
-    .await;
+    let (a, b) = two_active_members_and_a_standby(&sa, &sb, &o).await;
     let writer = writer(&sa);
     let mirror_stop = Arc::new(AtomicBool::new(false));
     mirror(&sa, &sb, mirror_stop.clone());

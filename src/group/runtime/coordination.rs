@@ -436,12 +436,12 @@ impl Runtime {
         }
     }
 
-    /// Write `next` (conditional on the resourceVersion we hold, or a create); whether it was written.
-    pub(super) async fn write_assignment(&mut self, next: Assignment) -> bool {
-        let name = self.cfg.assignment_name();
-        let mut cm = self.assignment_cm.clone().unwrap_or_else(|| ConfigMap {
+    /// `current`, or a new ConfigMap `name` in the group's namespace, labelled with the group (the
+    /// assignment and the fence parameters).
+    pub(super) fn group_configmap(&self, name: &str, current: Option<ConfigMap>) -> ConfigMap {
+        let mut cm = current.unwrap_or_else(|| ConfigMap {
             metadata: ObjectMeta {
-                name: Some(name.clone()),
+                name: Some(name.to_owned()),
                 namespace: Some(self.cfg.namespace.clone()),
                 ..ObjectMeta::default()
             },
@@ -451,6 +451,13 @@ impl Runtime {
             .labels
             .get_or_insert_with(Default::default)
             .insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        cm
+    }
+
+    /// Write `next` (conditional on the resourceVersion we hold, or a create); whether it was written.
+    pub(super) async fn write_assignment(&mut self, next: Assignment) -> bool {
+        let name = self.cfg.assignment_name();
+        let mut cm = self.group_configmap(&name, self.assignment_cm.clone());
         let text = next.encode();
         // never a write the apiserver would refuse for size, nor one our readers would refuse
         if text.len() > crate::group::assignment::MAX_TEXT {

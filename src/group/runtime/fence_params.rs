@@ -133,18 +133,7 @@ impl Runtime {
         data: BTreeMap<String, String>,
     ) -> Result<Option<String>, kube::Error> {
         let exists = current.is_some();
-        let mut cm = current.unwrap_or_else(|| ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(self.cfg.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        });
-        cm.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(GROUP_LABEL.into(), self.cfg.group.clone());
+        let mut cm = self.group_configmap(name, current);
         cm.data = Some(data);
         let written = if exists {
             self.bounded(self.cms.replace(name, &PostParams::default(), &cm))
