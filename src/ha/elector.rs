@@ -635,9 +635,8 @@ impl Elector {
     pub fn promote_with_token(
         &mut self,
         t: TokenTakeover,
-        now: Duration,
+        _now: Duration,
     ) -> Result<Vec<Transition>, ForceError> {
-        let _ = now;
         if matches!(self.role, Role::Leader { .. }) {
             return Err(ForceError::AlreadyLeading);
         }

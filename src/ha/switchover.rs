@@ -51,7 +51,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::discovery::{ApiCapabilities, Scope};
 use kube::{Api, Client};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::config::HaConfig;
 use super::driver::{spawn, HaClients, PromoteError};
@@ -866,7 +866,10 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
     unfreeze(&clients.local, cfg).await?;
     set_state(&own, &name, &cfg.cluster_id, epoch, back).await?;
     let peer = lease_api(&clients.peer, &cfg.namespace);
-    let _ = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await;
+    // the peer's copy only speeds its view up; this cluster's Lease, written above, is what counts
+    if let Err(err) = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await {
+        warn!(error = %err, "the cancel is in this cluster's Lease; the peer's copy was not updated");
+    }
     Ok(())
 }
 
