@@ -184,6 +184,29 @@ pub fn spawn(
     clock: LocalClock,
     metrics: HaMetrics,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
+    spawn_elector(cfg, clients, clock, metrics, |e| e)
+}
+
+/// [`spawn`] with deliberately broken elector rules, so a test can show its checker catches each
+/// (feature `test-util`).
+#[cfg(any(test, feature = "test-util"))]
+pub fn spawn_with_flaws(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    metrics: HaMetrics,
+    flaws: crate::ha::elector::Flaws,
+) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
+    spawn_elector(cfg, clients, clock, metrics, |e| e.with_flaws(flaws))
+}
+
+fn spawn_elector(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    metrics: HaMetrics,
+    adjust: impl FnOnce(Elector) -> Elector,
+) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
     let (tx, rx) = mpsc::channel(8);
     if cfg.mode == HaMode::Standalone {
         return (HaHandle::standalone(), HaControl { tx }, None);
@@ -211,7 +234,7 @@ pub fn spawn(
         cfg.witness_namespace.clone(),
     ];
     let driver = Driver {
-        elector: Elector::new(ecfg, clock()),
+        elector: adjust(Elector::new(ecfg, clock())),
         apis,
         namespaces,
         lease: lease.clone(),

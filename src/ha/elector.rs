@@ -270,6 +270,9 @@ pub struct Flaws {
     pub precondition_from_later_read: bool,
     /// Create a missing Lease at once.
     pub create_missing_at_once: bool,
+    /// Wait only this process's own `lease_duration` (+ grace) before a takeover, ignoring the timings
+    /// the holder published (H8: a holder with a longer `renew_deadline` still holds).
+    pub ignore_published_timings: bool,
 }
 
 /// The elector's fixed settings.
@@ -507,6 +510,9 @@ impl Elector {
     /// The wait before taking over a version of `record` (`None`: missing or undecodable).
     fn wait(&self, record: Option<&Record>) -> Duration {
         let t = &self.cfg.timings;
+        if self.flaws().ignore_published_timings {
+            return t.lease_duration + t.grace;
+        }
         let published = record.map_or(Duration::ZERO, |r| {
             r.timings.renew_deadline + r.timings.request_timeout
         });
@@ -736,6 +742,26 @@ impl Elector {
             record: Some(record),
             since: now,
         };
+        self.end_bootstrap(now);
+    }
+
+    /// A bootstrap leader without a witness needs both Leases held at once (two processes both started
+    /// with `--ha-mode=active` cannot both win both creates). Once it has, both Leases name it, the flag no
+    /// longer matters to anyone (HA.md contract 4: the role comes from the Leases), and it is an ordinary
+    /// Active: it keeps its term on its own Lease when the peer becomes unreachable.
+    fn end_bootstrap(&mut self, now: Duration) {
+        if let Role::Leader {
+            epoch,
+            bootstrap: true,
+        } = self.role
+        {
+            if self.held(Slot::Own, now) && self.held(Slot::Peer, now) {
+                self.role = Role::Leader {
+                    epoch,
+                    bootstrap: false,
+                };
+            }
+        }
     }
 
     fn on_found(
@@ -1048,4 +1074,5 @@ enum Decision {
 struct FlawsOff {
     precondition_from_later_read: bool,
     create_missing_at_once: bool,
+    ignore_published_timings: bool,
 }

@@ -29,6 +29,8 @@ pub mod record;
 pub mod switchover;
 mod switchover_types;
 
+#[cfg(any(test, feature = "test-util"))]
+pub use driver::spawn_with_flaws;
 pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
 pub use handle::{HaHandle, LocalClock, NotActive};

@@ -5,6 +5,7 @@ mod fenced;
 mod fuzz_fallback;
 mod group;
 mod ha_elector;
+mod ha_elector_faults;
 mod ha_group;
 mod ha_lag;
 mod ha_switchover;
