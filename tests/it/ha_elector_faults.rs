@@ -327,3 +327,42 @@ async fn ha_the_overlap_checker_finds_a_taker_that_ignores_published_timings() {
         o.intervals()
     );
 }
+
+/// H3: a forced promotion that crashes between its two epoch writes (the own Lease written, the peer's not:
+/// the peer's apiserver was unreachable). The own Lease is the durable record: restarted, B resumes at its
+/// epoch once it reads the peer, writes the peer's Lease, and the returning A stands by.
+#[tokio::test(start_paused = true)]
+async fn ha_a_crash_between_the_epoch_writes_resumes_on_the_own_lease() {
+    let o = HaOverlap::default();
+    let (sa, sb, a, b) = pair(&o).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.stop();
+    sa.faults().partition(Scope::identity("b-op"), true);
+    assert_eq!(force_until_armed(&b).await.n(), 2);
+    until(Duration::from_secs(30), "B active", || b.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    b.stop(); // the crash: only B's own Lease holds the new epoch
+    assert_eq!(holder(&sb).await.as_deref(), Some("b/2002"));
+    assert_eq!(holder(&sa).await.as_deref(), Some("a/1001"));
+    sa.faults().partition(Scope::identity("b-op"), false);
+    let a2 = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    let b2 = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
+    until(Duration::from_secs(30), "B resumed", || {
+        b2.handle.is_active()
+    })
+    .await;
+    let t = Instant::now();
+    while holder(&sa).await.as_deref() != Some("b/2002") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "A's Lease never names B"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(a2.admitted.load(Ordering::SeqCst), 0);
+    assert!(b2.handle.is_active() && !a2.handle.is_active());
+    no_overlap(&o);
+    a2.stop();
+    b2.stop();
+}
