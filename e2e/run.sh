@@ -4,7 +4,11 @@
 #   e2e/run.sh kind-config/sharded.yaml            # create, test, delete
 #   e2e/run.sh kind-config/legacy.yaml --keep      # keep the cluster afterwards
 #   e2e/run.sh --kubeconfig ~/.kube/config         # an existing cluster (or `kshard testserver`)
+#   e2e/run.sh --kubeconfig A --peer-kubeconfig B [--witness-kubeconfig W]
+#                                                  # also the cross-cluster HA scenarios (`ha_real_*`)
 #
+# The HA scenarios need a second cluster (and a third for the witness); without them they are skipped.
+# The stopped-etcd scenario needs realkube instances (it sends SIGSTOP to cluster A's etcd).
 # Needs: kind and a container runtime for the first two forms; nothing but an API server for the last.
 # Figures go to E2E_REPORT (JSON lines) when it is set.
 set -euo pipefail
@@ -18,8 +22,10 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep=1 ;;
     --kubeconfig) kubeconfig="$2"; shift ;;
+    --peer-kubeconfig) export KSHARD_E2E_PEER_KUBECONFIG="$2"; shift ;;
+    --witness-kubeconfig) export KSHARD_E2E_WITNESS_KUBECONFIG="$2"; shift ;;
     --image) image="$2"; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) config="$1" ;;
   esac
   shift
@@ -39,4 +45,16 @@ if [ -z "$kubeconfig" ]; then
   fi
 fi
 
-KUBECONFIG="$kubeconfig" cargo test -p kube-shard-e2e -- --ignored --test-threads=1
+skip=()
+if [ -z "${KSHARD_E2E_PEER_KUBECONFIG:-}" ]; then
+  echo "HA scenarios skipped: no --peer-kubeconfig" >&2
+  skip=(--skip ha_real_)
+elif [ -z "${KSHARD_E2E_WITNESS_KUBECONFIG:-}" ]; then
+  echo "HA witness scenario skipped: no --witness-kubeconfig" >&2
+  skip=(--skip ha_real_witness)
+fi
+if [ ! -f "$(dirname "$kubeconfig")/etcd.pid" ]; then
+  echo "stopped-etcd HA scenario skipped: cluster A is not a realkube instance" >&2
+  skip+=(--skip ha_real_a_stopped_etcd)
+fi
+KUBECONFIG="$kubeconfig" cargo test -p kube-shard-e2e -- --ignored --test-threads=1 "${skip[@]}"

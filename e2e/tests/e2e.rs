@@ -12,6 +12,10 @@ mod fence_policy;
 #[path = "cases/fence_params.rs"]
 mod fence_params;
 
+/// Cross-cluster HA on two or three real clusters, with cut links and a stopped etcd (issue 20).
+#[path = "cases/ha.rs"]
+mod ha;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -26,7 +26,8 @@
 //!   witness and the peer's only while it holds its own. Without a witness the own Lease is first.
 //! - **Step-down**: on a higher epoch in the own Lease or the witness (without a witness: also the peer's;
 //!   with one a record the witness does not confirm is a candidacy and ignored), on a conflict whose re-read
-//!   does not name me, and after `lease_duration` as leader without a term.
+//!   does not name me at an epoch not below mine (a lower one is a deposed writer's late commit), and after
+//!   `lease_duration` as leader without a term.
 //! - **Start**: `--ha-mode` matters only while every Lease is missing (bootstrap). A restarted process
 //!   resumes only on the Leases: with a witness when the witness names it at the highest epoch seen, without
 //!   one when its own Lease does and the peer's was read and shows nothing higher. Otherwise Standby; an
@@ -802,7 +803,10 @@ impl Elector {
             let counts = slot != Slot::Peer || !self.cfg.witness;
             if r.epoch > epoch && counts {
                 self.step_down(StepDown::HigherEpoch(slot), now, out);
-            } else if recheck && !mine && !self.token_source_demoting(&r) {
+            } else if recheck && !mine && r.epoch >= epoch && !self.token_source_demoting(&r) {
+                // A record at a lower epoch is a deposed writer's late write (its request stalled in
+                // the apiserver and committed after this term began): not a reason to step down. The
+                // slot is taken back after the full wait, like any lower-epoch record (`write_for`).
                 self.step_down(StepDown::Conflict(slot), now, out);
             }
         }

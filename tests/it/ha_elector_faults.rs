@@ -11,7 +11,7 @@ use kube::Api;
 use kube_shard::ha::elector::Flaws;
 use kube_shard::ha::{HaMode, Timings};
 use kube_shard::oracles::ha_overlap::HaOverlap;
-use kube_shard_testserver::{Scope, TestServer};
+use kube_shard_testserver::{Scope, TestServer, Verb};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -365,4 +365,41 @@ async fn ha_a_crash_between_the_epoch_writes_resumes_on_the_own_lease() {
     no_overlap(&o);
     a2.stop();
     b2.stop();
+}
+
+/// Found on the real server (e2e `ha_real_a_stopped_etcd_commits_late_without_two_actives`): the old
+/// Active's renewal, stalled in its apiserver, commits after a forced promotion. The new Active's next write
+/// of that Lease then conflicts and the re-read names the *lower* epoch: a deposed writer's late write, not a
+/// reason to step down (it used to: both sides ended Standby, and a human had to force again). The new
+/// Active keeps its term on its own Lease and takes the slot back after the full wait.
+#[tokio::test(start_paused = true)]
+async fn ha_a_late_commit_of_the_old_actives_renewal_does_not_depose_the_new_active() {
+    let o = HaOverlap::default();
+    let (sa, _sb, a, b) = pair(&o).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // A's renewals stall in its apiserver and commit 25 s later; B cannot reach A's apiserver
+    sa.faults().late_commit(
+        Scope::identity("a-op").verb(Verb::Update),
+        Duration::from_secs(25),
+    );
+    sa.faults().partition(Scope::identity("b-op"), true);
+    let outage = Instant::now();
+    until(Duration::from_secs(11), "A inactive", || {
+        !a.handle.is_active()
+    })
+    .await;
+    assert_eq!(force_until_armed(&b).await.n(), 2);
+    until(Duration::from_secs(30), "B active", || b.handle.is_active()).await;
+    // A's first stalled renewal has committed (25 s), then B reaches A's apiserver again
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(outage.elapsed())).await;
+    assert_eq!(holder(&sa).await.as_deref(), Some("a/1001"));
+    sa.faults().partition(Scope::identity("b-op"), false);
+    always(Duration::from_secs(40), || b.handle.is_active())
+        .await
+        .unwrap_or_else(|at| panic!("B stepped down {at:?} after reaching A's apiserver again"));
+    assert_eq!(holder(&sa).await.as_deref(), Some("b/2002"));
+    assert!(!a.handle.is_active());
+    no_overlap(&o);
+    a.stop();
+    b.stop();
 }

@@ -3,6 +3,7 @@
 //! of the example operator; [`fences`] records the fence of every committed write and checks them.
 
 pub mod fences;
+pub mod links;
 pub mod replicas;
 
 use std::io::Write as _;
