@@ -29,8 +29,8 @@
 use std::time::Duration;
 
 use kube_shard::ha::elector::{Answer, ElectorConfig, Flaws, Op, Slot};
-use kube_shard::ha::record::{Published, Record};
-use kube_shard::ha::{Elector, Epoch, Timings};
+use kube_shard::ha::record::{HaState, Published, Record};
+use kube_shard::ha::{Elector, Epoch, Timings, TokenTakeover};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use crate::model_common::deep;
@@ -73,11 +73,27 @@ pub struct St {
     /// Writes the client gave up on that may still commit: (Lease, op).
     orphans: Vec<(u8, Op)>,
     faults: u8,
+    /// The planned switchover's commands (`kshard ha demote`, `--cancel`, `promote --token`).
+    demo: Demo,
     /// T6: tags (cluster, epoch) seen admitting, and the tag of the last admission or completion.
     tags: Vec<(u8, Epoch)>,
     last_tag: Option<(u8, Epoch)>,
     violation: Option<&'static str>,
 }
+
+/// What `kshard ha demote` (on A's side) has done: the state it is writing into the HA Leases that name A at
+/// epoch 1 (own first, then the peer's and the witness's, each an atomic conditional read-modify-write as
+/// `set_state` does), and whether it gave up (the own Lease no longer names A).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Demo {
+    state: Option<HaState>,
+    written: [bool; 3],
+    failed: bool,
+    cancelled: bool,
+    promoted: bool,
+}
+
+const TOKEN: &str = "t";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Act {
@@ -98,6 +114,16 @@ pub enum Act {
     Cut(u8, u8),
     Heal(u8, u8),
     Force(u8),
+    /// `kshard ha demote`: mark demoting.
+    Demote,
+    /// The demoter's write of its current state into Lease l (l = 0 first).
+    DemoteWrite(u8),
+    /// After the drain (A stopped admitting, no work in flight): the token.
+    TakeToken,
+    /// `kshard ha demote --cancel`.
+    Cancel,
+    /// `kshard ha promote --token` on B.
+    TokenPromote,
     Delete(u8),
     Corrupt(u8),
 }
@@ -116,6 +142,10 @@ pub struct Ha {
     corrupts: bool,
     /// Faults hit B (the Standby) too, not only A.
     fault_b: bool,
+    /// The planned switchover's commands are enabled.
+    switchover: bool,
+    /// Planted: the token is taken without waiting for the drain (review-ha.md H10).
+    token_before_drain: bool,
     flaws: Flaws,
 }
 
@@ -205,6 +235,77 @@ impl Ha {
                     });
                 }
             }
+        }
+    }
+
+    fn leases_n(&self) -> u8 {
+        if self.witness {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// The switchover commands enabled in `st`.
+    fn switchover_actions(&self, st: &St, out: &mut Vec<Act>) {
+        let d = &st.demo;
+        if d.failed {
+            return;
+        }
+        let Some(state) = &d.state else {
+            // the operator demotes an Active: once A has admitted
+            if st.tags.iter().any(|t| t.0 == 0) {
+                out.push(Act::Demote);
+            }
+            return;
+        };
+        for l in 0..self.leases_n() {
+            if !d.written[l as usize] && (l == 0 || d.written[0]) {
+                out.push(Act::DemoteWrite(l));
+            }
+        }
+        let all = d.written[..self.leases_n() as usize].iter().all(|&w| w);
+        if !all {
+            return;
+        }
+        let a = &st.procs[0];
+        let drained =
+            self.token_before_drain || (a.alive && a.work.is_none() && a.el.demoting().is_some());
+        if state.demoting && state.token.is_none() && drained {
+            out.push(Act::TakeToken);
+        }
+        if state.demoting && !d.cancelled {
+            out.push(Act::Cancel);
+        }
+        let b = &st.procs[1];
+        if state.token.is_some() && !d.cancelled && !d.promoted && b.alive && !b.paused {
+            out.push(Act::TokenPromote);
+        }
+    }
+
+    /// `set_state`: an atomic read-modify-write of Lease l, only while it names A at epoch 1 and holds an
+    /// older state; the own Lease not naming A ends the command.
+    fn demote_write(&self, st: &mut St, l: u8) {
+        let li = l as usize;
+        let Some(state) = st.demo.state.clone() else {
+            return;
+        };
+        st.demo.written[li] = true;
+        let e1 = Epoch::new(1, 1).ok();
+        if let LeaseVal::Present { rec, .. } = &st.leases[li] {
+            if rec.cluster == "a" && Some(rec.epoch) == e1 {
+                if rec.state.seq < state.seq {
+                    let mut rec = rec.clone();
+                    rec.state = state;
+                    let rv = st.next_rv[li];
+                    st.next_rv[li] += 1;
+                    st.leases[li] = LeaseVal::Present { rv, rec };
+                }
+                return;
+            }
+        }
+        if l == 0 {
+            st.demo.failed = true;
         }
     }
 
@@ -306,6 +407,7 @@ impl Model for Ha {
             cut: [[false; 3]; 2],
             orphans: Vec::new(),
             faults: 0,
+            demo: Demo::default(),
             tags: Vec::new(),
             last_tag: None,
             violation: None,
@@ -394,6 +496,9 @@ impl Model for Ha {
         }
         for i in 0..st.orphans.len() {
             out.push(Act::LateCommit(i));
+        }
+        if self.switchover {
+            self.switchover_actions(st, out);
         }
         if can_fault {
             for l in 0..3u8 {
@@ -518,6 +623,47 @@ impl Model for Ha {
                     .ok()?;
                 self.poll(&mut st, p);
             }
+            Act::Demote => {
+                st.demo.state = Some(HaState {
+                    seq: 1,
+                    demoting: true,
+                    token: None,
+                });
+            }
+            Act::DemoteWrite(l) => self.demote_write(&mut st, l),
+            Act::TakeToken => {
+                let seq = st.demo.state.as_ref()?.seq;
+                st.demo.state = Some(HaState {
+                    seq: seq + 1,
+                    demoting: true,
+                    token: Some(TOKEN.into()),
+                });
+                st.demo.written = [false; 3];
+            }
+            Act::Cancel => {
+                let seq = st.demo.state.as_ref()?.seq;
+                st.demo.state = Some(HaState {
+                    seq: seq + 1,
+                    demoting: false,
+                    token: None,
+                });
+                st.demo.written = [false; 3];
+                st.demo.cancelled = true;
+            }
+            Act::TokenPromote => {
+                let now = self.now(&st, 1);
+                st.demo.promoted = true;
+                let t = TokenTakeover {
+                    source: "a".into(),
+                    epoch: Epoch::new(1, 1).ok()?,
+                    token: TOKEN.into(),
+                };
+                st.procs[1]
+                    .el
+                    .promote_with_token(t, secs(now.into()))
+                    .ok()?;
+                self.poll(&mut st, 1);
+            }
             Act::Delete(l) => {
                 st.faults += 1;
                 st.leases[l as usize] = LeaseVal::Missing;
@@ -569,6 +715,8 @@ fn base(witness: bool) -> Ha {
         deletes: false,
         corrupts: false,
         fault_b: false,
+        switchover: false,
+        token_before_drain: false,
         flaws: Flaws::default(),
     }
 }
@@ -607,10 +755,10 @@ fn report<C: Checker<Ha>>(name: &str, start: std::time::Instant, c: &C) -> usize
         c.unique_state_count(),
         c.max_depth(),
         start.elapsed(),
-        if deep() {
-            " (complete)"
+        if c.is_done() && deep() {
+            " (deep)"
         } else {
-            " (depth-first, capped)"
+            " (capped)"
         }
     );
     if let Some(path) = c.discovery("no two (cluster, epoch) intervals overlap; epochs rise") {
@@ -702,4 +850,102 @@ fn ha_model_finds_a_takeover_whose_precondition_comes_from_a_later_read() {
         find_violation(m).is_some(),
         "no overlap found with the flaw"
     );
+}
+
+/// The planned switchover (HA.md contract 2, review-ha.md H9/H10): `demote` marks the Leases demoting, the
+/// token is taken only after A stopped admitting with nothing in flight, `promote --token` takes each Lease
+/// over with no wait, `demote --cancel` may race it; with crashes, pauses, partitions, dropped answers and
+/// late commits. The property is T6's; non-vacuity: B admits (by the token).
+/// Default: no faults, explored to exhaustion; `KSHARD_MODEL_DEEP=1`: one fault of any kind (crash, pause,
+/// partition, dropped answer → late commit), breadth first up to [`DEEP_STATES`].
+fn switchover_model(witness: bool) -> Ha {
+    let mut m = base(witness);
+    m.switchover = true;
+    m.max_faults = u8::from(deep());
+    m.fault_b = deep();
+    m
+}
+
+fn switchover(name: &str, witness: bool) {
+    const SAFE: &str = "no two (cluster, epoch) intervals overlap; epochs rise";
+    let cap = if deep() { DEEP_STATES } else { 600_000 };
+    let m = switchover_model(witness);
+    // breadth first near the start, then random walks to the end of the time bound
+    let start = std::time::Instant::now();
+    let bfs = m
+        .clone()
+        .checker()
+        .threads(2)
+        .target_state_count(cap)
+        .spawn_bfs()
+        .join();
+    let walks = m
+        .checker()
+        .threads(2)
+        .target_state_count(cap)
+        .spawn_simulation(7, stateright::UniformChooser)
+        .join();
+    eprintln!(
+        "[{name}] stateright: breadth first {} states ({} unique, depth {}), random walks {} states \
+         (depth {}), {:.1?}",
+        bfs.state_count(),
+        bfs.unique_state_count(),
+        bfs.max_depth(),
+        walks.state_count(),
+        walks.max_depth(),
+        start.elapsed()
+    );
+    for path in [bfs.discovery(SAFE), walks.discovery(SAFE)]
+        .into_iter()
+        .flatten()
+    {
+        panic!("[{name}] counterexample: {:#?}", path.into_actions());
+    }
+    let failover = |d: Option<_>| d.is_some();
+    assert!(
+        failover(bfs.discovery("B admits after a failover"))
+            || failover(walks.discovery("B admits after a failover")),
+        "[{name}] no failover reached: the model shrank"
+    );
+}
+
+/// The token taken before the members drained (A may still have work in flight): the checker finds the
+/// overlap with B's first admission by the token.
+#[test]
+fn ha_model_switchover_finds_a_token_taken_before_the_drain() {
+    let mut m = switchover_model(true);
+    m.token_before_drain = true;
+    m.max_faults = 0;
+    // the overlap needs about 20 steps (A active, demote, the token, B's takeover inside A's term): deeper
+    // than a breadth-first run reaches, so random walks look for it
+    let c = m
+        .checker()
+        .threads(2)
+        .target_state_count(DEEP_STATES)
+        .finish_when(HasDiscoveries::AnyOf(
+            ["no two (cluster, epoch) intervals overlap; epochs rise"].into(),
+        ))
+        .spawn_simulation(7, stateright::UniformChooser)
+        .join();
+    eprintln!(
+        "[model_ha token before drain] {} states, {} unique",
+        c.state_count(),
+        c.unique_state_count()
+    );
+    let found = c.discovery("no two (cluster, epoch) intervals overlap; epochs rise");
+    assert!(
+        found.is_some(),
+        "no overlap found with the token taken before the drain"
+    );
+    eprintln!("counterexample: {:?}", found.unwrap().into_actions());
+}
+
+#[test]
+fn ha_model_switchover_witness() {
+    switchover("ha-switchover-witness", true);
+}
+
+#[test]
+fn ha_model_switchover_no_witness() {
+    switchover("ha-switchover-no-witness", false);
 }
