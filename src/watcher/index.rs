@@ -18,12 +18,17 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use kube::Resource;
 
+use super::outq::release_idle;
 use crate::hash::ShardKey;
 use crate::range::RangeSet;
 use crate::shard::ShardCount;
 
 /// `(namespace, name)`: what kube's store keys by (within one resource type).
 pub(crate) type RefKey = (Option<String>, String);
+
+/// A [`RefKey`] held once per uid and shared by the index's maps (`entries`, `by_ref`, `emitted`): one
+/// copy of the namespace and name strings per object instead of three.
+type SharedKey = Arc<RefKey>;
 
 /// A parsed resourceVersion. Kubernetes calls them opaque, but kube-apiserver's are etcd revisions; a
 /// non-numeric one is treated as "unknown" and never wins a comparison against a known one.
@@ -42,7 +47,7 @@ struct Entry<K> {
     /// The shards the object belongs to, sorted: one under the group key; none, one or several under a
     /// dependency placement (a secondary placed nowhere is held, not projected).
     shards: Vec<u32>,
-    key: RefKey,
+    key: SharedKey,
 }
 
 impl<K> Entry<K> {
@@ -109,7 +114,7 @@ pub(crate) struct Index<K> {
     key: ShardKey,
     count: ShardCount,
     entries: BTreeMap<Arc<str>, Entry<K>>,
-    by_ref: BTreeMap<RefKey, Vec<Arc<str>>>,
+    by_ref: BTreeMap<SharedKey, Vec<Arc<str>>>,
     by_shard: BTreeMap<u32, BTreeSet<Arc<str>>>,
     tombstones: BTreeMap<Arc<str>, Option<u64>>,
     /// Relist floors: `ranges` were listed at `rv`, so an object of those ranges that is not held and whose
@@ -117,7 +122,7 @@ pub(crate) struct Index<K> {
     floors: Vec<(RangeSet, u64)>,
     projected: Vec<bool>,
     /// What the consumer holds per name: the uid and the resourceVersion last emitted.
-    emitted: BTreeMap<RefKey, (Arc<str>, Option<u64>)>,
+    emitted: BTreeMap<SharedKey, (Arc<str>, Option<u64>)>,
     initialized: bool,
     out: VecDeque<Event<K>>,
     /// Objects dropped because their key could not be computed (no uid under the uid key).
@@ -189,7 +194,7 @@ impl<K: Resource + Clone> Index<K> {
                 self.pending_drop.pop_front();
                 continue;
             }
-            match lookup(&entry.key) {
+            match lookup(&*entry.key) {
                 Some(held) if held_is(&held, &uid, rv) => {
                     if entry.obj.take().is_some() {
                         self.handed += 1;
@@ -200,6 +205,7 @@ impl<K: Resource + Clone> Index<K> {
                 _ => break,
             }
         }
+        release_idle(&mut self.pending_drop);
     }
 
     /// The object of `uid`: the index's copy, or the store's when it was handed over.
@@ -210,7 +216,7 @@ impl<K: Resource + Clone> Index<K> {
         }
         self.lookup
             .as_ref()
-            .and_then(|l| l(&e.key))
+            .and_then(|l| l(&*e.key))
             .filter(|held| held_is(held, uid, e.rv))
     }
 
@@ -352,7 +358,7 @@ impl<K: Resource + Clone> Index<K> {
                     self.entries.get(uid).is_some_and(|w| w.in_shard(shard))
                 })
             })
-            .map(|e| e.key.clone())
+            .map(|e| RefKey::clone(&e.key))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect()
@@ -363,6 +369,15 @@ impl<K: Resource + Clone> Index<K> {
         match meta.uid.as_deref() {
             Some(uid) if !uid.is_empty() => Some(Arc::from(uid)),
             _ => None,
+        }
+    }
+
+    /// The key of `obj`: the held entry's (shared) when it names the same object, a new one otherwise.
+    fn shared_key(held: Option<&Entry<K>>, obj: &K) -> SharedKey {
+        let key = Self::ref_of(obj);
+        match held {
+            Some(e) if *e.key == key => e.key.clone(),
+            _ => Arc::new(key),
         }
     }
 
@@ -397,7 +412,7 @@ impl<K: Resource + Clone> Index<K> {
                 return;
             }
         }
-        let key = Self::ref_of(&obj);
+        let key = Self::shared_key(self.entries.get(&uid), &obj);
         let fresh = !self.entries.contains_key(&uid);
         if self.entries.get(&uid).is_some_and(|e| e.obj.is_none()) {
             self.handed -= 1;
@@ -424,9 +439,10 @@ impl<K: Resource + Clone> Index<K> {
             .map(|e| e.shards)
             .unwrap_or_default();
         if fresh {
+            // nearly always one uid per name: no room for four
             self.by_ref
                 .entry(key.clone())
-                .or_default()
+                .or_insert_with(|| Vec::with_capacity(1))
                 .push(uid.clone());
         }
         if old != shards {
@@ -509,7 +525,7 @@ impl<K: Resource + Clone> Index<K> {
         let last = last.or(entry.obj.map(|b| *b)).or_else(|| {
             self.lookup
                 .as_ref()
-                .and_then(|l| l(&entry.key))
+                .and_then(|l| l(&*entry.key))
                 .filter(|held| held_is(held, uid, entry.rv))
         });
         self.reproject(&key, last);
@@ -584,7 +600,7 @@ impl<K: Resource + Clone> Index<K> {
             .filter(|s| next[*s as usize] != self.projected[*s as usize])
             .collect();
         self.projected = next;
-        let mut keys: Vec<RefKey> = Vec::new();
+        let mut keys: Vec<SharedKey> = Vec::new();
         for s in changed {
             if let Some(uids) = self.by_shard.get(&s) {
                 keys.extend(
@@ -615,7 +631,7 @@ impl<K: Resource + Clone> Index<K> {
         self.out.clear();
         self.emitted.clear();
         self.out.push_back(Event::Init);
-        let keys: Vec<RefKey> = self.by_ref.keys().cloned().collect();
+        let keys: Vec<SharedKey> = self.by_ref.keys().cloned().collect();
         for key in keys {
             if let Some(uid) = self.winner(&key) {
                 let rv = self.entries[&uid].rv;
@@ -638,7 +654,9 @@ impl<K: Resource + Clone> Index<K> {
 
     /// The next output event.
     pub(crate) fn pop(&mut self) -> Option<Event<K>> {
-        self.out.pop_front()
+        let ev = self.out.pop_front();
+        release_idle(&mut self.out);
+        ev
     }
 
     /// The live, projected uid of `key` with the newest resourceVersion.
@@ -654,7 +672,7 @@ impl<K: Resource + Clone> Index<K> {
 
     /// Bring the consumer's view of `key` in line with the index. `last` is the object to name in a
     /// `Delete` when the index no longer holds it.
-    fn reproject(&mut self, key: &RefKey, last: Option<K>) {
+    fn reproject(&mut self, key: &SharedKey, last: Option<K>) {
         if !self.initialized {
             return;
         }
