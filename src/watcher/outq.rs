@@ -191,4 +191,30 @@ mod tests {
         assert_eq!(drain(&mut q), ["delete a@6"]);
         assert!(q.is_empty());
     }
+
+    /// A cold start queues one event per object; once the consumer has taken them, the queue must not keep
+    /// a slot per object (≈ 450 bytes each for a `DynamicObject`) for the rest of the process.
+    #[test]
+    fn a_drained_queue_gives_its_capacity_back() {
+        let mut q = OutQueue::default();
+        q.push(Out::Event(Event::Init));
+        for i in 0..5_000 {
+            q.push(Out::Event(Event::InitApply(cm(&format!("o{i}"), i))));
+        }
+        q.push(Out::Event(Event::InitDone));
+        assert!(q.items.capacity() >= 5_002);
+        assert_eq!(drain(&mut q).len(), 5_002);
+        assert!(
+            q.items.capacity() <= IDLE_CAPACITY,
+            "{} slots kept",
+            q.items.capacity()
+        );
+        // a trickle below the idle capacity does not reallocate
+        let before = q.items.capacity();
+        for rv in 0..10 {
+            q.push(Out::Event(Event::Apply(cm("a", rv))));
+            q.pop();
+        }
+        assert_eq!(q.items.capacity(), before);
+    }
 }
