@@ -206,7 +206,7 @@ impl<K: Resource + Clone> Index<K> {
                 self.pending_drop.pop_front();
                 continue;
             }
-            match lookup(&*entry.key) {
+            match lookup(&entry.key) {
                 Some(held) if held_is(&held, &uid, rv) => {
                     if entry.obj.take().is_some() {
                         self.handed += 1;
@@ -228,7 +228,7 @@ impl<K: Resource + Clone> Index<K> {
         }
         self.lookup
             .as_ref()
-            .and_then(|l| l(&*e.key))
+            .and_then(|l| l(&e.key))
             .filter(|held| held_is(held, uid, e.rv))
     }
 
@@ -556,7 +556,7 @@ impl<K: Resource + Clone> Index<K> {
         let last = last.or(entry.obj.map(|b| *b)).or_else(|| {
             self.lookup
                 .as_ref()
-                .and_then(|l| l(&*entry.key))
+                .and_then(|l| l(&entry.key))
                 .filter(|held| held_is(held, uid, entry.rv))
         });
         self.reproject(&key, last);
