@@ -18,12 +18,27 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use kube::Resource;
 
+use super::outq::release_idle;
 use crate::hash::ShardKey;
 use crate::range::RangeSet;
 use crate::shard::ShardCount;
 
 /// `(namespace, name)`: what kube's store keys by (within one resource type).
 pub(crate) type RefKey = (Option<String>, String);
+
+/// A [`RefKey`] held once per uid and shared by the index's maps (`entries`, `names`): one copy of the
+/// namespace and name strings per object.
+type SharedKey = Arc<RefKey>;
+
+/// What the index knows of one name: the uids held under it and what the consumer holds. Kept while
+/// either is there.
+#[derive(Default)]
+struct Name {
+    /// The uids held under this name (nearly always one).
+    uids: Vec<Arc<str>>,
+    /// The uid and resourceVersion last emitted for this name, while the consumer holds it.
+    emitted: Option<(Arc<str>, Option<u64>)>,
+}
 
 /// A parsed resourceVersion. Kubernetes calls them opaque, but kube-apiserver's are etcd revisions; a
 /// non-numeric one is treated as "unknown" and never wins a comparison against a known one.
@@ -42,7 +57,7 @@ struct Entry<K> {
     /// The shards the object belongs to, sorted: one under the group key; none, one or several under a
     /// dependency placement (a secondary placed nowhere is held, not projected).
     shards: Vec<u32>,
-    key: RefKey,
+    key: SharedKey,
 }
 
 impl<K> Entry<K> {
@@ -109,15 +124,16 @@ pub(crate) struct Index<K> {
     key: ShardKey,
     count: ShardCount,
     entries: BTreeMap<Arc<str>, Entry<K>>,
-    by_ref: BTreeMap<RefKey, Vec<Arc<str>>>,
+    /// Per name: its uids and what the consumer holds (one map, so a name's key is stored once).
+    names: BTreeMap<SharedKey, Name>,
     by_shard: BTreeMap<u32, BTreeSet<Arc<str>>>,
     tombstones: BTreeMap<Arc<str>, Option<u64>>,
     /// Relist floors: `ranges` were listed at `rv`, so an object of those ranges that is not held and whose
     /// version is not newer was deleted by then — a replayed create of it is ignored (F14).
     floors: Vec<(RangeSet, u64)>,
     projected: Vec<bool>,
-    /// What the consumer holds per name: the uid and the resourceVersion last emitted.
-    emitted: BTreeMap<RefKey, (Arc<str>, Option<u64>)>,
+    /// Names the consumer holds (those with `emitted` set).
+    emitted_len: usize,
     initialized: bool,
     out: VecDeque<Event<K>>,
     /// Objects dropped because their key could not be computed (no uid under the uid key).
@@ -135,12 +151,12 @@ impl<K: Resource + Clone> Index<K> {
             key,
             count,
             entries: BTreeMap::new(),
-            by_ref: BTreeMap::new(),
+            names: BTreeMap::new(),
             by_shard: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             floors: Vec::new(),
             projected: vec![false; count.get() as usize],
-            emitted: BTreeMap::new(),
+            emitted_len: 0,
             initialized: false,
             out: VecDeque::new(),
             unplaceable: 0,
@@ -184,7 +200,8 @@ impl<K: Resource + Clone> Index<K> {
                 self.pending_drop.pop_front();
                 continue;
             };
-            if self.emitted.get(&entry.key) != Some(&(uid.clone(), rv)) || entry.rv != rv {
+            let emitted = self.names.get(&entry.key).and_then(|n| n.emitted.as_ref());
+            if emitted != Some(&(uid.clone(), rv)) || entry.rv != rv {
                 // superseded before the consumer applied it
                 self.pending_drop.pop_front();
                 continue;
@@ -200,6 +217,7 @@ impl<K: Resource + Clone> Index<K> {
                 _ => break,
             }
         }
+        release_idle(&mut self.pending_drop);
     }
 
     /// The object of `uid`: the index's copy, or the store's when it was handed over.
@@ -234,7 +252,27 @@ impl<K: Resource + Clone> Index<K> {
 
     /// Number of objects in the consumer's view.
     pub(crate) fn projected_len(&self) -> usize {
-        self.emitted.len()
+        self.emitted_len
+    }
+
+    /// What the consumer holds for `key`: the uid and the resourceVersion last emitted.
+    fn emitted(&self, key: &RefKey) -> Option<&(Arc<str>, Option<u64>)> {
+        self.names.get(key)?.emitted.as_ref()
+    }
+
+    /// Record what the consumer holds for `key` (`None`: nothing); a name with neither uids nor an
+    /// emitted object is dropped.
+    fn set_emitted(&mut self, key: &SharedKey, emitted: Option<(Arc<str>, Option<u64>)>) {
+        let name = self.names.entry(key.clone()).or_default();
+        match (&name.emitted, &emitted) {
+            (None, Some(_)) => self.emitted_len += 1,
+            (Some(_), None) => self.emitted_len -= 1,
+            _ => {}
+        }
+        name.emitted = emitted;
+        if name.uids.is_empty() && name.emitted.is_none() {
+            self.names.remove(&**key);
+        }
     }
 
     /// The hash of an object under the group key (or its first placement hash), or `None` if it cannot
@@ -290,8 +328,8 @@ impl<K: Resource + Clone> Index<K> {
         }
         let uids: Vec<Arc<str>> = keys
             .iter()
-            .filter_map(|k| self.by_ref.get(k))
-            .flatten()
+            .filter_map(|k| self.names.get(k))
+            .flat_map(|n| &n.uids)
             .cloned()
             .collect();
         for uid in uids {
@@ -348,11 +386,11 @@ impl<K: Resource + Clone> Index<K> {
         uids.iter()
             .filter_map(|u| self.entries.get(u))
             .filter(|e| {
-                self.emitted.get(&e.key).is_some_and(|(uid, _)| {
+                self.emitted(&e.key).is_some_and(|(uid, _)| {
                     self.entries.get(uid).is_some_and(|w| w.in_shard(shard))
                 })
             })
-            .map(|e| e.key.clone())
+            .map(|e| RefKey::clone(&e.key))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect()
@@ -363,6 +401,15 @@ impl<K: Resource + Clone> Index<K> {
         match meta.uid.as_deref() {
             Some(uid) if !uid.is_empty() => Some(Arc::from(uid)),
             _ => None,
+        }
+    }
+
+    /// The key of `obj`: the held entry's (shared) when it names the same object, a new one otherwise.
+    fn shared_key(held: Option<&Entry<K>>, obj: &K) -> SharedKey {
+        let key = Self::ref_of(obj);
+        match held {
+            Some(e) if *e.key == key => e.key.clone(),
+            _ => Arc::new(key),
         }
     }
 
@@ -397,7 +444,7 @@ impl<K: Resource + Clone> Index<K> {
                 return;
             }
         }
-        let key = Self::ref_of(&obj);
+        let key = Self::shared_key(self.entries.get(&uid), &obj);
         let fresh = !self.entries.contains_key(&uid);
         if self.entries.get(&uid).is_some_and(|e| e.obj.is_none()) {
             self.handed -= 1;
@@ -424,10 +471,10 @@ impl<K: Resource + Clone> Index<K> {
             .map(|e| e.shards)
             .unwrap_or_default();
         if fresh {
-            self.by_ref
-                .entry(key.clone())
-                .or_default()
-                .push(uid.clone());
+            let uids = &mut self.names.entry(key.clone()).or_default().uids;
+            // nearly always one uid per name: no room for four
+            uids.reserve_exact(1);
+            uids.push(uid.clone());
         }
         if old != shards {
             // a dependency placement can change with the object (a new owner, a new reference)
@@ -495,10 +542,10 @@ impl<K: Resource + Clone> Index<K> {
         if entry.obj.is_none() {
             self.handed -= 1;
         }
-        if let Some(uids) = self.by_ref.get_mut(&entry.key) {
-            uids.retain(|u| u != uid);
-            if uids.is_empty() {
-                self.by_ref.remove(&entry.key);
+        if let Some(name) = self.names.get_mut(&entry.key) {
+            name.uids.retain(|u| u != uid);
+            if name.uids.is_empty() && name.emitted.is_none() {
+                self.names.remove(&entry.key);
             }
         }
         self.rehome(uid, &entry.shards, &[]);
@@ -584,7 +631,7 @@ impl<K: Resource + Clone> Index<K> {
             .filter(|s| next[*s as usize] != self.projected[*s as usize])
             .collect();
         self.projected = next;
-        let mut keys: Vec<RefKey> = Vec::new();
+        let mut keys: Vec<SharedKey> = Vec::new();
         for s in changed {
             if let Some(uids) = self.by_shard.get(&s) {
                 keys.extend(
@@ -613,14 +660,19 @@ impl<K: Resource + Clone> Index<K> {
         }
         self.initialized = true;
         self.out.clear();
-        self.emitted.clear();
+        // nothing was emitted before (reproject waits for the initial sync); start from none anyway
+        for name in self.names.values_mut() {
+            name.emitted = None;
+        }
+        self.names.retain(|_, n| !n.uids.is_empty());
+        self.emitted_len = 0;
         self.out.push_back(Event::Init);
-        let keys: Vec<RefKey> = self.by_ref.keys().cloned().collect();
+        let keys: Vec<SharedKey> = self.names.keys().cloned().collect();
         for key in keys {
             if let Some(uid) = self.winner(&key) {
                 let rv = self.entries[&uid].rv;
                 if let Some(obj) = self.object_of(&uid) {
-                    self.emitted.insert(key, (uid.clone(), rv));
+                    self.set_emitted(&key, Some((uid.clone(), rv)));
                     self.out.push_back(Event::InitApply(obj));
                     if self.lookup.is_some() {
                         self.pending_drop.push_back((uid, rv));
@@ -638,13 +690,16 @@ impl<K: Resource + Clone> Index<K> {
 
     /// The next output event.
     pub(crate) fn pop(&mut self) -> Option<Event<K>> {
-        self.out.pop_front()
+        let ev = self.out.pop_front();
+        release_idle(&mut self.out);
+        ev
     }
 
     /// The live, projected uid of `key` with the newest resourceVersion.
     fn winner(&self, key: &RefKey) -> Option<Arc<str>> {
-        self.by_ref
+        self.names
             .get(key)?
+            .uids
             .iter()
             .filter_map(|u| self.entries.get(u).map(|e| (u, e)))
             .filter(|(_, e)| e.shards.iter().any(|s| self.is_projected(*s)))
@@ -654,12 +709,12 @@ impl<K: Resource + Clone> Index<K> {
 
     /// Bring the consumer's view of `key` in line with the index. `last` is the object to name in a
     /// `Delete` when the index no longer holds it.
-    fn reproject(&mut self, key: &RefKey, last: Option<K>) {
+    fn reproject(&mut self, key: &SharedKey, last: Option<K>) {
         if !self.initialized {
             return;
         }
         let want = self.winner(key);
-        let have = self.emitted.get(key).cloned();
+        let have = self.emitted(key).cloned();
         match (want, have) {
             (Some(uid), have) => {
                 let rv = self.entries[&uid].rv;
@@ -671,7 +726,7 @@ impl<K: Resource + Clone> Index<K> {
                         }
                     }
                     if let Some(obj) = self.object_of(&uid) {
-                        self.emitted.insert(key.clone(), (uid.clone(), rv));
+                        self.set_emitted(key, Some((uid.clone(), rv)));
                         self.out.push_back(Event::Apply(obj));
                         if self.lookup.is_some() {
                             self.pending_drop.push_back((uid, rv));
@@ -681,7 +736,7 @@ impl<K: Resource + Clone> Index<K> {
             }
             (None, Some((uid, _))) => {
                 self.restore(&uid);
-                self.emitted.remove(key);
+                self.set_emitted(key, None);
                 let obj = self
                     .entries
                     .get(&uid)
@@ -761,6 +816,51 @@ mod tests {
 
     fn all(s: ShardCount) -> Vec<u32> {
         (0..s.get()).collect()
+    }
+
+    /// After the initial sync is drained and handed over, the index keeps no slot per object in its
+    /// queues, and one copy of each name, shared by its maps.
+    #[test]
+    fn after_the_initial_sync_queues_are_released_and_names_shared() {
+        use crate::watcher::outq::IDLE_CAPACITY;
+        use std::sync::Mutex;
+        let store: Arc<Mutex<BTreeMap<RefKey, ConfigMap>>> = Arc::default();
+        let reader = store.clone();
+        let s = ShardCount::new(4).unwrap();
+        let mut ix: Index<ConfigMap> = Index::with_store(
+            ShardKey::Uid,
+            s,
+            Box::new(move |k| reader.lock().unwrap().get(k).cloned()),
+        );
+        ix.set_projected(all(s));
+        for i in 0..2_000 {
+            ix.upsert(cm(&format!("o{i}"), &format!("u{i}"), i + 1));
+        }
+        ix.initialize();
+        assert!(ix.out.capacity() > 2_000 && ix.pending_drop.capacity() >= 2_000);
+        while let Some(ev) = ix.pop() {
+            if let Event::InitApply(o) = ev {
+                store
+                    .lock()
+                    .unwrap()
+                    .insert(Index::<ConfigMap>::ref_of(&o), o);
+            }
+        }
+        ix.confirm_handover();
+        assert_eq!(ix.handed_over(), 2_000);
+        assert!(
+            ix.out.capacity() <= IDLE_CAPACITY && ix.pending_drop.capacity() <= IDLE_CAPACITY,
+            "slots kept: out {}, pending_drop {}",
+            ix.out.capacity(),
+            ix.pending_drop.capacity()
+        );
+        // an update keeps the entry's key; every map holds that one copy
+        ix.upsert(cm("o7", "u7", 5_000));
+        let e = &ix.entries[&Arc::<str>::from("u7")];
+        let (shared, name) = ix.names.get_key_value(&*e.key).unwrap();
+        assert!(Arc::ptr_eq(shared, &e.key));
+        assert_eq!(name.emitted, Some((Arc::from("u7"), Some(5_000))));
+        assert_eq!(name.uids.capacity(), 1);
     }
 
     #[test]
