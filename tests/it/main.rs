@@ -7,6 +7,7 @@ mod group;
 mod ha_elector;
 mod ha_group;
 mod ha_lag;
+mod ha_mirror;
 mod ha_switchover;
 mod model_common;
 mod model_ha;

@@ -83,7 +83,9 @@ pub(super) async fn apply(
     let src = match src {
         None => {
             return match copy {
-                Some(c) if may_delete(&c, &ctx.source, &SourceNow::Missing) => delete(&tgt, &c).await,
+                Some(c) if may_delete(&c, &ctx.source, &SourceNow::Missing) => {
+                    delete(&tgt, &c).await
+                }
                 _ => Outcome::Gone,
             }
         }
@@ -114,7 +116,9 @@ pub(super) async fn apply(
         }
         (Action::Recreate, Some(c)) => {
             if !may_delete(&c, &ctx.source, &SourceNow::Uid(p.source_uid.clone())) {
-                return Outcome::Poison(format!("{ns}/{name}: re-created source, copy not deletable"));
+                return Outcome::Poison(format!(
+                    "{ns}/{name}: re-created source, copy not deletable"
+                ));
             }
             match delete(&tgt, &c).await {
                 Outcome::Gone => create(s, &tgt, ctx, &p).await,
@@ -134,7 +138,10 @@ async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
         }),
         ..DeleteParams::default()
     };
-    match tgt.delete(c.metadata.name.as_deref().unwrap_or(""), &dp).await {
+    match tgt
+        .delete(c.metadata.name.as_deref().unwrap_or(""), &dp)
+        .await
+    {
         Ok(_) => Outcome::Gone,
         Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Gone,
         Err(e) => classify("deleting the copy", e),
@@ -240,10 +247,19 @@ async fn write_status(
         .map_err(|e| classify("writing the copy's status", e))
 }
 
-async fn replace_main(s: &Sides, tgt: &Api<DynamicObject>, meta: ObjectMeta, p: &Planned) -> Outcome {
+async fn replace_main(
+    s: &Sides,
+    tgt: &Api<DynamicObject>,
+    meta: ObjectMeta,
+    p: &Planned,
+) -> Outcome {
     let name = meta.name.clone().unwrap_or_default();
     match tgt
-        .replace(&name, &PostParams::default(), &object(s, meta, p, !s.has_status))
+        .replace(
+            &name,
+            &PostParams::default(),
+            &object(s, meta, p, !s.has_status),
+        )
         .await
     {
         Ok(o) => Outcome::Applied(o.metadata.resource_version),

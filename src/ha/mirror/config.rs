@@ -66,9 +66,7 @@ impl MirrorConfig {
     /// The shard group's assignment ConfigMap (namespace, name), never copied.
     #[must_use]
     pub fn assignment(mut self, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        self.own
-            .configmaps
-            .push((namespace.into(), name.into()));
+        self.own.configmaps.push((namespace.into(), name.into()));
         self
     }
 

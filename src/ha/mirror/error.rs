@@ -5,7 +5,9 @@
 #[non_exhaustive]
 pub enum MirrorError {
     /// Kinds the operator watches that are neither mirrored nor derived (a build error).
-    #[error("kinds neither mirrored nor derived: {0:?} (declare each one with `mirrored` or `derived`)")]
+    #[error(
+        "kinds neither mirrored nor derived: {0:?} (declare each one with `mirrored` or `derived`)"
+    )]
     Unclassified(Vec<String>),
     /// A kind declared twice, or both mirrored and derived.
     #[error("kind {0} is declared more than once")]
@@ -14,7 +16,9 @@ pub enum MirrorError {
     #[error("secrets are mirrored only when configured (`allow_secrets`)")]
     SecretsNotAllowed,
     /// A resourceVersion that is not a positive integer without leading zeros: the kind stops.
-    #[error("{what}: resourceVersion {raw:?} is not a positive integer (compared only as integers)")]
+    #[error(
+        "{what}: resourceVersion {raw:?} is not a positive integer (compared only as integers)"
+    )]
     BadResourceVersion {
         /// Where it was read.
         what: String,

@@ -83,7 +83,11 @@ impl KindSetBuilder {
     pub fn build(self, watched: &[Kind]) -> Result<KindSet, MirrorError> {
         let mut kinds = BTreeMap::new();
         for (k, c) in self.declared {
-            if c == KindClass::Mirrored && k.group.is_empty() && k.plural == "secrets" && !self.allow_secrets {
+            if c == KindClass::Mirrored
+                && k.group.is_empty()
+                && k.plural == "secrets"
+                && !self.allow_secrets
+            {
                 return Err(MirrorError::SecretsNotAllowed);
             }
             if kinds.insert(k.key(), (k.clone(), c)).is_some() {
@@ -169,7 +173,11 @@ mod tests {
 
     #[test]
     fn every_watched_kind_must_be_classified() {
-        let watched = [k("widgets.example.com/v1"), k("configmaps/v1"), k("pods/v1")];
+        let watched = [
+            k("widgets.example.com/v1"),
+            k("configmaps/v1"),
+            k("pods/v1"),
+        ];
         let e = KindSet::builder()
             .mirrored(k("widgets.example.com/v1"))
             .derived(k("pods/v1"))
@@ -202,7 +210,10 @@ mod tests {
             .build(&[]);
         assert!(s.is_ok());
         // a derived Secret kind needs no grant: nothing is read
-        assert!(KindSet::builder().derived(k("secrets/v1")).build(&[]).is_ok());
+        assert!(KindSet::builder()
+            .derived(k("secrets/v1"))
+            .build(&[])
+            .is_ok());
     }
 
     fn meta(ns: &str, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
@@ -221,14 +232,22 @@ mod tests {
 
     #[test]
     fn kube_shards_own_objects_are_never_mirrored() {
-        let own = OwnObjects::new("op", "ops", "witness", Some(("ops".into(), "g-assignment".into())));
+        let own = OwnObjects::new(
+            "op",
+            "ops",
+            "witness",
+            Some(("ops".into(), "g-assignment".into())),
+        );
         let (cm, lease) = (k("configmaps/v1"), k("leases.coordination.k8s.io/v1"));
         assert!(own.is_own(&cm, &meta("ops", "g-assignment", &[])));
         assert!(own.is_own(&cm, &meta("ops", "op-ha-mirror", &[])));
         assert!(own.is_own(&lease, &meta("ops", "op-ha", &[])));
         assert!(own.is_own(&lease, &meta("witness", "op-ha", &[])));
         assert!(own.is_own(&lease, &meta("ops", "g-m0", &[(GROUP_LABEL, "g")])));
-        assert!(own.is_own(&k("widgets.example.com/v1"), &meta("x", "w", &[(GROUP_LABEL, "g")])));
+        assert!(own.is_own(
+            &k("widgets.example.com/v1"),
+            &meta("x", "w", &[(GROUP_LABEL, "g")])
+        ));
         // same names in other kinds or namespaces are user objects
         assert!(!own.is_own(&cm, &meta("other", "g-assignment", &[])));
         assert!(!own.is_own(&lease, &meta("ops", "g-assignment", &[])));

@@ -155,7 +155,10 @@ impl Mirror {
             .map_err(api_err("reading the checkpoint"))?
             .and_then(|c| c.data)
             .unwrap_or_default();
-        let clock = wiring.clock.clone().unwrap_or_else(super::handle::tokio_clock);
+        let clock = wiring
+            .clock
+            .clone()
+            .unwrap_or_else(super::handle::tokio_clock);
         let cfg = Arc::new(cfg);
         let kinds: Vec<Kind> = cfg.kinds.mirrored().cloned().collect();
         let mut plan = Vec::new();
@@ -163,7 +166,10 @@ impl Mirror {
             let (ar, caps) = resolve(&source, k).await?;
             let (tar, tcaps) = resolve(&target, k).await?;
             if ar.api_version != tar.api_version || caps.scope != tcaps.scope {
-                return Err(MirrorError::Kind(k.key(), "served differently on the two sides".into()));
+                return Err(MirrorError::Kind(
+                    k.key(),
+                    "served differently on the two sides".into(),
+                ));
             }
             plan.push((k.clone(), ar, caps));
         }
@@ -177,7 +183,13 @@ impl Mirror {
         };
         if let Ok(mut s) = shared.lock() {
             for k in &kinds {
-                s.insert(k.key(), KindStatus { kind: k.key(), ..KindStatus::default() });
+                s.insert(
+                    k.key(),
+                    KindStatus {
+                        kind: k.key(),
+                        ..KindStatus::default()
+                    },
+                );
             }
         }
         for (k, ar, caps) in plan {

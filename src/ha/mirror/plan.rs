@@ -77,10 +77,9 @@ pub fn plan(src: &DynamicObject, ctx: &CopyContext) -> Result<Planned, MirrorErr
         m.name.as_deref().unwrap_or("")
     );
     let source_rv = parse_rv(m.resource_version.as_deref().unwrap_or(""), &what)?;
-    let source_uid = m
-        .uid
-        .clone()
-        .ok_or_else(|| MirrorError::Kind(ctx.source.resource.clone(), format!("{what} has no uid")))?;
+    let source_uid = m.uid.clone().ok_or_else(|| {
+        MirrorError::Kind(ctx.source.resource.clone(), format!("{what} has no uid"))
+    })?;
     let mut labels = m.labels.clone().unwrap_or_default();
     let shard = labels.remove(SHARD_LABEL);
     labels.insert(MIRRORED_FROM.into(), ctx.source.cluster.clone());
@@ -103,7 +102,10 @@ pub fn plan(src: &DynamicObject, ctx: &CopyContext) -> Result<Planned, MirrorErr
         ann.insert(SOURCE_FINALIZERS.into(), json_text(f));
     }
     if let Some(d) = &m.deletion_timestamp {
-        ann.insert(SOURCE_DELETING.into(), json_text(d).trim_matches('"').to_string());
+        ann.insert(
+            SOURCE_DELETING.into(),
+            json_text(d).trim_matches('"').to_string(),
+        );
     }
     let mut body = match &src.data {
         Value::Object(o) => o.clone(),
@@ -220,8 +222,8 @@ pub fn may_delete(copy: &DynamicObject, source: &SourceId, now: &SourceNow) -> b
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::rv::marker;
+    use super::*;
     use serde_json::json;
 
     fn ctx() -> CopyContext {
@@ -258,10 +260,15 @@ mod tests {
     fn the_copy_strips_server_owned_and_uid_derived_fields_into_source_annotations() {
         let p = plan(&source(), &ctx()).unwrap();
         let m = &p.meta;
-        assert_eq!((m.name.as_deref(), m.namespace.as_deref()), (Some("w"), Some("ns")));
+        assert_eq!(
+            (m.name.as_deref(), m.namespace.as_deref()),
+            (Some("w"), Some("ns"))
+        );
         assert!(m.uid.is_none() && m.resource_version.is_none() && m.generation.is_none());
         assert!(m.creation_timestamp.is_none() && m.deletion_timestamp.is_none());
-        assert!(m.managed_fields.is_none() && m.finalizers.is_none() && m.owner_references.is_none());
+        assert!(
+            m.managed_fields.is_none() && m.finalizers.is_none() && m.owner_references.is_none()
+        );
         let l = m.labels.as_ref().unwrap();
         assert_eq!(l.get("app").map(String::as_str), Some("x"));
         assert_eq!(l.get(MIRRORED_FROM).map(String::as_str), Some("a"));
@@ -287,7 +294,10 @@ mod tests {
     fn an_unparseable_source_version_is_an_error() {
         let mut s = source();
         s.metadata.resource_version = Some("abc".into());
-        assert!(matches!(plan(&s, &ctx()), Err(MirrorError::BadResourceVersion { .. })));
+        assert!(matches!(
+            plan(&s, &ctx()),
+            Err(MirrorError::BadResourceVersion { .. })
+        ));
     }
 
     fn copy(label: Option<&str>, uid: &str, marker_rv: Option<u64>, rv: &str) -> DynamicObject {
@@ -309,19 +319,63 @@ mod tests {
     fn decisions() {
         let c = ctx();
         let p = plan(&source(), &c).unwrap();
-        let d = |copy: Option<&DynamicObject>, last: Option<&str>| decide(&p, copy, &c.source, last).unwrap();
+        let d = |copy: Option<&DynamicObject>, last: Option<&str>| {
+            decide(&p, copy, &c.source, last).unwrap()
+        };
         assert_eq!(d(None, None), Action::Create);
         // the conflict guard: not made by the mirror, or from another cluster
-        assert_eq!(d(Some(&copy(None, "u-src", None, "5")), None), Action::NotOurs);
-        assert_eq!(d(Some(&copy(Some("b"), "u-src", None, "5")), None), Action::NotOurs);
-        assert_eq!(d(Some(&copy(Some("a"), "u-old", Some(9), "5")), None), Action::Recreate);
-        assert_eq!(d(Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "5")), None), Action::Skip);
-        assert_eq!(d(Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "5")), Some("5")), Action::Skip);
+        assert_eq!(
+            d(Some(&copy(None, "u-src", None, "5")), None),
+            Action::NotOurs
+        );
+        assert_eq!(
+            d(Some(&copy(Some("b"), "u-src", None, "5")), None),
+            Action::NotOurs
+        );
+        assert_eq!(
+            d(Some(&copy(Some("a"), "u-old", Some(9), "5")), None),
+            Action::Recreate
+        );
+        assert_eq!(
+            d(
+                Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "5")),
+                None
+            ),
+            Action::Skip
+        );
+        assert_eq!(
+            d(
+                Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "5")),
+                Some("5")
+            ),
+            Action::Skip
+        );
         // no marker yet (a create interrupted before it), or an older one
-        assert_eq!(d(Some(&copy(Some("a"), "u-src", None, "5")), None), Action::Update { alarm: None });
-        assert_eq!(d(Some(&copy(Some("a"), "u-src", Some(999_999_999), "5")), None), Action::Update { alarm: None });
-        assert!(matches!(d(Some(&copy(Some("a"), "u-src", Some(1_000_000_043), "5")), None), Action::Update { alarm: Some(_) }));
-        assert!(matches!(d(Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "6")), Some("5")), Action::Update { alarm: Some(_) }));
+        assert_eq!(
+            d(Some(&copy(Some("a"), "u-src", None, "5")), None),
+            Action::Update { alarm: None }
+        );
+        assert_eq!(
+            d(
+                Some(&copy(Some("a"), "u-src", Some(999_999_999), "5")),
+                None
+            ),
+            Action::Update { alarm: None }
+        );
+        assert!(matches!(
+            d(
+                Some(&copy(Some("a"), "u-src", Some(1_000_000_043), "5")),
+                None
+            ),
+            Action::Update { alarm: Some(_) }
+        ));
+        assert!(matches!(
+            d(
+                Some(&copy(Some("a"), "u-src", Some(1_000_000_042), "6")),
+                Some("5")
+            ),
+            Action::Update { alarm: Some(_) }
+        ));
     }
 
     #[test]
@@ -331,7 +385,15 @@ mod tests {
         assert!(may_delete(&ours, &s, &SourceNow::Missing));
         assert!(may_delete(&ours, &s, &SourceNow::Uid("u-new".into())));
         assert!(!may_delete(&ours, &s, &SourceNow::Uid("u-src".into())));
-        assert!(!may_delete(&copy(None, "u-src", Some(5), "5"), &s, &SourceNow::Missing));
-        assert!(!may_delete(&copy(Some("b"), "u-src", Some(5), "5"), &s, &SourceNow::Missing));
+        assert!(!may_delete(
+            &copy(None, "u-src", Some(5), "5"),
+            &s,
+            &SourceNow::Missing
+        ));
+        assert!(!may_delete(
+            &copy(Some("b"), "u-src", Some(5), "5"),
+            &s,
+            &SourceNow::Missing
+        ));
     }
 }

@@ -156,7 +156,9 @@ impl RetryQueue {
         if let Some(e) = self.entries.get_mut(key) {
             e.attempts += 1;
             if e.attempts >= b.max_attempts {
-                e.state = State::Failed { error: error.into() };
+                e.state = State::Failed {
+                    error: error.into(),
+                };
                 return;
             }
             let factor = 1u32 << (e.attempts - 1).min(16);
@@ -178,7 +180,9 @@ impl RetryQueue {
                 };
                 return;
             }
-            e.state = State::Failed { error: error.into() };
+            e.state = State::Failed {
+                error: error.into(),
+            };
         }
     }
 
@@ -274,7 +278,11 @@ mod tests {
         let y = q.pop(now).unwrap();
         q.retry(&y, now, "namespace missing");
         assert_eq!(q.failed().len(), 1);
-        assert_eq!(q.oldest_pending(), Some(100), "a failed key still holds the watermark");
+        assert_eq!(
+            q.oldest_pending(),
+            Some(100),
+            "a failed key still holds the watermark"
+        );
         assert!(q.pop(now + Duration::from_secs(999)).is_none());
         // a newer change of it is tried again
         q.push(k("y"), 150, now);
@@ -291,7 +299,11 @@ mod tests {
         q.fail(&p, "422");
         assert_eq!(
             q.failed(),
-            vec![Failed { key: k("p"), rv: 7, error: "422".into() }]
+            vec![Failed {
+                key: k("p"),
+                rv: 7,
+                error: "422".into()
+            }]
         );
         assert_eq!(q.next_due(), None);
     }

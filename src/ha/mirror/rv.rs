@@ -96,7 +96,10 @@ mod tests {
     #[test]
     fn versions_compare_as_integers_never_as_strings() {
         // "999" > "1000" as strings: the H14 bug that skips a newer version
-        let (a, b) = (parse_rv("999", "t").unwrap(), parse_rv("1000", "t").unwrap());
+        let (a, b) = (
+            parse_rv("999", "t").unwrap(),
+            parse_rv("1000", "t").unwrap(),
+        );
         assert!(a < b);
         assert!("999" > "1000", "the string order this guards against");
         assert_eq!(parse_rv("18446744073709551615", "t").unwrap(), u64::MAX);
@@ -104,7 +107,18 @@ mod tests {
 
     #[test]
     fn unparseable_versions_are_errors() {
-        for bad in ["", "0", "012", "-1", "+1", "1a", " 1", "1 ", "18446744073709551616", "a"] {
+        for bad in [
+            "",
+            "0",
+            "012",
+            "-1",
+            "+1",
+            "1a",
+            " 1",
+            "1 ",
+            "18446744073709551616",
+            "a",
+        ] {
             assert!(parse_rv(bad, "t").is_err(), "{bad:?} must not parse");
         }
     }
@@ -116,9 +130,15 @@ mod tests {
         assert_eq!(marker_rv(Some(&m), &a).unwrap(), Some(1200));
         // another cluster, another kube-system uid, another resource: absent, not older
         assert_eq!(marker_rv(Some(&m), &src("b")).unwrap(), None);
-        let other_uid = SourceId { uid: "u2".into(), ..a.clone() };
+        let other_uid = SourceId {
+            uid: "u2".into(),
+            ..a.clone()
+        };
         assert_eq!(marker_rv(Some(&m), &other_uid).unwrap(), None);
-        let other_res = SourceId { resource: "gadgets.example.com".into(), ..a.clone() };
+        let other_res = SourceId {
+            resource: "gadgets.example.com".into(),
+            ..a.clone()
+        };
         assert_eq!(marker_rv(Some(&m), &other_res).unwrap(), None);
         assert_eq!(marker_rv(None, &a).unwrap(), None);
         assert_eq!(marker_rv(Some("1200"), &a).unwrap(), None);
@@ -132,6 +152,13 @@ mod tests {
         assert!(check_regression("w", Some(1_000_000_500), 1_000_000_500).is_ok());
         assert!(check_regression("w", None, 3).is_ok());
         let e = check_regression("w", Some(1_000_000_500), 3000).unwrap_err();
-        assert!(matches!(e, MirrorError::Regression { checkpoint: 1_000_000_500, now: 3000, .. }));
+        assert!(matches!(
+            e,
+            MirrorError::Regression {
+                checkpoint: 1_000_000_500,
+                now: 3000,
+                ..
+            }
+        ));
     }
 }

@@ -19,10 +19,7 @@ use super::rv::parse_rv;
 #[derive(Debug)]
 pub(super) enum Delivery {
     /// A full LIST (start without a version, or after 410): the items and the LIST's version.
-    Listed {
-        items: Vec<DynamicObject>,
-        rv: u64,
-    },
+    Listed { items: Vec<DynamicObject>, rv: u64 },
     /// An added or modified object.
     Changed(DynamicObject, u64),
     /// A deleted object (its last state).

@@ -43,10 +43,12 @@ pub(super) struct KindTask {
 
 /// In the configured namespaces, and not kube-shard's own.
 fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
-    let ns_ok = cfg
-        .namespaces
-        .as_ref()
-        .is_none_or(|set| o.metadata.namespace.as_ref().is_some_and(|n| set.contains(n)));
+    let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
+        o.metadata
+            .namespace
+            .as_ref()
+            .is_some_and(|n| set.contains(n))
+    });
     ns_ok && !cfg.own.is_own(kind, &o.metadata)
 }
 
@@ -71,10 +73,7 @@ impl KindTask {
         let mut probe = tokio::time::interval(self.cfg.probe_period);
         let mut cp = tokio::time::interval(self.cfg.checkpoint_period);
         loop {
-            let due = self
-                .queue
-                .next_due()
-                .map(|d| d.saturating_sub(self.now()));
+            let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
             tokio::select! {
                 _ = stop.changed() => break,
                 d = rx.recv() => match d {
@@ -141,7 +140,8 @@ impl KindTask {
     /// them after its GET by name); copies out of scope are counted, not touched.
     async fn diff_copies(&mut self, seen: &BTreeSet<Key>, rv: u64, now: Duration) {
         let api: Api<DynamicObject> = Api::all_with(self.sides.target.clone(), &self.sides.ar);
-        let lp = ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
+        let lp =
+            ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
         match api.list(&lp).await {
             Ok(l) => {
                 let mut out = 0;
@@ -246,7 +246,15 @@ impl KindTask {
             return;
         }
         let src = self.ctx.source.cluster_source();
-        match write_position(&self.sides.target, &self.cfg.ha, &self.kind.key(), &src, pos).await {
+        match write_position(
+            &self.sides.target,
+            &self.cfg.ha,
+            &self.kind.key(),
+            &src,
+            pos,
+        )
+        .await
+        {
             Ok(()) => self.status.checkpointed = Some(pos),
             Err(e) => warn!(kind = %self.kind, error = %e, "mirror: checkpoint write failed"),
         }

@@ -68,7 +68,11 @@ mod tests {
                 q.done(&k, t);
             }
         }
-        assert_eq!(w.advance(q.oldest_pending()), Some(99), "not 105: Y at 100 is pending");
+        assert_eq!(
+            w.advance(q.oldest_pending()),
+            Some(99),
+            "not 105: Y at 100 is pending"
+        );
         assert!(w.position().unwrap() < 102);
         let y = q.pop(t + Duration::from_secs(1)).unwrap();
         q.done(&y, t);
