@@ -649,3 +649,87 @@ async fn a_recreated_source_is_a_delete_and_a_create() {
     );
     m.stop().await;
 }
+
+/// Every committed version of the copy whose marker names source version r holds a spec and a status
+/// the source had at r or later (the marker is the commit marker, written last: between `/status` and the
+/// main write the copy may hold a newer status under the older marker, never an older one under a newer
+/// marker). `Err` names the first commit that claims more than it holds.
+async fn markers_claim_only_what_the_copy_holds(planted: bool) -> Result<usize, String> {
+    use kube_shard_testserver::ResourceFilter;
+    let (a, b) = pair().await;
+    let f = ResourceFilter::resource(WIDGETS).namespace(APPS).name("w");
+    a.history().record(f.clone());
+    b.history().record(f.clone());
+    let mut cfg = config();
+    cfg.planted_marker_first = planted;
+    let m = start(&a, &b, cfg).await;
+    let src = widgets(&a, APPS);
+    let pp = PatchParams::default();
+    src.create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    for i in 1..5u64 {
+        let st = json!({"status": {"n": i}});
+        src.patch_status("w", &pp, &Patch::Merge(st)).await.unwrap();
+        eventually(30, "in step", || widget_in_step(&a, &b, "w")).await?;
+        let spec = json!({"spec": {"v": i + 1}});
+        src.patch("w", &pp, &Patch::Merge(spec)).await.unwrap();
+        let both = json!({"status": {"n": 10 + i}});
+        src.patch_status("w", &pp, &Patch::Merge(both))
+            .await
+            .unwrap();
+        eventually(30, "in step", || widget_in_step(&a, &b, "w")).await?;
+    }
+    m.stop().await;
+    let source: std::collections::BTreeMap<u64, serde_json::Value> = a
+        .history()
+        .of(&f)
+        .into_iter()
+        .map(|c| (c.resource_version, c.object))
+        .collect();
+    let mut claims = 0;
+    for c in b.history().of(&f) {
+        let marker = c.object["metadata"]["annotations"][SOURCE_RV]
+            .as_str()
+            .map(str::to_string);
+        let Some(r) = marker.and_then(|m| {
+            m.rsplit_once(" rv=")
+                .and_then(|(_, r)| r.parse::<u64>().ok())
+        }) else {
+            continue;
+        };
+        claims += 1;
+        let s = &source[&r];
+        let held = |field: &str| {
+            source
+                .range(r..)
+                .any(|(_, v)| v.get(field) == c.object.get(field))
+        };
+        if !held("spec") || !held("status") {
+            return Err(format!(
+                "copy commit {} claims source {r} but holds spec {:?} status {:?} (source: {:?} {:?})",
+                c.resource_version,
+                c.object.get("spec"),
+                c.object.get("status"),
+                s.get("spec"),
+                s.get("status")
+            ));
+        }
+    }
+    Ok(claims)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_marker_is_written_last() {
+    let claims = markers_claim_only_what_the_copy_holds(false).await.unwrap();
+    assert!(claims >= 5, "{claims} marker commits checked");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_marker_check_catches_a_marker_written_first() {
+    let e = markers_claim_only_what_the_copy_holds(true)
+        .await
+        .unwrap_err();
+    eprintln!("planted: {e}");
+    assert!(e.contains("claims source"), "{e}");
+}
