@@ -733,3 +733,107 @@ async fn the_marker_check_catches_a_marker_written_first() {
     eprintln!("planted: {e}");
     assert!(e.contains("claims source"), "{e}");
 }
+
+async fn kube_system_uid(s: &TestServer) -> String {
+    Api::<Namespace>::all(s.client("admin"))
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+/// A quiet kind whose watch is also frozen: its token version is far above its last event. Without
+/// catch-up the position stays behind (bookmarks come once a minute, and not at all through a frozen
+/// watch); one catch-up LIST applies the missed delete and brings the position to the token, asked
+/// in-process and, from `promote --token`'s side, through the checkpoint.
+#[tokio::test(start_paused = true)]
+async fn catch_up_brings_a_quiet_kind_to_the_token() {
+    let (a, b) = pair().await;
+    let m = start(&a, &b, config()).await;
+    let src = widgets(&a, APPS);
+    for n in ["keep", "gone"] {
+        src.create(&PostParams::default(), &widget(n, 1))
+            .await
+            .unwrap();
+        eventually(30, "copied", || widget_in_step(&a, &b, n))
+            .await
+            .unwrap();
+    }
+    a.faults()
+        .freeze_watches(kube_shard_testserver::Scope::identity("mirror"), true);
+    src.delete("gone", &DeleteParams::default()).await.unwrap();
+    let uid = kube_system_uid(&a).await;
+    let pp = PostParams::default();
+    let token_for = |id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
+        format!("v1;src=a/{uid};e=1001;k={WIDGETS}:{rv};id={id}")
+            .parse()
+            .unwrap()
+    };
+    for i in 0..20 {
+        let c: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap();
+        cms(&a, APPS).create(&pp, &c).await.unwrap();
+    }
+    let t1 = source_rv(&a).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        kind(&m, WIDGETS).position.unwrap() < t1,
+        "behind without catch-up"
+    );
+
+    assert_eq!(m.catch_up(&token_for("t1", t1)).await.unwrap(), 1);
+    eventually(5, "position at the token", || {
+        let p = kind(&m, WIDGETS).position;
+        async move { p.is_some_and(|p| p >= t1) }
+    })
+    .await
+    .unwrap();
+    assert!(
+        widgets(&b, APPS).get_opt("gone").await.unwrap().is_none(),
+        "the missed delete applied"
+    );
+    assert!(widgets(&b, APPS).get_opt("keep").await.unwrap().is_some());
+    let foreign = format!("v1;src=a/not-{uid};e=1001;k={WIDGETS}:{t1};id=t9");
+    assert!(m.catch_up(&foreign.parse().unwrap()).await.is_err());
+
+    // through the checkpoint, as `promote --token` asks a mirror in another process
+    src.patch(
+        "keep",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"v": 9}})),
+    )
+    .await
+    .unwrap();
+    let t2 = source_rv(&a).await;
+    let text = token_for("t2", t2).to_string();
+    let cp: Api<ConfigMap> = cms(&b, HA_NS);
+    cp.patch(
+        &checkpoint_name(&ha()),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {kube_shard::ha::switchover::CATCH_UP_KEY: text}})),
+    )
+    .await
+    .unwrap();
+    eventually(10, "position at the second token", || {
+        let p = kind(&m, WIDGETS).position;
+        async move { p.is_some_and(|p| p >= t2) }
+    })
+    .await
+    .unwrap();
+    assert!(widget_in_step(&a, &b, "keep").await);
+    eventually(10, "checkpoint at the second token", || async {
+        checkpoint(&b, WIDGETS)
+            .await
+            .and_then(|v| {
+                v.rsplit_once(" rv=")
+                    .and_then(|(_, r)| r.parse::<u64>().ok())
+            })
+            .is_some_and(|r| r >= t2)
+    })
+    .await
+    .unwrap();
+    assert_eq!(kind(&m, WIDGETS).catchups, 2);
+    m.stop().await;
+}

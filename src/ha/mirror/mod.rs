@@ -16,7 +16,10 @@
 //! 410), `apply` (the worker: re-read at dequeue, preconditions, marker last, Orphan deletes after a GET
 //! by name), `task` (one task per kind: queue, watermark, probes, the checkpoint), and [`Mirror`] here.
 //!
-//! Not built yet: catch-up to a token by one `NotOlderThan` LIST, adoption at promotion and failback,
+//! Catch-up to a demotion token (`catchup`, [`Mirror::catch_up`]): one consistent `NotOlderThan` LIST per
+//! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint.
+//!
+//! Not built yet: adoption at promotion and failback,
 //! the schema-hash check at start, the prune grace, Events and Prometheus metrics for the mirror.
 
 pub mod config;
@@ -30,6 +33,7 @@ pub mod status;
 pub mod watermark;
 
 mod apply;
+mod catchup;
 mod source;
 mod task;
 
@@ -58,7 +62,7 @@ use self::plan::CopyContext;
 use self::queue::RetryQueue;
 use self::task::{KindTask, Shared};
 use self::watermark::Watermark;
-use super::switchover::{checkpoint_name, Kind};
+use super::switchover::{checkpoint_name, Kind, Token};
 use super::switchover_types::position;
 use super::{record, HaControl, LocalClock};
 
@@ -69,6 +73,8 @@ pub struct Mirror {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     sources: Vec<JoinHandle<()>>,
+    catchup: BTreeMap<String, mpsc::Sender<u64>>,
+    source: SourceId,
 }
 
 /// How a running mirror reports (optional wiring).
@@ -180,6 +186,12 @@ impl Mirror {
             stop,
             tasks: Vec::new(),
             sources: Vec::new(),
+            catchup: BTreeMap::new(),
+            source: SourceId {
+                cluster: cfg.source_cluster.clone(),
+                uid: uid.clone(),
+                resource: String::new(),
+            },
         };
         if let Ok(mut s) = shared.lock() {
             for k in &kinds {
@@ -237,9 +249,28 @@ impl Mirror {
                 last_written: Default::default(),
                 status,
             };
-            m.tasks.push(tokio::spawn(t.run(rx, m.stop.subscribe())));
+            let (ctx, crx) = mpsc::channel(8);
+            m.catchup.insert(t.kind.key(), ctx);
+            m.tasks
+                .push(tokio::spawn(t.run(rx, crx, m.stop.subscribe())));
         }
+        m.tasks.push(tokio::spawn(catchup::poll(
+            target.clone(),
+            cfg.ha.clone(),
+            m.source.clone(),
+            m.catchup.clone(),
+            cfg.checkpoint_period,
+            m.stop.subscribe(),
+        )));
         Ok(m)
+    }
+
+    /// Catch up to a demotion token: each kind of the token takes one consistent LIST at the token's
+    /// version (`NotOlderThan`) and applies it as a diff; the positions then reach the token without
+    /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source
+    /// is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
+    pub async fn catch_up(&self, token: &Token) -> Result<usize, MirrorError> {
+        catchup::send(token, &self.source, &self.catchup).await
     }
 
     /// Every mirrored kind's state.

@@ -24,6 +24,8 @@ pub struct KindStatus {
     pub probed_rv: Option<u64>,
     /// Full LISTs (at start without a checkpoint, and after 410).
     pub lists: u64,
+    /// Catch-ups to a token (one consistent LIST each).
+    pub catchups: u64,
     /// Watches opened from a version.
     pub resumes: u64,
     /// The last full LIST: local-clock time and item count.

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{DynamicObject, ListParams};
+use kube::api::{DynamicObject, ListParams, VersionMatch};
 use kube::{Api, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -68,6 +68,7 @@ impl KindTask {
     pub(super) async fn run(
         mut self,
         mut rx: mpsc::Receiver<Delivery>,
+        mut catchup: mpsc::Receiver<u64>,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut probe = tokio::time::interval(self.cfg.probe_period);
@@ -89,6 +90,10 @@ impl KindTask {
                     break;
                 },
                 _ = cp.tick() => self.checkpoint().await,
+                Some(rv) = catchup.recv() => if let Err(e) = self.catch_up(rv).await {
+                    self.stop_with(e);
+                    break;
+                },
             }
             self.advance().await;
         }
@@ -197,6 +202,35 @@ impl KindTask {
             Outcome::Poison(e) => {
                 warn!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: failed object");
                 self.queue.fail(&key, e);
+            }
+        }
+    }
+
+    /// Catch-up to a token's version: one consistent LIST at `resourceVersion=rv` with
+    /// `resourceVersionMatch=NotOlderThan` (answered even after compaction), applied as a diff like a
+    /// relist; the position reaches that LIST's version once its changes are applied.
+    async fn catch_up(&mut self, rv: u64) -> Result<(), MirrorError> {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let lp = ListParams::default()
+            .at(&rv.to_string())
+            .matching(VersionMatch::NotOlderThan);
+        match api.list(&lp).await {
+            Ok(l) => {
+                let v = parse_rv(
+                    l.metadata.resource_version.as_deref().unwrap_or(""),
+                    "a catch-up LIST",
+                )?;
+                info!(kind = %self.kind, token_rv = rv, list_rv = v, items = l.items.len(), "mirror: catch-up");
+                self.status.catchups += 1;
+                self.deliver(Delivery::Listed {
+                    items: l.items,
+                    rv: v,
+                })
+                .await
+            }
+            Err(e) => {
+                warn!(kind = %self.kind, error = %e, "mirror: catch-up LIST failed");
+                Ok(())
             }
         }
     }
