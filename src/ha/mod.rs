@@ -24,6 +24,7 @@ pub mod epoch;
 mod events;
 pub mod handle;
 pub mod metrics;
+pub mod mirror;
 pub mod ops;
 pub mod record;
 pub mod switchover;

@@ -27,8 +27,10 @@
 //! conditional writes, with no `lease_duration` wait ([`TokenTakeover`]).
 //!
 //! **The mirror's position** is read from the Standby's checkpoint ConfigMap `<name>-ha-mirror` (one
-//! entry per kind, `v1 source=<cluster>/<uid> rv=<n>`, [`write_position`]): the mirror (not built yet)
-//! persists its low watermark there; until it exists, whoever copies the kinds writes it.
+//! entry per kind, `v1 source=<cluster>/<uid> rv=<n>`, [`write_position`]): the mirror
+//! ([`crate::ha::mirror`]) persists its low watermark there. Before waiting, `promote --token` writes the
+//! token under [`CATCH_UP_KEY`] in the same ConfigMap, and the mirror (in the Standby's operator) catches
+//! up to it by one consistent `NotOlderThan` LIST per kind instead of waiting for events.
 //!
 //! **Cancel** ([`cancel`]): refused once any Lease shows a higher epoch (the peer promoted); else the
 //! Lease a token promotion writes first (the witness, or without one the Active's own) is set back to
@@ -41,7 +43,8 @@ use std::time::Duration;
 
 use super::switchover_types::{api_err, position, report_text};
 pub use super::switchover_types::{
-    freeze_objects, Kind, KindReport, SwitchError, Token, FREEZE_MARK, USED_TOKENS_KEY,
+    freeze_objects, Kind, KindReport, SwitchError, Token, CATCH_UP_KEY, FREEZE_MARK,
+    USED_TOKENS_KEY,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -667,6 +670,11 @@ async fn check_token(
             }
         )));
     }
+    // ask the mirror (another process) to catch up to the token by one consistent LIST per kind
+    edit_checkpoint(&clients.local, cfg, |d| {
+        d.insert(CATCH_UP_KEY.to_string(), text.clone());
+    })
+    .await?;
     let t0 = tokio::time::Instant::now();
     loop {
         let cp = data(

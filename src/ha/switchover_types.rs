@@ -18,6 +18,9 @@ use super::record;
 pub const FREEZE_MARK: &str = "kube-shard HA freeze";
 /// The checkpoint ConfigMap key listing consumed token ids, one a line.
 pub const USED_TOKENS_KEY: &str = "used-tokens";
+/// The checkpoint ConfigMap key where `promote --token` asks the mirror (in another process) to catch
+/// up to a token: the token's text.
+pub const CATCH_UP_KEY: &str = "catch-up";
 
 /// A kind the switchover covers: `<plural>.<group>/<version>`, or `<plural>/<version>` for the core
 /// group (`widgets.example.com/v1`, `configmaps/v1`).

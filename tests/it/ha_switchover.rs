@@ -141,12 +141,20 @@ struct Pair {
 }
 
 async fn pair() -> Pair {
+    pair_with(true).await
+}
+
+/// With `stand_in`, the mirror stand-in copies the Secrets; without, nothing does (the caller starts
+/// the real mirror).
+async fn pair_with(stand_in: bool) -> Pair {
     let (sa, sb) = two_servers().await;
     let o = HaOverlap::default();
     let (a, b) = two_active_members_and_a_standby(&sa, &sb, &o).await;
     let writer = writer(&sa);
     let mirror_stop = Arc::new(AtomicBool::new(false));
-    mirror(&sa, &sb, mirror_stop.clone());
+    if stand_in {
+        mirror(&sa, &sb, mirror_stop.clone());
+    }
     tokio::time::sleep(Duration::from_secs(10)).await;
     Pair {
         sa,
@@ -583,4 +591,66 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
     assert_eq!(o.violations(), vec![], "{:?}", o.intervals());
     writer.task.abort();
     b.kill();
+}
+
+/// The real mirror (`kube_shard::ha::mirror`) instead of the stand-in: B mirrors A's Secrets under the
+/// writer; `promote --token` asks it to catch up through the checkpoint and waits for its position; after
+/// the promotion every Secret on A is on B with the same data, and B's copies carry the mirror's marks.
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_with_the_real_mirror_loses_nothing() {
+    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+    let p = pair_with(false).await;
+    let set = KindSet::builder()
+        .mirrored(kinds()[0].clone())
+        .allow_secrets(true)
+        .build(&kinds())
+        .unwrap();
+    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
+        .namespaces([CP_NS])
+        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
+    let m = Mirror::start(
+        cfg,
+        p.sa.client("mirror"),
+        p.sb.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let token = p.demote(&demote_opts()).await.unwrap();
+    let t0 = Instant::now();
+    let epoch = p.promote(&token, Duration::from_secs(60)).await.unwrap();
+    eprintln!(
+        "[switchover] promote --token with the real mirror took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(epoch.wire(), 2002);
+    let st = m.kind("secrets").unwrap();
+    assert!(st.position.unwrap() >= token.kinds["secrets"], "{st:?}");
+    assert!(st.failed.is_empty(), "{st:?}");
+    m.stop().await;
+    let on = |s: &TestServer| {
+        let api: Api<Secret> = Api::namespaced(s.client("admin"), CP_NS);
+        async move {
+            let l = api.list(&ListParams::default()).await.unwrap();
+            l.items
+                .into_iter()
+                .map(|s| (s.metadata.name.clone().unwrap(), s))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let (sa, sb) = (on(&p.sa).await, on(&p.sb).await);
+    assert!(sa.len() >= 5, "{}", sa.len());
+    for (k, v) in &sa {
+        let c = sb.get(k).unwrap_or_else(|| panic!("{k} lost"));
+        assert_eq!(c.data, v.data, "{k}");
+        let ann = c.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            ann.get("kube-shard.io/fence").map(String::as_str),
+            Some("1001:mirror")
+        );
+        assert_eq!(ann.get("kube-shard.io/source-uid"), v.metadata.uid.as_ref());
+    }
+    assert!(p.writer.ok.load(Ordering::SeqCst) > 0);
+    p.kill();
 }

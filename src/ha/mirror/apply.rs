@@ -1,0 +1,268 @@
+//! Bringing one copy up to its source (HA.md "Writes"; `review-ha.md` H13): the worker re-reads the
+//! source by name at dequeue time, reads the copy, decides ([`decide`]), and writes with preconditions
+//! (the copy's uid and resourceVersion as read: a 409 means re-read and compare again). The marker is
+//! written last: an update writes `/status` first, then the main resource with the marker; a create
+//! writes the main resource without it, then `/status`, then the marker. A re-created source is a delete
+//! (preconditions) then a create; copies are deleted with `propagationPolicy: Orphan`, only when
+//! [`may_delete`] allows.
+
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use kube::Api;
+use serde_json::Value;
+use tracing::warn;
+
+use super::plan::{decide, may_delete, plan, Action, CopyContext, Planned, SourceNow, SOURCE_RV};
+use super::queue::Key;
+use super::rv::marker;
+
+/// The result of one attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The copy holds the source's version (written, or already there); the copy's resourceVersion
+    /// after the mirror's last write, when it wrote.
+    Applied(Option<String>),
+    /// The copy was deleted (or there was none to delete).
+    Gone,
+    /// A retryable failure (409, a missing namespace, 429, 5xx, transport).
+    Retry(String),
+    /// A permanent failure (an object not made by the mirror, 422, 400): the failed list.
+    Poison(String),
+}
+
+/// The kind's two sides.
+#[derive(Clone)]
+pub(super) struct Sides {
+    pub(super) ar: ApiResource,
+    pub(super) namespaced: bool,
+    pub(super) has_status: bool,
+    pub(super) source: kube::Client,
+    pub(super) target: kube::Client,
+    /// Marker written last (the H13 b fix); `false` is a planted bug for the tests.
+    pub(super) marker_last: bool,
+}
+
+impl Sides {
+    fn api(&self, c: &kube::Client, ns: &str) -> Api<DynamicObject> {
+        if self.namespaced {
+            Api::namespaced_with(c.clone(), ns, &self.ar)
+        } else {
+            Api::all_with(c.clone(), &self.ar)
+        }
+    }
+}
+
+fn classify(what: &str, e: kube::Error) -> Outcome {
+    let text = format!("{what}: {e}");
+    match &e {
+        kube::Error::Api(s) if matches!(s.code, 400 | 422) => Outcome::Poison(text),
+        _ => Outcome::Retry(text),
+    }
+}
+
+/// One attempt for `key`.
+pub(super) async fn apply(
+    s: &Sides,
+    ctx: &CopyContext,
+    key: &Key,
+    last_written: Option<&str>,
+    in_scope: impl Fn(&DynamicObject) -> bool,
+) -> Outcome {
+    let (ns, name) = (key.0.as_str(), key.1.as_str());
+    let src = match s.api(&s.source, ns).get_opt(name).await {
+        Ok(o) => o,
+        Err(e) => return classify("reading the source", e),
+    };
+    let tgt = s.api(&s.target, ns);
+    let copy = match tgt.get_opt(name).await {
+        Ok(o) => o,
+        Err(e) => return classify("reading the copy", e),
+    };
+    let src = match src {
+        None => {
+            return match copy {
+                Some(c) if may_delete(&c, &ctx.source, &SourceNow::Missing) => {
+                    delete(&tgt, &c).await
+                }
+                _ => Outcome::Gone,
+            }
+        }
+        // out of scope (or kube-shard's own): copies are reported, never deleted
+        Some(o) if !in_scope(&o) => return Outcome::Gone,
+        Some(o) => o,
+    };
+    let p = match plan(&src, ctx) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Poison(e.to_string()),
+    };
+    let action = match decide(&p, copy.as_ref(), &ctx.source, last_written) {
+        Ok(a) => a,
+        Err(e) => return Outcome::Poison(e.to_string()),
+    };
+    match (action, copy) {
+        (Action::Skip, _) => Outcome::Applied(None),
+        (Action::NotOurs, _) => Outcome::Poison(format!(
+            "{ns}/{name} exists on the Standby and was not made by the mirror from {}: not touched",
+            ctx.source.cluster
+        )),
+        (Action::Create, _) => create(s, &tgt, ctx, &p).await,
+        (Action::Update { alarm }, Some(c)) => {
+            if let Some(a) = alarm {
+                warn!(kind = %ctx.source.resource, ns, name, alarm = %a, "mirror: re-applying a copy");
+            }
+            update(s, &tgt, ctx, &p, &c).await
+        }
+        (Action::Recreate, Some(c)) => {
+            if !may_delete(&c, &ctx.source, &SourceNow::Uid(p.source_uid.clone())) {
+                return Outcome::Poison(format!(
+                    "{ns}/{name}: re-created source, copy not deletable"
+                ));
+            }
+            match delete(&tgt, &c).await {
+                Outcome::Gone => create(s, &tgt, ctx, &p).await,
+                other => other,
+            }
+        }
+        (_, None) => Outcome::Retry("the copy vanished".into()),
+    }
+}
+
+async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        preconditions: Some(Preconditions {
+            uid: c.metadata.uid.clone(),
+            resource_version: c.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match tgt
+        .delete(c.metadata.name.as_deref().unwrap_or(""), &dp)
+        .await
+    {
+        Ok(_) => Outcome::Gone,
+        Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Gone,
+        Err(e) => classify("deleting the copy", e),
+    }
+}
+
+fn object(s: &Sides, meta: ObjectMeta, p: &Planned, with_status: bool) -> DynamicObject {
+    let mut data = p.body.clone();
+    if with_status {
+        if let Some(st) = &p.status {
+            data.insert("status".into(), st.clone());
+        }
+    }
+    let mut o = DynamicObject::new(meta.name.as_deref().unwrap_or(""), &s.ar);
+    o.metadata = meta;
+    o.data = Value::Object(data);
+    o
+}
+
+fn with_marker(mut meta: ObjectMeta, ctx: &CopyContext, rv: u64) -> ObjectMeta {
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(SOURCE_RV.into(), marker(&ctx.source, rv));
+    meta
+}
+
+fn preconditioned(mut meta: ObjectMeta, c: &DynamicObject) -> ObjectMeta {
+    meta.uid = c.metadata.uid.clone();
+    meta.resource_version = c.metadata.resource_version.clone();
+    meta
+}
+
+async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Planned) -> Outcome {
+    let pp = PostParams::default();
+    let first = if s.marker_last {
+        p.meta.clone()
+    } else {
+        with_marker(p.meta.clone(), ctx, p.source_rv)
+    };
+    // without a status subresource the status is part of the main resource
+    let created = match tgt.create(&pp, &object(s, first, p, !s.has_status)).await {
+        Ok(c) => c,
+        Err(e) => return classify("creating the copy", e),
+    };
+    let created = match write_status(s, tgt, p, &created).await {
+        Ok(c) => c,
+        Err(o) => return o,
+    };
+    let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &created);
+    replace_main(s, tgt, meta, p).await
+}
+
+async fn update(
+    s: &Sides,
+    tgt: &Api<DynamicObject>,
+    ctx: &CopyContext,
+    p: &Planned,
+    c: &DynamicObject,
+) -> Outcome {
+    let mut cur = c.clone();
+    if !s.marker_last {
+        let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &cur);
+        match replace_main(s, tgt, meta, p).await {
+            Outcome::Applied(Some(rv)) => cur.metadata.resource_version = Some(rv),
+            other => return other,
+        }
+        return match write_status(s, tgt, p, &cur).await {
+            Ok(o) => Outcome::Applied(o.metadata.resource_version),
+            Err(o) => o,
+        };
+    }
+    cur = match write_status(s, tgt, p, &cur).await {
+        Ok(o) => o,
+        Err(o) => return o,
+    };
+    let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &cur);
+    replace_main(s, tgt, meta, p).await
+}
+
+/// `/status` when the kind has it and it differs; returns the copy as written (or as it was).
+async fn write_status(
+    s: &Sides,
+    tgt: &Api<DynamicObject>,
+    p: &Planned,
+    c: &DynamicObject,
+) -> Result<DynamicObject, Outcome> {
+    if !s.has_status || c.data.get("status") == p.status.as_ref() {
+        return Ok(c.clone());
+    }
+    let mut o = c.clone();
+    match (&mut o.data, &p.status) {
+        (Value::Object(m), Some(st)) => {
+            m.insert("status".into(), st.clone());
+        }
+        (Value::Object(m), None) => {
+            m.remove("status");
+        }
+        _ => {}
+    }
+    let name = c.metadata.name.as_deref().unwrap_or("");
+    tgt.replace_status(name, &PostParams::default(), &o)
+        .await
+        .map_err(|e| classify("writing the copy's status", e))
+}
+
+async fn replace_main(
+    s: &Sides,
+    tgt: &Api<DynamicObject>,
+    meta: ObjectMeta,
+    p: &Planned,
+) -> Outcome {
+    let name = meta.name.clone().unwrap_or_default();
+    match tgt
+        .replace(
+            &name,
+            &PostParams::default(),
+            &object(s, meta, p, !s.has_status),
+        )
+        .await
+    {
+        Ok(o) => Outcome::Applied(o.metadata.resource_version),
+        Err(e) => classify("writing the copy", e),
+    }
+}

@@ -1,0 +1,318 @@
+//! The task of one mirrored kind: it consumes the source loop's deliveries into the retry queue and the
+//! watermark, runs the worker on due keys, probes the source for lag, checkpoints the position, and
+//! publishes its [`KindStatus`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{DynamicObject, ListParams, VersionMatch};
+use kube::{Api, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::apply::{apply, Outcome, Sides};
+use super::config::MirrorConfig;
+use super::error::MirrorError;
+use super::lag::Confirmations;
+use super::plan::{CopyContext, MIRRORED_FROM};
+use super::queue::{Key, RetryQueue};
+use super::rv::{check_regression, parse_rv};
+use super::source::Delivery;
+use super::status::KindStatus;
+use super::watermark::Watermark;
+use crate::ha::switchover::{write_position, Kind};
+use crate::ha::{HaControl, LocalClock};
+
+pub(super) type Shared = Arc<Mutex<std::collections::BTreeMap<String, KindStatus>>>;
+
+pub(super) struct KindTask {
+    pub(super) kind: Kind,
+    pub(super) sides: Sides,
+    pub(super) ctx: CopyContext,
+    pub(super) cfg: Arc<MirrorConfig>,
+    pub(super) clock: LocalClock,
+    pub(super) shared: Shared,
+    pub(super) control: Option<HaControl>,
+    pub(super) queue: RetryQueue,
+    pub(super) wm: Watermark,
+    pub(super) conf: Confirmations,
+    pub(super) last_written: HashMap<Key, String>,
+    pub(super) status: KindStatus,
+}
+
+/// In the configured namespaces, and not kube-shard's own.
+fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
+    let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
+        o.metadata
+            .namespace
+            .as_ref()
+            .is_some_and(|n| set.contains(n))
+    });
+    ns_ok && !cfg.own.is_own(kind, &o.metadata)
+}
+
+fn key_of(o: &DynamicObject) -> Key {
+    (o.namespace().unwrap_or_default(), o.name_any())
+}
+
+impl KindTask {
+    fn now(&self) -> Duration {
+        (self.clock)()
+    }
+
+    fn in_scope(&self, o: &DynamicObject) -> bool {
+        in_scope(&self.cfg, &self.kind, o)
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Delivery>,
+        mut catchup: mpsc::Receiver<u64>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut probe = tokio::time::interval(self.cfg.probe_period);
+        let mut cp = tokio::time::interval(self.cfg.checkpoint_period);
+        loop {
+            let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
+            tokio::select! {
+                _ = stop.changed() => break,
+                d = rx.recv() => match d {
+                    Some(d) => if let Err(e) = self.deliver(d).await {
+                        self.stop_with(e);
+                        break;
+                    },
+                    None => break,
+                },
+                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => self.work().await,
+                _ = probe.tick() => if let Err(e) = self.probe().await {
+                    self.stop_with(e);
+                    break;
+                },
+                _ = cp.tick() => self.checkpoint().await,
+                Some(rv) = catchup.recv() => if let Err(e) = self.catch_up(rv).await {
+                    self.stop_with(e);
+                    break;
+                },
+            }
+            self.advance().await;
+        }
+        self.publish();
+    }
+
+    fn stop_with(&mut self, e: MirrorError) {
+        warn!(kind = %self.kind, error = %e, "mirror: kind stopped");
+        self.status.stopped = Some(e.to_string());
+        self.publish();
+    }
+
+    async fn deliver(&mut self, d: Delivery) -> Result<(), MirrorError> {
+        let now = self.now();
+        match d {
+            Delivery::Listed { items, rv } => {
+                check_regression(&self.kind.key(), self.wm.position(), rv)?;
+                self.status.lists += 1;
+                self.status.last_list = Some((now, items.len()));
+                let mut seen = BTreeSet::new();
+                for o in &items {
+                    let k = key_of(o);
+                    seen.insert(k.clone());
+                    if self.in_scope(o) {
+                        let orv = parse_rv(
+                            o.metadata.resource_version.as_deref().unwrap_or(""),
+                            "a listed object",
+                        )?;
+                        self.queue.push(k, orv, now);
+                    }
+                }
+                self.diff_copies(&seen, rv, now).await;
+                self.wm.delivered(rv);
+            }
+            Delivery::Changed(o, v) | Delivery::Deleted(o, v) => {
+                if self.in_scope(&o) {
+                    self.queue.push(key_of(&o), v, now);
+                }
+                self.wm.delivered(v);
+            }
+            Delivery::Bookmark(v) => self.wm.delivered(v),
+            Delivery::Resumed => self.status.resumes += 1,
+            Delivery::Fatal(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// After a full LIST: copies of this source whose key the LIST lacks are queued (the worker deletes
+    /// them after its GET by name); copies out of scope are counted, not touched.
+    async fn diff_copies(&mut self, seen: &BTreeSet<Key>, rv: u64, now: Duration) {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.target.clone(), &self.sides.ar);
+        let lp =
+            ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
+        match api.list(&lp).await {
+            Ok(l) => {
+                let mut out = 0;
+                for c in l.items {
+                    let k = key_of(&c);
+                    if seen.contains(&k) {
+                        continue;
+                    }
+                    if self.in_scope(&c) {
+                        self.queue.push(k, rv, now);
+                    } else {
+                        out += 1;
+                    }
+                }
+                self.status.out_of_scope = out;
+            }
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: listing the copies failed"),
+        }
+    }
+
+    async fn work(&mut self) {
+        let now = self.now();
+        let Some(key) = self.queue.pop(now) else {
+            return;
+        };
+        let sides = self.sides.clone();
+        let last = self.last_written.get(&key).cloned();
+        let cfg = self.cfg.clone();
+        let kind = self.kind.clone();
+        let out = apply(&sides, &self.ctx, &key, last.as_deref(), |o| {
+            in_scope(&cfg, &kind, o)
+        })
+        .await;
+        let now = self.now();
+        match out {
+            Outcome::Applied(rv) => {
+                if let Some(rv) = rv {
+                    self.status.writes += 1;
+                    self.last_written.insert(key.clone(), rv);
+                }
+                self.queue.done(&key, now);
+            }
+            Outcome::Gone => {
+                if self.last_written.remove(&key).is_some() {
+                    self.status.writes += 1;
+                }
+                self.queue.done(&key, now);
+            }
+            Outcome::Retry(e) => {
+                info!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: retrying");
+                self.queue.retry(&key, now, e);
+            }
+            Outcome::Poison(e) => {
+                warn!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: failed object");
+                self.queue.fail(&key, e);
+            }
+        }
+    }
+
+    /// Catch-up to a token's version: one consistent LIST at `resourceVersion=rv` with
+    /// `resourceVersionMatch=NotOlderThan` (answered even after compaction), applied as a diff like a
+    /// relist; the position reaches that LIST's version once its changes are applied.
+    async fn catch_up(&mut self, rv: u64) -> Result<(), MirrorError> {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let lp = ListParams::default()
+            .at(&rv.to_string())
+            .matching(VersionMatch::NotOlderThan);
+        match api.list(&lp).await {
+            Ok(l) => {
+                let v = parse_rv(
+                    l.metadata.resource_version.as_deref().unwrap_or(""),
+                    "a catch-up LIST",
+                )?;
+                info!(kind = %self.kind, token_rv = rv, list_rv = v, items = l.items.len(), "mirror: catch-up");
+                self.status.catchups += 1;
+                self.deliver(Delivery::Listed {
+                    items: l.items,
+                    rv: v,
+                })
+                .await
+            }
+            Err(e) => {
+                warn!(kind = %self.kind, error = %e, "mirror: catch-up LIST failed");
+                Ok(())
+            }
+        }
+    }
+
+    async fn probe(&mut self) -> Result<(), MirrorError> {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let at = self.now();
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(l) => {
+                let rv = parse_rv(
+                    l.metadata.resource_version.as_deref().unwrap_or(""),
+                    "a probe LIST",
+                )?;
+                check_regression(&self.kind.key(), self.wm.position(), rv)?;
+                self.status.probed_rv = Some(rv);
+                self.conf.probe(at, rv);
+            }
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: probe failed"),
+        }
+        Ok(())
+    }
+
+    async fn advance(&mut self) {
+        let pending = if self.cfg.planted_watermark_ignores_queue {
+            None
+        } else {
+            self.queue.oldest_pending()
+        };
+        let pos = self.wm.advance(pending);
+        let before = self.conf.confirmed();
+        self.conf.passed(pos);
+        self.status.position = pos;
+        self.status.pending = self.queue.len();
+        self.status.failed = self.queue.failed();
+        self.status.confirmed_at = self.conf.confirmed();
+        self.publish();
+        if self.conf.confirmed() != before {
+            self.report_lag().await;
+        }
+    }
+
+    async fn checkpoint(&mut self) {
+        let Some(pos) = self.wm.position() else {
+            return;
+        };
+        if self.status.checkpointed.is_some_and(|c| c >= pos) {
+            return;
+        }
+        let src = self.ctx.source.cluster_source();
+        match write_position(
+            &self.sides.target,
+            &self.cfg.ha,
+            &self.kind.key(),
+            &src,
+            pos,
+        )
+        .await
+        {
+            Ok(()) => self.status.checkpointed = Some(pos),
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: checkpoint write failed"),
+        }
+    }
+
+    fn publish(&self) {
+        if let Ok(mut m) = self.shared.lock() {
+            m.insert(self.kind.key(), self.status.clone());
+        }
+    }
+
+    /// The lag gate: the oldest confirmation over every kind.
+    async fn report_lag(&self) {
+        let Some(c) = &self.control else {
+            return;
+        };
+        let min = self.shared.lock().ok().and_then(|m| {
+            m.values()
+                .map(|s| s.confirmed_at)
+                .collect::<Option<Vec<_>>>()
+                .and_then(|v| v.into_iter().min())
+        });
+        if let Some(at) = min {
+            let _ = c.mirror_confirmed(at).await;
+        }
+    }
+}
