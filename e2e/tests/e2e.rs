@@ -12,6 +12,14 @@ mod fence_policy;
 #[path = "cases/fence_params.rs"]
 mod fence_params;
 
+/// Status-field fences on the real server (issue 16).
+#[path = "cases/fence_status.rs"]
+mod fence_status;
+
+/// What the fence cases share.
+#[path = "cases/fence_support.rs"]
+mod fence_support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
