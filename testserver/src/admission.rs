@@ -46,6 +46,17 @@ pub(crate) struct Attempt<'a> {
     pub(crate) dry_run: bool,
     pub(crate) object: &'a Value,
     pub(crate) old: Option<&'a Value>,
+    /// The `x-kube-shard-fence` header, for the refusal log.
+    pub(crate) fence_header: Option<&'a str>,
+}
+
+/// [`admit`], a refusal recorded in `log` (with the store's resourceVersion).
+pub(crate) fn admit_logged(
+    log: &crate::refusals::RefusalLog,
+    store: &Store,
+    attempt: &Attempt<'_>,
+) -> ApiResult<()> {
+    admit(store, attempt).inspect_err(|e| log.record(store.rv, attempt, &e.message))
 }
 
 /// Refuse `attempt` when a bound policy denies it.

@@ -176,13 +176,17 @@ async fn status_field_policy_matrix() {
     // every refusal is in the log, in order, as a `/status` UPDATE of w1
     let log = server.admission_refusals();
     assert_eq!(log.len(), 7);
-    assert!(log.iter().all(|r| r.subresource.as_deref() == Some("status")
-        && r.operation == "UPDATE"
-        && r.name == "w1"
-        && r.resource == "widgets.example.com"
-        && r.fence.is_none()));
+    assert!(log
+        .iter()
+        .all(|r| r.subresource.as_deref() == Some("status")
+            && r.operation == "UPDATE"
+            && r.name == "w1"
+            && r.resource == "widgets.example.com"
+            && r.fence.is_none()));
     assert!(log[0].message.ends_with(messages::STALE), "{:?}", log[0]);
-    assert!(log.windows(2).all(|w| w[0].resource_version <= w[1].resource_version));
+    assert!(log
+        .windows(2)
+        .all(|w| w[0].resource_version <= w[1].resource_version));
     // the main resource is not this policy's: a spec write without any fence passes
     api.patch(
         "w1",
