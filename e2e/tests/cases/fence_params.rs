@@ -8,10 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::{
-    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    core::v1::{ConfigMap, Namespace},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     core::Status,
