@@ -613,6 +613,6 @@ mod tests {
             p["spec"]["validations"][1]["message"],
             messages::SHARD_STALE
         );
-        assert!(set.bindings[3].spec.as_ref().unwrap().param_ref.is_some());
+        assert!(set.bindings[3].spec.param_ref.is_some());
     }
 }
