@@ -77,6 +77,10 @@ pub(crate) struct DemoArgs {
     /// The embedded server's ShardedListAndWatch gate (KEP-5866 shardSelector).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     shard_selector: String,
+    /// The fence ValidatingAdmissionPolicies on the embedded server (`kshard operator
+    /// --install-fence-policy`), and the count of the writes they refused.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    fence_policy: String,
     /// Run against a real cluster instead of the embedded server (replicas run locally with it).
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
@@ -688,7 +692,10 @@ impl Demo<'_> {
             .args(["--metrics-addr", "127.0.0.1:0"])
             .arg("--install-crd")
             // the apiserver's own fences, on the embedded server (never installed into a real cluster)
-            .args(self.embedded.is_some().then_some("--install-fence-policy"))
+            .args(
+                (self.embedded.is_some() && self.args.fence_policy == "on")
+                    .then_some("--install-fence-policy"),
+            )
             .arg("--fence-log")
             .arg(&self.fence_log)
             .stdin(Stdio::null())
@@ -1065,7 +1072,11 @@ impl Demo<'_> {
                     )
                 }));
         }
-        if let Some(e) = &self.embedded {
+        if let Some(e) = self
+            .embedded
+            .as_ref()
+            .filter(|_| self.args.fence_policy == "on")
+        {
             let counts = self.refused_writes(&e.server);
             self.refused = Some(counts);
             report.server_refused = Some(counts);
