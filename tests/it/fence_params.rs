@@ -317,7 +317,9 @@ async fn current_owners_writes_all_pass_under_handoffs_and_takeovers() {
 }
 
 /// The committed assignment, decoded.
-async fn committed_assignment(server: &TestServer) -> (kube_shard::group::assignment::Assignment, String) {
+async fn committed_assignment(
+    server: &TestServer,
+) -> (kube_shard::group::assignment::Assignment, String) {
     let cm = Api::<ConfigMap>::namespaced(server.client("admin"), CP_NS)
         .get(&format!("{}-assignment", crate::group::GROUP))
         .await
@@ -346,7 +348,13 @@ fn below(
                 .and_then(|v| v.parse::<u64>().ok())
                 .is_none_or(|p| p < e.epoch)
         })
-        .map(|(s, e)| format!("shard {s}: key {:?} < epoch {}", params.get(&s.to_string()), e.epoch))
+        .map(|(s, e)| {
+            format!(
+                "shard {s}: key {:?} < epoch {}",
+                params.get(&s.to_string()),
+                e.epoch
+            )
+        })
         .collect()
 }
 
@@ -380,7 +388,10 @@ async fn a_conflicting_assignment_write_never_lowers_a_published_key() {
     let mut raced = None;
     let start = tokio::time::Instant::now();
     while raced.is_none() {
-        assert!(start.elapsed() < Duration::from_secs(60), "no handoff completion to race");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no handoff completion to race"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
         let params = published(&server).await;
         let (mut cur, rv) = committed_assignment(&server).await;
@@ -401,7 +412,9 @@ async fn a_conflicting_assignment_write_never_lowers_a_published_key() {
             continue;
         };
         for (s, key, to) in &raised {
-            cur.view.shards.insert(*s, ShardAssignment::owned(to.clone(), *key));
+            cur.view
+                .shards
+                .insert(*s, ShardAssignment::owned(to.clone(), *key));
         }
         cur.view.generation = generation;
         let mut cm = cms.get(&assignment).await.unwrap();
@@ -409,7 +422,11 @@ async fn a_conflicting_assignment_write_never_lowers_a_published_key() {
         cm.data
             .get_or_insert_with(Default::default)
             .insert(kube_shard::group::assignment::DATA_KEY.into(), cur.encode());
-        if cms.replace(&assignment, &PostParams::default(), &cm).await.is_ok() {
+        if cms
+            .replace(&assignment, &PostParams::default(), &cm)
+            .await
+            .is_ok()
+        {
             raced = Some(raised.len());
         }
     }
@@ -426,7 +443,10 @@ async fn a_conflicting_assignment_write_never_lowers_a_published_key() {
         let (cur, _) = committed_assignment(&server).await;
         let params = published(&server).await;
         let low = below(&params, &cur);
-        assert!(low.is_empty(), "published keys below committed epochs: {low:?}");
+        assert!(
+            low.is_empty(),
+            "published keys below committed epochs: {low:?}"
+        );
     }
     until(Duration::from_secs(30), "b takes half the shards", || {
         owned_count(&b) == 8 && each_shard_owned_once(&[&a, &b])

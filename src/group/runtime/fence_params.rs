@@ -244,8 +244,10 @@ mod tests {
             .with(1, ShardAssignment::owned(m.clone(), 30)) // key 20 below: fine
             .with(
                 2,
-                ShardAssignment::owned(m.clone(), 10)
-                    .with_handoff(Handoff::Draining { id: 4, to: n.clone() }),
+                ShardAssignment::owned(m.clone(), 10).with_handoff(Handoff::Draining {
+                    id: 4,
+                    to: n.clone(),
+                }),
             ) // a move completes above the key anyway
             .with(3, ShardAssignment::owned(n, 10)); // n is not live
         let floors: BTreeMap<u32, u64> = [(0, 20), (1, 20), (2, 20), (3, 20)].into();
