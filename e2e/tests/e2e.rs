@@ -16,6 +16,18 @@ mod fence_params;
 #[path = "cases/ha.rs"]
 mod ha;
 
+/// Status-field fences on the real server (issue 16).
+#[path = "cases/fence_status.rs"]
+mod fence_status;
+
+/// The per-write cost of the fence policies on the real server (issue 16).
+#[path = "cases/fence_cost.rs"]
+mod fence_cost;
+
+/// What the fence cases share.
+#[path = "cases/fence_support.rs"]
+mod fence_support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -219,7 +219,12 @@ async fn reconcile_fenced(
         epoch: Some(fence.epoch()),
     };
     if w.status.as_ref() != Some(&want) {
-        let widgets: FencedApi<Widget> = FencedApi::new(Api::namespaced(ctx.client.clone(), m.ns));
+        let widgets: FencedApi<Widget> = FencedApi::new(Api::namespaced(ctx.client.clone(), m.ns))
+            .status_fence_field(
+                widget::STATUS_FENCE_FIELD
+                    .parse()
+                    .expect("a valid field path"),
+            );
         let patch = serde_json::json!({ "status": want });
         fenced(
             &ctx,

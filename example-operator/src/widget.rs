@@ -18,6 +18,9 @@ pub const VERSION: &str = "v1";
 pub const PLURAL: &str = "widgets";
 /// The CRD's name.
 pub const CRD_NAME: &str = "widgets.example.kube-shard.io";
+/// The status field that carries the fence token on `/status` writes (declared in the CRD as a string;
+/// the reconcile's `FencedApi` stamps it, the fence policy compares it).
+pub const STATUS_FENCE_FIELD: &str = ".status.kubeShardFence";
 /// The label every child ConfigMap carries (value: the Widget's name).
 pub const CHILD_LABEL: &str = "example.kube-shard.io/widget";
 
@@ -153,7 +156,8 @@ pub fn crd() -> CustomResourceDefinition {
                         "status": {"type": "object", "properties": {
                             "observedGeneration": {"type": "integer", "format": "int64"},
                             "reconciledBy": {"type": "string"},
-                            "epoch": {"type": "integer", "format": "int64"}
+                            "epoch": {"type": "integer", "format": "int64"},
+                            "kubeShardFence": {"type": "string"}
                         }}
                     }
                 }}
@@ -198,7 +202,8 @@ pub fn fence_params_name(group: &str) -> String {
 
 /// Install the fence policies (both levels, [`kube_shard::fence_policy`]) for Widgets and their child
 /// ConfigMaps, bound to the parameter ConfigMap `<group>-fence` in `namespace` — created first, empty, since
-/// the per-shard binding refuses every ConfigMap write while it is missing. Idempotent (`AlreadyExists` is
+/// the per-shard binding refuses every ConfigMap write while it is missing — and, for Widget `/status`
+/// writes, the status-field policies on [`STATUS_FENCE_FIELD`]. Idempotent (`AlreadyExists` is
 /// success: every replica may pass it); an existing object is left as it is.
 pub async fn install_fence_policy(
     client: Client,
@@ -216,6 +221,7 @@ pub async fn install_fence_policy(
         "configmaps".parse()?,
     ])
     .params(params)
+    .status_field(STATUS_FENCE_FIELD.parse()?)
     .generate()?;
     let exists_ok = |r: Result<(), kube::Error>| match r {
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),

@@ -69,6 +69,10 @@ struct FencePolicyArgs {
     /// keeps (`ShardGroupBuilder::fence_params`); the empty ConfigMap is printed too.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     params: Option<String>,
+    /// Also fence CRD `/status` writes through this status field (e.g. `.status.kubeShardFence`, declared
+    /// in the CRD's schema as a string; `FencedApi::status_fence_field` stamps it).
+    #[arg(long, value_name = "PATH")]
+    status_fence_field: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -216,6 +220,9 @@ fn fence_policy(args: &FencePolicyArgs, out: &mut impl Write) -> Result<(), CliE
         .name(args.name.as_str());
     if let Some(p) = &args.params {
         config = config.params(p.parse()?);
+    }
+    if let Some(f) = &args.status_fence_field {
+        config = config.status_field(f.parse()?);
     }
     let set = config.generate()?;
     out.write_all(set.to_yaml().as_bytes())?;

@@ -10,7 +10,10 @@
 //!    but a late commit of an old write fails its resourceVersion precondition once anything newer landed,
 //! 4. stamps the annotation [`FENCE_ANNOTATION`] `"<shard>/<epoch>"` on main-resource writes, and
 //! 5. sends the header [`FENCE_HEADER`] on every write, `/status` included (a CRD's status subresource
-//!    ignores metadata changes, so the annotation cannot carry the fence there).
+//!    ignores metadata changes, so the annotation cannot carry the fence there), and
+//! 6. with a [status fence field](FencedApi::status_fence_field) (e.g. `.status.kubeShardFence`), stamps the
+//!    token into it on `/status` writes, where the apiserver's fence policy can compare it
+//!    ([`crate::fence_policy::FencePolicyConfig::status_field`]).
 //!
 //! The fence is held for the duration of the request, so a drain of its shard waits for it.
 
@@ -29,6 +32,7 @@ use super::{
     observe::{InFlight, RequestOutcome},
     Fence, FenceError,
 };
+use crate::fence_policy::StatusFenceField;
 use crate::token::{FENCE_ANNOTATION, FENCE_HEADER};
 
 /// Why a fenced write was not done.
@@ -56,6 +60,10 @@ pub enum Error {
     /// The patch is not a JSON object (a JSON merge patch).
     #[error("a fenced patch must be a JSON object")]
     PatchNotObject,
+    /// A status write with a status fence field whose path is not an object in the body (a merge patch
+    /// that sets `status` to `null`, or a non-object on the way): the fence cannot be stamped.
+    #[error("cannot stamp the fence into {0}: a step of its path is not an object in the body")]
+    StatusFence(String),
     /// The request was refused or failed (a 409 Conflict means a precondition failed: re-read and retry).
     #[error("fenced write failed")]
     Api(#[source] kube::Error),
@@ -116,12 +124,14 @@ pub struct FencedApi<K> {
     api: Api<K>,
     client: Client,
     max_timeout: Duration,
+    status_field: Option<StatusFenceField>,
 }
 
 impl<K> fmt::Debug for FencedApi<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FencedApi")
             .field("max_timeout", &self.max_timeout)
+            .field("status_field", &self.status_field)
             .finish()
     }
 }
@@ -135,6 +145,7 @@ where
             api: self.api.clone(),
             client: self.client.clone(),
             max_timeout: self.max_timeout,
+            status_field: self.status_field.clone(),
         }
     }
 }
@@ -150,7 +161,22 @@ where
             api,
             client,
             max_timeout: Duration::from_secs(60),
+            status_field: None,
         }
+    }
+
+    /// Stamp the fence token into `field` (e.g. `.status.kubeShardFence`) on every `/status` write
+    /// ([`replace_status`](Self::replace_status), [`patch_status`](Self::patch_status)), for the
+    /// apiserver's fence policy to compare ([`crate::fence_policy::FencePolicyConfig::status_field`]).
+    ///
+    /// **This changes what status writes send**: the field is set to `"<shard>/<epoch>"` in the body (a
+    /// merge patch gains it too). Declare it in the CRD's schema as a string, or the apiserver prunes it
+    /// (and the policy then sees no fence). A merge patch that sets `status` to `null` fails with
+    /// [`Error::StatusFence`]. Only for custom resources: a built-in kind's status has no such field.
+    #[must_use]
+    pub fn status_fence_field(mut self, field: StatusFenceField) -> Self {
+        self.status_field = Some(field);
+        self
     }
 
     /// Cap request timeouts at `max` (static-mode fences last practically forever).
@@ -187,10 +213,13 @@ where
     }
 
     /// Replace the `/status` subresource, with uid and resourceVersion preconditions in the body; the fence
-    /// travels in the header only (status writes ignore metadata).
+    /// travels in the header (status writes ignore metadata) and, when configured, in the
+    /// [status fence field](Self::status_fence_field).
     pub async fn replace_status(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
         let uid = preconditions(name, obj.meta())?;
-        let body = serde_json::to_vec(obj).map_err(Error::Encode)?;
+        let mut body = serde_json::to_value(obj).map_err(Error::Encode)?;
+        self.stamp_status(fence, &mut body, true)?;
+        let body = serde_json::to_vec(&body).map_err(Error::Encode)?;
         let req = self
             .request()
             .replace_subresource("status", name, &PostParams::default(), body)
@@ -220,7 +249,8 @@ where
         self.send(fence, req, "patch", Some(uid)).await
     }
 
-    /// A JSON merge patch of `/status`, conditional on `uid` and `resource_version`.
+    /// A JSON merge patch of `/status`, conditional on `uid` and `resource_version`; the fence travels in
+    /// the header and, when configured, in the [status fence field](Self::status_fence_field).
     pub async fn patch_status(
         &self,
         fence: &Fence,
@@ -229,7 +259,8 @@ where
         resource_version: &str,
         patch: &Value,
     ) -> Result<K, Error> {
-        let body = conditional_patch(patch, uid, resource_version, None)?;
+        let mut body = conditional_patch(patch, uid, resource_version, None)?;
+        self.stamp_status(fence, &mut body, false)?;
         let req = self
             .request()
             .patch_subresource(
@@ -289,6 +320,16 @@ where
                 serde_json::from_value(v).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
             Ok(Deleted::Pending(obj))
         }
+    }
+
+    /// The token into the status fence field, when one is configured.
+    fn stamp_status(&self, fence: &Fence, body: &mut Value, replace: bool) -> Result<(), Error> {
+        let Some(field) = &self.status_field else {
+            return Ok(());
+        };
+        field
+            .stamp(body, &fence.token().to_string(), replace)
+            .map_err(|_| Error::StatusFence(field.to_string()))
     }
 
     async fn send(

@@ -315,3 +315,142 @@ async fn current_owners_writes_all_pass_under_handoffs_and_takeovers() {
     assert_eq!(refused, 0, "current owners' writes refused: {which:?}");
     assert!(ok > 24 * 20, "the owners kept writing ({ok} writes)");
 }
+
+/// The committed assignment, decoded.
+async fn committed_assignment(
+    server: &TestServer,
+) -> (kube_shard::group::assignment::Assignment, String) {
+    let cm = Api::<ConfigMap>::namespaced(server.client("admin"), CP_NS)
+        .get(&format!("{}-assignment", crate::group::GROUP))
+        .await
+        .unwrap();
+    let text = &cm.data.unwrap()[kube_shard::group::assignment::DATA_KEY];
+    let a = kube_shard::group::assignment::Assignment::decode(
+        text,
+        crate::group::s(),
+        kube_shard::ShardKey::Uid,
+    )
+    .unwrap();
+    (a, cm.metadata.resource_version.unwrap())
+}
+
+/// Shards whose published key is below their committed epoch.
+fn below(
+    params: &BTreeMap<String, String>,
+    a: &kube_shard::group::assignment::Assignment,
+) -> Vec<String> {
+    a.view
+        .shards
+        .iter()
+        .filter(|(s, e)| {
+            params
+                .get(&s.to_string())
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_none_or(|p| p < e.epoch)
+        })
+        .map(|(s, e)| {
+            format!(
+                "shard {s}: key {:?} < epoch {}",
+                params.get(&s.to_string()),
+                e.epoch
+            )
+        })
+        .collect()
+}
+
+/// Two coordinators racing (issue 16, the put-back weakness): `a` coordinates; its write that completes
+/// the handoff to `b` is delayed in flight (after `a` raised the keys for it); meanwhile a second
+/// coordinator — this test — commits the same completion, writing nothing to the parameters (its epochs
+/// are at or below the keys `a` just raised). `a`'s write then fails with a 409. Whatever `a` does next, no
+/// published key may go below the committed epoch of its shard: the per-shard policy would let the deposed
+/// owner's late writes through. (The put-back that restored the keys after a 409 did exactly that: this
+/// test caught it.)
+#[tokio::test(start_paused = true)]
+async fn a_conflicting_assignment_write_never_lowers_a_published_key() {
+    use kube_shard::ownership::{Handoff, ShardAssignment};
+    use kube_shard_testserver::Verb;
+    let (server, log) = crate::support::group_server().await;
+    let a = spawn(&server, "a", true, &log);
+    until(Duration::from_secs(30), "a owns every shard", || {
+        owned_count(&a) == 16
+    })
+    .await;
+    let assignment = format!("{}-assignment", crate::group::GROUP);
+    server.faults().latency(
+        Scope::identity("a")
+            .verb(Verb::Update)
+            .resource("configmaps")
+            .name(assignment.clone()),
+        Some(Duration::from_millis(300)),
+    );
+    let b = spawn(&server, "b", true, &log);
+    let cms: Api<ConfigMap> = Api::namespaced(server.client("second-coordinator"), CP_NS);
+    let mut raced = None;
+    let start = tokio::time::Instant::now();
+    while raced.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no handoff completion to race"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let params = published(&server).await;
+        let (mut cur, rv) = committed_assignment(&server).await;
+        // a raised keys for Draining shards: its completing write is in flight
+        let raised: Vec<(u32, u64, kube_shard::ownership::MemberId)> = cur
+            .view
+            .shards
+            .iter()
+            .filter_map(|(s, e)| {
+                let key: u64 = params.get(&s.to_string())?.parse().ok()?;
+                match &e.handoff {
+                    Handoff::Draining { to, .. } if key > e.epoch => Some((*s, key, to.clone())),
+                    _ => None,
+                }
+            })
+            .collect();
+        let Some(&(_, generation, _)) = raised.first() else {
+            continue;
+        };
+        for (s, key, to) in &raised {
+            cur.view
+                .shards
+                .insert(*s, ShardAssignment::owned(to.clone(), *key));
+        }
+        cur.view.generation = generation;
+        let mut cm = cms.get(&assignment).await.unwrap();
+        cm.metadata.resource_version = Some(rv);
+        cm.data
+            .get_or_insert_with(Default::default)
+            .insert(kube_shard::group::assignment::DATA_KEY.into(), cur.encode());
+        if cms
+            .replace(&assignment, &PostParams::default(), &cm)
+            .await
+            .is_ok()
+        {
+            raced = Some(raised.len());
+        }
+    }
+    server.faults().latency(
+        Scope::identity("a")
+            .verb(Verb::Update)
+            .resource("configmaps")
+            .name(assignment.clone()),
+        None,
+    );
+    // from now on, for a while: no key below its shard's committed epoch
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (cur, _) = committed_assignment(&server).await;
+        let params = published(&server).await;
+        let low = below(&params, &cur);
+        assert!(
+            low.is_empty(),
+            "published keys below committed epochs: {low:?}"
+        );
+    }
+    until(Duration::from_secs(30), "b takes half the shards", || {
+        owned_count(&b) == 8 && each_shard_owned_once(&[&a, &b])
+    })
+    .await;
+    crate::group::check_fences(&log);
+}

@@ -285,6 +285,7 @@ mod labels;
 mod list;
 mod openapi;
 mod query;
+mod refusals;
 mod render;
 mod resources;
 mod rest;
@@ -305,6 +306,7 @@ pub use audit::{FenceAudit, FenceAuditError, FenceSource, FenceViolation, Fenced
 pub use faults::{FailRule, Faults, GateSkew, RequestMatch, Scope, Target};
 pub use history::{Commit, CommitKind, History, ResourceFilter};
 pub use http::{ClientError, HttpServer, Transport};
+pub use refusals::AdmissionRefusal;
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};
 pub use tls::TlsError;

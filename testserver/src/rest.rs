@@ -482,7 +482,8 @@ pub(crate) fn create_locked(
         Some(Value::Null) | None => {}
         Some(entries) => obj["metadata"]["managedFields"] = entries,
     }
-    crate::admission::admit(
+    crate::admission::admit_logged(
+        &ctx.inner.refusals,
         store,
         &crate::admission::Attempt {
             info,
@@ -494,6 +495,7 @@ pub(crate) fn create_locked(
             dry_run,
             object: &obj,
             old: None,
+            fence_header: ctx.fence_header.as_deref(),
         },
     )?;
     if dry_run {
@@ -920,7 +922,8 @@ fn admit_and_finish(
     next: Value,
     fence: Option<&RawFence>,
 ) -> ApiResult<Arc<Obj>> {
-    crate::admission::admit(
+    crate::admission::admit_logged(
+        &ctx.inner.refusals,
         store,
         &crate::admission::Attempt {
             info,
@@ -932,6 +935,7 @@ fn admit_and_finish(
             dry_run: ctx.dry_run,
             object: &next,
             old: Some(&old.value),
+            fence_header: ctx.fence_header.as_deref(),
         },
     )?;
     Ok(finish_update(store, ctx, info, key, old, next, fence))

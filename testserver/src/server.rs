@@ -168,6 +168,8 @@ pub(crate) struct Inner {
     pub(crate) ledger: Ledger,
     pub(crate) auditor: Auditor,
     pub(crate) recorder: Recorder,
+    /// Writes refused by admission.
+    pub(crate) refusals: crate::refusals::RefusalLog,
     conns: AtomicU64,
     /// The current resourceVersion, for requests waiting for a future one.
     pub(crate) rv_tx: watch::Sender<u64>,
@@ -226,6 +228,7 @@ impl TestServer {
             ledger: Ledger::default(),
             auditor: Auditor::default(),
             recorder: Recorder::default(),
+            refusals: Default::default(),
             conns: AtomicU64::new(0),
             rv_tx: watch::channel(rv_start).0,
             address: Mutex::new(None),
@@ -348,6 +351,14 @@ impl TestServer {
         History {
             inner: self.inner.clone(),
         }
+    }
+
+    /// Every write a ValidatingAdmissionPolicy refused so far, in order: who, what, the fence it carried
+    /// (header), the message, and the resourceVersion the store was at (to place it among the commits
+    /// [`TestServer::history`] recorded).
+    #[must_use]
+    pub fn admission_refusals(&self) -> Vec<crate::AdmissionRefusal> {
+        self.inner.refusals.all()
     }
 
     /// Switch the `ShardedListAndWatch` gate at run time (open watches keep the mode they started with).

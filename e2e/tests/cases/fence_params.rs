@@ -6,12 +6,9 @@
 //! bound to a parameter ConfigMap in the test's own namespace; it concerns only ConfigMaps whose fence names
 //! shard 7 (the only key published).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::{
-    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    core::v1::{ConfigMap, Namespace},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     core::Status,
@@ -20,32 +17,16 @@ use kube::{
 use kube_shard::fence_policy::{messages, FencePolicyConfig};
 use serde_json::json;
 
+use crate::fence_support::{self as support, status};
+
 const NAME: &str = "kube-shard-fence-e2e-params";
 const SHARD_POLICY: &str = "kube-shard-fence-e2e-params-shard";
 const PARAMS: &str = "fence-params";
 const NO_PARAMS: &str =
     "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
 
-fn status(e: kube::Error) -> Box<Status> {
-    match e {
-        kube::Error::Api(s) => s,
-        other => panic!("not an API error: {other}"),
-    }
-}
-
 fn assert_refused(s: &Status, name: &str, msg: &str) {
-    let inner = format!(
-        "ValidatingAdmissionPolicy '{SHARD_POLICY}' with binding '{SHARD_POLICY}' denied request: {msg}"
-    );
-    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
-    assert_eq!(
-        s.message,
-        format!("configmaps \"{name}\" is forbidden: {inner}")
-    );
-    let d = s.details.as_ref().expect("details");
-    assert_eq!((d.name.as_str(), d.kind.as_str()), (name, "configmaps"));
-    assert_eq!(d.causes.len(), 1);
-    assert_eq!(d.causes[0].message, inner);
+    support::assert_refused(s, "configmaps", name, SHARD_POLICY, msg);
 }
 
 fn fenced(name: &str, token: &str) -> ConfigMap {
@@ -71,38 +52,10 @@ async fn publish(params: &Api<ConfigMap>, shard: &str, epoch: &str) {
         .unwrap();
 }
 
-/// kube-apiserver v1.36.2 stops its parameter informer for `ConfigMap` when the last policy with that
-/// `paramKind` goes, and one started again later never sees ConfigMaps created after the first stopped (every
-/// `Deny` binding to such a ConfigMap then refuses with "no params found" until the apiserver restarts:
-/// found with these tests, see docs/fence-policy.md). This keeper — a policy with the same `paramKind` that
-/// matches nothing, never deleted — keeps the informer running between the tests. Start the apiserver
-/// afresh before the first run.
-async fn keep_param_informer(client: &Client) {
-    let keeper = "kube-shard-e2e-param-informer";
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": keeper},
-        "spec": {"failurePolicy": "Ignore", "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-                 "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                     "resources": ["configmaps"], "operations": ["CREATE"], "resourceNames": [keeper]}]},
-                 "validations": [{"expression": "true"}]}}))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": keeper},
-        "spec": {"policyName": keeper, "validationActions": ["Deny"],
-                 "paramRef": {"name": keeper, "namespace": "default", "parameterNotFoundAction": "Allow"}}}))
-    .unwrap();
-    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await;
-}
-
 /// Only the per-shard policy and binding (the per-object one is `fence_policy_on_real_server`'s, which may
 /// run at the same time), after the parameter ConfigMap.
 async fn install(client: &Client, ns: &str) {
-    keep_param_informer(client).await;
+    support::keep_param_informer(client).await;
     let set = FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
         .name(NAME)
         .params(format!("{ns}/{PARAMS}").parse().unwrap())
@@ -112,24 +65,16 @@ async fn install(client: &Client, ns: &str) {
         .create(&PostParams::default(), set.params.as_ref().unwrap())
         .await
         .unwrap();
-    uninstall(client).await;
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &scoped(&set.policies[1], ns))
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &set.bindings[1])
-        .await
-        .unwrap();
+    support::install_policies(
+        client,
+        &[support::scoped(&set.policies[1], ns)],
+        &set.bindings[1..2],
+    )
+    .await;
 }
 
 async fn uninstall(client: &Client) {
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .delete(SHARD_POLICY, &DeleteParams::default())
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .delete(SHARD_POLICY, &DeleteParams::default())
-        .await;
+    support::remove_policies(client, &[SHARD_POLICY]).await;
 }
 
 /// A dry-run CREATE with `token` until it is refused (at most `limit`): when.
@@ -156,15 +101,6 @@ async fn until_refused(api: &Api<ConfigMap>, token: &str, limit: Duration) -> In
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// The generated per-shard policy narrowed to namespace `ns` (a namespaceSelector on its matchConstraints),
-/// so that it cannot refuse another test's writes while it unloads, which takes a while after its removal.
-fn scoped(policy: &ValidatingAdmissionPolicy, ns: &str) -> ValidatingAdmissionPolicy {
-    let mut v = serde_json::to_value(policy).unwrap();
-    v["spec"]["matchConstraints"]["namespaceSelector"] =
-        json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    serde_json::from_value(v).unwrap()
 }
 
 /// The median round trip of 200 sequential fenced merge patches of `cost` (shard 7, epoch 5000).
@@ -209,18 +145,7 @@ async fn until_unloaded(api: &Api<ConfigMap>, token: &str) {
 #[ignore = "needs a cluster: KUBECONFIG=... cargo test -p kube-shard-e2e --test e2e fence_params -- --ignored"]
 async fn fence_params_on_real_server() {
     let client = Client::try_default().await.expect("KUBECONFIG");
-    let ns = format!(
-        "fence-params-{}",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-    );
-    let nsobj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &nsobj)
-        .await
-        .unwrap();
+    let ns = support::fresh_namespace(&client, "fence-params").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let params: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     api.create(&PostParams::default(), &fenced("cost", "7/5000"))
@@ -374,19 +299,8 @@ async fn wait(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 async fn fence_params_with_a_coordinator_on_real_server() {
     use kube_shard::group::ShardGroup;
     let client = Client::try_default().await.expect("KUBECONFIG");
-    let ns = format!(
-        "fence-group-{}",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-    );
-    let nsobj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &nsobj)
-        .await
-        .unwrap();
-    keep_param_informer(&client).await;
+    let ns = support::fresh_namespace(&client, "fence-group").await;
+    support::keep_param_informer(&client).await;
     let set = FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
         .name(GROUP_POLICY)
         .params(format!("{ns}/{PARAMS}").parse().unwrap())
@@ -397,22 +311,12 @@ async fn fence_params_with_a_coordinator_on_real_server() {
         .await
         .unwrap();
     let shard_policy = format!("{GROUP_POLICY}-shard");
-    let policies = Api::<ValidatingAdmissionPolicy>::all(client.clone());
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
-    let _ = bindings
-        .delete(&shard_policy, &DeleteParams::default())
-        .await;
-    let _ = policies
-        .delete(&shard_policy, &DeleteParams::default())
-        .await;
-    policies
-        .create(&PostParams::default(), &scoped(&set.policies[1], &ns))
-        .await
-        .unwrap();
-    bindings
-        .create(&PostParams::default(), &set.bindings[1])
-        .await
-        .unwrap();
+    support::install_policies(
+        &client,
+        &[support::scoped(&set.policies[1], &ns)],
+        &set.bindings[1..2],
+    )
+    .await;
     let member = |name: &str| {
         ShardGroup::builder(client.clone(), "fence", &ns)
             .member(name)
@@ -484,15 +388,10 @@ async fn fence_params_with_a_coordinator_on_real_server() {
         Err(e) => status(e),
         Ok(_) => panic!("the deposed owner's late write committed"),
     };
-    let inner = format!(
-        "ValidatingAdmissionPolicy '{shard_policy}' with binding '{shard_policy}' denied request: {}",
-        messages::SHARD_STALE
-    );
-    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
-    assert_eq!(
-        s.message,
-        format!("configmaps \"obj\" is forbidden: {inner}")
-    );
+    let refused = |s: &Status, name| {
+        support::assert_refused(s, "configmaps", name, &shard_policy, messages::SHARD_STALE)
+    };
+    refused(&s, "obj");
     println!(
         "real server, coordinator-published, late UPDATE: {} {} {}",
         s.code, s.reason, s.message
@@ -502,11 +401,7 @@ async fn fence_params_with_a_coordinator_on_real_server() {
             .await
             .unwrap_err(),
     );
-    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
-    assert_eq!(
-        s.message,
-        format!("configmaps \"child\" is forbidden: {inner}")
-    );
+    refused(&s, "child");
     println!(
         "real server, coordinator-published, stale CREATE: {} {} {}",
         s.code, s.reason, s.message
@@ -519,12 +414,7 @@ async fn fence_params_with_a_coordinator_on_real_server() {
     .unwrap();
     a_task.abort();
     b_task.abort();
-    let _ = bindings
-        .delete(&shard_policy, &DeleteParams::default())
-        .await;
-    let _ = policies
-        .delete(&shard_policy, &DeleteParams::default())
-        .await;
+    support::remove_policies(&client, &[&shard_policy]).await;
     let _ = Api::<Namespace>::all(client.clone())
         .delete(&ns, &DeleteParams::default())
         .await;

@@ -4,19 +4,18 @@
 //! Installs a cluster-wide policy named `kube-shard-fence-e2e` (removed at the end); it concerns only
 //! ConfigMaps that carry a fence annotation.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use k8s_openapi::api::{
-    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    core::v1::{ConfigMap, Namespace},
-};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
     core::Status,
     Api, Client,
 };
 use kube_shard::fence_policy::{messages, FencePolicyConfig};
 use serde_json::{json, Value};
+
+use crate::fence_support::{self as support, status};
 
 const NAME: &str = "kube-shard-fence-e2e";
 
@@ -24,25 +23,8 @@ fn fence(token: Option<&str>) -> Patch<Value> {
     Patch::Merge(json!({"metadata": {"annotations": {"kube-shard.io/fence": token}}}))
 }
 
-fn status(e: kube::Error) -> Box<Status> {
-    match e {
-        kube::Error::Api(s) => s,
-        other => panic!("not an API error: {other}"),
-    }
-}
-
 fn assert_refused(s: &Status, name: &str, msg: &str) {
-    let inner =
-        format!("ValidatingAdmissionPolicy '{NAME}' with binding '{NAME}' denied request: {msg}");
-    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
-    assert_eq!(
-        s.message,
-        format!("configmaps \"{name}\" is forbidden: {inner}")
-    );
-    let d = s.details.as_ref().expect("details");
-    assert_eq!((d.name.as_str(), d.kind.as_str()), (name, "configmaps"));
-    assert_eq!(d.causes.len(), 1);
-    assert_eq!(d.causes[0].message, inner);
+    support::assert_refused(s, "configmaps", name, NAME, msg);
 }
 
 async fn install(client: &Client) {
@@ -50,27 +32,11 @@ async fn install(client: &Client) {
         .name(NAME)
         .generate()
         .unwrap();
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let _ = bindings.delete(NAME, &DeleteParams::default()).await;
-    let _ = policies.delete(NAME, &DeleteParams::default()).await;
-    policies
-        .create(&PostParams::default(), &set.policies[0])
-        .await
-        .unwrap();
-    bindings
-        .create(&PostParams::default(), &set.bindings[0])
-        .await
-        .unwrap();
+    support::install_policies(client, &set.policies, &set.bindings).await;
 }
 
 async fn uninstall(client: &Client) {
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .delete(NAME, &DeleteParams::default())
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .delete(NAME, &DeleteParams::default())
-        .await;
+    support::remove_policies(client, &[NAME]).await;
 }
 
 /// Policies load asynchronously: write a lower epoch until it is refused (at most 30 s).
@@ -106,18 +72,7 @@ fn cm(name: &str) -> ConfigMap {
 #[ignore = "needs a cluster: KUBECONFIG=... cargo test --workspace --test e2e fence_policy -- --ignored"]
 async fn fence_policy_on_real_server() {
     let client = Client::try_default().await.expect("KUBECONFIG");
-    let ns = format!(
-        "fence-policy-{}",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-    );
-    let nsobj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &nsobj)
-        .await
-        .unwrap();
+    let ns = support::fresh_namespace(&client, "fence-policy").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     install(&client).await;
     wait_until_enforced(&api).await;

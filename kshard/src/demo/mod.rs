@@ -18,9 +18,15 @@
 //! 6. stops the writer, waits for the group and the Widgets to settle, checks the fences (testserver's
 //!    fence audit, the per-shard commit order, and the replicas' fence log), and stops everything.
 //!
+//! On the embedded server the replicas run with `--install-fence-policy`: the apiserver itself refuses
+//! stale fenced writes (both levels, and Widget `/status` through its status fence field). The demo counts
+//! the writes it refused ([`refusals`]): of members that had lost the shard, and of current owners — an
+//! invariant: none.
+//!
 //! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
 //! the exit code is 0 only when every invariant held.
 
+mod refusals;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,7 +46,7 @@ use kube::{Api, Client};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
-use kube_shard_testserver::{HttpServer, TestServer};
+use kube_shard_testserver::{HttpServer, ResourceFilter, TestServer};
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
 use tokio::time::Instant;
@@ -71,6 +77,10 @@ pub(crate) struct DemoArgs {
     /// The embedded server's ShardedListAndWatch gate (KEP-5866 shardSelector).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     shard_selector: String,
+    /// The fence ValidatingAdmissionPolicies on the embedded server (`kshard operator
+    /// --install-fence-policy`), and the count of the writes they refused.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    fence_policy: String,
     /// Run against a real cluster instead of the embedded server (replicas run locally with it).
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
@@ -115,6 +125,9 @@ pub(crate) struct Report {
     fence_order_violations: u64,
     fence_log_violations: u64,
     fenced_writes: u64,
+    /// Writes the embedded server's fence policies refused (`null` against a cluster, where the demo
+    /// installs none).
+    server_refused: Option<refusals::Counts>,
     unowned_shards_after_settle: u64,
     unreconciled_objects: u64,
     scale_moved_shards: u64,
@@ -180,6 +193,8 @@ pub(crate) struct Demo<'a> {
     fence_log: PathBuf,
     writer_touched: Arc<AtomicU64>,
     writer_stop: Arc<AtomicBool>,
+    /// The writes the fence policies refused, once counted (the last frame shows them).
+    refused: Option<refusals::Counts>,
 }
 
 /// A poll of the group: the assignment, the member Leases, the coordinator.
@@ -272,6 +287,12 @@ async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
             let server = TestServer::builder()
                 .shard_selector(args.shard_selector == "on")
                 .build();
+            // the assignment's every version: where each refused write stood (`refusals`)
+            server.history().record(
+                ResourceFilter::resource("configmaps")
+                    .namespace(args.namespace.clone())
+                    .name(format!("{}-assignment", args.group)),
+            );
             let http = server.serve_http().await?;
             let admin = server.client("demo-admin");
             (Some(Embedded { server, http }), admin)
@@ -293,6 +314,7 @@ async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
         started,
         writer_touched: Arc::new(AtomicU64::new(0)),
         writer_stop: Arc::new(AtomicBool::new(false)),
+        refused: None,
     };
     let mut report = Report {
         replicas: args.replicas,
@@ -484,6 +506,12 @@ impl Demo<'_> {
         if report.fence_violations != 0 {
             failures.push(format!("{} fence violations", report.fence_violations));
         }
+        if let Some(r) = report.server_refused.filter(|r| r.current_owner != 0) {
+            failures.push(format!(
+                "the fence policies refused {} writes of current owners",
+                r.current_owner
+            ));
+        }
         if report.unowned_shards_after_settle != 0 {
             failures.push(format!(
                 "{} unowned shards after settle",
@@ -663,6 +691,11 @@ impl Demo<'_> {
             .args(["--shards", &self.s().get().to_string()])
             .args(["--metrics-addr", "127.0.0.1:0"])
             .arg("--install-crd")
+            // the apiserver's own fences, on the embedded server (never installed into a real cluster)
+            .args(
+                (self.embedded.is_some() && self.args.fence_policy == "on")
+                    .then_some("--install-fence-policy"),
+            )
             .arg("--fence-log")
             .arg(&self.fence_log)
             .stdin(Stdio::null())
@@ -1039,6 +1072,15 @@ impl Demo<'_> {
                     )
                 }));
         }
+        if let Some(e) = self
+            .embedded
+            .as_ref()
+            .filter(|_| self.args.fence_policy == "on")
+        {
+            let counts = self.refused_writes(&e.server);
+            self.refused = Some(counts);
+            report.server_refused = Some(counts);
+        }
         let (log_violations, n) = fence_log_violations(&self.fence_log);
         if self.embedded.is_none() {
             report.fenced_writes = n;
@@ -1047,6 +1089,38 @@ impl Demo<'_> {
         report.fence_violations = report.fence_audit_violations
             + report.fence_order_violations
             + report.fence_log_violations;
+    }
+}
+
+impl Demo<'_> {
+    /// The writes the fence policies refused, classified against the assignment's history.
+    fn refused_writes(&self, server: &TestServer) -> refusals::Counts {
+        let filter = ResourceFilter::resource("configmaps")
+            .namespace(self.args.namespace.clone())
+            .name(format!("{}-assignment", self.args.group));
+        let versions: Vec<refusals::Version> = server
+            .history()
+            .of(&filter)
+            .iter()
+            .filter_map(|c| {
+                let text = c.object["data"][DATA_KEY].as_str()?;
+                let a = Assignment::decode(text, self.s(), self.args.hash_key).ok()?;
+                Some(refusals::Version {
+                    resource_version: c.resource_version,
+                    epochs: a.view.shards.iter().map(|(s, e)| (*s, e.epoch)).collect(),
+                })
+            })
+            .collect();
+        let refused: Vec<refusals::Refused> = server
+            .admission_refusals()
+            .iter()
+            .filter(|r| !r.dry_run)
+            .map(|r| refusals::Refused {
+                resource_version: r.resource_version,
+                fence: r.fence,
+            })
+            .collect();
+        refusals::classify(&refused, &versions)
     }
 }
 

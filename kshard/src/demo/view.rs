@@ -83,5 +83,12 @@ pub(super) fn render(d: &Demo<'_>, g: &GroupSnap) -> String {
         }
     }
     let _ = writeln!(out, "\x1b[2K  0 \x1b[0m{bar}\x1b[0m 2^64");
+    if let Some(r) = &d.refused {
+        let _ = writeln!(
+            out,
+            "\x1b[2K  refused by the apiserver's fence policies: {} of members that had lost the shard, {} of current owners",
+            r.deposed, r.current_owner
+        );
+    }
     out
 }

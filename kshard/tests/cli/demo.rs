@@ -55,6 +55,11 @@ fn common_invariants(v: &Value) {
         "the replicas own every Widget: {v}"
     );
     assert_eq!(v["read_amplification"].as_array().unwrap().len(), 3);
+    // the embedded server enforces the fence policies: it may refuse deposed members' writes, never a
+    // current owner's
+    let refused = &v["server_refused"];
+    assert_eq!(refused["current_owner"], 0, "{v}");
+    assert!(refused["deposed"].as_u64().is_some(), "{v}");
     assert_eq!(v["invariants_held"], true);
 }
 

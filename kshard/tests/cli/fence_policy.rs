@@ -40,6 +40,13 @@ fn bad_resource_or_annotation_exits_2() {
             "no-namespace",
         ][..],
         &["fence-policy", "--resource", "w.x", "--params", "ns/Bad"][..],
+        &[
+            "fence-policy",
+            "--resource",
+            "w.x",
+            "--status-fence-field",
+            ".spec.fence",
+        ][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
             .args(args)
@@ -80,5 +87,40 @@ fn params_add_the_per_shard_policy_and_the_empty_configmap() {
         yaml.matches("kind: ValidatingAdmissionPolicyBinding")
             .count(),
         2
+    );
+}
+
+#[test]
+fn status_fence_field_adds_the_status_policies() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args([
+            "fence-policy",
+            "--resource",
+            "widgets.example.com",
+            "--params",
+            "ops/widgets-fence",
+            "--status-fence-field",
+            ".status.kubeShardFence",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let set = kube_shard::fence_policy::FencePolicyConfig::new(vec!["widgets.example.com"
+        .parse()
+        .unwrap()])
+    .params("ops/widgets-fence".parse().unwrap())
+    .status_field(".status.kubeShardFence".parse().unwrap())
+    .generate()
+    .unwrap();
+    assert_eq!(yaml, set.to_yaml());
+    assert!(
+        yaml.contains("name: kube-shard-fence-status-shard\n"),
+        "{yaml}"
+    );
+    assert_eq!(
+        yaml.matches("kind: ValidatingAdmissionPolicyBinding")
+            .count(),
+        4
     );
 }

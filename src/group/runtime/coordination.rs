@@ -117,6 +117,8 @@ impl Runtime {
             (None, false) => return,
         };
         let mut members = self.step_members(now, &current);
+        self.repair_fence_overshoot(&current.view, &mut members, now)
+            .await;
         // a re-creation without a view of the assignment before it (not a cold start: someone saw one)
         let blind = absent
             && self.assignment.is_none()
@@ -481,9 +483,9 @@ impl Runtime {
             .get_or_insert_with(Default::default)
             .insert(DATA_KEY.into(), text);
         // the per-shard fence parameters go out before the write that activates a new owner
-        let Ok(raised) = self.publish_fence_params(&next.view).await else {
+        if self.publish_fence_params(&next.view).await.is_err() {
             return false;
-        };
+        }
         let result = if self.assignment_cm.is_some() {
             self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
                 .await
@@ -506,10 +508,9 @@ impl Runtime {
             // our view is behind: read the assignment directly rather than trust our watch to catch up
             // (F9: it may be stuck)
             Err(err) if is_conflict(&err) => {
+                // the fence parameters raised for it stay: another coordinator may have committed those
+                // epochs (see `fence_params`)
                 debug!("assignment write conflicted; re-reading");
-                if let Some(raised) = raised {
-                    self.unpublish_fence_params(raised).await;
-                }
                 match self.bounded(self.cms.get_opt(&name)).await {
                     Ok(Some(cm)) => self.assignment_seen(cm),
                     Ok(None) => {}

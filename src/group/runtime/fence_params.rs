@@ -4,70 +4,105 @@
 //! ([`crate::fence_policy`], bound with `paramRef`) then refuses a deposed owner's late write — epoch lower
 //! than its shard's — even to objects the new owner never wrote.
 //!
-//! Values only rise, with one exception: when the assignment write is refused with a conflict (so it
-//! committed nothing), the keys raised for it go back to their previous values, conditionally on the
-//! ConfigMap being as we left it — an epoch nobody was ever granted must not lock the current owner out.
+//! **A published key never decreases.** Not even when the assignment write it was raised for fails with a
+//! conflict: another coordinator may have committed those very epochs meanwhile — having read our raised
+//! keys, it wrote nothing to the parameters — and a key put back below a committed epoch would let the
+//! deposed owner's late writes through (found by `tests/it/fence_params.rs`,
+//! `a_conflicting_assignment_write_never_lowers_a_published_key`; the put-back that did this is gone).
+//!
+//! **A key above its shard's committed epoch** (raised for a write that then failed, and nobody committed
+//! that epoch) refuses the current owner's fenced writes: the owner keeps its shard (a refusal is a
+//! requeue, never a reconcile error, see `is_fence_refused`), but its writes do not land. That can only
+//! follow an assignment write that failed after its parameter write (two coordinators at once, or a
+//! timeout), and it is bounded: every pass re-reads the parameters at least once per `lease_duration` and
+//! marks such a shard of a live, stable owner as stale in the owner's report, so the step re-grants it to
+//! the same owner at a new epoch above the key (the path a rolled-back assignment takes, see
+//! [`crate::group::coordinator`]) — within about one lease period plus one pass of whichever coordinator
+//! leads.
 //! A failed parameter write skips the assignment write of this pass (it is retried on the next one).
 //!
 //! [`ShardGroupBuilder::fence_params`]: crate::group::ShardGroupBuilder::fence_params
 
 use super::*;
-use crate::ownership::AssignmentView;
+use crate::group::coordinator::Observed;
+use crate::ownership::{AssignmentView, Handoff};
 
-/// What one publication changed: per key, the value before (`None`: absent) and the value written.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Raised {
-    changes: BTreeMap<String, (Option<String>, String)>,
-    /// The resourceVersion our write left the ConfigMap at.
-    rv: Option<String>,
+/// What this coordinator last read (or wrote) of the parameter ConfigMap. Keys only rise, so a cached
+/// value is never above the stored one.
+#[derive(Debug, Default)]
+pub(super) struct Floors {
+    /// shard → published epoch.
+    by_shard: BTreeMap<u32, u64>,
+    /// When read last (on our clock); `None`: never.
+    read_at: Option<Instant>,
+}
+
+impl Floors {
+    fn learn(&mut self, data: &BTreeMap<String, String>) {
+        for (k, v) in data {
+            if let (Ok(s), Ok(e)) = (k.parse::<u32>(), v.parse::<u64>()) {
+                let f = self.by_shard.entry(s).or_insert(e);
+                *f = (*f).max(e);
+            }
+        }
+    }
 }
 
 /// Pure: the keys to raise so that every shard of `next` has at least its epoch there. A present value
-/// that is not a decimal epoch counts as absent (it is overwritten).
+/// that is not a decimal epoch counts as absent (it is overwritten). Never lowers a key.
 pub(super) fn to_raise(
     published: &BTreeMap<String, String>,
     next: &AssignmentView,
-) -> BTreeMap<String, (Option<String>, String)> {
+) -> BTreeMap<String, String> {
     next.shards
         .iter()
         .filter_map(|(shard, a)| {
             let key = shard.to_string();
-            let old = published.get(&key);
-            let below = old
+            let below = published
+                .get(&key)
                 .and_then(|v| v.parse::<u64>().ok())
                 .is_none_or(|v| v < a.epoch);
-            below.then(|| (key, (old.cloned(), a.epoch.to_string())))
+            below.then(|| (key, a.epoch.to_string()))
         })
         .collect()
 }
 
-/// Pure: `published` with the raised keys put back, where they still hold what we wrote.
-pub(super) fn restored(
-    published: &BTreeMap<String, String>,
-    raised: &Raised,
-) -> BTreeMap<String, String> {
-    let mut data = published.clone();
-    for (key, (before, written)) in &raised.changes {
-        if data.get(key) != Some(written) {
+/// Pure: for each stable shard of a live owner whose published key is above its epoch in `current`, mark
+/// it stale in the owner's report, seen at the key's generation — the step then re-grants it to the same
+/// owner at a new epoch above the key (`coordinator::stale_regrant`, `stale_floor`). The shards marked.
+pub(super) fn mark_overshoot(
+    current: &AssignmentView,
+    floors: &BTreeMap<u32, u64>,
+    members: &mut [Observed],
+) -> Vec<u32> {
+    let mut marked = Vec::new();
+    for (shard, a) in &current.shards {
+        let Some(&floor) = floors.get(shard) else {
+            continue;
+        };
+        if floor <= a.epoch || a.handoff != Handoff::Stable {
             continue;
         }
-        match before {
-            Some(v) => data.insert(key.clone(), v.clone()),
-            None => data.remove(key),
+        let Some(m) = members.iter_mut().find(|m| m.id == a.owner && m.live()) else {
+            continue;
         };
+        let Some(r) = m.report.as_mut() else {
+            continue;
+        };
+        r.stale.insert(*shard);
+        r.applied_generation = r.applied_generation.max(a.epoch);
+        r.seen_generation = r.seen_generation.max(floor);
+        marked.push(*shard);
     }
-    data
+    marked
 }
 
 impl Runtime {
     /// Before writing `next`: raise the parameter ConfigMap to its epochs. `Err(())`: not published, the
-    /// assignment must not be written now. `Ok(None)`: nothing to publish (or the level is off).
-    pub(super) async fn publish_fence_params(
-        &mut self,
-        next: &AssignmentView,
-    ) -> Result<Option<Raised>, ()> {
+    /// assignment must not be written now.
+    pub(super) async fn publish_fence_params(&mut self, next: &AssignmentView) -> Result<(), ()> {
         let Some(name) = self.cfg.fence_params.clone() else {
-            return Ok(None);
+            return Ok(());
         };
         let span = info_span!("fence_params", configmap = %name, generation = next.generation);
         async {
@@ -78,22 +113,21 @@ impl Runtime {
                     return Err(());
                 }
             };
-            let published = current
+            let mut data = current
                 .as_ref()
                 .and_then(|c| c.data.clone())
                 .unwrap_or_default();
-            let changes = to_raise(&published, next);
+            self.fence_floors.learn(&data);
+            let changes = to_raise(&data, next);
             if changes.is_empty() {
-                return Ok(None);
+                return Ok(());
             }
-            let mut data = published;
-            for (k, (_, v)) in &changes {
-                data.insert(k.clone(), v.clone());
-            }
+            data.extend(changes.clone());
             match self.write_params(&name, current, data).await {
-                Ok(rv) => {
+                Ok(()) => {
+                    self.fence_floors.learn(&changes);
                     debug!(keys = changes.len(), "fence parameters raised");
-                    Ok(Some(Raised { changes, rv }))
+                    Ok(())
                 }
                 Err(err) => {
                     warn!(error = %err, "fence parameter write failed: the assignment waits");
@@ -105,50 +139,67 @@ impl Runtime {
         .await
     }
 
-    /// The assignment write that `raised` was for committed nothing (a conflict): put the raised keys back.
-    pub(super) async fn unpublish_fence_params(&mut self, raised: Raised) {
+    /// Before a pass: shards whose published key is above their committed epoch (a raise for an
+    /// assignment write that failed) are marked for a re-grant above it ([`mark_overshoot`]). The
+    /// parameters are re-read at most once per `lease_duration`.
+    pub(super) async fn repair_fence_overshoot(
+        &mut self,
+        current: &AssignmentView,
+        members: &mut [Observed],
+        now: Instant,
+    ) {
         let Some(name) = self.cfg.fence_params.clone() else {
             return;
         };
-        let current = match self.bounded(self.cms.get_opt(&name)).await {
-            Ok(Some(c)) if c.metadata.resource_version == raised.rv => c,
-            // changed since (another coordinator): leave it, values only protect
-            Ok(_) => return,
-            Err(err) => {
-                debug!(error = %err, "cannot re-read the fence parameters to restore them");
-                return;
+        let due = self
+            .fence_floors
+            .read_at
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        if due {
+            match self.bounded(self.cms.get_opt(&name)).await {
+                Ok(c) => {
+                    self.fence_floors.read_at = Some(now);
+                    if let Some(data) = c.and_then(|c| c.data) {
+                        self.fence_floors.learn(&data);
+                    }
+                }
+                Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
-        };
-        let data = restored(&current.data.clone().unwrap_or_default(), &raised);
-        if let Err(err) = self.write_params(&name, Some(current), data).await {
-            debug!(error = %err, "could not restore the fence parameters");
+        }
+        let marked = mark_overshoot(current, &self.fence_floors.by_shard, members);
+        if !marked.is_empty() {
+            warn!(
+                shards = ?marked,
+                "fence parameters above the committed epochs (an assignment write failed after raising them): re-granting these shards to their owners above the published epochs"
+            );
         }
     }
 
-    /// Replace (conditional on the resourceVersion read) or create the ConfigMap; its new resourceVersion.
+    /// Replace (conditional on the resourceVersion read) or create the ConfigMap.
     async fn write_params(
         &self,
         name: &str,
         current: Option<ConfigMap>,
         data: BTreeMap<String, String>,
-    ) -> Result<Option<String>, kube::Error> {
+    ) -> Result<(), kube::Error> {
         let exists = current.is_some();
         let mut cm = self.group_configmap(name, current);
         cm.data = Some(data);
-        let written = if exists {
+        if exists {
             self.bounded(self.cms.replace(name, &PostParams::default(), &cm))
-                .await?
+                .await?;
         } else {
             self.bounded(self.cms.create(&PostParams::default(), &cm))
-                .await?
-        };
-        Ok(written.metadata.resource_version)
+                .await?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group::report::MemberReport;
     use crate::ownership::ShardAssignment;
 
     fn view(epochs: &[(u32, u64)]) -> AssignmentView {
@@ -168,30 +219,43 @@ mod tests {
     fn raises_only_lower_absent_or_malformed_keys() {
         let published = data(&[("0", "5"), ("1", "9"), ("2", "x")]);
         let raise = to_raise(&published, &view(&[(0, 7), (1, 9), (2, 3), (3, 4)]));
-        let keys: Vec<(&str, Option<&str>, &str)> = raise
-            .iter()
-            .map(|(k, (b, w))| (k.as_str(), b.as_deref(), w.as_str()))
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                ("0", Some("5"), "7"),
-                ("2", Some("x"), "3"),
-                ("3", None, "4")
-            ]
-        );
+        assert_eq!(raise, data(&[("0", "7"), ("2", "3"), ("3", "4")]));
         // never lowered
         assert!(to_raise(&data(&[("0", "8")]), &view(&[(0, 7)])).is_empty());
     }
 
+    fn observed(name: &str, alive: bool) -> Observed {
+        Observed {
+            id: MemberId::new(name, "1"),
+            alive,
+            expired: false,
+            gone: false,
+            report: Some(MemberReport::default()),
+            joined: 0,
+            joining: false,
+        }
+    }
+
     #[test]
-    fn restore_puts_back_only_what_still_holds_our_value() {
-        let raised = Raised {
-            changes: to_raise(&data(&[("0", "5")]), &view(&[(0, 7), (1, 4), (2, 6)])),
-            rv: None,
-        };
-        // key 2 was raised again by someone else meanwhile
-        let now = data(&[("0", "7"), ("1", "4"), ("2", "8")]);
-        assert_eq!(restored(&now, &raised), data(&[("0", "5"), ("2", "8")]));
+    fn overshoot_marks_stable_shards_of_live_owners_only() {
+        let (m, n) = (MemberId::new("m", "1"), MemberId::new("n", "1"));
+        let current = AssignmentView::new(50)
+            .with(0, ShardAssignment::owned(m.clone(), 10)) // key 20 above: marked
+            .with(1, ShardAssignment::owned(m.clone(), 30)) // key 20 below: fine
+            .with(
+                2,
+                ShardAssignment::owned(m.clone(), 10).with_handoff(Handoff::Draining {
+                    id: 4,
+                    to: n.clone(),
+                }),
+            ) // a move completes above the key anyway
+            .with(3, ShardAssignment::owned(n, 10)); // n is not live
+        let floors: BTreeMap<u32, u64> = [(0, 20), (1, 20), (2, 20), (3, 20)].into();
+        let mut members = vec![observed("m", true), observed("n", false)];
+        assert_eq!(mark_overshoot(&current, &floors, &mut members), vec![0]);
+        let r = members[0].report.as_ref().unwrap();
+        assert!(r.stale.contains(0) && !r.stale.contains(1));
+        assert_eq!((r.applied_generation, r.seen_generation), (10, 20));
+        assert!(members[1].report.as_ref().unwrap().stale.is_empty());
     }
 }

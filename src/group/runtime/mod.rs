@@ -138,6 +138,8 @@ pub(crate) struct Runtime {
     leases_synced_at: Option<Instant>,
     /// During a relist of the lease watch: the Lease names in it (the others were deleted meanwhile).
     leases_relisted: Option<BTreeSet<String>>,
+    /// The fence parameters as last read or written (`fence_params`).
+    fence_floors: fence_params::Floors,
     /// When the lease watch last delivered anything (a gap in it is a gap in our observations).
     last_lease_event: Option<Instant>,
     /// Incarnations replaced on their Lease by another one of the same name: when their renewal was last
@@ -225,6 +227,7 @@ impl Runtime {
             assignment_relisted: None,
             leases_synced_at: None,
             leases_relisted: None,
+            fence_floors: Default::default(),
             last_lease_event: None,
             displaced: BTreeMap::new(),
             origin: now,

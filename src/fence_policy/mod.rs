@@ -17,8 +17,14 @@
 //! on a first stamp is the audit's job (Kubernetes CEL has no hash function to check it against the uid).
 //! DELETEs carry no token and are not checked. `/status` UPDATEs are matched too: a built-in kind's status
 //! write may change annotations (checked on kube-apiserver 1.36: a Deployment's `/status` patch set a lower
-//! fence), while a CRD's status write copies the stored metadata, so its fence compares equal and passes —
-//! status writes of CRDs are not fenced by this level.
+//! fence), while a CRD's status write copies the stored metadata, so its annotation compares equal and
+//! passes.
+//!
+//! **Status-field fences** ([`FencePolicyConfig::status_field`], e.g. `.status.kubeShardFence`): for CRD
+//! `/status` writes, [`FencedApi`](crate::ownership::fenced_write::FencedApi) stamps the token into a status
+//! field the user's CRD schema declares, and further policies on `<plural>/status` compare it with the same
+//! rules (per object; per shard with [`FencePolicyConfig::params`]). Built-in kinds' `/status` is not covered
+//! by them (their status has no such field).
 //!
 //! **Per shard** ([`FencePolicyConfig::params`]): a second policy, bound with `paramRef` to a ConfigMap in
 //! which the coordinator publishes each shard's current epoch (`data["<shard>"]`, see
@@ -44,10 +50,15 @@ use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     core::v1::ConfigMap,
 };
-use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::token::FENCE_ANNOTATION;
+
+mod policies;
+mod status_field;
+
+use policies::{binding, per_object_policy, per_shard_policy, typed, Carrier};
+pub use status_field::StatusFenceField;
 
 /// The default name of the per-object policy and of its binding.
 pub const DEFAULT_POLICY_NAME: &str = "kube-shard-fence";
@@ -81,10 +92,23 @@ pub mod messages {
     /// Per shard: the parameter ConfigMap's value for the token's shard is not a decimal epoch.
     pub const PARAM_MALFORMED: &str =
         "the kube-shard fence parameter for this shard is not a decimal epoch of at most 18 digits";
+    /// Status field: the `/status` write removes the fence field of a fenced object.
+    pub const STATUS_REMOVED: &str =
+        "the kube-shard fence status field may not be removed from a fenced object";
+    /// Status field: the new token is not `"<shard>/<epoch>"` within the digit limits.
+    pub const STATUS_MALFORMED: &str =
+        "the kube-shard fence status field must be SHARD/EPOCH in decimal, shard at most 9 digits, epoch at most 18";
 }
+
+/// A parameter value the per-shard policy accepts: a decimal epoch of at most 18 digits.
+pub const EPOCH_PATTERN: &str = "^[0-9]{1,18}$";
 
 /// The suffix of the per-shard policy's and binding's name (`kube-shard-fence-shard` by default).
 pub const SHARD_POLICY_SUFFIX: &str = "-shard";
+
+/// The suffix of the status-field policies' and bindings' names (`kube-shard-fence-status` per object,
+/// `kube-shard-fence-status-shard` per shard).
+pub const STATUS_POLICY_SUFFIX: &str = "-status";
 
 /// A resource the policy covers, `PLURAL.GROUP` (`configmaps` for the core group).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +170,9 @@ pub enum PolicyError {
     /// Not `NAMESPACE/NAME` of a ConfigMap.
     #[error("invalid parameter ConfigMap {0:?}: expected NAMESPACE/NAME (lowercase DNS names)")]
     Params(String),
+    /// Not `.status.NAME[.NAME...]` of CEL identifiers.
+    #[error("invalid status fence field {0:?}: expected .status.NAME[.NAME...], NAME a CEL identifier ([A-Za-z_][A-Za-z0-9_]*, no __, not a reserved word), at most 8 names")]
+    StatusField(String),
 }
 
 /// The parameter ConfigMap of the per-shard level: one key per shard (`"17"`), its value the shard's current
@@ -187,6 +214,9 @@ pub struct FencePolicyConfig {
     pub name: String,
     /// With a parameter ConfigMap: also the per-shard policy (`<name>-shard`), bound to it with `paramRef`.
     pub params: Option<ParamsRef>,
+    /// With a status field: also the policies on `<plural>/status` that compare the token in it
+    /// (`<name>-status`, and `<name>-status-shard` with [`params`](Self::params)).
+    pub status_field: Option<StatusFenceField>,
 }
 
 impl FencePolicyConfig {
@@ -198,7 +228,18 @@ impl FencePolicyConfig {
             annotation: FENCE_ANNOTATION.to_owned(),
             name: DEFAULT_POLICY_NAME.to_owned(),
             params: None,
+            status_field: None,
         }
+    }
+
+    /// Also fence CRD `/status` writes through the status field `field` (what
+    /// [`FencedApi::status_fence_field`](crate::ownership::fenced_write::FencedApi::status_fence_field)
+    /// stamps): a per-object policy on `<plural>/status` (`<name>-status`), and with
+    /// [`params`](Self::params) a per-shard one (`<name>-status-shard`). The same rules as the annotation's.
+    #[must_use]
+    pub fn status_field(mut self, field: StatusFenceField) -> Self {
+        self.status_field = Some(field);
+        self
     }
 
     /// Also generate the per-shard policy, bound to the parameter ConfigMap `params` (and that ConfigMap,
@@ -226,15 +267,32 @@ impl FencePolicyConfig {
     /// The policies and their bindings.
     pub fn generate(&self) -> Result<PolicySet, PolicyError> {
         self.validate()?;
+        let annotation = Carrier::Annotation(&self.annotation);
         let mut set = PolicySet {
-            policies: vec![typed(per_object_policy(self))],
+            policies: vec![typed(per_object_policy(self, &self.name, annotation))],
             bindings: vec![typed(binding(&self.name, None))],
             params: None,
         };
         if let Some(p) = &self.params {
             let name = format!("{}{SHARD_POLICY_SUFFIX}", self.name);
-            set.policies.push(typed(per_shard_policy(self, &name, p)));
+            set.policies
+                .push(typed(per_shard_policy(self, &name, p, annotation)));
             set.bindings.push(typed(binding(&name, Some(p))));
+        }
+        if let Some(field) = &self.status_field {
+            let status = Carrier::Status(field);
+            let name = format!("{}{STATUS_POLICY_SUFFIX}", self.name);
+            set.policies
+                .push(typed(per_object_policy(self, &name, status)));
+            set.bindings.push(typed(binding(&name, None)));
+            if let Some(p) = &self.params {
+                let name = format!("{name}{SHARD_POLICY_SUFFIX}");
+                set.policies
+                    .push(typed(per_shard_policy(self, &name, p, status)));
+                set.bindings.push(typed(binding(&name, Some(p))));
+            }
+        }
+        if let Some(p) = &self.params {
             set.params = Some(typed(json!({
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
@@ -254,7 +312,8 @@ impl FencePolicyConfig {
                 self.annotation.chars().take(128).collect(),
             ));
         }
-        if !dns_subdomain(&self.name) || self.name.len() + SHARD_POLICY_SUFFIX.len() > 253 {
+        let longest = self.name.len() + STATUS_POLICY_SUFFIX.len() + SHARD_POLICY_SUFFIX.len();
+        if !dns_subdomain(&self.name) || longest > 253 {
             return Err(PolicyError::Name(self.name.chars().take(128).collect()));
         }
         Ok(())
@@ -301,145 +360,6 @@ impl PolicySet {
         }
         out
     }
-}
-
-/// A generated object as its typed form (the generator's own JSON: always well-formed).
-fn typed<T: DeserializeOwned>(v: Value) -> T {
-    serde_json::from_value(v).expect("a well-formed generated object")
-}
-
-fn binding(name: &str, params: Option<&ParamsRef>) -> Value {
-    let mut b = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    });
-    if let Some(p) = params {
-        // Deny: a missing parameter ConfigMap refuses every covered write (fail closed)
-        b["spec"]["paramRef"] = json!({
-            "name": p.name, "namespace": p.namespace, "parameterNotFoundAction": "Deny",
-        });
-    }
-    b
-}
-
-/// The annotation's value on `obj` (`object`, `oldObject`), `''` when absent.
-fn read_fence(obj: &str, key: &str) -> String {
-    // `key` is validated: no quote or backslash can reach the CEL string literal
-    format!("has({obj}.metadata.annotations) && '{key}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{key}'] : ''")
-}
-
-/// Per shard: a fenced CREATE or UPDATE whose epoch is lower than `params.data["<shard>"]` is refused. A
-/// token that is absent or malformed is left to the per-object policy (UPDATE); a shard without a key has no
-/// floor yet. The parameter ConfigMap itself is excluded (its own writes would otherwise need it).
-fn per_shard_policy(config: &FencePolicyConfig, name: &str, params: &ParamsRef) -> Value {
-    let rules: Vec<Value> = config
-        .resources
-        .iter()
-        .map(|r| {
-            json!({
-                "apiGroups": [r.group],
-                "apiVersions": ["*"],
-                "resources": [r.plural],
-                "operations": ["CREATE", "UPDATE"],
-            })
-        })
-        .collect();
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {
-                "resourceRules": rules,
-                "excludeResourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
-                    "operations": ["*"], "resourceNames": [params.name],
-                }],
-            },
-            "variables": [
-                {"name": "fence", "expression": read_fence("object", &config.annotation)},
-                {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
-                {"name": "shard", "expression": "variables.ok ? string(int(variables.fence.split('/')[0])) : ''"},
-                {"name": "floor", "expression": "variables.shard != '' && has(params.data) && variables.shard in params.data ? params.data[variables.shard] : ''"},
-                {"name": "floorOk", "expression": format!("variables.floor.matches('{EPOCH_PATTERN}')")},
-            ],
-            "validations": [
-                {
-                    "expression": "variables.floor == '' || variables.floorOk",
-                    "message": messages::PARAM_MALFORMED,
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": "!variables.floorOk || int(variables.fence.split('/')[1]) >= int(variables.floor)",
-                    "message": messages::SHARD_STALE,
-                    "reason": "Invalid",
-                },
-            ],
-        },
-    })
-}
-
-/// A parameter value the per-shard policy accepts: a decimal epoch of at most 18 digits.
-pub const EPOCH_PATTERN: &str = "^[0-9]{1,18}$";
-
-fn per_object_policy(config: &FencePolicyConfig) -> Value {
-    let rules: Vec<Value> = config
-        .resources
-        .iter()
-        .map(|r| {
-            json!({
-                "apiGroups": [r.group],
-                "apiVersions": ["*"],
-                // `/status` too: a built-in kind's status write may change annotations (a CRD's copies the
-                // stored metadata, so the fence compares equal there and passes)
-                "resources": [r.plural, format!("{}/status", r.plural)],
-                "operations": ["UPDATE"],
-            })
-        })
-        .collect();
-    let read = |obj: &str| read_fence(obj, &config.annotation);
-    let both = "!(variables.oldOk && variables.newOk)";
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": config.name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": rules},
-            "variables": [
-                {"name": "oldFence", "expression": read("oldObject")},
-                {"name": "newFence", "expression": read("object")},
-                {"name": "oldOk", "expression": format!("variables.oldFence.matches('{TOKEN_PATTERN}')")},
-                {"name": "newOk", "expression": format!("variables.newFence.matches('{TOKEN_PATTERN}')")},
-            ],
-            "validations": [
-                {
-                    "expression": "variables.oldFence == '' || variables.newFence != ''",
-                    "message": messages::REMOVED,
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": "variables.newFence == '' || variables.newOk",
-                    "message": messages::MALFORMED,
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": format!("{both} || int(variables.newFence.split('/')[0]) == int(variables.oldFence.split('/')[0])"),
-                    "message": messages::SHARD,
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": format!("{both} || int(variables.newFence.split('/')[1]) >= int(variables.oldFence.split('/')[1])"),
-                    "message": messages::STALE,
-                    "reason": "Invalid",
-                },
-            ],
-        },
-    })
 }
 
 /// `[prefix/]name`: prefix a DNS subdomain, name at most 63 of `[A-Za-z0-9._-]` starting and ending
@@ -623,5 +543,76 @@ mod tests {
         for bad in ["ops", "/x", "ops/", "o.ps/x", "ops/X"] {
             assert!(bad.parse::<ParamsRef>().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn status_field_adds_policies_on_status_with_the_same_rules() {
+        let field: StatusFenceField = ".status.kubeShardFence".parse().unwrap();
+        let cfg = FencePolicyConfig::new(vec!["widgets.example.com".parse().unwrap()])
+            .status_field(field);
+        let set = cfg.clone().generate().unwrap();
+        let names: Vec<_> = set
+            .policies
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["kube-shard-fence", "kube-shard-fence-status"]);
+        let p = serde_json::to_value(&set.policies[1]).unwrap();
+        let rule = &p["spec"]["matchConstraints"]["resourceRules"][0];
+        assert_eq!(rule["resources"], json!(["widgets/status"]));
+        assert_eq!(rule["operations"], json!(["UPDATE"]));
+        let old = p["spec"]["variables"][0]["expression"].as_str().unwrap();
+        assert!(
+            old.starts_with("has(oldObject.status) && has(oldObject.status.kubeShardFence) ? "),
+            "{old}"
+        );
+        let msgs: Vec<_> = p["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["message"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            msgs,
+            [
+                messages::STATUS_REMOVED,
+                messages::STATUS_MALFORMED,
+                messages::SHARD,
+                messages::STALE
+            ]
+        );
+        assert!(msgs.iter().all(|m| m.contains(messages::MARK)));
+        // with params: the per-shard rule applies to the status field too
+        let set = cfg
+            .params("ops/widgets-fence".parse().unwrap())
+            .generate()
+            .unwrap();
+        let names: Vec<_> = set
+            .bindings
+            .iter()
+            .map(|b| b.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "kube-shard-fence",
+                "kube-shard-fence-shard",
+                "kube-shard-fence-status",
+                "kube-shard-fence-status-shard"
+            ]
+        );
+        let p = serde_json::to_value(&set.policies[3]).unwrap();
+        let rule = &p["spec"]["matchConstraints"]["resourceRules"][0];
+        assert_eq!(rule["resources"], json!(["widgets/status"]));
+        assert_eq!(rule["operations"], json!(["UPDATE"]));
+        assert!(p["spec"]["variables"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("object.status.kubeShardFence"));
+        assert_eq!(
+            p["spec"]["validations"][1]["message"],
+            messages::SHARD_STALE
+        );
+        assert!(set.bindings[3].spec.param_ref.is_some());
     }
 }

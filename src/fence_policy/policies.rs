@@ -1,0 +1,197 @@
+//! The policy and binding objects, as JSON. Pure.
+//!
+//! Each level (per object, per shard) is one function; what differs between the annotation on main
+//! resources and a status field on `/status` is the [`Carrier`]: where the token is read, which
+//! subresource is matched, and the wording of the removed/malformed refusals.
+
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+use super::{
+    messages, FencePolicyConfig, ParamsRef, StatusFenceField, EPOCH_PATTERN, TOKEN_PATTERN,
+};
+
+/// Where a policy finds the fence token.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Carrier<'a> {
+    /// The annotation `key` (main resources; the per-object level also matches `/status`, where a
+    /// built-in kind's status write may change annotations).
+    Annotation(&'a str),
+    /// A status field (a CRD's `/status` writes only).
+    Status(&'a StatusFenceField),
+}
+
+impl Carrier<'_> {
+    /// The token on `obj` (`object`, `oldObject`), `''` when absent.
+    fn read(self, obj: &str) -> String {
+        match self {
+            // `key` is validated: no quote or backslash can reach the CEL string literal
+            Carrier::Annotation(key) => format!(
+                "has({obj}.metadata.annotations) && '{key}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{key}'] : ''"
+            ),
+            Carrier::Status(f) => f.read(obj),
+        }
+    }
+
+    /// The resources to match for `plural`, at the per-object (`per_shard == false`) or per-shard level.
+    fn resources(self, plural: &str, per_shard: bool) -> Value {
+        match (self, per_shard) {
+            // `/status` too: a built-in kind's status write may change annotations (a CRD's copies the
+            // stored metadata, so the fence compares equal there and passes)
+            (Carrier::Annotation(_), false) => json!([plural, format!("{plural}/status")]),
+            (Carrier::Annotation(_), true) => json!([plural]),
+            (Carrier::Status(_), _) => json!([format!("{plural}/status")]),
+        }
+    }
+
+    /// The operations to match: a subresource has no CREATE.
+    fn operations(self, per_shard: bool) -> Value {
+        match (self, per_shard) {
+            (Carrier::Annotation(_), true) => json!(["CREATE", "UPDATE"]),
+            _ => json!(["UPDATE"]),
+        }
+    }
+
+    fn removed(self) -> &'static str {
+        match self {
+            Carrier::Annotation(_) => messages::REMOVED,
+            Carrier::Status(_) => messages::STATUS_REMOVED,
+        }
+    }
+
+    fn malformed(self) -> &'static str {
+        match self {
+            Carrier::Annotation(_) => messages::MALFORMED,
+            Carrier::Status(_) => messages::STATUS_MALFORMED,
+        }
+    }
+}
+
+/// A generated object as its typed form (the generator's own JSON: always well-formed).
+pub(super) fn typed<T: DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("a well-formed generated object")
+}
+
+pub(super) fn binding(name: &str, params: Option<&ParamsRef>) -> Value {
+    let mut b = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    });
+    if let Some(p) = params {
+        // Deny: a missing parameter ConfigMap refuses every covered write (fail closed)
+        b["spec"]["paramRef"] = json!({
+            "name": p.name, "namespace": p.namespace, "parameterNotFoundAction": "Deny",
+        });
+    }
+    b
+}
+
+fn rules(config: &FencePolicyConfig, carrier: Carrier<'_>, per_shard: bool) -> Vec<Value> {
+    config
+        .resources
+        .iter()
+        .map(|r| {
+            json!({
+                "apiGroups": [r.group],
+                "apiVersions": ["*"],
+                "resources": carrier.resources(&r.plural, per_shard),
+                "operations": carrier.operations(per_shard),
+            })
+        })
+        .collect()
+}
+
+/// Per shard: a fenced write whose epoch is lower than `params.data["<shard>"]` is refused. A token that
+/// is absent or malformed is left to the per-object policy; a shard without a key has no floor yet. The
+/// parameter ConfigMap itself is excluded (its own writes would otherwise need it).
+pub(super) fn per_shard_policy(
+    config: &FencePolicyConfig,
+    name: &str,
+    params: &ParamsRef,
+    carrier: Carrier<'_>,
+) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": rules(config, carrier, true),
+                "excludeResourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
+                    "operations": ["*"], "resourceNames": [params.name],
+                }],
+            },
+            "variables": [
+                {"name": "fence", "expression": carrier.read("object")},
+                {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
+                {"name": "shard", "expression": "variables.ok ? string(int(variables.fence.split('/')[0])) : ''"},
+                {"name": "floor", "expression": "variables.shard != '' && has(params.data) && variables.shard in params.data ? params.data[variables.shard] : ''"},
+                {"name": "floorOk", "expression": format!("variables.floor.matches('{EPOCH_PATTERN}')")},
+            ],
+            "validations": [
+                {
+                    "expression": "variables.floor == '' || variables.floorOk",
+                    "message": messages::PARAM_MALFORMED,
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": "!variables.floorOk || int(variables.fence.split('/')[1]) >= int(variables.floor)",
+                    "message": messages::SHARD_STALE,
+                    "reason": "Invalid",
+                },
+            ],
+        },
+    })
+}
+
+/// Per object: an UPDATE whose token is lower than, names another shard than, or removes the stored one,
+/// or is malformed, is refused.
+pub(super) fn per_object_policy(
+    config: &FencePolicyConfig,
+    name: &str,
+    carrier: Carrier<'_>,
+) -> Value {
+    let both = "!(variables.oldOk && variables.newOk)";
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": rules(config, carrier, false)},
+            "variables": [
+                {"name": "oldFence", "expression": carrier.read("oldObject")},
+                {"name": "newFence", "expression": carrier.read("object")},
+                {"name": "oldOk", "expression": format!("variables.oldFence.matches('{TOKEN_PATTERN}')")},
+                {"name": "newOk", "expression": format!("variables.newFence.matches('{TOKEN_PATTERN}')")},
+            ],
+            "validations": [
+                {
+                    "expression": "variables.oldFence == '' || variables.newFence != ''",
+                    "message": carrier.removed(),
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": "variables.newFence == '' || variables.newOk",
+                    "message": carrier.malformed(),
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": format!("{both} || int(variables.newFence.split('/')[0]) == int(variables.oldFence.split('/')[0])"),
+                    "message": messages::SHARD,
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": format!("{both} || int(variables.newFence.split('/')[1]) >= int(variables.oldFence.split('/')[1])"),
+                    "message": messages::STALE,
+                    "reason": "Invalid",
+                },
+            ],
+        },
+    })
+}
