@@ -28,6 +28,14 @@ async fn holder(s: &TestServer) -> Option<String> {
     l.spec.and_then(|s| s.holder_identity)
 }
 
+/// Someone else's merge patch of cluster `s`'s HA Lease.
+async fn patch_lease(s: &TestServer, patch: serde_json::Value) {
+    leases(s)
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
 /// A and B without a witness, A Active.
 async fn pair(o: &HaOverlap) -> (TestServer, TestServer, Op, Op) {
     let (sa, sb) = (server().await, server().await);
@@ -68,14 +76,11 @@ async fn ha_a_renewal_conflict_that_keeps_the_record_is_retried_without_a_pause(
     let (sa, _sb, a, b) = pair(&o).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = leases(&sa).get(LEASE).await.unwrap();
-    leases(&sa)
-        .patch(
-            LEASE,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"touched-by": "kubectl"}}})),
-        )
-        .await
-        .unwrap();
+    patch_lease(
+        &sa,
+        json!({"metadata": {"labels": {"touched-by": "kubectl"}}}),
+    )
+    .await;
     let n = a.admitted.load(Ordering::SeqCst);
     always(Duration::from_secs(30), || a.handle.is_active())
         .await
@@ -101,14 +106,11 @@ async fn ha_a_renewal_conflict_naming_another_record_steps_the_active_down_at_on
     let o = HaOverlap::default();
     let (sa, _sb, a, b) = pair(&o).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    leases(&sa)
-        .patch(
-            LEASE,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"holderIdentity": "c/3003", "leaseTransitions": 3003}})),
-        )
-        .await
-        .unwrap();
+    patch_lease(
+        &sa,
+        json!({"spec": {"holderIdentity": "c/3003", "leaseTransitions": 3003}}),
+    )
+    .await;
     // the next renewal (every retry period, 2 s) conflicts; the re-read shows c/3003
     let took = until(Duration::from_secs(5), "A stepped down", || {
         !a.handle.is_active()
@@ -181,14 +183,11 @@ async fn ha_an_undecodable_lease_stops_the_active_with_an_alarm_and_is_never_ove
     let o = HaOverlap::default();
     let (sa, _sb, a, b) = pair(&o).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    leases(&sa)
-        .patch(
-            LEASE,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"holderIdentity": "written by a future version"}})),
-        )
-        .await
-        .unwrap();
+    patch_lease(
+        &sa,
+        json!({"spec": {"holderIdentity": "written by a future version"}}),
+    )
+    .await;
     until(Duration::from_secs(5), "A inactive", || {
         !a.handle.is_active()
     })

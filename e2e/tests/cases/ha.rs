@@ -123,6 +123,23 @@ impl World {
         }
     }
 
+    /// A Active, B Standby, once A admits.
+    async fn active_and_standby(&self) -> (Op, Op) {
+        let a = self.start(0, HaMode::Active).await;
+        let b = self.start(1, HaMode::Standby).await;
+        until(Duration::from_secs(40), "A active", || a.handle.is_active()).await;
+        (a, b)
+    }
+
+    /// The end of a scenario: no overlap, the figures reported, the operators stopped, the namespaces
+    /// dropped.
+    async fn finish(self, ops: (Op, Op), figures: serde_json::Value) {
+        self.no_overlap();
+        report(figures);
+        drop(ops);
+        self.drop_namespaces().await;
+    }
+
     fn no_overlap(&self) {
         assert_eq!(
             self.overlap.violations(),
@@ -211,9 +228,7 @@ impl Drop for Frozen {
 #[ignore = "needs two real clusters: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
 async fn ha_real_cut_active_forced_promotion_and_the_old_active_steps_down() {
     let w = World::new(false).await;
-    let a = w.start(0, HaMode::Active).await;
-    let b = w.start(1, HaMode::Standby).await;
-    until(Duration::from_secs(40), "A active", || a.handle.is_active()).await;
+    let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(
         b.admitted.load(Ordering::SeqCst),
@@ -245,15 +260,16 @@ async fn ha_real_cut_active_forced_promotion_and_the_old_active_steps_down() {
     assert!(!a.handle.is_active() && b.handle.is_active());
     let st = a.control.status().await.unwrap();
     assert_eq!(st.role, "standby", "{st:?}");
-    w.no_overlap();
-    report(serde_json::json!({
-        "scenario": "ha_real_cut_active",
-        "active_stopped_after_cut_s": stopped.as_secs_f64(),
-        "cut_to_standby_admitting_s": admitting.as_secs_f64(),
-        "overlaps": 0,
-    }));
-    drop((a, b));
-    w.drop_namespaces().await;
+    w.finish(
+        (a, b),
+        serde_json::json!({
+            "scenario": "ha_real_cut_active",
+            "active_stopped_after_cut_s": stopped.as_secs_f64(),
+            "cut_to_standby_admitting_s": admitting.as_secs_f64(),
+            "overlaps": 0,
+        }),
+    )
+    .await;
 }
 
 /// The Active cluster's etcd stops (SIGSTOP): A's renewals hang and it stops within the renew deadline; B,
@@ -266,9 +282,7 @@ async fn ha_real_a_stopped_etcd_commits_late_without_two_actives() {
     let pid = w.clusters[0]
         .etcd_pid()
         .expect("cluster A is a realkube instance (etcd.pid beside its kubeconfig)");
-    let a = w.start(0, HaMode::Active).await;
-    let b = w.start(1, HaMode::Standby).await;
-    until(Duration::from_secs(40), "A active", || a.handle.is_active()).await;
+    let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     freeze(pid, true);
@@ -302,14 +316,15 @@ async fn ha_real_a_stopped_etcd_commits_late_without_two_actives() {
         a.control.status().await,
         b.control.status().await
     );
-    w.no_overlap();
-    report(serde_json::json!({
-        "scenario": "ha_real_stopped_etcd",
-        "active_stopped_after_freeze_s": stopped.as_secs_f64(),
-        "overlaps": 0,
-    }));
-    drop((a, b));
-    w.drop_namespaces().await;
+    w.finish(
+        (a, b),
+        serde_json::json!({
+            "scenario": "ha_real_stopped_etcd",
+            "active_stopped_after_freeze_s": stopped.as_secs_f64(),
+            "overlaps": 0,
+        }),
+    )
+    .await;
 }
 
 /// With a witness: A's site loses its links to B and to the witness but keeps its own apiserver. A stops at
@@ -318,9 +333,7 @@ async fn ha_real_a_stopped_etcd_commits_late_without_two_actives() {
 #[ignore = "needs three real clusters: KUBECONFIG, KSHARD_E2E_PEER_KUBECONFIG, KSHARD_E2E_WITNESS_KUBECONFIG"]
 async fn ha_real_witness_a_site_partition_moves_the_term_without_overlap() {
     let w = World::new(true).await;
-    let a = w.start(0, HaMode::Active).await;
-    let b = w.start(1, HaMode::Standby).await;
-    until(Duration::from_secs(40), "A active", || a.handle.is_active()).await;
+    let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(b.admitted.load(Ordering::SeqCst), 0);
 
@@ -337,13 +350,14 @@ async fn ha_real_witness_a_site_partition_moves_the_term_without_overlap() {
     a.links[2].set_cut(false);
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(b.handle.is_active() && !a.handle.is_active());
-    w.no_overlap();
-    report(serde_json::json!({
-        "scenario": "ha_real_witness_site_partition",
-        "active_stopped_after_cut_s": stopped.as_secs_f64(),
-        "cut_to_standby_admitting_s": promoted.as_secs_f64(),
-        "overlaps": 0,
-    }));
-    drop((a, b));
-    w.drop_namespaces().await;
+    w.finish(
+        (a, b),
+        serde_json::json!({
+            "scenario": "ha_real_witness_site_partition",
+            "active_stopped_after_cut_s": stopped.as_secs_f64(),
+            "cut_to_standby_admitting_s": promoted.as_secs_f64(),
+            "overlaps": 0,
+        }),
+    )
+    .await;
 }
