@@ -135,7 +135,7 @@ fn planted_skip_drain_wait_is_caught() {
 /// the new owner write an older spec into a child (`regressed`).
 #[test]
 fn planted_skip_activation_barrier_is_caught() {
-    let (n, kinds) = seeds_to_catch("skip-activation-barrier", &["lagging-join"], 6);
+    let (n, kinds) = seeds_to_catch("skip-activation-barrier", &["lagging-join"], 30);
     assert!(
         kinds.iter().any(|k| k == "regressed"),
         "{kinds:?} after {n}"

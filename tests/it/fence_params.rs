@@ -33,28 +33,7 @@ async fn install(server: &TestServer) {
         .create(&PostParams::default(), set.params.as_ref().unwrap())
         .await
         .unwrap();
-    let docs = set
-        .policies
-        .iter()
-        .map(|p| {
-            (
-                "validatingadmissionpolicies",
-                serde_json::to_vec(p).unwrap(),
-            )
-        })
-        .chain(set.bindings.iter().map(|b| {
-            (
-                "validatingadmissionpolicybindings",
-                serde_json::to_vec(b).unwrap(),
-            )
-        }));
-    for (plural, body) in docs {
-        let req = http::Request::post(format!("/apis/admissionregistration.k8s.io/v1/{plural}"))
-            .header("content-type", "application/json")
-            .body(body)
-            .unwrap();
-        client.request_text(req).await.unwrap();
-    }
+    crate::fence_policy::post_policies(server, &set).await;
 }
 
 fn spawn(server: &TestServer, name: &str, publish: bool, log: &crate::group::FenceLog) -> Member {

@@ -157,7 +157,8 @@ async fn install_status_policy(server: &TestServer) {
     post_policies(server, &set).await;
 }
 
-async fn post_policies(server: &TestServer, set: &kube_shard::fence_policy::PolicySet) {
+/// POST every policy and binding of `set` to testserver.
+pub(crate) async fn post_policies(server: &TestServer, set: &kube_shard::fence_policy::PolicySet) {
     let client = server.client("admin");
     let docs = set
         .policies
