@@ -47,7 +47,11 @@ pub(super) async fn send(
     let t = targets(token, source, senders.keys().cloned())?;
     for (k, rv) in &t {
         if let Some(s) = senders.get(k) {
-            let _ = s.send(*rv).await;
+            if s.send(*rv).await.is_err() {
+                // the kind's task has stopped (its error is in the kind's status): the promotion's
+                // per-kind report shows it behind
+                tracing::warn!(kind = %k, rv, "HA mirror catch-up: the kind's task has stopped");
+            }
         }
     }
     Ok(t.len())
