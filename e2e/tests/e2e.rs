@@ -16,6 +16,10 @@ mod fence_params;
 #[path = "cases/ha.rs"]
 mod ha;
 
+/// The HA mirror's RBAC sample as shipped, on two real clusters (issue 21).
+#[path = "cases/ha_rbac.rs"]
+mod ha_rbac;
+
 /// Status-field fences on the real server (issue 16).
 #[path = "cases/fence_status.rs"]
 mod fence_status;
