@@ -159,7 +159,10 @@ fn min_epoch_params_add_the_min_epoch_policy_and_its_configmap() {
         yaml.contains("  name: kube-shard-fence-min-epoch\n"),
         "{yaml}"
     );
-    assert!(yaml.contains("  minFailoverEpoch: \"0\"\n  role: active\n"), "{yaml}");
+    assert!(
+        yaml.contains("  minFailoverEpoch: \"0\"\n  role: active\n"),
+        "{yaml}"
+    );
     // one without the other, or a quote in the identity, is bad input
     for args in [
         &[
