@@ -15,7 +15,7 @@
 //! - [`selector`]: the KEP-5866 selector in the server's canonical form, and a strict parser that refuses
 //!   everything the server refuses (so we never send a selector that earns an HTTP 500).
 //!
-//! - [`token`]: the `"<shard>/<epoch>"` fence token fenced writes carry (header and annotation names).
+//! - [`token`]: the `"<failover-epoch>:<shard>/<epoch>"` fence token fenced writes carry (header and annotation names).
 //!
 //! Everything listed so far is pure: no I/O, no async.
 //!

@@ -73,6 +73,18 @@ struct FencePolicyArgs {
     /// in the CRD's schema as a string; `FencedApi::status_fence_field` stamps it).
     #[arg(long, value_name = "PATH")]
     status_fence_field: Option<String>,
+    /// Also the minimum-failover-epoch policy (HA), bound to this parameter ConfigMap (`NAMESPACE/NAME`;
+    /// a promotion sets `<ha-name>-ha-min-epoch` in the HA namespace); the ConfigMap (role active, minimum
+    /// 0) is printed too. Needs `--operator-identity`.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "operator_identities")]
+    min_epoch_params: Option<String>,
+    /// The operator's identity (user name) whose writes the minimum-epoch policy judges; repeatable.
+    #[arg(
+        long = "operator-identity",
+        value_name = "USER",
+        requires = "min_epoch_params"
+    )]
+    operator_identities: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -223,6 +235,12 @@ fn fence_policy(args: &FencePolicyArgs, out: &mut impl Write) -> Result<(), CliE
     }
     if let Some(f) = &args.status_fence_field {
         config = config.status_field(f.parse()?);
+    }
+    if let Some(p) = &args.min_epoch_params {
+        config = config.min_epoch(kube_shard::fence_policy::MinEpoch::new(
+            p.parse()?,
+            args.operator_identities.clone(),
+        ));
     }
     let set = config.generate()?;
     out.write_all(set.to_yaml().as_bytes())?;

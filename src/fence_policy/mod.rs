@@ -2,16 +2,20 @@
 //! Kubernetes 1.30, no webhook server) that refuse the writes a deposed owner may still send.
 //!
 //! **Per object**: on an UPDATE of a main resource the policy compares the fence token in
-//! the annotation ([`FENCE_ANNOTATION`] by default, `"<shard>/<epoch>"`) with the one on the stored object
-//! (`oldObject`) and refuses the write when
+//! the annotation ([`FENCE_ANNOTATION`] by default, `"<failover-epoch>:<shard>/<epoch>"`, see
+//! [`crate::token`]) with the one on the stored object (`oldObject`). Failover epochs first: a **lower** one
+//! is refused, a **higher** one accepted whatever the shard part says. When they are equal and neither token
+//! is a mirror's (`<f>:mirror`), the shard rules: the write is refused when
 //!
-//! - its epoch is **lower** than the stored one (so committed fence epochs on one object never decrease, with
-//!   no assumption about clients' clocks or pauses, also for writes that carry no resourceVersion),
-//! - its shard **differs** from the stored token's shard,
-//! - it **removes** the fence, or
-//! - the new token is **malformed or oversized** (shard more than 9 digits, epoch more than 18: every `int()`
-//!   in the policy is guarded by `matches()`, so a bad token is refused with a clear message, never with a CEL
-//!   runtime error).
+//! - its shard epoch is **lower** than the stored one (so committed fence tokens on one object never go
+//!   back, with no assumption about clients' clocks or pauses, also for writes that carry no
+//!   resourceVersion), or
+//! - its shard **differs** from the stored token's shard.
+//!
+//! Whatever the epochs, it is refused when it **removes** the fence, or when the new token is **malformed or
+//! oversized** (failover epoch more than 10 digits, shard more than 9, epoch more than 18: every `int()` in
+//! the policy is guarded by `matches()`, so a bad token is refused with a clear message, never with a CEL
+//! runtime error). A failover epoch is never compared with a shard epoch.
 //!
 //! An object without a fence, or whose stored token is malformed, may be stamped by any writer: a wrong shard
 //! on a first stamp is the audit's job (Kubernetes CEL has no hash function to check it against the uid).
@@ -29,9 +33,18 @@
 //! **Per shard** ([`FencePolicyConfig::params`]): a second policy, bound with `paramRef` to a ConfigMap in
 //! which the coordinator publishes each shard's current epoch (`data["<shard>"]`, see
 //! [`crate::group::ShardGroupBuilder::fence_params`]), refuses a fenced CREATE or main-resource UPDATE whose
-//! epoch is lower than its shard's: a deposed owner's late write is refused even on an object the new owner
-//! never wrote. Malformed tokens are left to the per-object policy; the parameter ConfigMap itself is
-//! excluded (`excludeResourceRules`), since a `Deny` binding refuses every covered write while it is missing.
+//! shard epoch is lower than its shard's: a deposed owner's late write is refused even on an object the new
+//! owner never wrote. The floors are shard epochs of the group in this cluster and are compared only with
+//! shard epochs (whatever the token's failover epoch); mirror tokens have no floor. Malformed tokens are
+//! left to the per-object policy; the parameter ConfigMap itself is excluded (`excludeResourceRules`),
+//! since a `Deny` binding refuses every covered write while it is missing.
+//!
+//! **Minimum failover epoch** ([`FencePolicyConfig::min_epoch`], HA.md "Fenced by the server"): a policy
+//! bound to a parameter ConfigMap holding `minFailoverEpoch` and `role` (`active` or `standby`) refuses the
+//! operator identities' creates and updates whose token's failover epoch is below the minimum (an unfenced
+//! one too while `standby`), and all their deletes while `standby`. A promotion sets it on the old Active's
+//! cluster ([`crate::ha::min_epoch`]) and waits until a probe write (a dry-run create of the ConfigMap
+//! [`MIN_EPOCH_PROBE`], which the policy judges whoever sends it) is refused.
 //!
 //! Pure: no I/O. The policy objects are returned typed (ready for [`kube::Api::create`]) and as YAML.
 //!
@@ -54,18 +67,23 @@ use serde_json::json;
 
 use crate::token::FENCE_ANNOTATION;
 
+mod min_epoch;
 mod policies;
 mod status_field;
 
+pub use min_epoch::{MinEpoch, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, MIN_EPOCH_SUFFIX, ROLE_KEY};
 use policies::{binding, per_object_policy, per_shard_policy, typed, Carrier};
 pub use status_field::StatusFenceField;
 
 /// The default name of the per-object policy and of its binding.
 pub const DEFAULT_POLICY_NAME: &str = "kube-shard-fence";
 
-/// The token the policy accepts: `"<shard>/<epoch>"`, shard at most 9 decimal digits, epoch at most 18 (so
-/// that CEL's `int()`, a signed 64-bit integer, never overflows).
-pub const TOKEN_PATTERN: &str = "^[0-9]{1,9}/[0-9]{1,18}$";
+/// The token the policy accepts: `"<failover-epoch>:<shard>/<epoch>"`, `"<failover-epoch>:mirror"`, or a
+/// legacy `"<shard>/<epoch>"` (failover epoch 0, see [`crate::token`]); failover epoch at most 10 decimal
+/// digits, shard at most 9, epoch at most 18 (so that CEL's `int()`, a signed 64-bit integer, never
+/// overflows).
+pub const TOKEN_PATTERN: &str =
+    "^([0-9]{1,10}:([0-9]{1,9}/[0-9]{1,18}|mirror)|[0-9]{1,9}/[0-9]{1,18})$";
 
 /// The refusal messages of the per-object policy (the apiserver prefixes them with
 /// `<plural>.<group> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied
@@ -77,9 +95,12 @@ pub mod messages {
     /// The write removes the fence annotation of a fenced object.
     pub const REMOVED: &str =
         "the kube-shard fence annotation may not be removed from a fenced object";
-    /// The new token is not `"<shard>/<epoch>"` within the digit limits.
+    /// The new token is not `"<failover-epoch>:<shard>/<epoch>"` (or `:mirror`, or legacy) within the limits.
     pub const MALFORMED: &str =
-        "the kube-shard fence annotation must be SHARD/EPOCH in decimal, shard at most 9 digits, epoch at most 18";
+        "the kube-shard fence annotation must be FAILOVER:SHARD/EPOCH or FAILOVER:mirror in decimal, failover epoch at most 10 digits, shard at most 9, epoch at most 18";
+    /// The token's failover epoch is lower than the stored one's: a deposed Active wrote.
+    pub const FAILOVER_STALE: &str =
+        "stale kube-shard fence: its failover epoch is lower than the stored object's (the writer's cluster was deposed)";
     /// The token names another shard than the stored one.
     pub const SHARD: &str =
         "the kube-shard fence names another shard than the stored object's fence";
@@ -95,9 +116,18 @@ pub mod messages {
     /// Status field: the `/status` write removes the fence field of a fenced object.
     pub const STATUS_REMOVED: &str =
         "the kube-shard fence status field may not be removed from a fenced object";
-    /// Status field: the new token is not `"<shard>/<epoch>"` within the digit limits.
+    /// Status field: the new token is malformed (as [`MALFORMED`]).
     pub const STATUS_MALFORMED: &str =
-        "the kube-shard fence status field must be SHARD/EPOCH in decimal, shard at most 9 digits, epoch at most 18";
+        "the kube-shard fence status field must be FAILOVER:SHARD/EPOCH or FAILOVER:mirror in decimal, failover epoch at most 10 digits, shard at most 9, epoch at most 18";
+    /// Minimum epoch: the operator identity's write carries a failover epoch below the cluster's minimum.
+    pub const MIN_EPOCH_STALE: &str =
+        "stale kube-shard fence: the operator's write is below this cluster's minimum failover epoch (a newer Active was promoted)";
+    /// Minimum epoch: the operator identity deletes while the cluster is Standby.
+    pub const MIN_EPOCH_DELETE: &str =
+        "kube-shard fence: the operator may not delete while this cluster is Standby (a newer Active was promoted)";
+    /// Minimum epoch: the parameter's `minFailoverEpoch` is not a decimal.
+    pub const MIN_EPOCH_MALFORMED: &str =
+        "the kube-shard fence minimum-epoch parameter minFailoverEpoch is not a decimal of at most 10 digits";
 }
 
 /// A parameter value the per-shard policy accepts: a decimal epoch of at most 18 digits.
@@ -170,6 +200,9 @@ pub enum PolicyError {
     /// Not `NAMESPACE/NAME` of a ConfigMap.
     #[error("invalid parameter ConfigMap {0:?}: expected NAMESPACE/NAME (lowercase DNS names)")]
     Params(String),
+    /// An operator identity for the minimum-epoch policy that is empty or holds a quote or backslash.
+    #[error("invalid operator identity {0:?}: expected a non-empty user name without quotes or backslashes")]
+    Identity(String),
     /// Not `.status.NAME[.NAME...]` of CEL identifiers.
     #[error("invalid status fence field {0:?}: expected .status.NAME[.NAME...], NAME a CEL identifier ([A-Za-z_][A-Za-z0-9_]*, no __, not a reserved word), at most 8 names")]
     StatusField(String),
@@ -217,6 +250,8 @@ pub struct FencePolicyConfig {
     /// With a status field: also the policies on `<plural>/status` that compare the token in it
     /// (`<name>-status`, and `<name>-status-shard` with [`params`](Self::params)).
     pub status_field: Option<StatusFenceField>,
+    /// With a minimum-epoch parameter: also the policy `<name>-min-epoch` bound to it.
+    pub min_epoch: Option<MinEpoch>,
 }
 
 impl FencePolicyConfig {
@@ -229,7 +264,16 @@ impl FencePolicyConfig {
             name: DEFAULT_POLICY_NAME.to_owned(),
             params: None,
             status_field: None,
+            min_epoch: None,
         }
+    }
+
+    /// Also generate the minimum-failover-epoch policy (`<name>-min-epoch`), bound to `min.params` (and that
+    /// ConfigMap with `role: active`, `minFailoverEpoch: "0"`, for `kubectl apply`).
+    #[must_use]
+    pub fn min_epoch(mut self, min: MinEpoch) -> Self {
+        self.min_epoch = Some(min);
+        self
     }
 
     /// Also fence CRD `/status` writes through the status field `field` (what
@@ -272,6 +316,7 @@ impl FencePolicyConfig {
             policies: vec![typed(per_object_policy(self, &self.name, annotation))],
             bindings: vec![typed(binding(&self.name, None))],
             params: None,
+            min_epoch_params: None,
         };
         if let Some(p) = &self.params {
             let name = format!("{}{SHARD_POLICY_SUFFIX}", self.name);
@@ -291,6 +336,12 @@ impl FencePolicyConfig {
                     .push(typed(per_shard_policy(self, &name, p, status)));
                 set.bindings.push(typed(binding(&name, Some(p))));
             }
+        }
+        if let Some(m) = &self.min_epoch {
+            let name = format!("{}{MIN_EPOCH_SUFFIX}", self.name);
+            set.policies.push(typed(min_epoch::policy(self, &name, m)));
+            set.bindings.push(typed(binding(&name, Some(&m.params))));
+            set.min_epoch_params = Some(typed(min_epoch::initial_params(&m.params)));
         }
         if let Some(p) = &self.params {
             set.params = Some(typed(json!({
@@ -312,6 +363,9 @@ impl FencePolicyConfig {
                 self.annotation.chars().take(128).collect(),
             ));
         }
+        if let Some(m) = &self.min_epoch {
+            m.validate()?;
+        }
         let longest = self.name.len() + STATUS_POLICY_SUFFIX.len() + SHARD_POLICY_SUFFIX.len();
         if !dns_subdomain(&self.name) || longest > 253 {
             return Err(PolicyError::Name(self.name.chars().take(128).collect()));
@@ -330,11 +384,13 @@ pub struct PolicySet {
     pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
     /// The per-shard level's parameter ConfigMap, empty (the coordinator fills it), when asked for.
     pub params: Option<ConfigMap>,
+    /// The minimum-epoch parameter ConfigMap (`role: active`, `minFailoverEpoch: "0"`), when asked for.
+    pub min_epoch_params: Option<ConfigMap>,
 }
 
 impl PolicySet {
     /// Every object as a YAML stream (`---` between documents), policies first, then bindings, then the
-    /// parameter ConfigMap.
+    /// parameter ConfigMaps.
     #[must_use]
     pub fn to_yaml(&self) -> String {
         let docs = self
@@ -349,6 +405,7 @@ impl PolicySet {
             .chain(
                 self.params
                     .iter()
+                    .chain(self.min_epoch_params.iter())
                     .map(|c| serde_json::to_value(c).expect("serializable")),
             );
         let mut out = String::new();
@@ -459,20 +516,39 @@ mod tests {
         assert_eq!(rules[0]["resources"], json!(["widgets", "widgets/status"]));
         assert_eq!(rules[1]["apiGroups"], json!([""]));
         assert_eq!(rules[0]["operations"], json!(["UPDATE"]));
+        // every int() is behind the matches() of both tokens (`shardRules` implies them)
         for v in p["spec"]["validations"].as_array().unwrap() {
             let e = v["expression"].as_str().unwrap();
             if e.contains("int(") {
+                assert!(e.starts_with("!variables.shardRules || "), "{e}");
+            }
+        }
+        let vars = p["spec"]["variables"].as_array().unwrap();
+        for v in vars {
+            let (name, e) = (
+                v["name"].as_str().unwrap(),
+                v["expression"].as_str().unwrap(),
+            );
+            if e.contains("int(") {
                 assert!(
-                    e.starts_with("!(variables.oldOk && variables.newOk) || "),
-                    "{e}"
+                    e.starts_with("variables.oldOk && ") || e.starts_with("variables.newOk && "),
+                    "{name}: {e}"
                 );
             }
         }
+        assert!(vars[8]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.oldOk && variables.newOk && variables.newF == variables.oldF"));
         for m in [
             messages::REMOVED,
             messages::MALFORMED,
+            messages::FAILOVER_STALE,
             messages::SHARD,
             messages::STALE,
+            messages::MIN_EPOCH_STALE,
+            messages::MIN_EPOCH_DELETE,
+            messages::MIN_EPOCH_MALFORMED,
         ] {
             assert!(m.contains(messages::MARK), "{m}");
         }
@@ -521,10 +597,10 @@ mod tests {
         );
         // every int() is behind a matches(): `ok` guards the token, `floorOk` the parameter
         let vars = p["spec"]["variables"].as_array().unwrap();
-        assert!(vars[2]["expression"]
+        assert!(vars[3]["expression"]
             .as_str()
             .unwrap()
-            .starts_with("variables.ok ? "));
+            .starts_with("variables.ok && "));
         let stale = p["spec"]["validations"][1]["expression"].as_str().unwrap();
         assert!(stale.starts_with("!variables.floorOk || "), "{stale}");
         let b = serde_json::to_value(&set.bindings[1]).unwrap();
@@ -542,6 +618,61 @@ mod tests {
         );
         for bad in ["ops", "/x", "ops/", "o.ps/x", "ops/X"] {
             assert!(bad.parse::<ParamsRef>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn min_epoch_adds_its_policy_binding_and_parameter() {
+        let min = MinEpoch::new(
+            "ops/widgets-ha-min-epoch".parse().unwrap(),
+            vec!["system:serviceaccount:ops:op".into()],
+        );
+        let set = FencePolicyConfig::new(vec!["widgets.example.com".parse().unwrap()])
+            .min_epoch(min.clone())
+            .generate()
+            .unwrap();
+        let p = serde_json::to_value(&set.policies[1]).unwrap();
+        assert_eq!(p["metadata"]["name"], "kube-shard-fence-min-epoch");
+        let rules = &p["spec"]["matchConstraints"]["resourceRules"];
+        assert_eq!(
+            rules[0]["operations"],
+            json!(["CREATE", "UPDATE", "DELETE"])
+        );
+        assert_eq!(rules[1]["resourceNames"], json!([MIN_EPOCH_PROBE]));
+        assert_eq!(
+            p["spec"]["matchConstraints"]["excludeResourceRules"][0]["resourceNames"],
+            json!(["widgets-ha-min-epoch"])
+        );
+        let mine = p["spec"]["variables"][1]["expression"].as_str().unwrap();
+        assert!(
+            mine.ends_with("in ['system:serviceaccount:ops:op']"),
+            "{mine}"
+        );
+        // the int() of the minimum is behind minOk, the token's behind ok
+        let stale = p["spec"]["validations"][2]["expression"].as_str().unwrap();
+        assert!(
+            stale.contains("!variables.minOk || (variables.ok ? "),
+            "{stale}"
+        );
+        let b = serde_json::to_value(&set.bindings[1]).unwrap();
+        assert_eq!(b["spec"]["paramRef"]["parameterNotFoundAction"], "Deny");
+        let cm = set.min_epoch_params.as_ref().unwrap();
+        let data = cm.data.as_ref().unwrap();
+        assert_eq!(
+            (data[MIN_EPOCH_KEY].as_str(), data[ROLE_KEY].as_str()),
+            ("0", "active")
+        );
+        assert!(set.to_yaml().contains("name: widgets-ha-min-epoch"));
+        for bad in [
+            vec![],
+            vec![String::new()],
+            vec!["a'b".into()],
+            vec!["a\\b".into()],
+        ] {
+            let r = FencePolicyConfig::new(vec!["w.x".parse().unwrap()])
+                .min_epoch(MinEpoch::new("ops/m".parse().unwrap(), bad.clone()))
+                .generate();
+            assert!(matches!(r, Err(PolicyError::Identity(_))), "{bad:?}");
         }
     }
 
@@ -577,6 +708,7 @@ mod tests {
             [
                 messages::STATUS_REMOVED,
                 messages::STATUS_MALFORMED,
+                messages::FAILOVER_STALE,
                 messages::SHARD,
                 messages::STALE
             ]

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use super::{
     messages, FencePolicyConfig, ParamsRef, StatusFenceField, EPOCH_PATTERN, TOKEN_PATTERN,
 };
+use crate::token::MIRROR;
 
 /// Where a policy finds the fence token.
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +24,7 @@ pub(super) enum Carrier<'a> {
 
 impl Carrier<'_> {
     /// The token on `obj` (`object`, `oldObject`), `''` when absent.
-    fn read(self, obj: &str) -> String {
+    pub(super) fn read(self, obj: &str) -> String {
         match self {
             // `key` is validated: no quote or backslash can reach the CEL string literal
             Carrier::Annotation(key) => format!(
@@ -103,8 +104,10 @@ fn rules(config: &FencePolicyConfig, carrier: Carrier<'_>, per_shard: bool) -> V
         .collect()
 }
 
-/// Per shard: a fenced write whose epoch is lower than `params.data["<shard>"]` is refused. A token that
-/// is absent or malformed is left to the per-object policy; a shard without a key has no floor yet. The
+/// Per shard: a fenced write whose shard epoch is lower than `params.data["<shard>"]` is refused, whatever
+/// its failover epoch (the floors are one group's shard epochs, compared only with shard epochs). A token
+/// that is absent or malformed is left to the per-object policy; a mirror token and a shard without a key
+/// have no floor. The
 /// parameter ConfigMap itself is excluded (its own writes would otherwise need it).
 pub(super) fn per_shard_policy(
     config: &FencePolicyConfig,
@@ -129,7 +132,9 @@ pub(super) fn per_shard_policy(
             "variables": [
                 {"name": "fence", "expression": carrier.read("object")},
                 {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
-                {"name": "shard", "expression": "variables.ok ? string(int(variables.fence.split('/')[0])) : ''"},
+                {"name": "part", "expression": shard_part("fence", "ok")},
+                // a mirror token has no shard: no floor
+                {"name": "shard", "expression": format!("variables.ok && variables.part != '{MIRROR}' ? string(int(variables.part.split('/')[0])) : ''")},
                 {"name": "floor", "expression": "variables.shard != '' && has(params.data) && variables.shard in params.data ? params.data[variables.shard] : ''"},
                 {"name": "floorOk", "expression": format!("variables.floor.matches('{EPOCH_PATTERN}')")},
             ],
@@ -140,7 +145,7 @@ pub(super) fn per_shard_policy(
                     "reason": "Invalid",
                 },
                 {
-                    "expression": "!variables.floorOk || int(variables.fence.split('/')[1]) >= int(variables.floor)",
+                    "expression": "!variables.floorOk || int(variables.part.split('/')[1]) >= int(variables.floor)",
                     "message": messages::SHARD_STALE,
                     "reason": "Invalid",
                 },
@@ -149,8 +154,19 @@ pub(super) fn per_shard_policy(
     })
 }
 
-/// Per object: an UPDATE whose token is lower than, names another shard than, or removes the stored one,
-/// or is malformed, is refused.
+/// The CEL of a token's failover epoch (`0` for a legacy token), from the variables `fence` and `ok`.
+pub(super) fn failover(fence: &str, ok: &str) -> String {
+    format!("variables.{ok} && variables.{fence}.contains(':') ? int(variables.{fence}.split(':')[0]) : 0")
+}
+
+/// The CEL of a token's shard part (`<shard>/<epoch>` or `mirror`, `''` when malformed).
+pub(super) fn shard_part(fence: &str, ok: &str) -> String {
+    format!("!variables.{ok} ? '' : (variables.{fence}.contains(':') ? variables.{fence}.split(':')[1] : variables.{fence})")
+}
+
+/// Per object: an UPDATE whose token has a lower failover epoch than the stored one, or an equal failover
+/// epoch and (neither being a mirror token) another shard or a lower shard epoch, or that removes the stored
+/// token, or is malformed, is refused. A failover epoch is never compared with a shard epoch.
 pub(super) fn per_object_policy(
     config: &FencePolicyConfig,
     name: &str,
@@ -169,6 +185,12 @@ pub(super) fn per_object_policy(
                 {"name": "newFence", "expression": carrier.read("object")},
                 {"name": "oldOk", "expression": format!("variables.oldFence.matches('{TOKEN_PATTERN}')")},
                 {"name": "newOk", "expression": format!("variables.newFence.matches('{TOKEN_PATTERN}')")},
+                {"name": "oldF", "expression": failover("oldFence", "oldOk")},
+                {"name": "newF", "expression": failover("newFence", "newOk")},
+                {"name": "oldPart", "expression": shard_part("oldFence", "oldOk")},
+                {"name": "newPart", "expression": shard_part("newFence", "newOk")},
+                // equal failover epochs and no mirror token: the shard rules apply
+                {"name": "shardRules", "expression": format!("variables.oldOk && variables.newOk && variables.newF == variables.oldF && variables.newPart != '{MIRROR}' && variables.oldPart != '{MIRROR}'")},
             ],
             "validations": [
                 {
@@ -182,12 +204,17 @@ pub(super) fn per_object_policy(
                     "reason": "Invalid",
                 },
                 {
-                    "expression": format!("{both} || int(variables.newFence.split('/')[0]) == int(variables.oldFence.split('/')[0])"),
+                    "expression": format!("{both} || variables.newF >= variables.oldF"),
+                    "message": messages::FAILOVER_STALE,
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": "!variables.shardRules || int(variables.newPart.split('/')[0]) == int(variables.oldPart.split('/')[0])",
                     "message": messages::SHARD,
                     "reason": "Invalid",
                 },
                 {
-                    "expression": format!("{both} || int(variables.newFence.split('/')[1]) >= int(variables.oldFence.split('/')[1])"),
+                    "expression": "!variables.shardRules || int(variables.newPart.split('/')[1]) >= int(variables.oldPart.split('/')[1])",
                     "message": messages::STALE,
                     "reason": "Invalid",
                 },

@@ -13,6 +13,7 @@
 //! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`): the seam a
 //!   shard group's HA gate will consult.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+//! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.
 //! - [`ops`]: the engine of `kshard ha status` and `kshard ha promote --force`.
 //! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
 //!   the freeze, the demotion token), `promote --token` (the token table), `demote --cancel`.
@@ -24,6 +25,7 @@ pub mod epoch;
 mod events;
 pub mod handle;
 pub mod metrics;
+pub mod min_epoch;
 pub mod mirror;
 pub mod ops;
 pub mod record;

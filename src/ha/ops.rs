@@ -237,7 +237,7 @@ pub async fn force_promote(
     timeout: Duration,
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, ForceFailed> {
-    let local = clients.local.clone();
+    let (local, peer) = (clients.local.clone(), clients.peer.clone());
     let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
     let _abort = Abort(task);
     let start = tokio::time::Instant::now();
@@ -272,6 +272,17 @@ pub async fn force_promote(
                     "could not lift this cluster's switchover freeze: {e}"
                 ));
             }
+            // HA.md "Fenced by the server": the old Active's cluster refuses its operator's writes below
+            // the new epoch (when reachable and installed)
+            super::min_epoch::after_promotion(
+                &local,
+                &peer,
+                cfg,
+                epoch,
+                super::min_epoch::PROMOTION_TIMEOUT.min(timeout),
+                &mut progress,
+            )
+            .await;
             return Ok(epoch);
         }
         if st.role == "standby" || recorded.elapsed() >= timeout {

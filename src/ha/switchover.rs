@@ -782,7 +782,7 @@ pub async fn promote_with_token(
         }
     })
     .await?;
-    let local = clients.local.clone();
+    let (local, peer) = (clients.local.clone(), clients.peer.clone());
     let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
     let _abort = Abort(task);
     let t0 = tokio::time::Instant::now();
@@ -823,6 +823,16 @@ pub async fn promote_with_token(
             // the old Active's Lease is written once the own one is held (or before it, without a witness)
             tokio::time::sleep(cfg.timings.retry_period).await;
             unfreeze(&local, cfg).await?;
+            // HA.md "Fenced by the server": the minimum epoch on the old Active's cluster
+            super::min_epoch::after_promotion(
+                &local,
+                &peer,
+                cfg,
+                epoch,
+                super::min_epoch::PROMOTION_TIMEOUT.min(opts.timeout),
+                &mut progress,
+            )
+            .await;
             return Ok(epoch);
         }
         if st.role == "standby" || t0.elapsed() >= opts.timeout {

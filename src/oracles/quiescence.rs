@@ -2,10 +2,11 @@
 //! generation was reconciled by its owner.
 //!
 //! - [`check_epochs`] reads the committed versions of the objects the members wrote ([`FencedCommit`], in
-//!   resourceVersion order) and asserts that, per uid, the epoch of the fence token `"<shard>/<epoch>"` in
-//!   the [`FENCE_ANNOTATION`](crate::token::FENCE_ANNOTATION) never goes below the highest committed before. Epochs are
-//!   generations of one assignment, so this holds across members with different `S` (where the shard number
-//!   of one object differs). A version without the annotation is not a fenced write and is skipped; one
+//!   resourceVersion order) and asserts that, per uid, the fence token `"<failover-epoch>:<shard>/<epoch>"`
+//!   in the [`FENCE_ANNOTATION`](crate::token::FENCE_ANNOTATION) never goes behind the highest committed
+//!   before ([`FenceToken::is_behind`]: a lower failover epoch, or an equal one with a lower shard epoch).
+//!   Shard epochs are generations of one assignment, so this holds across members with different `S`
+//!   (where the shard number of one object differs). A version without the annotation is not a fenced write and is skipped; one
 //!   whose token does not parse is a violation.
 //! - [`check_reconciled`] takes, once the group is quiet, each object's latest generation and shard, the
 //!   owner of each shard in the final assignment, and what was reconciled (by whom, which generation), and
@@ -80,7 +81,7 @@ impl fmt::Display for EpochViolation {
 pub fn check_epochs(commits: &[FencedCommit]) -> Vec<EpochViolation> {
     let mut sorted: Vec<&FencedCommit> = commits.iter().collect();
     sorted.sort_by_key(|c| c.rv);
-    let mut highest: BTreeMap<&str, (u64, u64, &str)> = BTreeMap::new();
+    let mut highest: BTreeMap<&str, (FenceToken, u64, &str)> = BTreeMap::new();
     let mut out = Vec::new();
     for c in sorted {
         let Some(raw) = c.fence.as_deref() else {
@@ -95,15 +96,18 @@ pub fn check_epochs(commits: &[FencedCommit]) -> Vec<EpochViolation> {
             continue;
         };
         match highest.get(c.uid.as_str()) {
-            Some((epoch, rv, tok)) if token.epoch < *epoch => {
+            Some((h, rv, tok)) if token.is_behind(h) => {
                 out.push(EpochViolation::Back {
                     uid: c.uid.clone(),
                     highest: (*rv, (*tok).to_owned()),
                     later: (c.rv, raw.to_owned()),
                 });
             }
-            _ => {
-                highest.insert(&c.uid, (token.epoch, c.rv, raw));
+            prev => {
+                // a mirror token at the same failover epoch keeps the shard epoch seen before
+                if prev.is_none_or(|p| token.raise(Some(&p.0)) == token) {
+                    highest.insert(&c.uid, (token, c.rv, raw));
+                }
             }
         }
     }

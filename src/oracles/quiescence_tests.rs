@@ -116,7 +116,11 @@ fn a_latest_generation_seen_only_by_the_previous_owner_is_flagged() {
 const F01_COMMITS_BEFORE_FIX: &str = include_str!("fixtures/f01_commits_before_fix.json");
 
 fn epoch(token: &str) -> u64 {
-    token.parse::<crate::token::FenceToken>().unwrap().epoch
+    token
+        .parse::<crate::token::FenceToken>()
+        .unwrap()
+        .shard_epoch()
+        .unwrap()
 }
 
 #[test]

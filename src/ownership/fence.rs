@@ -28,6 +28,8 @@ use crate::token::FenceToken;
 pub struct Fence {
     inner: Arc<Inner>,
     gate: Arc<Gate>,
+    shard: u32,
+    epoch: u64,
     token: FenceToken,
     valid_until: Deadline,
     /// The failover epoch whose HA term this fence needs (`None`: no HA).
@@ -51,6 +53,8 @@ impl Clone for Fence {
         Fence {
             inner: self.inner.clone(),
             gate: self.gate.clone(),
+            shard: self.shard,
+            epoch: self.epoch,
             token: self.token,
             valid_until: self.valid_until,
             failover: self.failover,
@@ -99,7 +103,10 @@ impl Fence {
         Ok(Fence {
             inner: inner.clone(),
             gate: gate.clone(),
-            token: FenceToken { shard, epoch },
+            shard,
+            epoch,
+            // without HA the failover epoch is 0 (HA.md "Fenced by the server")
+            token: FenceToken::shard_token(failover.unwrap_or_default(), shard, epoch),
             valid_until,
             failover,
             tracked,
@@ -109,13 +116,17 @@ impl Fence {
     /// The shard.
     #[must_use]
     pub fn shard(&self) -> u32 {
-        self.token.shard
+        self.shard_and_epoch().0
     }
 
     /// The epoch.
     #[must_use]
     pub fn epoch(&self) -> u64 {
-        self.token.epoch
+        self.shard_and_epoch().1
+    }
+
+    fn shard_and_epoch(&self) -> (u32, u64) {
+        (self.shard, self.epoch)
     }
 
     /// The failover epoch of the HA term this fence needs (`None` without HA).
@@ -124,7 +135,7 @@ impl Fence {
         self.failover
     }
 
-    /// The wire token `"<shard>/<epoch>"`.
+    /// The wire token `"<failover-epoch>:<shard>/<epoch>"` (failover epoch 0 without HA).
     #[must_use]
     pub fn token(&self) -> FenceToken {
         self.token
@@ -148,7 +159,7 @@ impl Fence {
     /// renewal deadline not passed; the result is never more than what was issued.
     pub fn check(&self) -> Result<Duration, FenceError> {
         let snap = self.inner.snapshot();
-        let (shard, epoch) = (self.token.shard, self.token.epoch);
+        let (shard, epoch) = self.shard_and_epoch();
         let now_valid =
             valid_until(&self.inner, &snap, shard, epoch, self.failover)?.min(self.valid_until);
         let left = now_valid.remaining(self.inner.clock.now());

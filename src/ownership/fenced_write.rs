@@ -8,7 +8,8 @@
 //!    (`metadata.uid`, `metadata.resourceVersion`), as `Preconditions` for delete. They are what keep the
 //!    committed order equal to the fence order: a client timeout does not stop the server from committing,
 //!    but a late commit of an old write fails its resourceVersion precondition once anything newer landed,
-//! 4. stamps the annotation [`FENCE_ANNOTATION`] `"<shard>/<epoch>"` on main-resource writes, and
+//! 4. stamps the annotation [`FENCE_ANNOTATION`] `"<failover-epoch>:<shard>/<epoch>"` on main-resource writes
+//!    (the failover epoch is the HA term's the fence was issued under, 0 without HA: see [`crate::token`]), and
 //! 5. sends the header [`FENCE_HEADER`] on every write, `/status` included (a CRD's status subresource
 //!    ignores metadata changes, so the annotation cannot carry the fence there), and
 //! 6. with a [status fence field](FencedApi::status_fence_field) (e.g. `.status.kubeShardFence`), stamps the
@@ -169,8 +170,8 @@ where
     /// ([`replace_status`](Self::replace_status), [`patch_status`](Self::patch_status)), for the
     /// apiserver's fence policy to compare ([`crate::fence_policy::FencePolicyConfig::status_field`]).
     ///
-    /// **This changes what status writes send**: the field is set to `"<shard>/<epoch>"` in the body (a
-    /// merge patch gains it too). Declare it in the CRD's schema as a string, or the apiserver prunes it
+    /// **This changes what status writes send**: the field is set to the token
+    /// (`"<failover-epoch>:<shard>/<epoch>"`) in the body (a merge patch gains it too). Declare it in the CRD's schema as a string, or the apiserver prunes it
     /// (and the policy then sees no fence). A merge patch that sets `status` to `null` fails with
     /// [`Error::StatusFence`]. Only for custom resources: a built-in kind's status has no such field.
     #[must_use]
@@ -357,7 +358,7 @@ where
             let left = held.check().map_err(Error::Fence)?;
             let timeout = left.min(self.max_timeout);
             let value = http::HeaderValue::from_str(&held.token().to_string())
-                .expect("a fence token is ASCII digits and a slash");
+                .expect("a fence token is ASCII digits, a colon and a slash");
             req.headers_mut().insert(FENCE_HEADER, value);
             req.extensions_mut().insert(verb);
             debug!(?timeout, "sending fenced write");

@@ -84,7 +84,7 @@ async fn fence_lasts_until_renewal_start_plus_deadline_minus_margin() {
     let (own, _drv, _) = owning();
     let permit = own.admit_shard(0).unwrap();
     let fence = permit.fence().unwrap();
-    assert_eq!(fence.token().to_string(), "0/1");
+    assert_eq!(fence.token().to_string(), "0:0/1");
     assert_eq!(fence.check().unwrap(), Duration::from_secs(9));
     tokio::time::advance(Duration::from_millis(8_999)).await;
     assert_eq!(fence.check().unwrap(), Duration::from_millis(1));
@@ -538,10 +538,10 @@ pub(crate) mod fenced {
         let (parts, body) = server.await.unwrap();
         assert_eq!(parts.method, http::Method::PUT);
         assert_eq!(parts.uri.path(), "/api/v1/namespaces/default/configmaps/x");
-        assert_eq!(parts.headers[FENCE_HEADER], "0/1");
+        assert_eq!(parts.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(body["metadata"]["uid"], "u1");
         assert_eq!(body["metadata"]["resourceVersion"], "5");
-        assert_eq!(body["metadata"]["annotations"][FENCE_ANNOTATION], "0/1");
+        assert_eq!(body["metadata"]["annotations"][FENCE_ANNOTATION], "0:0/1");
     }
 
     #[tokio::test]
@@ -568,20 +568,20 @@ pub(crate) mod fenced {
             p1.uri.path(),
             "/api/v1/namespaces/default/configmaps/x/status"
         );
-        assert_eq!(p1.headers[FENCE_HEADER], "0/1");
+        assert_eq!(p1.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(b1["metadata"]["resourceVersion"], "5");
         assert_eq!(p2.method, http::Method::PATCH);
         assert_eq!(p2.headers["content-type"], "application/merge-patch+json");
-        assert_eq!(p2.headers[FENCE_HEADER], "0/1");
+        assert_eq!(p2.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(b2["metadata"]["uid"], "u1");
         assert_eq!(b2["metadata"]["resourceVersion"], "5");
-        assert_eq!(b2["metadata"]["annotations"][FENCE_ANNOTATION], "0/1");
+        assert_eq!(b2["metadata"]["annotations"][FENCE_ANNOTATION], "0:0/1");
         assert_eq!(b2["data"]["k"], "v");
         assert_eq!(
             p3.uri.path(),
             "/api/v1/namespaces/default/configmaps/x/status"
         );
-        assert_eq!(p3.headers[FENCE_HEADER], "0/1");
+        assert_eq!(p3.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(b3["metadata"]["resourceVersion"], "5");
         assert!(b3["metadata"].get("annotations").is_none());
     }
@@ -603,7 +603,7 @@ pub(crate) mod fenced {
         assert!(matches!(out, Deleted::Gone(_)));
         let (parts, body) = server.await.unwrap();
         assert_eq!(parts.method, http::Method::DELETE);
-        assert_eq!(parts.headers[FENCE_HEADER], "0/1");
+        assert_eq!(parts.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["preconditions"]["resourceVersion"], "5");
     }

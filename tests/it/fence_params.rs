@@ -184,7 +184,7 @@ async fn a_create_with_a_stale_epoch_is_refused() {
         c.metadata.annotations = Some([("kube-shard.io/fence".to_string(), token)].into());
         c
     };
-    let stale = format!("{shard}/{}", a_epochs[&shard]);
+    let stale = format!("0:{shard}/{}", a_epochs[&shard]);
     let err = api
         .create(&PostParams::default(), &child("child-1", stale))
         .await
@@ -201,7 +201,7 @@ async fn a_create_with_a_stale_epoch_is_refused() {
         s.message,
         format!("configmaps \"child-1\" is forbidden: {inner}")
     );
-    let current = format!("{shard}/{}", st.epoch().unwrap());
+    let current = format!("0:{shard}/{}", st.epoch().unwrap());
     api.create(&PostParams::default(), &child("child-1", current))
         .await
         .unwrap();

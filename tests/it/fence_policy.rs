@@ -60,7 +60,7 @@ async fn stale_epoch_passes_preconditions_and_is_refused_by_the_policy() {
     let server = TestServer::builder().build();
     let committed = late_write(&server).await.unwrap();
     let token = &committed.metadata.annotations.unwrap()["kube-shard.io/fence"];
-    assert!(token.ends_with("/7"), "{token}");
+    assert!(token.starts_with("0:") && token.ends_with("/7"), "{token}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -243,8 +243,9 @@ async fn stale_status_write_is_refused_by_the_status_field_policy() {
     let current = current.expect("the current owner's status write passes");
     assert_eq!(
         current.data["status"]["kubeShardFence"],
+        // standalone: failover epoch 0
         format!(
-            "{}/9",
+            "0:{}/9",
             shard_of_uid(current.metadata.uid.as_deref().unwrap())
         )
     );
@@ -267,6 +268,6 @@ async fn stale_status_write_is_refused_by_the_status_field_policy() {
     current.unwrap();
     let committed = late.unwrap();
     let token = committed.data["status"]["kubeShardFence"].as_str().unwrap();
-    assert!(token.ends_with("/7"), "{token}");
+    assert!(token.starts_with("0:") && token.ends_with("/7"), "{token}");
     assert_eq!(committed.data["status"]["phase"], "old-late");
 }

@@ -32,7 +32,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
     let written = fenced.replace(&fence, &name, &changed).await.unwrap();
     assert_eq!(
         written.metadata.annotations.as_ref().unwrap()["kube-shard.io/fence"],
-        format!("{shard}/7"),
+        format!("0:{shard}/7"),
         "the annotation is stamped"
     );
     let audit = server.fence_audit();

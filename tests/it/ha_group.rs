@@ -244,6 +244,9 @@ async fn ha_group_an_active_cut_from_its_apiserver_stops_admitting_within_renew_
         .admit_shard(owned_shard(&a.ownership()))
         .unwrap();
     let f = p.fence().unwrap();
+    // the fence token a fenced write stamps names the term's failover epoch (HA.md "Fenced by the server")
+    assert_eq!(f.failover_epoch().map(|e| e.wire()), Some(1001));
+    assert!(f.token().to_string().starts_with("1001:"), "{}", f.token());
     // the HA elector loses its own apiserver; the group's identity still reaches it
     sa.faults().partition(Scope::identity("a1-ha"), true);
     let cut = Instant::now();

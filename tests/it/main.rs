@@ -8,6 +8,7 @@ mod ha_elector;
 mod ha_elector_faults;
 mod ha_group;
 mod ha_lag;
+mod ha_min_epoch;
 mod ha_mirror;
 mod ha_switchover;
 mod model_common;

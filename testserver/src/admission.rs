@@ -1,4 +1,5 @@
-//! ValidatingAdmissionPolicies (admissionregistration.k8s.io/v1) evaluated on writes, with kube-apiserver's
+//! ValidatingAdmissionPolicies (admissionregistration.k8s.io/v1) evaluated on writes (creates, updates and
+//! single-object deletes, where `object` is null; not `deletecollection`), with kube-apiserver's
 //! answer: **422, reason `Invalid`** (or the validation's `reason`), message `<plural>.<group> "<name>" is
 //! forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied request: <message>`.
 //!
@@ -37,7 +38,7 @@ const GROUP: &str = "admissionregistration.k8s.io";
 /// The write being admitted.
 pub(crate) struct Attempt<'a> {
     pub(crate) info: &'a ResourceInfo,
-    /// `CREATE` or `UPDATE`.
+    /// `CREATE`, `UPDATE` or `DELETE` (a single-object delete: `object` is null).
     pub(crate) operation: &'static str,
     pub(crate) subresource: Option<&'a str>,
     pub(crate) namespace: Option<&'a str>,

@@ -1,10 +1,16 @@
-//! The fence audit: every committed write that carries a fence token, the highest epoch committed per
-//! object uid, and every later commit with a lower epoch for that uid, whatever shard its token names.
+//! The fence audit: every committed write that carries a fence token (`<failover-epoch>:<shard>/<epoch>`,
+//! `<failover-epoch>:mirror`, or a legacy `<shard>/<epoch>` read as failover epoch 0: [`kube_shard::token`]),
+//! the highest token committed per object uid, and every later commit *behind* it for that uid, whatever
+//! shard its token names ([`FenceToken::is_behind`]):
 //!
-//! Epochs are generations of one assignment: they only grow, across every shard and across a change of
-//! the shard count (a member of an `S = 32` group that takes an object over from an `S = 16` one writes
-//! under a later generation). So a commit below the highest epoch already committed for its object was
-//! made under an older assignment: two owners wrote the object.
+//! - a **lower failover epoch**: a deposed Active (or the mirror of an old term) wrote after a newer term's
+//!   write;
+//! - an equal failover epoch and a **lower shard epoch** (mirror tokens have none): shard epochs are
+//!   generations of one assignment, they only grow, across every shard and across a change of the shard
+//!   count (a member of an `S = 32` group that takes an object over from an `S = 16` one writes under a later
+//!   generation). So such a commit was made under an older assignment: two owners wrote the object.
+//!
+//! A failover epoch is never compared with a shard epoch.
 
 use std::{collections::BTreeMap, sync::Mutex};
 
@@ -46,14 +52,23 @@ pub struct FencedCommit {
     pub resource_version: u64,
 }
 
-/// A commit whose epoch is below one already committed for the same object (under any shard).
+/// A commit behind the highest token already committed for the same object (under any shard): a lower
+/// failover epoch, or an equal one and a lower shard epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FenceViolation {
     /// The offending commit.
     pub commit: FencedCommit,
-    /// The highest epoch committed before it for that uid.
-    pub highest_epoch: u64,
+    /// The highest token committed before it for that uid.
+    pub highest: FenceToken,
+}
+
+impl FenceViolation {
+    /// The highest shard epoch committed before it (`None`: only mirror tokens at that failover epoch).
+    #[must_use]
+    pub fn highest_epoch(&self) -> Option<u64> {
+        self.highest.shard_epoch()
+    }
 }
 
 /// A write whose fence could not be parsed (the write itself is committed, as a real server would).
@@ -82,24 +97,31 @@ pub struct FenceAuditError {
 pub struct FenceAudit {
     /// Every fenced commit, in commit order.
     pub commits: Vec<FencedCommit>,
-    /// Every lower-epoch commit, in commit order.
+    /// Every commit behind its object's highest token, in commit order.
     pub violations: Vec<FenceViolation>,
     /// Malformed fences.
     pub errors: Vec<FenceAuditError>,
-    /// The highest epoch committed per object uid.
-    pub highest: BTreeMap<String, u64>,
+    /// The highest token committed per object uid.
+    pub highest: BTreeMap<String, FenceToken>,
 }
 
 impl FenceAudit {
-    /// The number of lower-epoch commits.
+    /// The number of commits behind their object's highest token.
     #[must_use]
     pub fn violation_count(&self) -> usize {
         self.violations.len()
     }
 
-    /// The highest epoch committed for an object, under any shard.
+    /// The highest shard epoch committed for an object under its highest failover epoch, under any shard
+    /// (`None`: none, or only mirror tokens there).
     #[must_use]
     pub fn highest_epoch(&self, uid: &str) -> Option<u64> {
+        self.highest.get(uid).and_then(FenceToken::shard_epoch)
+    }
+
+    /// The highest token committed for an object.
+    #[must_use]
+    pub fn highest_token(&self, uid: &str) -> Option<FenceToken> {
         self.highest.get(uid).copied()
     }
 }
@@ -158,22 +180,23 @@ impl Auditor {
             source: fence.source,
             resource_version: w.rv,
         };
-        match st.highest.get(w.uid).copied() {
-            Some(h) if token.epoch < h => {
+        let highest = st.highest.get(w.uid).copied();
+        match highest {
+            Some(h) if token.is_behind(&h) => {
                 tracing::warn!(
                     uid = w.uid,
-                    shard = token.shard,
-                    epoch = token.epoch,
-                    highest = h,
-                    "fence audit: lower-epoch commit"
+                    token = %token,
+                    highest = %h,
+                    "fence audit: commit behind the object's highest fence"
                 );
                 st.violations.push(FenceViolation {
                     commit: commit.clone(),
-                    highest_epoch: h,
+                    highest: h,
                 });
             }
             _ => {
-                st.highest.insert(w.uid.to_string(), token.epoch);
+                st.highest
+                    .insert(w.uid.to_string(), token.raise(highest.as_ref()));
             }
         }
         st.commits.push(commit);

@@ -176,13 +176,15 @@
 //! and watch events delivered, bookmarks, distinct object uids delivered and bytes written.
 //! [`TestServer::fence_audit`] records every committed write that carries a fence — the
 //! `x-kube-shard-fence` header ([`kube_shard::token::FENCE_HEADER`]) or, on main-resource writes, the
-//! `kube-shard.io/fence` annotation in the request body — as `<shard>/<epoch>`, keeps the highest epoch
-//! committed **per object uid**, and flags every later commit of that object with a lower epoch,
-//! whatever shard its token names ([`FenceAudit::violations`], [`TestServer::fence_violations`]).
-//! Epochs are generations of one assignment: they only grow, across shards and across a change of the
-//! shard count, so a lower epoch committed later was written under an older assignment — by a second
-//! owner (a member at `S = 16` writing `7/9` after one at `S = 32` wrote `3/10` is flagged). An equal
-//! epoch is not flagged. A malformed token is an audit error, never a failed write. Writes refused (409,
+//! `kube-shard.io/fence` annotation in the request body — as `<failover-epoch>:<shard>/<epoch>` (or
+//! `<failover-epoch>:mirror`; a legacy `<shard>/<epoch>` is failover epoch 0), keeps the highest token
+//! committed **per object uid**, and flags every later commit of that object behind it, whatever shard its
+//! token names ([`FenceAudit::violations`], [`TestServer::fence_violations`]): a lower failover epoch (a
+//! deposed Active's write), or an equal one with a lower shard epoch. Shard epochs are generations of one
+//! assignment: they only grow, across shards and across a change of the shard count, so a lower one
+//! committed later was written under an older assignment — by a second owner (a member at `S = 16`
+//! writing `0:7/9` after one at `S = 32` wrote `0:3/10` is flagged). An equal token is not flagged, nor is a
+//! mirror token at the highest failover epoch. A malformed token is an audit error, never a failed write. Writes refused (409,
 //! 404, …) are not commits.
 //!
 //! ## Committed history

@@ -1228,6 +1228,23 @@ pub(crate) fn delete(
     let old = store
         .get(&info.store_key, &key)
         .ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
+    // ValidatingAdmissionPolicies see a DELETE with `object` null and `oldObject` the stored object
+    crate::admission::admit_logged(
+        &ctx.inner.refusals,
+        &store,
+        &crate::admission::Attempt {
+            info,
+            operation: "DELETE",
+            subresource: None,
+            namespace,
+            name,
+            identity: ctx.identity,
+            dry_run: opts.dry_run,
+            object: &Value::Null,
+            old: Some(&old.value),
+            fence_header: ctx.fence_header.as_deref(),
+        },
+    )?;
     let reply = delete_locked(&mut store, ctx, info, key, &old, opts, fence.as_ref())?;
     drop(store);
     publish_rv(ctx.inner);

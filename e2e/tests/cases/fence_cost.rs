@@ -35,7 +35,7 @@ async fn writes(api: &Api<ConfigMap>) -> Vec<Duration> {
     let mut times = Vec::with_capacity(WRITES);
     for i in 0..WRITES {
         let patch = Patch::Merge(json!({
-            "metadata": {"annotations": {"kube-shard.io/fence": "7/5000"}},
+            "metadata": {"annotations": {"kube-shard.io/fence": "0:7/5000"}},
             "data": {"n": i.to_string()},
         }));
         let t = Instant::now();
@@ -98,7 +98,7 @@ async fn fence_write_cost_on_real_server() {
             .collect(),
     );
     api.create(&PostParams::default(), &params).await.unwrap();
-    api.create(&PostParams::default(), &fenced("cost", "7/5000"))
+    api.create(&PostParams::default(), &fenced("cost", "0:7/5000"))
         .await
         .unwrap();
     let scoped: Vec<_> = set
@@ -110,7 +110,7 @@ async fn fence_write_cost_on_real_server() {
     let none = writes(&api).await;
     // per object: a probe UPDATE with a lower epoch is refused once it is loaded
     support::install_policies(&client, &scoped[..1], &set.bindings[..1]).await;
-    api.create(&PostParams::default(), &fenced("probe", "7/100"))
+    api.create(&PostParams::default(), &fenced("probe", "0:7/100"))
         .await
         .unwrap();
     let stamp =
@@ -121,8 +121,8 @@ async fn fence_write_cost_on_real_server() {
             "the per-object policy was not enforced within 30 s"
         );
         let pp = PatchParams::default();
-        api.patch("probe", &pp, &stamp("7/100")).await.unwrap();
-        if api.patch("probe", &pp, &stamp("7/50")).await.is_err() {
+        api.patch("probe", &pp, &stamp("0:7/100")).await.unwrap();
+        if api.patch("probe", &pp, &stamp("0:7/50")).await.is_err() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -130,10 +130,10 @@ async fn fence_write_cost_on_real_server() {
     let per_object = writes(&api).await;
     // both levels: a CREATE below shard 7's published 4000 is refused once the per-shard one is loaded
     support::install_policies(&client, &scoped[1..2], &set.bindings[1..2]).await;
-    until(&api, "7/3999", true).await;
+    until(&api, "0:7/3999", true).await;
     let both = writes(&api).await;
     support::remove_policies(&client, &[NAME, &format!("{NAME}-shard")]).await;
-    until(&api, "7/3999", false).await;
+    until(&api, "0:7/3999", false).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // the per-object one unloads too
     let none_again = writes(&api).await;
     println!("fenced ConfigMap merge patch round trip on the real server:");

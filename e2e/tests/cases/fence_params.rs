@@ -108,7 +108,7 @@ async fn write_cost(api: &Api<ConfigMap>) -> Duration {
     let mut times = Vec::new();
     for i in 0..200 {
         let patch = Patch::Merge(json!({
-            "metadata": {"annotations": {"kube-shard.io/fence": "7/5000"}},
+            "metadata": {"annotations": {"kube-shard.io/fence": "0:7/5000"}},
             "data": {"n": i.to_string()},
         }));
         let t = Instant::now();
@@ -148,22 +148,22 @@ async fn fence_params_on_real_server() {
     let ns = support::fresh_namespace(&client, "fence-params").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let params: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    api.create(&PostParams::default(), &fenced("cost", "7/5000"))
+    api.create(&PostParams::default(), &fenced("cost", "0:7/5000"))
         .await
         .unwrap();
     let without = write_cost(&api).await;
     install(&client, &ns).await;
     // policies load asynchronously: wait until a probe below a published epoch is refused
     publish(&params, "7", "100").await;
-    until_refused(&api, "7/99", Duration::from_secs(30)).await;
+    until_refused(&api, "0:7/99", Duration::from_secs(30)).await;
     let post = PostParams::default();
 
     // test 2: the deposed owner (epoch 100) wrote t1; the coordinator publishes the new owner's epoch 200;
     // the deposed owner's delayed write to t1 (which the new owner never wrote: preconditions and the
     // per-object policy pass it) is refused, and so is its CREATE
-    let t1 = api.create(&post, &fenced("t1", "7/100")).await.unwrap();
+    let t1 = api.create(&post, &fenced("t1", "0:7/100")).await.unwrap();
     publish(&params, "7", "200").await;
-    until_refused(&api, "7/100", Duration::from_secs(30)).await;
+    until_refused(&api, "0:7/100", Duration::from_secs(30)).await;
     let mut late = t1.clone();
     late.data = Some([("late".to_string(), "write".to_string())].into());
     let s = status(api.replace("t1", &post, &late).await.unwrap_err());
@@ -172,23 +172,27 @@ async fn fence_params_on_real_server() {
         "real server, late UPDATE: {} {} {}",
         s.code, s.reason, s.message
     );
-    let s = status(api.create(&post, &fenced("t2", "7/150")).await.unwrap_err());
+    let s = status(
+        api.create(&post, &fenced("t2", "0:7/150"))
+            .await
+            .unwrap_err(),
+    );
     assert_refused(&s, "t2", messages::SHARD_STALE);
     println!(
         "real server, stale CREATE: {} {} {}",
         s.code, s.reason, s.message
     );
     // the current owner, other shards, unfenced objects pass
-    api.create(&post, &fenced("t2", "7/200")).await.unwrap();
+    api.create(&post, &fenced("t2", "0:7/200")).await.unwrap();
     let mut current = api.get("t1").await.unwrap();
     current
         .metadata
         .annotations
         .as_mut()
         .unwrap()
-        .insert("kube-shard.io/fence".into(), "7/200".into());
+        .insert("kube-shard.io/fence".into(), "0:7/200".into());
     api.replace("t1", &post, &current).await.unwrap();
-    api.create(&post, &fenced("t3", "8/1")).await.unwrap();
+    api.create(&post, &fenced("t3", "0:8/1")).await.unwrap();
     // a malformed parameter
     publish(&params, "9", "x").await;
     let dry = PostParams {
@@ -197,7 +201,7 @@ async fn fence_params_on_real_server() {
     };
     let mut malformed = None;
     for _ in 0..1000 {
-        if let Err(e) = api.create(&dry, &fenced("t4", "9/1")).await {
+        if let Err(e) = api.create(&dry, &fenced("t4", "0:9/1")).await {
             malformed = Some(status(e));
             break;
         }
@@ -249,7 +253,7 @@ async fn fence_params_on_real_server() {
         .unwrap();
     let mut missing = None;
     for i in 0..1000 {
-        if let Err(e) = api.create(&dry, &fenced(&format!("m{i}"), "8/1")).await {
+        if let Err(e) = api.create(&dry, &fenced(&format!("m{i}"), "0:8/1")).await {
             missing = Some((i, status(e)));
             break;
         }
@@ -257,7 +261,7 @@ async fn fence_params_on_real_server() {
     }
     let (i, s) = missing.expect("refused without its parameter");
     uninstall(&client).await;
-    until_unloaded(&api, "8/1").await;
+    until_unloaded(&api, "0:8/1").await;
     assert_refused(&s, &format!("m{i}"), NO_PARAMS);
     println!(
         "real server, missing parameter: {} {} {}",

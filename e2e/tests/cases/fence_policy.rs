@@ -46,10 +46,14 @@ async fn wait_until_enforced(api: &Api<ConfigMap>) {
         .await
         .unwrap();
     for _ in 0..60 {
-        api.patch("probe", &pp, &fence(Some("1/100")))
+        api.patch("probe", &pp, &fence(Some("0:1/100")))
             .await
             .unwrap();
-        if api.patch("probe", &pp, &fence(Some("1/50"))).await.is_err() {
+        if api
+            .patch("probe", &pp, &fence(Some("0:1/50")))
+            .await
+            .is_err()
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -80,7 +84,7 @@ async fn fence_policy_on_real_server() {
 
     // test 1: a write with fresh preconditions but a lower epoch
     api.create(&PostParams::default(), &cm("t1")).await.unwrap();
-    for ok in ["3/1000", "3/1000", "3/2000", "3/02000"] {
+    for ok in ["0:3/1000", "0:3/1000", "0:3/2000", "0:3/02000"] {
         api.patch("t1", &pp, &fence(Some(ok))).await.unwrap();
     }
     let mut late = api.get("t1").await.unwrap();
@@ -88,7 +92,7 @@ async fn fence_policy_on_real_server() {
         .annotations
         .as_mut()
         .unwrap()
-        .insert("kube-shard.io/fence".into(), "3/1000".into());
+        .insert("kube-shard.io/fence".into(), "0:3/1000".into());
     let s = status(
         api.replace("t1", &PostParams::default(), &late)
             .await
@@ -97,10 +101,10 @@ async fn fence_policy_on_real_server() {
     assert_refused(&s, "t1", messages::STALE);
 
     for (bad, msg) in [
-        (Some("3/1500"), messages::STALE),
-        (Some("4/3000"), messages::SHARD),
+        (Some("0:3/1500"), messages::STALE),
+        (Some("0:4/3000"), messages::SHARD),
         (Some("x/3000"), messages::MALFORMED),
-        (Some("3/1234567890123456789"), messages::MALFORMED),
+        (Some("0:3/1234567890123456789"), messages::MALFORMED),
         (None, messages::REMOVED),
     ] {
         let s = status(api.patch("t1", &pp, &fence(bad)).await.unwrap_err());
@@ -109,6 +113,39 @@ async fn fence_policy_on_real_server() {
     api.patch("t1", &pp, &Patch::Merge(json!({"data": {"b": "2"}})))
         .await
         .unwrap();
+
+    // the two-level token (HA.md "Fenced by the server"): failover epochs first, whatever the shard part;
+    // equal → the shard rules, which a mirror token skips; a legacy token is failover epoch 0
+    for ok in [
+        "1001:9/1",
+        "1001:9/1",
+        "2002:mirror",
+        "2002:4/0",
+        "2002:mirror",
+    ] {
+        api.patch("t1", &pp, &fence(Some(ok))).await.unwrap();
+    }
+    for (bad, msg) in [
+        (Some("1001:9/999999"), messages::FAILOVER_STALE),
+        (Some("1001:mirror"), messages::FAILOVER_STALE),
+        (Some("0:3/9999"), messages::FAILOVER_STALE),
+        (Some("3/9999"), messages::FAILOVER_STALE),
+        (Some("12345678901:4/1"), messages::MALFORMED),
+        (Some("2002:4:1/1"), messages::MALFORMED),
+    ] {
+        let s = status(api.patch("t1", &pp, &fence(bad)).await.unwrap_err());
+        assert_refused(&s, "t1", msg);
+    }
+    api.patch("t1", &pp, &fence(Some("2002:4/5")))
+        .await
+        .unwrap();
+    for (bad, msg) in [
+        (Some("2002:4/4"), messages::STALE),
+        (Some("2002:5/6"), messages::SHARD),
+    ] {
+        let s = status(api.patch("t1", &pp, &fence(bad)).await.unwrap_err());
+        assert_refused(&s, "t1", msg);
+    }
 
     uninstall(&client).await;
     // without the policy the same late write commits (poll: removal also propagates asynchronously)
@@ -119,7 +156,7 @@ async fn fence_policy_on_real_server() {
             .annotations
             .as_mut()
             .unwrap()
-            .insert("kube-shard.io/fence".into(), "3/1000".into());
+            .insert("kube-shard.io/fence".into(), "0:3/1000".into());
         if api
             .replace("t1", &PostParams::default(), &late)
             .await

@@ -84,8 +84,8 @@ async fn raw(api: &Api<DynamicObject>, name: &str, token: Option<&str>) -> Resul
 /// Policies load asynchronously: stamp `1/100` then `1/50` on `probe` until the second is refused.
 async fn wait_until_enforced(api: &Api<DynamicObject>) {
     for _ in 0..120 {
-        raw(api, "probe", Some("1/100")).await.unwrap();
-        if raw(api, "probe", Some("1/50")).await.is_err() {
+        raw(api, "probe", Some("0:1/100")).await.unwrap();
+        if raw(api, "probe", Some("0:1/50")).await.is_err() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -4,7 +4,7 @@
 //!   in the order the apiserver committed it (resourceVersion): a Widget status write carries the epoch
 //!   it was made under (`status.epoch`) and its writer (`status.reconciledBy`) — the operator writes
 //!   Widgets only through `/status`, which ignores metadata, so they carry no fence annotation; a child
-//!   write carries the fence annotation `kube-shard.io/fence: "<shard>/<epoch>"`. Per object and per
+//!   write carries the fence annotation `kube-shard.io/fence: "<failover-epoch>:<shard>/<epoch>"`. Per object and per
 //!   shard, epochs never decrease in commit order, and a (shard, epoch) has one writer.
 //! - [`fence_log`] reads the replicas' fence log (one line per committed fenced write:
 //!   `member shard epoch start_ns end_ns`, wall clock): per shard, writes of different members never
@@ -295,9 +295,10 @@ impl Records {
             .as_ref()
             .and_then(|a| a.get(FENCE_ANNOTATION))
             .and_then(|t| t.parse::<FenceToken>().ok());
-        let Some(token) = token else {
+        let Some((token_shard, token_epoch)) = token.and_then(|t| t.shard().zip(t.shard_epoch()))
+        else {
             self.child_problems
-                .push(format!("{name}: written without a fence annotation"));
+                .push(format!("{name}: written without a shard fence annotation"));
             return;
         };
         // the parent's shard: its uid (the controller ownerReference) or the namespace
@@ -312,10 +313,9 @@ impl Records {
                 .map(|r| r.uid.clone()),
         };
         let parent_shard = parent_key.map(|k| s.shard_of(fnv1a64(k.as_bytes())));
-        if parent_shard != Some(token.shard) {
+        if parent_shard != Some(token_shard) {
             self.child_problems.push(format!(
-                "{name}: written under shard {} but its parent is in shard {parent_shard:?}",
-                token.shard
+                "{name}: written under shard {token_shard} but its parent is in shard {parent_shard:?}"
             ));
         }
         self.seq += 1;
@@ -323,8 +323,8 @@ impl Records {
             rv: rv_of(&cm.metadata),
             seq: self.seq,
             object: name,
-            shard: token.shard,
-            epoch: token.epoch,
+            shard: token_shard,
+            epoch: token_epoch,
             by: None,
         });
     }

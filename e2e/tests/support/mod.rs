@@ -445,7 +445,7 @@ pub async fn check_children(
         match fences.get(&(w.namespace.clone(), child.clone())) {
             None => bad.push(format!("{}/{child}: missing", w.namespace)),
             Some(None) => bad.push(format!("{}/{child}: no fence annotation", w.namespace)),
-            Some(Some(t)) if t.shard != w.shard(key, s) || Some(t.epoch) != w.epoch => {
+            Some(Some(t)) if t.shard() != Some(w.shard(key, s)) || t.shard_epoch() != w.epoch => {
                 bad.push(format!(
                     "{}/{child}: fence {t}, parent in shard {} at epoch {:?} by {:?}",
                     w.namespace,

@@ -1063,13 +1063,14 @@ impl Demo<'_> {
             report.fence_audit_violations = audit.violation_count() as u64;
             report.fenced_writes = audit.commits.len() as u64;
             report.fence_order_violations =
-                commit_order_violations(audit.commits.iter().map(|c| {
-                    (
-                        c.token.shard,
-                        c.token.epoch,
+                commit_order_violations(audit.commits.iter().filter_map(|c| {
+                    // the demo runs no HA mirror: every token names a shard
+                    Some((
+                        c.token.shard()?,
+                        c.token.shard_epoch()?,
                         c.identity.as_str(),
                         c.resource_version,
-                    )
+                    ))
                 }));
         }
         if let Some(e) = self

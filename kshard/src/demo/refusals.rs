@@ -2,7 +2,7 @@
 //! lost the shard, or the shard's current owner (which the policies must never refuse).
 //!
 //! A refusal is placed among the assignment's committed versions by the store's resourceVersion at the
-//! refusal (testserver's [`AdmissionRefusal::resource_version`]). Its fence `shard/epoch` was a
+//! refusal (testserver's [`AdmissionRefusal::resource_version`]). Its fence's `shard/epoch` was a
 //! **deposed** member's when the shard's epoch is higher in the assignment in effect then, or in the next
 //! one committed: the coordinator raises the per-shard parameter just *before* the write that activates
 //! the new owner, so a write refused in between was already superseded by that next version. Otherwise it
@@ -44,7 +44,8 @@ pub(crate) struct Counts {
 pub(crate) fn classify(refused: &[Refused], versions: &[Version]) -> Counts {
     let mut c = Counts::default();
     for r in refused {
-        let Some(token) = r.fence else {
+        // a mirror token (no shard) does not occur in the demo, which runs no HA mirror: counted unfenced
+        let Some((shard, epoch)) = r.fence.and_then(|t| t.shard().zip(t.shard_epoch())) else {
             c.unfenced += 1;
             continue;
         };
@@ -53,12 +54,12 @@ pub(crate) fn classify(refused: &[Refused], versions: &[Version]) -> Counts {
         let next = versions.get(split);
         // no grant at all at the refusal (before the first assignment, or the shard unowned): not an owner
         let superseded = |v: Option<&Version>| {
-            v.and_then(|v| v.epochs.get(&token.shard))
-                .is_some_and(|&e| token.epoch < e)
+            v.and_then(|v| v.epochs.get(&shard))
+                .is_some_and(|&e| epoch < e)
         };
         let owned_then = at
-            .and_then(|v| v.epochs.get(&token.shard))
-            .is_some_and(|&e| e <= token.epoch);
+            .and_then(|v| v.epochs.get(&shard))
+            .is_some_and(|&e| e <= epoch);
         if owned_then && !superseded(next) {
             c.current_owner += 1;
         } else {
@@ -71,6 +72,7 @@ pub(crate) fn classify(refused: &[Refused], versions: &[Version]) -> Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube_shard::ha::Epoch;
 
     fn v(rv: u64, epochs: &[(u32, u64)]) -> Version {
         Version {
@@ -82,7 +84,7 @@ mod tests {
     fn r(rv: u64, shard: u32, epoch: u64) -> Refused {
         Refused {
             resource_version: rv,
-            fence: Some(FenceToken { shard, epoch }),
+            fence: Some(FenceToken::shard_token(Epoch::default(), shard, epoch)),
         }
     }
 

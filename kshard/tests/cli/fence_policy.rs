@@ -124,3 +124,75 @@ fn status_fence_field_adds_the_status_policies() {
         4
     );
 }
+
+#[test]
+fn min_epoch_params_add_the_min_epoch_policy_and_its_configmap() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args([
+            "fence-policy",
+            "--resource",
+            "widgets.example.com",
+            "--min-epoch-params",
+            "ops/widgets-ha-min-epoch",
+            "--operator-identity",
+            "system:serviceaccount:ops:widgets",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let set = kube_shard::fence_policy::FencePolicyConfig::new(vec!["widgets.example.com"
+        .parse()
+        .unwrap()])
+    .min_epoch(kube_shard::fence_policy::MinEpoch::new(
+        "ops/widgets-ha-min-epoch".parse().unwrap(),
+        vec!["system:serviceaccount:ops:widgets".into()],
+    ))
+    .generate()
+    .unwrap();
+    assert_eq!(yaml, set.to_yaml());
+    assert!(
+        yaml.contains("  name: kube-shard-fence-min-epoch\n"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("  minFailoverEpoch: \"0\"\n  role: active\n"),
+        "{yaml}"
+    );
+    // one without the other, or a quote in the identity, is bad input
+    for args in [
+        &[
+            "fence-policy",
+            "--resource",
+            "w.x",
+            "--min-epoch-params",
+            "ops/m",
+        ][..],
+        &[
+            "fence-policy",
+            "--resource",
+            "w.x",
+            "--operator-identity",
+            "u",
+        ][..],
+        &[
+            "fence-policy",
+            "--resource",
+            "w.x",
+            "--min-epoch-params",
+            "ops/m",
+            "--operator-identity",
+            "a'b",
+        ][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

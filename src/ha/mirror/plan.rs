@@ -48,7 +48,8 @@ impl CopyContext {
     /// The fence value stamped on copies.
     #[must_use]
     pub fn fence(&self) -> String {
-        format!("{}:mirror", self.epoch)
+        // `crate::token::FenceToken::mirror`'s form, from the wire integer as read
+        format!("{}:{}", self.epoch, crate::token::MIRROR)
     }
 }
 

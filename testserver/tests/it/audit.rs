@@ -63,7 +63,13 @@ async fn lower_epoch_commits_are_flagged() {
     let found: Vec<_> = audit
         .violations
         .iter()
-        .map(|v| (v.commit.token.shard, v.commit.token.epoch, v.highest_epoch))
+        .map(|v| {
+            (
+                v.commit.token.shard().unwrap(),
+                v.commit.token.shard_epoch().unwrap(),
+                v.highest_epoch().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(found, [(7, 100, 200), (8, 1, 200)]);
     let v = &audit.violations[0];
@@ -107,9 +113,9 @@ async fn a_lower_epoch_under_another_shard_count_is_flagged() {
     assert_eq!(
         (
             v.commit.identity.as_str(),
-            v.commit.token.shard,
-            v.commit.token.epoch,
-            v.highest_epoch
+            v.commit.token.shard().unwrap(),
+            v.commit.token.shard_epoch().unwrap(),
+            v.highest_epoch().unwrap()
         ),
         ("s16-member", 7, 9, 10)
     );
@@ -164,4 +170,67 @@ async fn failed_writes_are_not_commits() {
     assert_eq!(crate::common::code(&err), Some(409));
     assert_eq!(server.fence_violations(), 0);
     assert_eq!(server.fence_audit().commits.len(), 1);
+}
+
+/// The oracle for the two-level token: a deposed Active's write at a lower failover epoch is flagged even
+/// with a far higher shard epoch (a failover epoch is never compared with a shard epoch); a newer term's
+/// write with a lower shard epoch, and the mirror's write at the highest failover epoch, are not.
+#[tokio::test]
+async fn a_planted_lower_failover_epoch_commit_is_flagged() {
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("admin"), "default");
+    let uid = api
+        .create(&PostParams::default(), &cm("obj"))
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let write = |who: &'static str, token: &'static str, v: &'static str| {
+        let client = server.client(who);
+        async move {
+            let _: ConfigMap = client
+                .request(fenced_patch("obj", token, json!({"data": {"a": v}})))
+                .await
+                .unwrap();
+        }
+    };
+    write("a", "1001:3/500", "1").await;
+    // B promoted at 2002: its group's shard epochs are older (H6), and it writes over A's stamp
+    write("b", "2002:9/7", "2").await;
+    // B's mirror at failover epoch 2002: no shard epoch to compare
+    write("mirror", "2002:mirror", "3").await;
+    write("b", "2002:9/7", "4").await;
+    assert_eq!(server.fence_violations(), 0, "{:?}", server.fence_audit());
+    // the planted bug: deposed A writes late under its old term, shard epoch far higher
+    write("a", "1001:3/900", "5").await;
+    // and a legacy token (failover epoch 0) is behind every HA term's
+    write("old-writer", "3/999", "6").await;
+    let audit = server.fence_audit();
+    let found: Vec<_> = audit
+        .violations
+        .iter()
+        .map(|v| {
+            (
+                v.commit.identity.as_str(),
+                v.commit.token.to_string(),
+                v.highest.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("a", "1001:3/900".to_owned(), "2002:9/7".to_owned()),
+            ("old-writer", "0:3/999".to_owned(), "2002:9/7".to_owned()),
+        ]
+    );
+    assert_eq!(
+        audit.highest_token(&uid).map(|t| t.to_string()).as_deref(),
+        Some("2002:9/7")
+    );
+    assert_eq!(audit.highest_epoch(&uid), Some(7));
+    // the same shard epoch order still holds inside one failover epoch
+    write("b-old", "2002:9/6", "7").await;
+    assert_eq!(server.fence_violations(), 3);
 }

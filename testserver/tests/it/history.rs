@@ -79,10 +79,7 @@ async fn every_commit_of_one_object_in_order() {
     assert!(history[2].deleted() && !history[1].deleted());
     assert_eq!(
         history[0].fence,
-        Some(FenceToken {
-            shard: 3,
-            epoch: 10
-        })
+        Some(FenceToken::shard_token(Default::default(), 3, 10))
     );
     let second: ConfigMap = history[1].object_as().unwrap();
     assert_eq!(second.data.unwrap()["k"], "2");

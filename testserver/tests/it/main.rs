@@ -2,6 +2,7 @@
 //! watcher and reflector. One binary; modules by topic.
 
 mod admission;
+mod admission_failover;
 mod admission_status;
 mod audit;
 mod builtins;
