@@ -346,6 +346,9 @@ fn owners_first(
             }
             out.push(i);
             for &k in &children[i] {
+                if done[k] {
+                    continue; // an owner of a broken cycle
+                }
                 pending[k] -= 1;
                 if pending[k] == 0 {
                     ready.push_back(k);
