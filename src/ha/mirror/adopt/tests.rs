@@ -328,11 +328,10 @@ fn failback_pairs_equal_different_and_divergent() {
         .as_mut()
         .unwrap()
         .insert(SHARD_LABEL.into(), "4".into());
-    assert!(plan_copy(&labelled, &ctx_b())
+    assert!(!plan_copy(&labelled, &ctx_b())
         .unwrap()
         .meta
         .labels
         .unwrap()
-        .get(SHARD_LABEL)
-        .is_none());
+        .contains_key(SHARD_LABEL));
 }
