@@ -7,7 +7,7 @@
 //! Standby's reconciler waits instead of requeueing every 2 s.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,10 @@ struct Shared {
     refused: AtomicU64,
     metrics: HaMetrics,
     standalone: bool,
+    /// Admission waits for adoption ([`HaHandle::require_adoption`]).
+    adoption_required: AtomicBool,
+    /// The highest epoch (wire form) whose adoption finished ([`HaHandle::adopted`]).
+    adopted: AtomicU64,
 }
 
 /// The HA state handle. Cheap to clone.
@@ -80,6 +84,8 @@ impl HaHandle {
                 refused: AtomicU64::new(0),
                 metrics,
                 standalone,
+                adoption_required: AtomicBool::new(false),
+                adopted: AtomicU64::new(0),
             }),
         }
     }
@@ -90,14 +96,58 @@ impl HaHandle {
         HaHandle::new(tokio_clock(), HaMetrics::default(), true)
     }
 
-    /// The epoch this cluster acts under now, if it is active (an atomic read and a clock read).
+    /// The epoch this cluster acts under now, if it is active (an atomic read and a clock read). With
+    /// [`require_adoption`](Self::require_adoption), a term counts only once its epoch is
+    /// [`adopted`](Self::adopted).
     #[must_use]
     pub fn active_epoch(&self) -> Option<Epoch> {
+        let e = self.leading_epoch()?;
+        if self.shared.standalone || !self.shared.adoption_required.load(Ordering::Acquire) {
+            return Some(e);
+        }
+        (self.shared.adopted.load(Ordering::Acquire) >= e.wire()).then_some(e)
+    }
+
+    /// The epoch of the term this cluster holds now, whether or not admission is open (adoption runs
+    /// between the two: HA.md "Promotion and adoption").
+    #[must_use]
+    pub fn leading_epoch(&self) -> Option<Epoch> {
         if self.shared.standalone {
             return Some(Epoch::default());
         }
         let term = (**self.shared.term.load())?;
         ((self.shared.clock)() < term.deadline).then_some(term.epoch)
+    }
+
+    /// From now on, admission at an epoch opens only once [`adopted`](Self::adopted) was called for
+    /// it (the adoption at promotion restores what the mirror kept aside first). A term already live
+    /// is not closed retroactively: its epoch counts as adopted.
+    pub fn require_adoption(&self) {
+        if let Some(e) = self.leading_epoch() {
+            self.shared.adopted.fetch_max(e.wire(), Ordering::AcqRel);
+        }
+        self.shared.adoption_required.store(true, Ordering::Release);
+    }
+
+    /// Whether admission waits for adoption.
+    #[must_use]
+    pub fn adoption_required(&self) -> bool {
+        self.shared.adoption_required.load(Ordering::Acquire)
+    }
+
+    /// The highest epoch whose adoption finished (wire form; 0: none).
+    #[must_use]
+    pub fn adopted_epoch(&self) -> u64 {
+        self.shared.adopted.load(Ordering::Acquire)
+    }
+
+    /// Adoption at `e` finished: admission opens at `e` (and wakes [`await_change`](Self::await_change)
+    /// and the shard group's HA gate).
+    pub fn adopted(&self, e: Epoch) {
+        let old = self.shared.adopted.fetch_max(e.wire(), Ordering::AcqRel);
+        if old < e.wire() {
+            self.shared.changes.send_modify(|n| *n += 1);
+        }
     }
 
     /// Whether this cluster acts now.
@@ -257,6 +307,48 @@ mod tests {
             .await
             .expect("woken")
             .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admission_waits_for_adoption_of_the_epoch() {
+        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        h.require_adoption();
+        let (e1, e2) = (Epoch::new(1, 1).unwrap(), Epoch::new(2, 1).unwrap());
+        let term = |epoch| {
+            Some(Term {
+                epoch,
+                deadline: Duration::from_secs(100),
+            })
+        };
+        h.publish(term(e1));
+        assert_eq!(h.leading_epoch(), Some(e1));
+        assert_eq!(h.admit(), Err(NotActive));
+        let h2 = h.clone();
+        let waiter = tokio::spawn(async move { h2.await_change().await });
+        tokio::task::yield_now().await;
+        h.adopted(e1);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("woken by the adoption")
+            .unwrap();
+        assert_eq!(h.admit(), Ok(e1));
+        // a higher epoch needs its own adoption
+        h.publish(term(e2));
+        assert_eq!(h.admit(), Err(NotActive));
+        h.adopted(e2);
+        assert_eq!(h.admit(), Ok(e2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requiring_adoption_does_not_close_a_live_term() {
+        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let e = Epoch::new(1, 1).unwrap();
+        h.publish(Some(Term {
+            epoch: e,
+            deadline: Duration::from_secs(100),
+        }));
+        h.require_adoption();
+        assert_eq!(h.admit(), Ok(e));
     }
 
     #[test]

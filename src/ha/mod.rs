@@ -10,7 +10,8 @@
 //!
 //! - [`driver`]: the I/O driver on `kube::Api<Lease>` ([`spawn`]), its [`HaControl`] commands and
 //!   [`HaStatus`].
-//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`): the seam a
+//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`; with
+//!   `require_adoption`, a new epoch admits only once `adopted`): the seam a
 //!   shard group's HA gate will consult.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
 //! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.

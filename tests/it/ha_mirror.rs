@@ -22,12 +22,12 @@ use kube_shard_testserver::TestServer;
 use serde_json::json;
 use tokio::time::Instant;
 
-const APPS: &str = "apps";
-const HA_NS: &str = "control";
+pub(crate) const APPS: &str = "apps";
+pub(crate) const HA_NS: &str = "control";
 const SOURCE_RV_START: u64 = 1_000_000_000;
 const WIDGETS: &str = "widgets.example.kube-shard.io";
 
-fn widget_resource() -> ApiResource {
+pub(crate) fn widget_resource() -> ApiResource {
     ApiResource {
         group: "example.kube-shard.io".into(),
         version: "v1".into(),
@@ -37,11 +37,11 @@ fn widget_resource() -> ApiResource {
     }
 }
 
-fn widgets(s: &TestServer, ns: &str) -> Api<DynamicObject> {
+pub(crate) fn widgets(s: &TestServer, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(s.client("admin"), ns, &widget_resource())
 }
 
-fn cms(s: &TestServer, ns: &str) -> Api<ConfigMap> {
+pub(crate) fn cms(s: &TestServer, ns: &str) -> Api<ConfigMap> {
     Api::namespaced(s.client("admin"), ns)
 }
 
@@ -84,7 +84,7 @@ async fn install(s: &TestServer) {
 }
 
 /// The source (RVs from 10^9) and the target, both with the Widget CRD, the HA namespace and `apps`.
-async fn pair() -> (TestServer, TestServer) {
+pub(crate) async fn pair() -> (TestServer, TestServer) {
     let a = TestServer::builder()
         .resource_version_start(SOURCE_RV_START)
         .controllers(true)
@@ -97,7 +97,7 @@ async fn pair() -> (TestServer, TestServer) {
     (a, b)
 }
 
-fn ha() -> HaConfig {
+pub(crate) fn ha() -> HaConfig {
     HaConfig::builder("widgets")
         .mode(HaMode::Standby)
         .cluster("b", 2)
@@ -114,7 +114,7 @@ fn kinds() -> Vec<Kind> {
     ]
 }
 
-fn config() -> MirrorConfig {
+pub(crate) fn config() -> MirrorConfig {
     let ks = kinds();
     let set = KindSet::builder()
         .mirrored(ks[0].clone())
@@ -127,7 +127,7 @@ fn config() -> MirrorConfig {
         .probe_period(Duration::from_secs(2))
 }
 
-async fn start(a: &TestServer, b: &TestServer, cfg: MirrorConfig) -> Mirror {
+pub(crate) async fn start(a: &TestServer, b: &TestServer, cfg: MirrorConfig) -> Mirror {
     Mirror::start(
         cfg,
         a.client("mirror"),
@@ -139,7 +139,7 @@ async fn start(a: &TestServer, b: &TestServer, cfg: MirrorConfig) -> Mirror {
 }
 
 /// Poll `check` every 100 ms for at most `secs` (paused time): `Err` names what never held.
-async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F) -> Result<(), String>
+pub(crate) async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F) -> Result<(), String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -163,7 +163,7 @@ fn rv_of<K: kube::Resource>(o: &K) -> u64 {
         .unwrap()
 }
 
-fn ann(o: &DynamicObject, k: &str) -> Option<String> {
+pub(crate) fn ann(o: &DynamicObject, k: &str) -> Option<String> {
     o.metadata
         .annotations
         .as_ref()
@@ -171,7 +171,7 @@ fn ann(o: &DynamicObject, k: &str) -> Option<String> {
 }
 
 /// The copy of widget `name` holds the source's current version (marker == the source's RV).
-async fn widget_in_step(a: &TestServer, b: &TestServer, name: &str) -> bool {
+pub(crate) async fn widget_in_step(a: &TestServer, b: &TestServer, name: &str) -> bool {
     let (Ok(s), Ok(Some(c))) = (
         widgets(a, APPS).get(name).await,
         widgets(b, APPS).get_opt(name).await,
@@ -204,7 +204,7 @@ async fn checkpoint(b: &TestServer, key: &str) -> Option<String> {
         .and_then(|d| d.get(key).cloned())
 }
 
-fn widget(name: &str, v: u64) -> DynamicObject {
+pub(crate) fn widget(name: &str, v: u64) -> DynamicObject {
     let mut w = DynamicObject::new(name, &widget_resource()).within(APPS);
     w.data = json!({"spec": {"v": v}});
     w
@@ -734,7 +734,7 @@ async fn the_marker_check_catches_a_marker_written_first() {
     assert!(e.contains("claims source"), "{e}");
 }
 
-async fn kube_system_uid(s: &TestServer) -> String {
+pub(crate) async fn kube_system_uid(s: &TestServer) -> String {
     Api::<Namespace>::all(s.client("admin"))
         .get("kube-system")
         .await

@@ -4,6 +4,7 @@ mod fence_policy;
 mod fenced;
 mod fuzz_fallback;
 mod group;
+mod ha_adopt;
 mod ha_elector;
 mod ha_elector_faults;
 mod ha_group;

@@ -194,7 +194,7 @@ async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Plan
     replace_main(s, tgt, meta, p).await
 }
 
-async fn update(
+pub(super) async fn update(
     s: &Sides,
     tgt: &Api<DynamicObject>,
     ctx: &CopyContext,

@@ -19,9 +19,12 @@
 //! Catch-up to a demotion token (`catchup`, [`Mirror::catch_up`]): one consistent `NotOlderThan` LIST per
 //! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint.
 //!
-//! Not built yet: adoption at promotion and failback,
-//! the schema-hash check at start, the prune grace, Events and Prometheus metrics for the mirror.
+//! Adoption at promotion and failback pairing ([`adopt`]) restore what the copies keep aside.
+//!
+//! Not built yet: the schema-hash check at start, the mirror's own prune grace (failback's divergent
+//! objects have one), Events and Prometheus metrics for the mirror.
 
+pub mod adopt;
 pub mod config;
 pub mod error;
 pub mod kinds;

@@ -42,7 +42,7 @@ pub(super) struct KindTask {
 }
 
 /// In the configured namespaces, and not kube-shard's own.
-fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
+pub(super) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
     let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
         o.metadata
             .namespace
