@@ -79,7 +79,7 @@ fn demo_ha_quick_keeps_every_invariant_and_reports_every_field() {
         v["lag_p99_ms"].as_f64().unwrap(),
     );
     assert!(v["lag_samples"].as_u64().unwrap() > 10, "{v}");
-    assert!(0.0 < p50 && p50 <= p99, "{v}");
+    assert!(0.0 <= p50 && p50 <= p99 && p99 > 0.0, "{v}");
     let lost = v["lost_unplanned"].as_u64().unwrap();
     assert!(lost <= v["unmirrored_at_failure"].as_u64().unwrap(), "{v}");
     // the Standby cannot take over before the old Active's term has certainly ended

@@ -30,6 +30,7 @@ fn failed(what: &str) -> impl FnOnce(String) -> CliError + '_ {
 
 /// Start the mirror of `active`'s Widgets into `standby` (run by the Standby, identity
 /// `<standby>-mirror`) and wait until its first full LIST is applied.
+#[tracing::instrument(skip_all, fields(standby = standby.id, source = active.id))]
 pub(crate) async fn start_mirror(
     standby: &Cluster,
     active: &Cluster,
@@ -76,6 +77,7 @@ pub(crate) async fn stop_mirror(m: Mirror) {
 
 /// A planned switchover from `from` to `to`, as `kshard ha demote` and `kshard ha promote --token`
 /// would run it: the new epoch.
+#[tracing::instrument(skip_all, fields(from = from.id, to = to.id))]
 pub(crate) async fn switchover(
     from: &Cluster,
     to: &Cluster,
@@ -117,6 +119,7 @@ pub(crate) fn partition(active: &Cluster, peer: &Cluster, on: bool) {
 }
 
 /// `kshard ha promote --force --old-active-stopped` on `standby`: the new epoch.
+#[tracing::instrument(skip_all, fields(standby = standby.id))]
 pub(crate) async fn force_promote(
     standby: &Cluster,
     old: &Cluster,
@@ -178,6 +181,7 @@ pub(crate) async fn held(
 /// with `active`'s by name and recorded source uid; label a paired one a copy of its partner (so the
 /// mirror updates it in place); report the rest as divergent and delete them (the prune, with no grace).
 /// Returns the divergent names.
+#[tracing::instrument(skip_all, fields(standby = standby.id, active = active.id))]
 pub(crate) async fn rejoin(
     standby: &Cluster,
     active: &Cluster,
