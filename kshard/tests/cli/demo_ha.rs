@@ -28,7 +28,7 @@ fn run(extra: &[&str]) -> (Output, Value) {
     (out, v)
 }
 
-const FIELDS: [&str; 27] = [
+const FIELDS: [&str; 28] = [
     "mode",
     "objects",
     "write_rate",
@@ -47,6 +47,7 @@ const FIELDS: [&str; 27] = [
     "failback_switchover_seconds",
     "divergent_objects_at_failback",
     "divergent_objects_after_planned",
+    "deleted_by_new_active_at_rejoin",
     "old_active_admissions_after_heal",
     "writes_acknowledged",
     "writes_refused_and_retried",
@@ -123,4 +124,33 @@ fn demo_ha_refuses_real_cluster_flags_for_now() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not supported yet"), "{stderr}");
+}
+
+/// The mirror's watch held for 2 s before the failure: the failover loses writes, never more than were
+/// unmirrored at the failure; the old Active returns with divergent objects, which the failback pairing
+/// counts and prunes, and the failback still loses nothing.
+#[test]
+fn demo_ha_a_held_mirror_loses_at_most_what_was_unmirrored_and_fails_back_clean() {
+    let (out, v) = run(&["--stall-mirror", "2"]);
+    assert!(out.status.success(), "exit {:?}: {v}", out.status);
+    assert_eq!(v["invariants_held"], true, "{v}");
+    let lost = v["lost_unplanned"].as_u64().unwrap();
+    let unmirrored = v["unmirrored_at_failure"].as_u64().unwrap();
+    assert!(lost > 0 && lost <= unmirrored, "{v}");
+    assert!(
+        v["oldest_unmirrored_at_failure_ms"].as_f64().unwrap() >= 1000.0,
+        "{v}"
+    );
+    assert!(v["lost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["phase"] == "unplanned" && l["acked_by"] == "b"));
+    assert!(
+        v["divergent_objects_at_failback"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert_eq!(v["lost_failback"], 0, "{v}");
+    assert_eq!(v["two_actives_seconds"], 0.0, "{v}");
+    assert_eq!(v["writes_accepted_with_lower_epoch"], 0, "{v}");
 }

@@ -72,6 +72,11 @@ pub(crate) struct HaDemoArgs {
     /// The namespace of the Widgets and of the HA Leases, freeze and checkpoint.
     #[arg(long, short = 'n', default_value = "kshard-demo-ha")]
     namespace: String,
+    /// Before the failure, hold the mirror's watch on the Active this many seconds (testserver's
+    /// frozen watches), so that the unplanned failover loses what was written meanwhile and the old
+    /// Active comes back with divergent objects. 0: the mirror runs freely.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    stall_mirror: f64,
     /// Run against a real Active cluster (not supported yet).
     #[arg(long, value_name = "PATH")]
     active_kubeconfig: Option<PathBuf>,
@@ -123,6 +128,9 @@ pub(crate) struct Report {
     /// rejoined as Standby after the failover (pruned before the failback).
     divergent_objects_at_failback: Option<u64>,
     divergent_objects_after_planned: Option<u64>,
+    /// Objects only a rejoining Standby held because the Active deleted them after taking over (pruned
+    /// too; not divergent).
+    deleted_by_new_active_at_rejoin: u64,
     /// Operator admission intervals of the old Active after the heal (must be 0).
     old_active_admissions_after_heal: Option<u64>,
     writes_acknowledged: u64,
@@ -143,6 +151,11 @@ pub(crate) fn run(args: HaDemoArgs) -> Result<(), CliError> {
     if args.active_kubeconfig.is_some() || args.standby_kubeconfig.is_some() {
         return Err(CliError::failed(
             "kshard demo ha: --active-kubeconfig/--standby-kubeconfig are not supported yet (the demo runs two embedded API servers)",
+        ));
+    }
+    if !(args.stall_mirror.is_finite() && (0.0..=600.0).contains(&args.stall_mirror)) {
+        return Err(CliError::failed(
+            "kshard demo ha: --stall-mirror must be between 0 and 600 seconds",
         ));
     }
     if args.objects == 0 || args.write_rate == 0 {
@@ -436,6 +449,32 @@ impl<'a> Demo<'a> {
         Ok(oracle::lost(&acked, &maybe, &held))
     }
 
+    /// Cluster `standby` rejoins under the other one, with the writer paused (so the writer's log says
+    /// which of the Standby-only objects the Active deleted since).
+    async fn rejoin(&self, standby: &str) -> Result<phases::Rejoined, CliError> {
+        let (s, a) = if standby == "a" {
+            (&self.a, &self.b)
+        } else {
+            (&self.b, &self.a)
+        };
+        self.writer.pause().await;
+        let deleted: BTreeSet<String> = {
+            let log = self.writer.log();
+            let mut latest: std::collections::BTreeMap<&str, &writer::Ack> = Default::default();
+            for ack in &log.acked {
+                latest.insert(&ack.write.name, ack);
+            }
+            latest
+                .into_iter()
+                .filter(|(_, ack)| ack.write.op == oracle::Op::Delete && ack.cluster == a.id)
+                .map(|(n, _)| n.to_owned())
+                .collect()
+        };
+        let res = phases::rejoin(s, a, self.ns(), &deleted).await;
+        self.writer.resume();
+        res
+    }
+
     fn record_lost(
         &self,
         report: &mut Report,
@@ -511,13 +550,20 @@ impl<'a> Demo<'a> {
             .await?;
         report.lost_planned = Some(self.record_lost(report, "planned", 0, lost));
         self.set_phase("a rejoins as Standby and mirrors b");
-        let divergent = phases::rejoin(&self.a, &self.b, &ns).await?;
-        report.divergent_objects_after_planned = Some(divergent.len() as u64);
+        let r = self.rejoin("a").await?;
+        report.divergent_objects_after_planned = Some(r.divergent.len() as u64);
+        report.deleted_by_new_active_at_rejoin += r.deleted_by_active;
         let mirror = phases::start_mirror(&self.a, &self.b, &ns, clock.clone()).await?;
         let tracker = Tracker::start(&self.writer, "b", self.standby_api(&self.a));
         tokio::time::sleep(self.pace(4, 2)).await;
 
         // 3. unplanned failover: b's apiserver partitioned, a promoted by force
+        let stall = Duration::try_from_secs_f64(self.args.stall_mirror).unwrap_or_default();
+        if !stall.is_zero() {
+            self.set_phase(&format!("the mirror's watch on b is held for {stall:?}"));
+            phases::hold_mirror(&self.b, &self.a, true);
+            tokio::time::sleep(stall).await;
+        }
         self.set_phase("unplanned failover: b's apiserver partitioned; promote --force on a");
         phases::partition(&self.b, &self.a, true);
         let failed_at = self.rec.now();
@@ -540,6 +586,7 @@ impl<'a> Demo<'a> {
         // 4. heal: b must step down by itself
         self.set_phase("heal: b returns and must step down without admitting");
         phases::partition(&self.b, &self.a, false);
+        phases::hold_mirror(&self.b, &self.a, false);
         let healed = self.rec.now();
         self.shown().partitioned[1] = false;
         let t0 = Instant::now();
@@ -560,8 +607,9 @@ impl<'a> Demo<'a> {
 
         // 5. failback: b rejoins (divergent objects), mirrors a, planned switchover a → b
         self.set_phase("failback: b rejoins as Standby (pairing, divergent objects) and mirrors a");
-        let divergent = phases::rejoin(&self.b, &self.a, &ns).await?;
-        report.divergent_objects_at_failback = Some(divergent.len() as u64);
+        let r = self.rejoin("b").await?;
+        report.divergent_objects_at_failback = Some(r.divergent.len() as u64);
+        report.deleted_by_new_active_at_rejoin += r.deleted_by_active;
         let mirror = phases::start_mirror(&self.b, &self.a, &ns, clock.clone()).await?;
         tokio::time::sleep(self.pace(4, 2)).await;
         self.set_phase("failback: planned switchover a → b");
@@ -602,6 +650,10 @@ impl<'a> Demo<'a> {
             (
                 "old Active admissions after the heal",
                 report.old_active_admissions_after_heal,
+            ),
+            (
+                "divergent objects after the planned switchover",
+                report.divergent_objects_after_planned,
             ),
         ] {
             match v {

@@ -2,6 +2,7 @@
 //! the freeze and the token, promote with the token), the partition of the Active's apiserver and the
 //! forced promotion, the heal, and the failback pairing of the old Active's objects.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
@@ -118,6 +119,15 @@ pub(crate) fn partition(active: &Cluster, peer: &Cluster, on: bool) {
         .partition(Scope::identity(format!("{}-ha", active.id)), on);
 }
 
+/// Hold (or release) the watches the mirror running in `standby` has open on `active`: nothing is
+/// delivered, events are kept (testserver's `freeze_watches`).
+pub(crate) fn hold_mirror(active: &Cluster, standby: &Cluster, on: bool) {
+    active
+        .server
+        .faults()
+        .freeze_watches(Scope::identity(format!("{}-mirror", standby.id)), on);
+}
+
 /// `kshard ha promote --force --old-active-stopped` on `standby`: the new epoch.
 #[tracing::instrument(skip_all, fields(standby = standby.id))]
 pub(crate) async fn force_promote(
@@ -179,14 +189,15 @@ pub(crate) async fn held(
 /// A Standby rejoining under `active` — DEMO STAND-IN for the mirror's failback adoption (HA.md
 /// "Promotion and adoption", being built in `kube_shard::ha::mirror`): pair each of `standby`'s Widgets
 /// with `active`'s by name and recorded source uid; label a paired one a copy of its partner (so the
-/// mirror updates it in place); report the rest as divergent and delete them (the prune, with no grace).
-/// Returns the divergent names.
+/// mirror updates it in place); report the rest as divergent (unless `deleted_by_active` names them:
+/// deleted by the Active since) and delete them (the prune, with no grace).
 #[tracing::instrument(skip_all, fields(standby = standby.id, active = active.id))]
 pub(crate) async fn rejoin(
     standby: &Cluster,
     active: &Cluster,
     ns: &str,
-) -> Result<Vec<String>, CliError> {
+    deleted_by_active: &BTreeSet<String>,
+) -> Result<Rejoined, CliError> {
     let sapi: Api<Widget> = Api::namespaced(standby.client("demo-repair"), ns);
     let aapi: Api<Widget> = Api::namespaced(active.client("demo-repair"), ns);
     let old = objects(&sapi).await?;
@@ -206,7 +217,7 @@ pub(crate) async fn rejoin(
                 failed(&format!("labelling {} on {}", o.name, standby.id))(e.to_string())
             })?;
     }
-    let mut names = Vec::new();
+    let mut out = Rejoined::default();
     for o in divergent {
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -220,7 +231,21 @@ pub(crate) async fn rejoin(
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(failed(&format!("pruning {}", o.name))(e.to_string())),
         }
-        names.push(o.name.clone());
+        if deleted_by_active.contains(&o.name) {
+            out.deleted_by_active += 1;
+        } else {
+            out.divergent.push(o.name.clone());
+        }
     }
-    Ok(names)
+    Ok(out)
+}
+
+/// What a rejoin found among the objects only the rejoining Standby holds (all of them pruned).
+#[derive(Debug, Default)]
+pub(crate) struct Rejoined {
+    /// Objects the Active never held: writes the Standby accepted that the Active did not get.
+    pub(crate) divergent: Vec<String>,
+    /// Objects the Active deleted since (the writer's latest acknowledged write of the name is a delete
+    /// by the Active): not divergent, the mirror would have deleted a copy of them.
+    pub(crate) deleted_by_active: u64,
 }

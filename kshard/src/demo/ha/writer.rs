@@ -141,9 +141,11 @@ impl Writer {
             }
             self.idle.store(false, Ordering::SeqCst);
             tick.tick().await;
-            // a spread of names without a random source: a multiplicative walk
-            let name = format!("w-{}", (i.wrapping_mul(7919)) % objects.max(1) as u64);
-            let delete = i % 10 == 9;
+            // a reproducible spread of names and ops (xorshift): a name is deleted now and then and
+            // created again later
+            let r = xorshift(i);
+            let name = format!("w-{}", r % objects.max(1) as u64);
+            let delete = (r >> 32).is_multiple_of(10);
             for _attempt in 0..200 {
                 if self.stop.load(Ordering::SeqCst) {
                     return;
@@ -186,6 +188,15 @@ impl Writer {
             }
         }
     }
+}
+
+/// A reproducible pseudo-random number for step `i` (xorshift64* of `i + 1`).
+fn xorshift(i: u64) -> u64 {
+    let mut x = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
 enum Outcome {
