@@ -10,7 +10,7 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_shard::ha::handle::tokio_clock;
 use kube_shard::ha::{
-    HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
+    Epoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
 };
 use kube_shard_testserver::TestServer;
 use tracing::Instrument;
@@ -139,7 +139,7 @@ pub(crate) fn clock() -> LocalClock {
 }
 
 /// The example operator reduced to what HA needs: while the handle admits, each round (at most one
-/// request timeout long, never past the term) writes `status` of up to 50 Widgets whose generation it
+/// request timeout long, never past the term, each write admitted again) writes `status` of up to 50 Widgets whose generation it
 /// has not observed, under the admitted epoch. A Standby waits for a change of the HA state.
 async fn operator(cluster: &'static str, ha: HaHandle, api: Api<Widget>, rec: Recorder) {
     let budget = timings().request_timeout;
@@ -158,13 +158,14 @@ async fn operator(cluster: &'static str, ha: HaHandle, api: Api<Widget>, rec: Re
         }
         let work = rec.admit(cluster, epoch.wire());
         let _ =
-            tokio::time::timeout(left.min(budget), round(cluster, epoch.wire(), &api, &rec)).await;
+            tokio::time::timeout(left.min(budget), round(cluster, &ha, epoch, &api, &rec)).await;
         drop(work);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-async fn round(cluster: &str, epoch: u64, api: &Api<Widget>, rec: &Recorder) {
+async fn round(cluster: &str, ha: &HaHandle, admitted: Epoch, api: &Api<Widget>, rec: &Recorder) {
+    let epoch = admitted.wire();
     let Ok(list) = api.list(&ListParams::default()).await else {
         return;
     };
@@ -173,6 +174,10 @@ async fn round(cluster: &str, epoch: u64, api: &Api<Widget>, rec: &Recorder) {
         w.status.as_ref().and_then(|s| s.observed_generation) != gen
     });
     for w in todo.take(50) {
+        // every request is admitted again: a step-down ends the round at once, not at the term's end
+        if ha.active_epoch() != Some(admitted) {
+            return;
+        }
         let name = w.metadata.name.clone().unwrap_or_default();
         let patch = serde_json::json!({"status": {
             "observedGeneration": w.metadata.generation,
