@@ -26,6 +26,7 @@
 //! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
 //! the exit code is 0 only when every invariant held.
 
+pub(crate) mod ha;
 mod refusals;
 mod view;
 
@@ -99,6 +100,16 @@ pub(crate) struct DemoArgs {
     /// Keep the work directory (kubeconfigs, replica logs, fence log).
     #[arg(long)]
     keep: bool,
+    #[command(subcommand)]
+    command: Option<DemoCommand>,
+}
+
+/// `kshard demo <subcommand>` (none: the sharded operator demo above).
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum DemoCommand {
+    /// Cross-cluster Active/Standby end to end: mirror lag, a planned switchover, an unplanned
+    /// failover, the old Active's return and a failback (`kshard demo ha --json`).
+    Ha(ha::HaDemoArgs),
 }
 
 fn parse_key(s: &str) -> Result<ShardKey, String> {
@@ -140,7 +151,10 @@ pub(crate) struct Report {
     failures: Vec<String>,
 }
 
-pub(crate) fn run(args: DemoArgs) -> Result<(), CliError> {
+pub(crate) fn run(mut args: DemoArgs) -> Result<(), CliError> {
+    if let Some(DemoCommand::Ha(ha)) = args.command.take() {
+        return ha::run(ha);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

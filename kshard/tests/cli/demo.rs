@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 /// The demos start replica processes with real-time leases: run them one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 fn demo(extra: &[&str]) -> Value {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod demo_ha;
 mod fence_policy;
 mod ha;
 mod hash_selector;

@@ -1,0 +1,251 @@
+//! The demo's steps against the pair: the mirror in one direction, the planned switchover (demote with
+//! the freeze and the token, promote with the token), the partition of the Active's apiserver and the
+//! forced promotion, the heal, and the failback pairing of the old Active's objects.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::Api;
+use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
+use kube_shard::ha::{Epoch, HaClients, HaMode, LocalClock};
+use kube_shard_testserver::Scope;
+use tokio::time::Instant;
+
+use super::oracle::{self, Obj};
+use super::setup::{ha_config, Cluster, EXEMPT};
+use crate::cli::CliError;
+use crate::operator::widget::Widget;
+
+/// The one mirrored kind.
+pub(crate) fn kind() -> Kind {
+    "widgets.example.kube-shard.io/v1"
+        .parse()
+        .expect("a valid kind")
+}
+
+fn failed(what: &str) -> impl FnOnce(String) -> CliError + '_ {
+    move |e| CliError::failed(format!("{what}: {e}"))
+}
+
+/// Start the mirror of `active`'s Widgets into `standby` (run by the Standby, identity
+/// `<standby>-mirror`) and wait until its first full LIST is applied.
+#[tracing::instrument(skip_all, fields(standby = standby.id, source = active.id))]
+pub(crate) async fn start_mirror(
+    standby: &Cluster,
+    active: &Cluster,
+    ns: &str,
+    clock: LocalClock,
+) -> Result<Mirror, CliError> {
+    let set = KindSet::builder()
+        .mirrored(kind())
+        .build(&[kind()])
+        .map_err(|e| failed("the mirror's kinds")(e.to_string()))?;
+    let cfg = MirrorConfig::new(
+        ha_config(standby.id, standby.rank, HaMode::Standby, ns)?,
+        active.id,
+        set,
+    )
+    .namespaces([ns])
+    .probe_period(Duration::from_secs(1))
+    .checkpoint_period(Duration::from_millis(250));
+    let who = format!("{}-mirror", standby.id);
+    let m = Mirror::start(
+        cfg,
+        active.client(&who),
+        standby.client(&who),
+        MirrorWiring::new(clock, Some(standby.control.clone())),
+    )
+    .await
+    .map_err(|e| failed("starting the mirror")(e.to_string()))?;
+    let t0 = Instant::now();
+    while m.kind(&kind().key()).and_then(|k| k.position).is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err(CliError::failed(
+                "the mirror did not complete its first LIST in 30 s",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(m)
+}
+
+/// Stop a mirror (bounded: its requests to a partitioned cluster fail at once).
+pub(crate) async fn stop_mirror(m: Mirror) {
+    let _ = tokio::time::timeout(Duration::from_secs(10), m.stop()).await;
+}
+
+/// A planned switchover from `from` to `to`, as `kshard ha demote` and `kshard ha promote --token`
+/// would run it: the new epoch.
+#[tracing::instrument(skip_all, fields(from = from.id, to = to.id))]
+pub(crate) async fn switchover(
+    from: &Cluster,
+    to: &Cluster,
+    ns: &str,
+    clock: LocalClock,
+) -> Result<Epoch, CliError> {
+    let who = format!("{}-cmd", from.id);
+    let cfg = ha_config(from.id, from.rank, HaMode::Standby, ns)?;
+    let clients = HaClients::new(from.client(&who), to.client(&who), None);
+    let opts = DemoteOptions::new(vec![kind()])
+        .freeze_exempt(EXEMPT.iter().map(|s| (*s).to_owned()).collect());
+    let token = switchover::demote(&cfg, &clients, &opts, |l| {
+        tracing::info!("demote {}: {l}", from.id)
+    })
+    .await
+    .map_err(|e| failed("demote")(e.to_string()))?;
+    let who = format!("{}-cmd", to.id);
+    let cfg = ha_config(to.id, to.rank, HaMode::Standby, ns)?;
+    let clients = HaClients::new(to.client(&who), from.client(&who), None);
+    switchover::promote_with_token(
+        &cfg,
+        clients,
+        clock,
+        &token,
+        &PromoteOptions::new(Duration::from_secs(60)),
+        |l| tracing::info!("promote {}: {l}", to.id),
+    )
+    .await
+    .map_err(|e| failed("promote --token")(e.to_string()))
+}
+
+/// Cut `active`'s apiserver off: every request to it goes unanswered, and its elector cannot reach the
+/// peer either (its whole site is partitioned). `false` heals.
+pub(crate) fn partition(active: &Cluster, peer: &Cluster, on: bool) {
+    active.server.faults().partition(Scope::All, on);
+    peer.server
+        .faults()
+        .partition(Scope::identity(format!("{}-ha", active.id)), on);
+}
+
+/// Hold (or release) the watches the mirror running in `standby` has open on `active`: nothing is
+/// delivered, events are kept (testserver's `freeze_watches`).
+pub(crate) fn hold_mirror(active: &Cluster, standby: &Cluster, on: bool) {
+    active
+        .server
+        .faults()
+        .freeze_watches(Scope::identity(format!("{}-mirror", standby.id)), on);
+}
+
+/// `kshard ha promote --force --old-active-stopped` on `standby`: the new epoch.
+#[tracing::instrument(skip_all, fields(standby = standby.id))]
+pub(crate) async fn force_promote(
+    standby: &Cluster,
+    old: &Cluster,
+    ns: &str,
+    clock: LocalClock,
+) -> Result<Epoch, CliError> {
+    let who = format!("{}-cmd", standby.id);
+    let cfg = ha_config(standby.id, standby.rank, HaMode::Standby, ns)?;
+    let clients = HaClients::new(standby.client(&who), old.client(&who), None);
+    kube_shard::ha::ops::force_promote(&cfg, clients, clock, Duration::from_secs(60), |l| {
+        tracing::info!("promote --force {}: {l}", standby.id);
+    })
+    .await
+    .map_err(|e| failed("promote --force")(e.to_string()))
+}
+
+async fn objects(api: &Api<Widget>) -> Result<Vec<(Obj, Widget)>, CliError> {
+    let l = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| failed("listing Widgets")(e.to_string()))?;
+    Ok(l.items
+        .into_iter()
+        .map(|w| {
+            let o = Obj {
+                name: w.metadata.name.clone().unwrap_or_default(),
+                uid: w.metadata.uid.clone().unwrap_or_default(),
+                source_uid: w
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("kube-shard.io/source-uid").cloned()),
+            };
+            (o, w)
+        })
+        .collect())
+}
+
+/// The new Active's Widgets: name → `spec.size`.
+pub(crate) async fn held(
+    c: &Cluster,
+    ns: &str,
+) -> Result<std::collections::BTreeMap<String, u64>, CliError> {
+    let api: Api<Widget> = Api::namespaced(c.client("demo-oracle"), ns);
+    Ok(objects(&api)
+        .await?
+        .into_iter()
+        .map(|(o, w)| {
+            (
+                o.name,
+                w.spec.size.and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+/// A Standby rejoining under `active` — DEMO STAND-IN for the mirror's failback adoption (HA.md
+/// "Promotion and adoption", being built in `kube_shard::ha::mirror`): pair each of `standby`'s Widgets
+/// with `active`'s by name and recorded source uid; label a paired one a copy of its partner (so the
+/// mirror updates it in place); report the rest as divergent (unless `deleted_by_active` names them:
+/// deleted by the Active since) and delete them (the prune, with no grace).
+#[tracing::instrument(skip_all, fields(standby = standby.id, active = active.id))]
+pub(crate) async fn rejoin(
+    standby: &Cluster,
+    active: &Cluster,
+    ns: &str,
+    deleted_by_active: &BTreeSet<String>,
+) -> Result<Rejoined, CliError> {
+    let sapi: Api<Widget> = Api::namespaced(standby.client("demo-repair"), ns);
+    let aapi: Api<Widget> = Api::namespaced(active.client("demo-repair"), ns);
+    let old = objects(&sapi).await?;
+    let new: Vec<Obj> = objects(&aapi).await?.into_iter().map(|(o, _)| o).collect();
+    let plain: Vec<Obj> = old.iter().map(|(o, _)| o.clone()).collect();
+    let (paired, divergent) = oracle::pair(&plain, &new);
+    for (o, partner) in paired {
+        let w = old.iter().find(|(x, _)| x.name == o.name).map(|(_, w)| w);
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": w.and_then(|w| w.metadata.resource_version.clone()),
+            "labels": {"kube-shard.io/mirrored-from": active.id},
+            "annotations": {"kube-shard.io/source-uid": partner, "kube-shard.io/source-rv": null},
+        }});
+        sapi.patch(&o.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| {
+                failed(&format!("labelling {} on {}", o.name, standby.id))(e.to_string())
+            })?;
+    }
+    let mut out = Rejoined::default();
+    for o in divergent {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(o.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match sapi.delete(&o.name, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(failed(&format!("pruning {}", o.name))(e.to_string())),
+        }
+        if deleted_by_active.contains(&o.name) {
+            out.deleted_by_active += 1;
+        } else {
+            out.divergent.push(o.name.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// What a rejoin found among the objects only the rejoining Standby holds (all of them pruned).
+#[derive(Debug, Default)]
+pub(crate) struct Rejoined {
+    /// Objects the Active never held: writes the Standby accepted that the Active did not get.
+    pub(crate) divergent: Vec<String>,
+    /// Objects the Active deleted since (the writer's latest acknowledged write of the name is a delete
+    /// by the Active): not divergent, the mirror would have deleted a copy of them.
+    pub(crate) deleted_by_active: u64,
+}
