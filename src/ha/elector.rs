@@ -228,6 +228,9 @@ struct View {
     last_sent: Option<Duration>,
     /// Receipt of the last answer that was not `Failed`.
     last_ok: Option<Duration>,
+    /// Start of the last request whose answer showed what the Lease says now (a read, a 404, or my own
+    /// successful conditional write): a term regained after a lapse needs one that started after it.
+    fresh_from: Option<Duration>,
     /// Receipt of the last `Failed` answer, while no success followed: nothing is resent before a retry
     /// period has passed (a refused connection answers at once).
     failed_at: Option<Duration>,
@@ -242,6 +245,7 @@ impl View {
             pending: None,
             last_sent: None,
             last_ok: None,
+            fresh_from: None,
             failed_at: None,
         }
     }
@@ -349,6 +353,10 @@ pub struct Elector {
     state: HaState,
     /// A token promotion in progress.
     token: Option<TokenTakeover>,
+    /// When the own Lease's hold last lapsed while leading (its renewal came after `renew_deadline`): a
+    /// Standby may have been promoted meanwhile, so without a witness the term is not regained before a
+    /// read of the peer's Lease that started after this.
+    lapsed_at: Option<Duration>,
     #[cfg(any(test, feature = "test-util"))]
     flaws: Flaws,
 }
@@ -370,6 +378,7 @@ impl Elector {
             stepped_down_at: None,
             state: HaState::default(),
             token: None,
+            lapsed_at: None,
             #[cfg(any(test, feature = "test-util"))]
             flaws: Flaws::default(),
         }
@@ -570,7 +579,12 @@ impl Elector {
         let Role::Leader { epoch, .. } = self.role else {
             return None;
         };
-        let peer_read = self.view(Slot::Peer).last_ok.is_some();
+        let peer = self.view(Slot::Peer);
+        let peer_read = match self.lapsed_at {
+            // regained after a lapse: only a read started after it can show a promotion meanwhile
+            Some(t) => peer.fresh_from.is_some_and(|f| f >= t),
+            None => peer.last_ok.is_some(),
+        };
         let acts = self.alarm.is_none() && !self.state.demoting;
         (acts && (self.cfg.witness || peer_read) && self.in_term(now)).then_some(epoch)
     }
@@ -672,6 +686,7 @@ impl Elector {
         self.state = HaState::default();
         self.token = None;
         self.no_term_since = None;
+        self.lapsed_at = None;
         for v in &mut self.views {
             v.held_from = None;
         }
@@ -699,10 +714,14 @@ impl Elector {
         };
         let answer_ok = answer != Answer::Failed;
         match answer {
-            Answer::Found { rv, record } => self.on_found(slot, rv, record, now, &mut out),
+            Answer::Found { rv, record } => {
+                self.view_mut(slot).fresh_from = Some(start);
+                self.on_found(slot, rv, record, now, &mut out);
+            }
             Answer::NotFound => {
                 let v = self.view_mut(slot);
                 v.last_ok = Some(now);
+                v.fresh_from = Some(start);
                 v.held_from = None;
                 v.recheck = false;
                 if !matches!(v.seen, Seen::Missing { .. }) {
@@ -734,8 +753,14 @@ impl Elector {
             return;
         };
         let record = self.my_record(epoch);
+        let renew_deadline = self.cfg.timings.renew_deadline;
+        let lapsed = self.view(slot).held_from.map(|h| h + renew_deadline);
+        if slot == Slot::Own && lapsed.is_some_and(|end| end <= now) {
+            self.lapsed_at = lapsed;
+        }
         let v = self.view_mut(slot);
         v.last_ok = Some(now);
+        v.fresh_from = Some(start);
         v.held_from = Some(start);
         v.recheck = false;
         v.seen = Seen::Present {
