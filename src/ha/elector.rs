@@ -1105,3 +1105,7 @@ struct FlawsOff {
     create_missing_at_once: bool,
     ignore_published_timings: bool,
 }
+
+#[cfg(test)]
+#[path = "elector_heal_tests.rs"]
+mod heal_tests;

@@ -137,7 +137,7 @@ async fn status_fence_on_real_server() {
     let current = status_write(&fenced, &new, "w1", "new").await.unwrap();
     assert_eq!(
         current.data["status"]["kubeShardFence"],
-        format!("{shard}/9")
+        format!("0:{shard}/9")
     );
     let s = refusal(
         status_write(&fenced, &old, "w1", "old-late")
@@ -210,7 +210,7 @@ async fn status_fence_on_real_server() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let w = committed.expect("without the policy the late status write commits");
-    assert_eq!(w.data["status"]["kubeShardFence"], format!("{shard}/7"));
+    assert_eq!(w.data["status"]["kubeShardFence"], format!("0:{shard}/7"));
     println!("real server, without the policy: the status write with epoch 7 committed");
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
         .delete(&ns, &DeleteParams::default())
