@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use kube_shard::ha::mirror::adopt::{check_target, mirror_report, MirrorReport};
+use kube_shard::ha::mirror::{KindSet, MirrorConfig};
 use kube_shard::ha::ops::{self, PairStatus};
 use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
 use kube_shard::ha::{HaClients, HaConfig, HaMode, Timings};
@@ -135,10 +137,58 @@ struct Pair {
     rank: u64,
 }
 
+/// This cluster's mirror (its kinds, scope and source).
+#[derive(Debug, Args)]
+struct MirrorFlags {
+    /// A mirrored kind, `<plural>.<group>/<version>` (core: `<plural>/<version>`); repeat.
+    #[arg(long = "kind")]
+    kinds: Vec<String>,
+    /// The mirror's namespaces (repeat; default: every namespace).
+    #[arg(long = "mirror-namespace")]
+    mirror_namespaces: Vec<String>,
+    /// The peer's cluster id, the mirror's source (with `promote --token` the token names it).
+    #[arg(long = "peer-cluster-id")]
+    peer_cluster_id: Option<String>,
+}
+
+impl MirrorFlags {
+    /// The mirror of `--kind` (`None` without one): `peer` is the source the token names, else
+    /// `--peer-cluster-id`.
+    fn config(&self, cfg: &HaConfig, peer: Option<&str>) -> Result<Option<MirrorConfig>, CliError> {
+        if self.kinds.is_empty() {
+            return Ok(None);
+        }
+        let kinds = self
+            .kinds
+            .iter()
+            .map(|k| k.parse::<Kind>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let Some(peer) = peer.or(self.peer_cluster_id.as_deref()) else {
+            return Err(CliError::Usage(
+                "--kind needs --peer-cluster-id (the mirror's source)".into(),
+            ));
+        };
+        let set = kinds
+            .iter()
+            .fold(KindSet::builder(), |b, k| b.mirrored(k.clone()))
+            .build(&kinds)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let mut m = MirrorConfig::new(cfg.clone(), peer, set);
+        if !self.mirror_namespaces.is_empty() {
+            m = m.namespaces(self.mirror_namespaces.clone());
+        }
+        Ok(Some(m))
+    }
+}
+
 #[derive(Debug, Args)]
 struct StatusArgs {
     #[command(flatten)]
     pair: Pair,
+    /// With `--kind`: the mirror's rows (position, the Active's version, objects behind, divergent).
+    #[command(flatten)]
+    mirror: MirrorFlags,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -158,10 +208,15 @@ struct PromoteArgs {
     /// partition that leaves it its own apiserver, both act until it reads the peer's Lease.
     #[arg(long = "old-active-stopped")]
     old_active_stopped: bool,
-    /// Promote although a mirrored kind never completed a full LIST (no kind is mirrored in this
-    /// release: the flag is accepted and changes nothing).
+    /// With `--force`: promote although a mirrored kind (`--kind`) never completed a full LIST from the
+    /// peer (every object of it is lost).
     #[arg(long = "allow-unsynced")]
     allow_unsynced: bool,
+    /// This cluster's mirror: a promotion target is refused while it holds objects of these kinds that
+    /// are not copies of the peer's (divergent: run failback first); with `--force`, also while a kind
+    /// never synced from the peer.
+    #[command(flatten)]
+    mirror: MirrorFlags,
     /// Give up when not armed (or the Lease not written) within this time; with `--token`, when the
     /// mirror has not reached the token within it (then a per-kind report, nothing changed).
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
@@ -216,11 +271,30 @@ pub(crate) fn run(args: &HaArgs, out: &mut impl Write) -> Result<(), CliError> {
     match &args.command {
         HaCommand::Status(a) => {
             let cfg = a.pair.config(None)?;
-            let st = rt.block_on(async {
+            let mirror = a.mirror.config(&cfg, None)?;
+            let (st, report) = rt.block_on(async {
                 let clients = a.pair.clients().await?;
-                Ok::<_, CliError>(ops::read_pair(&cfg, &clients, Duration::from_secs(5)).await)
+                let st = ops::read_pair(&cfg, &clients, Duration::from_secs(5)).await;
+                let report = match &mirror {
+                    Some(m) => Some(mirror_report(m, &clients.local, &clients.peer).await),
+                    None => None,
+                };
+                Ok::<_, CliError>((st, report))
             })?;
-            print_status(&st, &a.pair.cluster_id, a.json, out)
+            if a.json {
+                let mut v = serde_json::to_value(&st)?;
+                if let (Some(r), Some(o)) = (&report, v.as_object_mut()) {
+                    o.insert("mirror".into(), serde_json::to_value(r)?);
+                }
+                serde_json::to_writer(&mut *out, &v)?;
+                writeln!(out)?;
+                return Ok(());
+            }
+            print_status(&st, &a.pair.cluster_id, false, out)?;
+            if let Some(r) = &report {
+                print_mirror(r, out)?;
+            }
+            Ok(())
         }
         HaCommand::Promote(a) => promote(&rt, a, out),
         HaCommand::Demote(a) => demote(&rt, a, out),
@@ -324,6 +398,10 @@ fn promote_token(
         .parse()
         .map_err(|e: switchover::SwitchError| CliError::Usage(e.to_string()))?;
     let cfg = a.pair.config(Some(a.timings()))?;
+    let mut opts = PromoteOptions::new(a.timeout);
+    if let Some(m) = a.mirror.config(&cfg, Some(&token.cluster))? {
+        opts = opts.mirror(m);
+    }
     let epoch = rt.block_on(async {
         let clients = a.pair.clients().await?;
         switchover::promote_with_token(
@@ -331,7 +409,7 @@ fn promote_token(
             clients,
             kube_shard::ha::handle::tokio_clock(),
             &token,
-            &PromoteOptions::new(a.timeout),
+            &opts,
             say,
         )
         .await
@@ -381,14 +459,26 @@ fn promote(
         ));
     }
     let cfg = a.pair.config(Some(a.timings()))?;
-    if a.allow_unsynced {
-        writeln!(
-            out,
-            "note: --allow-unsynced: no kind is mirrored in this release"
-        )?;
-    }
+    let mirror = a.mirror.config(&cfg, None)?;
     let epoch = rt.block_on(async {
         let clients = a.pair.clients().await?;
+        if let Some(m) = &mirror {
+            let kinds = check_target(m, &clients.local, !a.allow_unsynced)
+                .await
+                .map_err(|e| CliError::failed(format!("not promoted: {e}")))?;
+            for k in kinds {
+                say(&match k.position {
+                    Some(p) => format!(
+                        "{}: mirrored up to resourceVersion {p} of {}; writes after it are lost",
+                        k.kind, m.source_cluster
+                    ),
+                    None => format!(
+                        "{}: never synced from {} (--allow-unsynced): every object of it is lost",
+                        k.kind, m.source_cluster
+                    ),
+                });
+            }
+        }
         let mut last = String::new();
         ops::force_promote(
             &cfg,
@@ -411,6 +501,37 @@ fn promote(
         a.pair.cluster_id,
         epoch.n()
     )?;
+    Ok(())
+}
+
+fn print_mirror(r: &MirrorReport, out: &mut impl Write) -> Result<(), CliError> {
+    writeln!(
+        out,
+        "mirror of {}: duty {}; was-active mark {}",
+        r.source,
+        r.duty.as_deref().unwrap_or("(none recorded)"),
+        r.was_active.as_deref().unwrap_or("no")
+    )?;
+    let cell = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    writeln!(
+        out,
+        "{:<32}{:>14}{:>14}{:>8}{:>11}",
+        "kind", "position", "active rv", "behind", "divergent"
+    )?;
+    for k in &r.kinds {
+        writeln!(
+            out,
+            "{:<32}{:>14}{:>14}{:>8}{:>11}",
+            k.kind,
+            cell(k.position.map(|p| p.to_string())),
+            cell(k.active_rv.map(|p| p.to_string())),
+            cell(k.behind.map(|p| p.to_string())),
+            k.divergent
+        )?;
+        if let Some(e) = &k.error {
+            writeln!(out, "  {}: {e}", k.kind)?;
+        }
+    }
     Ok(())
 }
 

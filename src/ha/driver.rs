@@ -212,6 +212,8 @@ fn spawn_elector(
         return (HaHandle::standalone(), HaControl { tx }, None);
     }
     let handle = HaHandle::new(clock.clone(), metrics.clone(), false);
+    let witness = clients.witness.is_some();
+    let (min_local, min_peer) = (clients.local.clone(), clients.peer.clone());
     let ecfg = ElectorConfig::new(
         cfg.cluster_id.clone(),
         cfg.rank,
@@ -250,7 +252,21 @@ fn spawn_elector(
         max_lag: cfg.max_auto_promote_lag,
         confirmed: None,
     };
-    let task = tokio::spawn(driver.run(rx));
+    // automatic promotion (witness mode) has no command to set the minimum epoch: follow the handle
+    let follower = witness.then(|| {
+        super::min_epoch::follow_promotions(handle.clone(), min_local, min_peer, cfg.clone())
+    });
+    let task = tokio::spawn(async move {
+        match follower {
+            Some(f) => {
+                tokio::select! {
+                    () = driver.run(rx) => {}
+                    () = f => {}
+                }
+            }
+            None => driver.run(rx).await,
+        }
+    });
     (handle, HaControl { tx }, Some(task))
 }
 

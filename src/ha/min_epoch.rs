@@ -140,6 +140,53 @@ pub async fn after_promotion(
     }
 }
 
+/// In a process that may be promoted automatically (witness mode): each time this cluster takes a
+/// term at a higher epoch, set the minimum epoch as [`after_promotion`] does — its own cluster first
+/// (`role: active`), then the old Active's, retried once per `lease_duration` while the term lasts and
+/// the old Active's cluster is unreachable ("when reachable"). A command's promotion sets them too;
+/// the writes never lower the parameter, so doing it twice is harmless.
+pub(crate) async fn follow_promotions(
+    handle: super::HaHandle,
+    local: Client,
+    peer: Client,
+    cfg: HaConfig,
+) {
+    let mut done = 0u64;
+    loop {
+        match handle.leading_epoch() {
+            Some(e) if e.wire() > done => {
+                let span = info_span!("min_epoch_after_auto_promotion", epoch = %e);
+                if set_both(&local, &peer, &cfg, e).instrument(span).await {
+                    done = e.wire();
+                } else {
+                    tokio::time::sleep(cfg.timings.lease_duration).await;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        handle.await_change().await;
+    }
+}
+
+/// Own cluster, then the peer; `false` when the peer could not be set (the own failure is logged and
+/// not retried: the own parameter only matters to a cluster deposed earlier).
+async fn set_both(local: &Client, peer: &Client, cfg: &HaConfig, e: Epoch) -> bool {
+    if let Err(err) = set_min_epoch(local, cfg, e, ParamRole::Active, PROMOTION_TIMEOUT).await {
+        tracing::warn!(error = %err, "minimum failover epoch on this cluster");
+    }
+    match set_min_epoch(peer, cfg, e, ParamRole::Standby, PROMOTION_TIMEOUT).await {
+        Ok(a) => {
+            tracing::info!(applied = ?a, "minimum failover epoch on the old Active's cluster");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "minimum failover epoch on the old Active's cluster: retrying");
+            false
+        }
+    }
+}
+
 /// `false`: no such ConfigMap.
 async fn write_param(
     client: &Client,

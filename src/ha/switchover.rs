@@ -560,7 +560,7 @@ pub async fn write_position(
     .await
 }
 
-async fn edit_checkpoint(
+pub(crate) async fn edit_checkpoint(
     client: &Client,
     cfg: &HaConfig,
     f: impl Fn(&mut BTreeMap<String, String>),
@@ -605,13 +605,26 @@ async fn edit_checkpoint(
 pub struct PromoteOptions {
     /// How long to wait for the mirror, and then for the Lease takeover.
     pub timeout: Duration,
+    /// This cluster's mirror (its kinds, scope, and the peer as source): a target holding objects
+    /// that are not copies of the peer's (divergent) is refused before anything is written.
+    pub mirror: Option<crate::ha::mirror::MirrorConfig>,
 }
 
 impl PromoteOptions {
     /// Wait at most `timeout`.
     #[must_use]
     pub fn new(timeout: Duration) -> Self {
-        PromoteOptions { timeout }
+        PromoteOptions {
+            timeout,
+            mirror: None,
+        }
+    }
+
+    /// Refuse a target with divergent objects of `mirror`'s kinds.
+    #[must_use]
+    pub fn mirror(mut self, mirror: crate::ha::mirror::MirrorConfig) -> Self {
+        self.mirror = Some(mirror);
+        self
     }
 }
 
@@ -772,6 +785,11 @@ pub async fn promote_with_token(
     opts: &PromoteOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, SwitchError> {
+    if let Some(m) = &opts.mirror {
+        crate::ha::mirror::adopt::check_target(m, &clients.local, false)
+            .await
+            .map_err(|e| SwitchError::Refused(e.to_string()))?;
+    }
     check_token(cfg, &clients, token, opts.timeout, &mut progress).await?;
     let id = token.id.clone();
     edit_checkpoint(&clients.local, cfg, |d| {

@@ -194,3 +194,47 @@ async fn ha_promotion_without_the_parameter_reports_it() {
         "{lines:?}"
     );
 }
+
+/// Witness mode: the Standby promotes itself (no command runs), and its operator's elector sets the
+/// minimum epoch on both clusters; the old Active's late write at its old epoch is then refused.
+#[tokio::test(start_paused = true)]
+async fn ha_automatic_promotion_sets_the_minimum_epoch_too() {
+    let (sa, sb, sw) = (server().await, server().await, server().await);
+    install(&sa).await;
+    install(&sb).await;
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, Some(&sw), &o);
+    let b = start("b", 2, HaMode::Standby, &sb, &sa, Some(&sw), &o);
+    until(Duration::from_secs(60), "A active", || a.handle.is_active()).await;
+    a.stop();
+    until(Duration::from_secs(120), "B promoted itself", || {
+        b.handle.is_active()
+    })
+    .await;
+    let param = |s: &TestServer| {
+        let api: Api<ConfigMap> = Api::namespaced(s.client("admin"), NS);
+        async move { api.get("widgets-ha-min-epoch").await.unwrap().data.unwrap() }
+    };
+    let want_b = b.handle.active_epoch().unwrap().wire().to_string();
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let (pa, pb) = (param(&sa).await, param(&sb).await);
+        if (pa[MIN_EPOCH_KEY].as_str(), pa[ROLE_KEY].as_str()) == (want_b.as_str(), "standby")
+            && (pb[MIN_EPOCH_KEY].as_str(), pb[ROLE_KEY].as_str()) == (want_b.as_str(), "active")
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "not set after an automatic promotion: a {pa:?}, b {pb:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let on_a: Api<ConfigMap> = Api::namespaced(sa.client(A_OPERATOR), NS);
+    refused_with(
+        on_a.create(&PostParams::default(), &fenced("late", "1001:3/6"))
+            .await,
+        messages::MIN_EPOCH_STALE,
+    );
+    b.stop();
+}

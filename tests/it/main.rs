@@ -5,6 +5,7 @@ mod fenced;
 mod fuzz_fallback;
 mod group;
 mod ha_adopt;
+mod ha_duty;
 mod ha_elector;
 mod ha_elector_faults;
 mod ha_group;

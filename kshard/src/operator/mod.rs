@@ -20,6 +20,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use kube::Client;
 use kube_shard::group::ShardGroup;
+use kube_shard::ha::mirror::adopt::{AdoptConfig, FailbackOptions, MirrorDuty, ShardSpec};
+use kube_shard::ha::mirror::{KindSet, MirrorConfig, MirrorWiring};
+use kube_shard::ha::switchover::Kind;
 use kube_shard::ha::{HaClients, HaConfig, HaMode};
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{Ownership, ShardCount, ShardKey};
@@ -114,6 +117,26 @@ pub(crate) struct OperatorArgs {
     /// The HA Lease namespace (default: the pod's namespace from POD_NAMESPACE, else `--namespace`).
     #[arg(long, value_name = "NS")]
     ha_namespace: Option<String>,
+    /// HA: run the mirror duty in this process: mirror the peer's Widgets while it is Active (after
+    /// failback if this cluster was Active), adopt the copies before admitting at a new epoch. One
+    /// process per cluster: run the group with one member.
+    #[arg(long, requires = "ha_peer_cluster_id")]
+    ha_mirror: bool,
+    /// The peer cluster's id (`--ha-cluster-id` of its operator): the mirror's source.
+    #[arg(long, value_name = "ID")]
+    ha_peer_cluster_id: Option<String>,
+    /// Kubeconfig of the mirror duty's writes to this cluster (the copies, adoption, failback, its
+    /// checkpoint): the writer identity of `deploy/ha/mirror-rbac.yaml`, which a planned switchover's
+    /// freeze exempts (`kshard ha demote --freeze-exempt`). Default: the operator's own identity (then
+    /// the freeze must exempt the operator, and loses its use as a backstop).
+    #[arg(long, value_name = "PATH", requires = "ha_mirror")]
+    ha_mirror_kubeconfig: Option<PathBuf>,
+    /// Failback: delete objects only this cluster holds (divergent) once seen for this long.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    ha_prune_grace: Duration,
+    /// Failback: report divergent objects, never delete them.
+    #[arg(long)]
+    ha_keep_divergent: bool,
     /// How often the singleton (on the coordinator) collects child ConfigMaps whose Widget is gone.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     gc_interval: Duration,
@@ -178,6 +201,44 @@ async fn ha_setup(
         None => None,
     };
     Ok(Some((ha, HaClients::new(local.clone(), peer, witness))))
+}
+
+/// The mirror duty of `--ha-mirror`: Widgets mirrored (in `--watch-namespace` if given), their child
+/// ConfigMaps derived (the reconcile recreates them).
+fn mirror_duty(
+    args: &OperatorArgs,
+    cfg: &HaConfig,
+    clients: HaClients,
+    ha: kube_shard::ha::HaHandle,
+    control: Option<kube_shard::ha::HaControl>,
+) -> Result<MirrorDuty, CliError> {
+    let kind = |k: &str| {
+        k.parse::<Kind>()
+            .map_err(|e| CliError::failed(e.to_string()))
+    };
+    let (widgets, cms) = (
+        kind("widgets.example.kube-shard.io/v1")?,
+        kind("configmaps/v1")?,
+    );
+    let set = KindSet::builder()
+        .mirrored(widgets.clone())
+        .derived(cms.clone())
+        .build(&[widgets, cms])
+        .map_err(|e| CliError::Usage(format!("HA mirror: {e}")))?;
+    let peer = args.ha_peer_cluster_id.clone().unwrap_or_default();
+    let mut m = MirrorConfig::new(cfg.clone(), peer, set);
+    if let Some(ns) = &args.watch_namespace {
+        m = m.namespaces([ns.clone()]);
+    }
+    let adopt = AdoptConfig::new(m).shard(ShardSpec {
+        key: args.hash_key,
+        count: args.shards,
+    });
+    let opts = FailbackOptions::default()
+        .prune_grace(args.ha_prune_grace)
+        .keep_divergent(args.ha_keep_divergent);
+    let wiring = MirrorWiring::new(ha.clock(), control);
+    Ok(MirrorDuty::spawn(ha, clients, adopt, wiring, opts))
 }
 
 /// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
@@ -276,14 +337,29 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     if let Some(lease) = &args.legacy_leader_lease {
         builder = builder.legacy_leader_lease(lease.clone());
     }
-    if let Some((ha, clients)) = ha_setup(&args, &client).await? {
-        builder = builder.ha(ha, clients);
+    let ha = ha_setup(&args, &client).await?;
+    if let Some((ha, clients)) = &ha {
+        builder = builder.ha(ha.clone(), clients.clone());
     }
     let group = builder
         .build()
         .map_err(|e| CliError::failed(format!("shard group: {e}")))?;
     let (handle, group_task) = group.start();
     let ownership: Ownership = handle.ownership();
+    let _duty = match (&ha, handle.ha()) {
+        (Some((cfg, clients)), Some(h)) if args.ha_mirror => {
+            let local = match &args.ha_mirror_kubeconfig {
+                Some(p) => client_from(Some(p)).await?,
+                None => clients.local.clone(),
+            };
+            let clients = HaClients::new(local, clients.peer.clone(), clients.witness.clone());
+            Some(mirror_duty(&args, cfg, clients, h, handle.ha_control())?)
+        }
+        (None, _) if args.ha_mirror => {
+            return Err(CliError::Usage("--ha-mirror needs --ha-mode".into()))
+        }
+        _ => None,
+    };
 
     // the operator: built before the group task first runs, so its watchers' warm reports are awaited
     let mut config = example::Config::new(identity.clone())

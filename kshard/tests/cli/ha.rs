@@ -204,6 +204,12 @@ fn ha_operator(
     cluster: &str,
     rank: &str,
 ) -> Running {
+    ha_operator_with(own, peer, [name, mode, cluster, rank], &[])
+}
+
+/// `kshard operator` as member `name` of cluster `cluster` (mode, rank), with `extra` flags.
+fn ha_operator_with(own: &Path, peer: &Path, who: [&str; 4], extra: &[&str]) -> Running {
+    let [name, mode, cluster, rank] = who;
     let child = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .arg("operator")
         .arg("--kubeconfig")
@@ -230,6 +236,7 @@ fn ha_operator(
         ])
         .arg("--ha-remote-kubeconfig")
         .arg(peer)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -524,4 +531,144 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
     let st = status(&b, &a);
     assert_eq!(st["active"], "a", "{st}");
     assert_eq!(st["highest_epoch"], 3001);
+}
+
+const WIDGET_KIND: &str = "widgets.example.kube-shard.io/v1";
+
+fn mirror_status(b: &Path, a: &Path) -> Value {
+    let out = ha(
+        &[
+            "status",
+            "--json",
+            "--kind",
+            WIDGET_KIND,
+            "--peer-cluster-id",
+            "a",
+        ],
+        b,
+        a,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `kshard operator --ha-mirror`: the Standby's operator mirrors the Active's Widgets and records its
+/// phase; `kshard ha status --kind` shows the mirror's row; `promote --force --kind` refuses a target
+/// holding a Widget that is not a copy, then promotes, and the Standby's operator adopts and reconciles.
+#[test]
+fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _sa) = testserver(dir.path(), "a");
+    let (b, _sb) = testserver(dir.path(), "b");
+    let mirror = |peer: &'static str| {
+        [
+            "--ha-mirror",
+            "--ha-peer-cluster-id",
+            peer,
+            "--ha-prune-grace",
+            "2s",
+        ]
+    };
+    let oa = ha_operator_with(&a, &b, ["a-0", "active", "a", "1"], &mirror("b"));
+    let _ob = ha_operator_with(&b, &a, ["b-0", "standby", "b", "2"], &mirror("a"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (wa, wb) = (widget_api(&rt, &a), widget_api(&rt, &b));
+    let w = |name: &str| -> kube::api::DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"size": 3}
+        }))
+        .unwrap()
+    };
+    until(std::time::Duration::from_secs(60), "the CRD on a", || {
+        rt.block_on(wa.create(&Default::default(), &w("w1")))
+            .is_ok()
+    });
+    let mut last = Value::Null;
+    until(std::time::Duration::from_secs(90), "b mirrors w1", || {
+        last = mirror_status(&b, &a);
+        let k = &last["mirror"]["kinds"][0];
+        last["mirror"]["duty"] == "mirroring"
+            && k["behind"] == 0
+            && k["position"].is_u64()
+            && rt.block_on(wb.get_opt("w1")).unwrap().is_some_and(|c| {
+                c.metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get("kube-shard.io/mirrored-from")
+                    .map(String::as_str)
+                    == Some("a")
+            })
+    });
+    assert_eq!(last["mirror"]["kinds"][0]["divergent"], 0, "{last}");
+    assert_eq!(last["mirror"]["was_active"], Value::Null, "{last}");
+    let text = String::from_utf8_lossy(
+        &ha(
+            &["status", "--kind", WIDGET_KIND, "--peer-cluster-id", "a"],
+            &b,
+            &a,
+        )
+        .stdout,
+    )
+    .to_string();
+    assert!(
+        text.contains("mirror of a: duty mirroring")
+            && text.contains("widgets.example.kube-shard.io"),
+        "{text}"
+    );
+
+    // a dies; b holds a Widget it did not mirror: not a promotion target
+    drop(oa);
+    rt.block_on(wb.create(&Default::default(), &w("mine")))
+        .unwrap();
+    let mut args = vec![
+        "promote",
+        "--force",
+        "--old-active-stopped",
+        "--timeout",
+        "30s",
+        "--kind",
+        WIDGET_KIND,
+        "--peer-cluster-id",
+        "a",
+    ];
+    args.extend(TIMINGS);
+    let out = ha(&args, &b, &a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not promoted") && err.contains("mine"),
+        "{err}"
+    );
+    assert_eq!(mirror_status(&b, &a)["active"], "a", "nothing was written");
+
+    rt.block_on(wb.delete("mine", &Default::default())).unwrap();
+    let out = ha(&args, &b, &a);
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{err}");
+    assert!(err.contains("mirrored up to resourceVersion"), "{err}");
+    // b's operator adopts (its duty) and then reconciles the adopted Widget
+    until(
+        std::time::Duration::from_secs(60),
+        "b reconciles w1",
+        || rt.block_on(wb.get("w1")).unwrap().data["status"]["reconciledBy"] == "b-0",
+    );
+    let st = mirror_status(&b, &a);
+    assert_eq!(st["active"], "b", "{st}");
+    assert_eq!(st["mirror"]["duty"], "active", "{st}");
+    assert!(
+        st["mirror"]["was_active"]
+            .as_str()
+            .is_some_and(|e| e.starts_with('2')),
+        "{st}"
+    );
 }

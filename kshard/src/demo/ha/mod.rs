@@ -11,7 +11,7 @@
 //!    ([`lag`]) gives p50/p99 at the writer's rate;
 //! 2. **planned switchover** `a` → `b` (`demote`: the mark, the wait, the freeze, the token; `promote
 //!    --token`: the mirror's catch-up, the takeover); the lost-write oracle on `b` (must be 0); `a`
-//!    rejoins as Standby (the failback pairing stand-in, [`phases::rejoin`]) and mirrors `b`;
+//!    rejoins as Standby (the library's failback, [`phases::rejoin`]) and mirrors `b`;
 //! 3. **unplanned failover**: `b`'s apiserver is partitioned (its elector cannot reach `a` either), the
 //!    mirror is stopped and `a` is promoted with `promote --force --old-active-stopped`; the time from
 //!    the failure to `a` admitting; the lost writes, compared with what was not yet mirrored;

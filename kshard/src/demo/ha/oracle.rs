@@ -122,36 +122,6 @@ pub(crate) fn lower_epoch_writes(intervals: &[Interval], writes: &[EpochWrite]) 
         .count() as u64
 }
 
-/// A Widget as the pairing at failback sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Obj {
-    pub(crate) name: String,
-    pub(crate) uid: String,
-    /// The `kube-shard.io/source-uid` annotation (a mirrored copy's source).
-    pub(crate) source_uid: Option<String>,
-}
-
-impl Obj {
-    fn ids(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.uid.as_str()).chain(self.source_uid.as_deref())
-    }
-}
-
-/// The pairing at failback (HA.md "Promotion and adoption"): each of the old Active's objects is paired
-/// with the new Active's object of the same name when one is the other's source (or both copies of one
-/// source); the rest are *divergent*. Returns (old object, the new Active's uid) pairs and the divergent.
-pub(crate) fn pair<'a>(old: &'a [Obj], new: &[Obj]) -> (Vec<(&'a Obj, String)>, Vec<&'a Obj>) {
-    let by_name: BTreeMap<&str, &Obj> = new.iter().map(|o| (o.name.as_str(), o)).collect();
-    let (mut paired, mut divergent) = (Vec::new(), Vec::new());
-    for o in old {
-        match by_name.get(o.name.as_str()) {
-            Some(n) if o.ids().any(|a| n.ids().any(|b| a == b)) => paired.push((o, n.uid.clone())),
-            _ => divergent.push(o),
-        }
-    }
-    (paired, divergent)
-}
-
 /// The `q` quantile (0..=1) of `v` (nearest rank), `None` when empty.
 pub(crate) fn quantile(v: &[Duration], q: f64) -> Option<Duration> {
     if v.is_empty() {
@@ -255,37 +225,6 @@ mod tests {
         assert_eq!(lower_epoch_writes(&v, &writes), 0);
         let late = [wr("a", 1001, 210)];
         assert_eq!(lower_epoch_writes(&v, &late), 1);
-    }
-
-    fn obj(n: &str, uid: &str, src: Option<&str>) -> Obj {
-        Obj {
-            name: n.into(),
-            uid: uid.into(),
-            source_uid: src.map(Into::into),
-        }
-    }
-
-    #[test]
-    fn pairing_by_name_and_source_uid() {
-        let old = [
-            obj("x", "a1", None),       // the source of the new Active's copy
-            obj("y", "a2", Some("b2")), // a copy of the new Active's object
-            obj("z", "a3", None),       // only on the old Active
-            obj("w", "a4", None),       // same name, unrelated uid
-        ];
-        let new = [
-            obj("x", "b1", Some("a1")),
-            obj("y", "b2", None),
-            obj("w", "b4", None),
-        ];
-        let (p, d) = pair(&old, &new);
-        let p: Vec<(&str, &str)> = p
-            .iter()
-            .map(|(o, u)| (o.name.as_str(), u.as_str()))
-            .collect();
-        assert_eq!(p, vec![("x", "b1"), ("y", "b2")]);
-        let d: Vec<&str> = d.iter().map(|o| o.name.as_str()).collect();
-        assert_eq!(d, vec!["z", "w"]);
     }
 
     #[test]

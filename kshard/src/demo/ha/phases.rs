@@ -5,15 +5,15 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::ListParams;
 use kube::Api;
+use kube_shard::ha::mirror::adopt::{Failback, FailbackOptions};
 use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
 use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
 use kube_shard::ha::{Epoch, HaClients, HaMode, LocalClock};
 use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
-use super::oracle::{self, Obj};
 use super::setup::{ha_config, Cluster, EXEMPT};
 use crate::cli::CliError;
 use crate::operator::widget::Widget;
@@ -29,6 +29,22 @@ fn failed(what: &str) -> impl FnOnce(String) -> CliError + '_ {
     move |e| CliError::failed(format!("{what}: {e}"))
 }
 
+/// The mirror configuration of `standby` (source `active`): the demo's Widgets in `ns`.
+fn mirror_config(standby: &Cluster, active: &Cluster, ns: &str) -> Result<MirrorConfig, CliError> {
+    let set = KindSet::builder()
+        .mirrored(kind())
+        .build(&[kind()])
+        .map_err(|e| failed("the mirror's kinds")(e.to_string()))?;
+    Ok(MirrorConfig::new(
+        ha_config(standby.id, standby.rank, HaMode::Standby, ns)?,
+        active.id,
+        set,
+    )
+    .namespaces([ns])
+    .probe_period(Duration::from_secs(1))
+    .checkpoint_period(Duration::from_millis(250)))
+}
+
 /// Start the mirror of `active`'s Widgets into `standby` (run by the Standby, identity
 /// `<standby>-mirror`) and wait until its first full LIST is applied.
 #[tracing::instrument(skip_all, fields(standby = standby.id, source = active.id))]
@@ -38,18 +54,7 @@ pub(crate) async fn start_mirror(
     ns: &str,
     clock: LocalClock,
 ) -> Result<Mirror, CliError> {
-    let set = KindSet::builder()
-        .mirrored(kind())
-        .build(&[kind()])
-        .map_err(|e| failed("the mirror's kinds")(e.to_string()))?;
-    let cfg = MirrorConfig::new(
-        ha_config(standby.id, standby.rank, HaMode::Standby, ns)?,
-        active.id,
-        set,
-    )
-    .namespaces([ns])
-    .probe_period(Duration::from_secs(1))
-    .checkpoint_period(Duration::from_millis(250));
+    let cfg = mirror_config(standby, active, ns)?;
     let who = format!("{}-mirror", standby.id);
     let m = Mirror::start(
         cfg,
@@ -103,7 +108,7 @@ pub(crate) async fn switchover(
         clients,
         clock,
         &token,
-        &PromoteOptions::new(Duration::from_secs(60)),
+        &PromoteOptions::new(Duration::from_secs(60)).mirror(mirror_config(to, from, ns)?),
         |l| tracing::info!("promote {}: {l}", to.id),
     )
     .await
@@ -136,6 +141,7 @@ pub(crate) async fn force_promote(
     ns: &str,
     clock: LocalClock,
 ) -> Result<Epoch, CliError> {
+    check_target(standby, old, ns, true).await?;
     let who = format!("{}-cmd", standby.id);
     let cfg = ha_config(standby.id, standby.rank, HaMode::Standby, ns)?;
     let clients = HaClients::new(standby.client(&who), old.client(&who), None);
@@ -146,7 +152,12 @@ pub(crate) async fn force_promote(
     .map_err(|e| failed("promote --force")(e.to_string()))
 }
 
-async fn objects(api: &Api<Widget>) -> Result<Vec<(Obj, Widget)>, CliError> {
+/// The new Active's Widgets: name → `spec.size`.
+pub(crate) async fn held(
+    c: &Cluster,
+    ns: &str,
+) -> Result<std::collections::BTreeMap<String, u64>, CliError> {
+    let api: Api<Widget> = Api::namespaced(c.client("demo-oracle"), ns);
     let l = api
         .list(&ListParams::default())
         .await
@@ -154,43 +165,20 @@ async fn objects(api: &Api<Widget>) -> Result<Vec<(Obj, Widget)>, CliError> {
     Ok(l.items
         .into_iter()
         .map(|w| {
-            let o = Obj {
-                name: w.metadata.name.clone().unwrap_or_default(),
-                uid: w.metadata.uid.clone().unwrap_or_default(),
-                source_uid: w
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("kube-shard.io/source-uid").cloned()),
-            };
-            (o, w)
-        })
-        .collect())
-}
-
-/// The new Active's Widgets: name → `spec.size`.
-pub(crate) async fn held(
-    c: &Cluster,
-    ns: &str,
-) -> Result<std::collections::BTreeMap<String, u64>, CliError> {
-    let api: Api<Widget> = Api::namespaced(c.client("demo-oracle"), ns);
-    Ok(objects(&api)
-        .await?
-        .into_iter()
-        .map(|(o, w)| {
             (
-                o.name,
+                w.metadata.name.clone().unwrap_or_default(),
                 w.spec.size.and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
             )
         })
         .collect())
 }
 
-/// A Standby rejoining under `active` — DEMO STAND-IN for the mirror's failback adoption (HA.md
-/// "Promotion and adoption", being built in `kube_shard::ha::mirror`): pair each of `standby`'s Widgets
-/// with `active`'s by name and recorded source uid; label a paired one a copy of its partner (so the
-/// mirror updates it in place); report the rest as divergent (unless `deleted_by_active` names them:
-/// deleted by the Active since) and delete them (the prune, with no grace).
+/// A Standby rejoining under `active`: the library's failback (`kube_shard::ha::mirror::adopt::Failback`,
+/// HA.md "Promotion and adoption") pairs each of `standby`'s Widgets with `active`'s by name and
+/// recorded source uid (equal: labelled a copy; different: updated in place), and deletes the rest
+/// (divergent) with no prune grace (the demo's writer is paused meanwhile). Of the divergent ones,
+/// those `deleted_by_active` names were deleted by the Active since; the others are reported. Passes
+/// run until one finds nothing left to do.
 #[tracing::instrument(skip_all, fields(standby = standby.id, active = active.id))]
 pub(crate) async fn rejoin(
     standby: &Cluster,
@@ -198,46 +186,64 @@ pub(crate) async fn rejoin(
     ns: &str,
     deleted_by_active: &BTreeSet<String>,
 ) -> Result<Rejoined, CliError> {
-    let sapi: Api<Widget> = Api::namespaced(standby.client("demo-repair"), ns);
-    let aapi: Api<Widget> = Api::namespaced(active.client("demo-repair"), ns);
-    let old = objects(&sapi).await?;
-    let new: Vec<Obj> = objects(&aapi).await?.into_iter().map(|(o, _)| o).collect();
-    let plain: Vec<Obj> = old.iter().map(|(o, _)| o.clone()).collect();
-    let (paired, divergent) = oracle::pair(&plain, &new);
-    for (o, partner) in paired {
-        let w = old.iter().find(|(x, _)| x.name == o.name).map(|(_, w)| w);
-        let patch = serde_json::json!({"metadata": {
-            "resourceVersion": w.and_then(|w| w.metadata.resource_version.clone()),
-            "labels": {"kube-shard.io/mirrored-from": active.id},
-            "annotations": {"kube-shard.io/source-uid": partner, "kube-shard.io/source-rv": null},
-        }});
-        sapi.patch(&o.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| {
-                failed(&format!("labelling {} on {}", o.name, standby.id))(e.to_string())
-            })?;
-    }
+    // failback is the Standby's mirror duty: it writes as the mirror, which the old Active's freeze (in
+    // place since the planned switchover) exempts
+    let who = format!("{}-mirror", standby.id);
+    let mut fb = Failback::new(
+        mirror_config(standby, active, ns)?,
+        standby.client(&who),
+        active.client(&who),
+        FailbackOptions::default().prune_grace(Duration::ZERO),
+    );
     let mut out = Rejoined::default();
-    for o in divergent {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(o.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match sapi.delete(&o.name, &dp).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(failed(&format!("pruning {}", o.name))(e.to_string())),
+    let mut seen = BTreeSet::new();
+    let mut last = None;
+    for pass in 0..10 {
+        let r = fb
+            .run_once()
+            .await
+            .map_err(|e| failed(&format!("failback of {}", standby.id))(e.to_string()))?;
+        for d in &r.divergent {
+            if !seen.insert(d.at.name.clone()) {
+                continue;
+            }
+            if deleted_by_active.contains(&d.at.name) {
+                out.deleted_by_active += 1;
+            } else {
+                out.divergent.push(d.at.name.clone());
+            }
         }
-        if deleted_by_active.contains(&o.name) {
-            out.deleted_by_active += 1;
-        } else {
-            out.divergent.push(o.name.clone());
+        if r.divergent.is_empty() && r.failed.is_empty() {
+            return Ok(out);
         }
+        last = r.failed.first().map(|p| format!("{}: {}", p.at, p.what));
+        tracing::info!(
+            pass,
+            divergent = r.divergent.len(),
+            failed = r.failed.len(),
+            "failback: another pass"
+        );
     }
-    Ok(out)
+    Err(CliError::failed(format!(
+        "failback of {} did not finish in 10 passes (last failure: {})",
+        standby.id,
+        last.unwrap_or_else(|| "none".into())
+    )))
+}
+
+/// Refuse `standby` as a promotion target while it holds Widgets that are not copies of `old`'s
+/// (`kshard ha promote --kind`'s check), `synced`: also while it never mirrored them.
+pub(crate) async fn check_target(
+    standby: &Cluster,
+    old: &Cluster,
+    ns: &str,
+    synced: bool,
+) -> Result<(), CliError> {
+    let cfg = mirror_config(standby, old, ns)?;
+    kube_shard::ha::mirror::adopt::check_target(&cfg, &standby.client("demo-check"), synced)
+        .await
+        .map(|_| ())
+        .map_err(|e| failed(&format!("{} as a promotion target", standby.id))(e.to_string()))
 }
 
 /// What a rejoin found among the objects only the rejoining Standby holds (all of them pruned).

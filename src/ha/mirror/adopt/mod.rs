@@ -10,6 +10,8 @@
 //!   closed at a new epoch until adoption finished ([`HaHandle::require_adoption`]); the task stops the
 //!   mirror and waits for its requests, runs the plan, opens admission, and relabels the copies as owned
 //!   in the background.
+//! - `duty`: [`MirrorDuty`], what an HA operator process runs: the mirror while the peer is Active
+//!   (after failback if this cluster was Active), adoption at each new epoch, nothing while Active.
 //! - `failback`: [`Failback`] (the old Active's pairing pass, the prune grace, `keep_divergent`) and
 //!   [`divergent_objects`] / [`promotable`]: a Standby with divergent objects is not a valid promotion
 //!   target.
@@ -19,20 +21,26 @@
 pub mod pairing;
 pub mod plan;
 
+mod duty;
 mod failback;
 mod io;
 mod run;
+mod target;
 #[cfg(test)]
 mod tests;
 
 use std::time::Duration;
 
+pub use duty::{DutyStatus, MirrorDuty, WAS_ACTIVE_KEY};
 pub use failback::{
     divergent_objects, promotable, Failback, FailbackOptions, FailbackReport, NotPromotable,
 };
 pub use pairing::{Divergent, Pairing};
 pub use plan::{ObjRef, Problem, ShardSpec};
 pub use run::{AdoptStatus, Adoption};
+pub use target::{
+    check_target, mirror_report, KindPosition, KindReport, MirrorReport, TargetRefused, DUTY_KEY,
+};
 
 use super::MirrorConfig;
 

@@ -46,7 +46,7 @@ pub struct Adoption {
     task: JoinHandle<()>,
 }
 
-type Status = Arc<Mutex<AdoptStatus>>;
+pub(super) type Status = Arc<Mutex<AdoptStatus>>;
 
 fn set(s: &Status, f: impl FnOnce(&mut AdoptStatus)) {
     if let Ok(mut g) = s.lock() {
@@ -136,15 +136,15 @@ async fn supervise(
     }
 }
 
-struct Report {
-    restored: usize,
-    deleted: usize,
-    problems: Vec<Problem>,
+pub(super) struct Report {
+    pub(super) restored: usize,
+    pub(super) deleted: usize,
+    pub(super) problems: Vec<Problem>,
 }
 
 /// Adoption at `e`: read every mirrored kind's copies, plan, execute in order. Stops if the term
 /// at `e` is lost.
-async fn adopt(
+pub(super) async fn adopt(
     cfg: &AdoptConfig,
     target: &Client,
     ha: &HaHandle,
@@ -198,7 +198,7 @@ async fn adopt(
 }
 
 /// Relabel every copy of the source as owned, in the background, while this cluster is active.
-async fn relabel_all(cfg: AdoptConfig, target: Client, ha: HaHandle, status: Status) {
+pub(super) async fn relabel_all(cfg: AdoptConfig, target: Client, ha: HaHandle, status: Status) {
     let src = cfg.mirror.source_cluster.clone();
     let selector = format!("{MIRRORED_FROM}={src}");
     loop {

@@ -1,0 +1,245 @@
+//! The promotion target's checks (HA.md "Promotion and adoption"; `review-ha.md` H18 b): a Standby
+//! holding objects that are not copies of the peer's is refused ([`NotPromotable`]); for an unplanned
+//! promotion, a mirrored kind that never completed a full LIST from the peer is refused unless allowed
+//! (everything of that kind would be lost), and every kind's checkpointed position is reported.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+
+use super::super::error::{api_err, MirrorError};
+use super::super::rv::parse_rv;
+use super::super::task::in_scope;
+use super::super::MirrorConfig;
+use super::failback::{divergent_objects, promotable, NotPromotable};
+use super::io::KindApi;
+use crate::ha::switchover::checkpoint_name;
+
+/// One mirrored kind as the target's checkpoint records it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct KindPosition {
+    /// `<plural>.<group>`.
+    pub kind: String,
+    /// The position checkpointed from the peer (`None`: no full LIST from it completed).
+    pub position: Option<u64>,
+}
+
+/// Why a cluster is not a valid promotion target.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TargetRefused {
+    /// It holds divergent objects.
+    #[error(transparent)]
+    Divergent(#[from] NotPromotable),
+    /// A mirrored kind never synced from the peer.
+    #[error("mirrored kind(s) {kinds:?} never completed a full LIST from {peer}: promoting would lose every object of them (`--allow-unsynced` to promote anyway)")]
+    Unsynced {
+        /// The peer (the mirror's source).
+        peer: String,
+        /// The kinds.
+        kinds: Vec<String>,
+    },
+    /// The checks could not read this cluster.
+    #[error("checking the promotion target: {0}")]
+    Read(#[from] MirrorError),
+}
+
+/// The position of `kind` in checkpoint `data` from any incarnation of cluster `source_cluster`.
+fn position_from(data: &BTreeMap<String, String>, kind: &str, source_cluster: &str) -> Option<u64> {
+    let rest = data.get(kind)?.strip_prefix("v1 source=")?;
+    let (src, rv) = rest.split_once(" rv=")?;
+    let (cluster, _uid) = src.split_once('/')?;
+    (cluster == source_cluster)
+        .then(|| rv.parse().ok())
+        .flatten()
+}
+
+/// Check `local` (the Standby of `cfg`, whose source is the peer) before a promotion: refuse
+/// divergent objects; with `require_synced`, refuse a kind without a checkpointed position from the
+/// peer. Returns every kind's position (to report what an unplanned promotion may lose).
+#[tracing::instrument(skip_all, fields(peer = %cfg.source_cluster))]
+pub async fn check_target(
+    cfg: &MirrorConfig,
+    local: &Client,
+    require_synced: bool,
+) -> Result<Vec<KindPosition>, TargetRefused> {
+    promotable(&divergent_objects(cfg, local).await?)?;
+    let api: Api<ConfigMap> = Api::namespaced(local.clone(), &cfg.ha.namespace);
+    let cp = api
+        .get_opt(&checkpoint_name(&cfg.ha))
+        .await
+        .map_err(api_err("reading the checkpoint"))?
+        .and_then(|c| c.data)
+        .unwrap_or_default();
+    let kinds: Vec<KindPosition> = cfg
+        .kinds
+        .mirrored()
+        .map(|k| KindPosition {
+            kind: k.key(),
+            position: position_from(&cp, &k.key(), &cfg.source_cluster),
+        })
+        .collect();
+    let unsynced: Vec<String> = kinds
+        .iter()
+        .filter(|k| k.position.is_none())
+        .map(|k| k.kind.clone())
+        .collect();
+    if require_synced && !unsynced.is_empty() {
+        return Err(TargetRefused::Unsynced {
+            peer: cfg.source_cluster.clone(),
+            kinds: unsynced,
+        });
+    }
+    Ok(kinds)
+}
+
+/// The checkpoint ConfigMap key where the [`MirrorDuty`](super::MirrorDuty) records its phase (for
+/// `kshard ha status`, run from another process).
+pub const DUTY_KEY: &str = "duty";
+
+/// One mirrored kind as `kshard ha status --kind` shows it, read from this cluster's checkpoint and
+/// the peer.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct KindReport {
+    /// `<plural>.<group>`.
+    pub kind: String,
+    /// The position checkpointed from the peer.
+    pub position: Option<u64>,
+    /// The peer's collection resourceVersion now (a `limit=1` LIST).
+    pub active_rv: Option<u64>,
+    /// Objects in scope on the peer above the position (every one if there is no position).
+    pub behind: Option<usize>,
+    /// Objects here that are not copies of the peer's.
+    pub divergent: usize,
+    /// What could not be read.
+    pub error: Option<String>,
+}
+
+/// The mirror as `kshard ha status --kind` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MirrorReport {
+    /// The peer (the mirror's source).
+    pub source: String,
+    /// The duty's phase as it last recorded it (`None`: no duty ran here).
+    pub duty: Option<String>,
+    /// The `was-active` mark: this cluster admitted at that epoch and has not failed back since.
+    pub was_active: Option<String>,
+    /// Per kind.
+    pub kinds: Vec<KindReport>,
+}
+
+async fn read_checkpoint(
+    cfg: &MirrorConfig,
+    local: &Client,
+) -> Result<BTreeMap<String, String>, MirrorError> {
+    let api: Api<ConfigMap> = Api::namespaced(local.clone(), &cfg.ha.namespace);
+    Ok(api
+        .get_opt(&checkpoint_name(&cfg.ha))
+        .await
+        .map_err(api_err("reading the checkpoint"))?
+        .and_then(|c| c.data)
+        .unwrap_or_default())
+}
+
+/// What the peer holds of `kind` beyond `position`: its collection version and the objects above.
+async fn peer_side(
+    cfg: &MirrorConfig,
+    peer: &Client,
+    kind: &crate::ha::switchover::Kind,
+    position: Option<u64>,
+) -> Result<(u64, usize), MirrorError> {
+    let api = KindApi::resolve(peer, kind).await?;
+    let page = api
+        .all()
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .map_err(api_err(format!("probing {kind}")))?;
+    let rv = parse_rv(
+        page.metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
+        &kind.key(),
+    )?;
+    let mut behind = 0;
+    for o in api.list(None).await? {
+        if !in_scope(cfg, kind, &o) {
+            continue;
+        }
+        let orv = parse_rv(
+            o.metadata.resource_version.as_deref().unwrap_or_default(),
+            &kind.key(),
+        )?;
+        if position.is_none_or(|p| orv > p) {
+            behind += 1;
+        }
+    }
+    Ok((rv, behind))
+}
+
+/// The mirror of `cfg` on `local` against `peer`, kind by kind; what cannot be read is reported in
+/// the row, never an error.
+#[tracing::instrument(skip_all, fields(peer = %cfg.source_cluster))]
+pub async fn mirror_report(cfg: &MirrorConfig, local: &Client, peer: &Client) -> MirrorReport {
+    let (cp, cp_err) = match read_checkpoint(cfg, local).await {
+        Ok(cp) => (cp, None),
+        Err(e) => (BTreeMap::new(), Some(e.to_string())),
+    };
+    let (divergent, div_err) = match divergent_objects(cfg, local).await {
+        Ok(d) => (d, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let mut kinds = Vec::new();
+    for k in cfg.kinds.mirrored() {
+        let key = k.key();
+        let position = position_from(&cp, &key, &cfg.source_cluster);
+        let (active_rv, behind, peer_err) = match peer_side(cfg, peer, k, position).await {
+            Ok((rv, b)) => (Some(rv), Some(b), None),
+            Err(e) => (None, None, Some(e.to_string())),
+        };
+        let error = [&cp_err, &div_err, &peer_err]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>();
+        kinds.push(KindReport {
+            divergent: divergent.iter().filter(|d| d.at.kind == key).count(),
+            kind: key,
+            position,
+            active_rv,
+            behind,
+            error: (!error.is_empty()).then(|| error.join("; ")),
+        });
+    }
+    MirrorReport {
+        source: cfg.source_cluster.clone(),
+        duty: cp.get(DUTY_KEY).cloned(),
+        was_active: cp.get(super::WAS_ACTIVE_KEY).cloned(),
+        kinds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_from_any_incarnation_of_the_peer_only() {
+        let d = BTreeMap::from([
+            (
+                "widgets.example.com".to_string(),
+                "v1 source=a/u1 rv=1200".to_string(),
+            ),
+            ("configmaps".to_string(), "v1 source=c/u9 rv=7".to_string()),
+            ("secrets".to_string(), "garbage".to_string()),
+        ]);
+        assert_eq!(position_from(&d, "widgets.example.com", "a"), Some(1200));
+        assert_eq!(position_from(&d, "configmaps", "a"), None);
+        assert_eq!(position_from(&d, "secrets", "a"), None);
+        assert_eq!(position_from(&d, "jobs.batch", "a"), None);
+    }
+}
