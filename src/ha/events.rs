@@ -1,5 +1,6 @@
 //! Kubernetes Events for HA transitions (`BecameActive`, `BecameStandby`, `SteppedDown`, `Promoted`, and
-//! `HaAlarm`), on this cluster's HA Lease. Fire-and-forget: an Event never delays a renewal.
+//! `HaAlarm`) and the mirror duty's (`MirrorStarted`, `MirrorKindStopped`, `FailbackDivergent`,
+//! `FailbackDone`, `Adopted`, `AdoptionFailed`), on this cluster's HA Lease. Fire-and-forget: an Event never delays a renewal.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -19,6 +20,18 @@ pub mod reason {
     pub const PROMOTED: &str = "Promoted";
     /// An alarm (undecodable Lease, peer unreadable at start).
     pub const ALARM: &str = "HaAlarm";
+    /// The mirror duty started mirroring the peer.
+    pub const MIRROR_STARTED: &str = "MirrorStarted";
+    /// A mirrored kind stopped (an unparseable resourceVersion, a regression).
+    pub const MIRROR_KIND_STOPPED: &str = "MirrorKindStopped";
+    /// Failback holds divergent objects (objects only this, the old Active's, cluster has).
+    pub const FAILBACK_DIVERGENT: &str = "FailbackDivergent";
+    /// Failback finished: every own object is a copy of the new Active's.
+    pub const FAILBACK_DONE: &str = "FailbackDone";
+    /// Adoption at a new epoch finished; admission opens.
+    pub const ADOPTED: &str = "Adopted";
+    /// Adoption failed (retried; admission stays closed).
+    pub const ADOPTION_FAILED: &str = "AdoptionFailed";
 }
 
 #[derive(Clone)]

@@ -247,6 +247,53 @@ async fn the_duty_mirrors_adopts_at_failover_and_fails_back_the_returning_active
         ann(&get(&sa, "w3").await.unwrap(), "kube-shard.io/fence").as_deref(),
         Some("2002:mirror")
     );
+    // the duty's metrics and Events
+    let mut reg = prometheus_client::registry::Registry::default();
+    a.duty.metrics().register(&mut reg);
+    let scrape = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        text
+    };
+    // the duty publishes its mirror's state once per retry period
+    eventually(5, "the position published", || async {
+        scrape().contains("kube_shard_mirror_position{")
+    })
+    .await
+    .unwrap();
+    let text = scrape();
+    for want in [
+        "kube_shard_mirror_phase{phase=\"mirroring\"} 1",
+        "kube_shard_mirror_position{kind=\"widgets.example.kube-shard.io\"}",
+        "kube_shard_mirror_starts_total 1",
+        "kube_shard_mirror_divergent_objects 0",
+    ] {
+        assert!(text.contains(want), "{want} missing in\n{text}");
+    }
+    let reasons = |s: &TestServer| {
+        let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(s.client("test"), HA_NS);
+        async move {
+            api.list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|e| e.reason)
+                .collect::<Vec<_>>()
+        }
+    };
+    let (ra, rb) = (reasons(&sa).await, reasons(&sb).await);
+    for r in [
+        "Adopted",
+        "FailbackDivergent",
+        "FailbackDone",
+        "MirrorStarted",
+    ] {
+        assert!(ra.contains(&r.to_string()), "A's Events lack {r}: {ra:?}");
+    }
+    for r in ["MirrorStarted", "Adopted"] {
+        assert!(rb.contains(&r.to_string()), "B's Events lack {r}: {rb:?}");
+    }
     // once its mirror checkpointed a position from B
     eventually(30, "A a valid promotion target again", || async {
         check_target(&a_mirror, &sa.client("check"), true)

@@ -346,7 +346,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::failed(format!("shard group: {e}")))?;
     let (handle, group_task) = group.start();
     let ownership: Ownership = handle.ownership();
-    let _duty = match (&ha, handle.ha()) {
+    let duty = match (&ha, handle.ha()) {
         (Some((cfg, clients)), Some(h)) if args.ha_mirror => {
             let local = match &args.ha_mirror_kubeconfig {
                 Some(p) => client_from(Some(p)).await?,
@@ -392,6 +392,9 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     read_metrics.register(&mut registry);
     workload.metrics.register(&mut registry);
     handle.metrics().register(&mut registry);
+    if let Some(d) = &duty {
+        d.metrics().register(&mut registry);
+    }
     let gc_metrics = workload.gc_metrics.clone();
     registry.register(
         "kshard_singleton_term",

@@ -618,6 +618,7 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
         .stdout,
     )
     .to_string();
+    eprintln!("[cli] kshard ha status --kind:\n{text}");
     assert!(
         text.contains("mirror of a: duty mirroring")
             && text.contains("widgets.example.kube-shard.io"),

@@ -25,9 +25,11 @@ use tracing::{info, info_span, warn, Instrument};
 use super::super::error::MirrorError;
 use super::super::{KindStatus, Mirror, MirrorWiring};
 use super::failback::{Failback, FailbackOptions, FailbackReport};
+use super::metrics::{CarriedMap, MirrorMetrics};
 use super::run::{adopt, relabel_all, AdoptStatus};
 use super::target::DUTY_KEY;
 use super::AdoptConfig;
+use crate::ha::events::{reason, HaEvents};
 use crate::ha::switchover::{checkpoint_name, edit_checkpoint};
 use crate::ha::{ops, Epoch, HaClients, HaHandle};
 
@@ -60,6 +62,7 @@ pub struct DutyStatus {
 #[derive(Debug)]
 pub struct MirrorDuty {
     status: Arc<Mutex<DutyStatus>>,
+    metrics: MirrorMetrics,
     task: JoinHandle<()>,
 }
 
@@ -88,7 +91,24 @@ impl MirrorDuty {
             phase: "starting",
             ..DutyStatus::default()
         }));
+        let carried = CarriedMap::default();
+        let metrics = MirrorMetrics {
+            status: status.clone(),
+            carried: carried.clone(),
+            clock: wiring.clock.clone().unwrap_or_else(|| ha.clock()),
+        };
+        let h = &cfg.mirror.ha;
+        let events = HaEvents::new(
+            clients.local.clone(),
+            &h.namespace,
+            &h.lease_name(),
+            &h.cluster_id,
+        );
         let duty = Duty {
+            carried,
+            events,
+            stopped_kinds: Default::default(),
+            divergent_told: false,
             ha,
             clients,
             cfg,
@@ -106,7 +126,17 @@ impl MirrorDuty {
             recorded: String::new(),
         };
         let task = tokio::spawn(duty.run().instrument(info_span!("mirror_duty")));
-        MirrorDuty { status, task }
+        MirrorDuty {
+            status,
+            metrics,
+            task,
+        }
+    }
+
+    /// Its Prometheus families (register them in a prometheus-client registry).
+    #[must_use]
+    pub fn metrics(&self) -> MirrorMetrics {
+        self.metrics.clone()
     }
 
     /// What the duty is doing.
@@ -137,6 +167,13 @@ struct Duty {
     marked: u64,
     /// The phase last recorded in the checkpoint.
     recorded: String,
+    /// Counts of mirrors stopped before the current one.
+    carried: CarriedMap,
+    events: HaEvents,
+    /// Kinds whose stop was told (an Event each).
+    stopped_kinds: std::collections::BTreeSet<String>,
+    /// Divergent objects of this failback round were told.
+    divergent_told: bool,
 }
 
 impl Duty {
@@ -214,8 +251,19 @@ impl Duty {
         }
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let kinds = self.mirror.as_ref().map(Mirror::status).unwrap_or_default();
+        for k in &kinds {
+            if let Some(why) = &k.stopped {
+                if self.stopped_kinds.insert(k.kind.clone()) {
+                    self.events.emit(
+                        true,
+                        reason::MIRROR_KIND_STOPPED,
+                        format!("mirror of {}: {why}", k.kind),
+                    );
+                }
+            }
+        }
         let adopt = self.adopt.lock().map(|a| a.clone()).unwrap_or_default();
         set(&self.status, |s| {
             s.mirror = kinds;
@@ -226,7 +274,14 @@ impl Duty {
     async fn stop_mirror(&mut self) {
         if let Some(m) = self.mirror.take() {
             info!("mirror duty: stopping the mirror");
+            let last = m.status();
             m.stop().await;
+            if let Ok(mut c) = self.carried.lock() {
+                for k in &last {
+                    c.entry(k.kind.clone()).or_default().add(k);
+                }
+            }
+            self.stopped_kinds.clear();
         }
         set(&self.status, |s| s.mirror.clear());
     }
@@ -257,6 +312,16 @@ impl Duty {
         match res {
             Ok(r) => {
                 info!(epoch = %e, restored = r.restored, deleted = r.deleted, problems = r.problems.len(), "adoption: done; admission opens");
+                self.events.emit(
+                    !r.problems.is_empty(),
+                    reason::ADOPTED,
+                    format!(
+                        "epoch {e}: {} copies restored, {} deleted (terminating sources), {} problem(s); admission opens",
+                        r.restored,
+                        r.deleted,
+                        r.problems.len()
+                    ),
+                );
                 if let Ok(mut g) = ad.lock() {
                     g.state = "adopted";
                     g.restored = r.restored;
@@ -281,6 +346,18 @@ impl Duty {
             }
             Err(err) => {
                 warn!(epoch = %e, error = %err, "adoption failed; admission stays closed, retrying");
+                let first = self
+                    .adopt
+                    .lock()
+                    .map(|g| g.last_error.as_deref() != Some(&err.to_string()))
+                    .unwrap_or(true);
+                if first {
+                    self.events.emit(
+                        true,
+                        reason::ADOPTION_FAILED,
+                        format!("epoch {e}: {err} (retried; admission stays closed)"),
+                    );
+                }
                 if let Ok(mut g) = ad.lock() {
                     g.last_error = Some(err.to_string());
                 }
@@ -327,6 +404,28 @@ impl Duty {
                     rep.failed.len()
                 )
             });
+            let held = rep.divergent.len() - rep.deleted.len();
+            if held > 0 && !self.divergent_told {
+                self.divergent_told = true;
+                self.events.emit(
+                    true,
+                    reason::FAILBACK_DIVERGENT,
+                    format!(
+                        "{held} object(s) only on this cluster (the old Active), e.g. {}{}",
+                        rep.divergent[0].at,
+                        if self.opts.keep_divergent {
+                            ": kept (keep_divergent)".to_string()
+                        } else {
+                            format!(
+                                ": deleted after the prune grace ({:?})",
+                                self.opts.prune_grace
+                            )
+                        }
+                    ),
+                );
+            }
+            let (labelled, updated, deleted) =
+                (rep.labelled.len(), rep.updated.len(), rep.deleted.len());
             set(&self.status, |s| {
                 s.failback = Some(rep);
                 s.detail = detail;
@@ -335,6 +434,12 @@ impl Duty {
                 return Ok(());
             }
             write_mark(&self.clients.local, &self.cfg, None).await?;
+            self.divergent_told = false;
+            self.events.emit(
+                false,
+                reason::FAILBACK_DONE,
+                format!("failback to {peer}: this pass labelled {labelled}, updated {updated}, deleted {deleted}; mirroring next"),
+            );
             info!("failback: done; starting the mirror");
         }
         let m = Mirror::start(
@@ -350,6 +455,11 @@ impl Duty {
             s.last_error = None;
         });
         self.phase("mirroring", None);
+        self.events.emit(
+            false,
+            reason::MIRROR_STARTED,
+            format!("mirroring {peer}'s kinds into this cluster"),
+        );
         Ok(())
     }
 }

@@ -24,6 +24,7 @@ pub mod plan;
 mod duty;
 mod failback;
 mod io;
+mod metrics;
 mod run;
 mod target;
 #[cfg(test)]
@@ -35,6 +36,7 @@ pub use duty::{DutyStatus, MirrorDuty, WAS_ACTIVE_KEY};
 pub use failback::{
     divergent_objects, promotable, Failback, FailbackOptions, FailbackReport, NotPromotable,
 };
+pub use metrics::MirrorMetrics;
 pub use pairing::{Divergent, Pairing};
 pub use plan::{ObjRef, Problem, ShardSpec};
 pub use run::{AdoptStatus, Adoption};
