@@ -908,3 +908,68 @@ async fn two_writers_of_one_copy_never_apply_an_older_version() {
     );
     assert_eq!(writers.len(), 2, "both mirrors wrote the copy: {writers:?}");
 }
+
+/// A copy whose source's delete the mirror never saw (made here after the mirror's LIST, as a lost
+/// delete leaves it): `true` when it is gone (or terminating) 3 minutes later; asserts nothing
+/// happens to it within the grace.
+async fn stray_copy_pruned(prune: Option<Duration>) -> (bool, u64) {
+    let (a, b) = pair().await;
+    widgets(&a, APPS)
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    let m = start(&a, &b, config().prune(prune, Duration::from_secs(30))).await;
+    eventually(60, "w1 in step", || widget_in_step(&a, &b, "w1"))
+        .await
+        .unwrap();
+    let mut stray = widget("stray", 1);
+    stray.metadata.labels = Some(
+        [(
+            kube_shard::ha::mirror::plan::MIRRORED_FROM.to_string(),
+            "a".to_string(),
+        )]
+        .into(),
+    );
+    stray.metadata.annotations = Some(
+        [(
+            kube_shard::ha::mirror::plan::SOURCE_UID.to_string(),
+            "a-uid-long-gone".to_string(),
+        )]
+        .into(),
+    );
+    widgets(&b, APPS)
+        .create(&PostParams::default(), &stray)
+        .await
+        .unwrap();
+    let live =
+        |o: Option<DynamicObject>| o.is_some_and(|o| o.metadata.deletion_timestamp.is_none());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        live(widgets(&b, APPS).get_opt("stray").await.unwrap()),
+        "nothing happens within the grace"
+    );
+    assert!(live(widgets(&b, APPS).get_opt("w1").await.unwrap()));
+    tokio::time::sleep(Duration::from_secs(160)).await;
+    let gone = !live(widgets(&b, APPS).get_opt("stray").await.unwrap());
+    assert!(
+        live(widgets(&b, APPS).get_opt("w1").await.unwrap()),
+        "a copy whose source lives is never pruned"
+    );
+    let prunes = m.kind(WIDGETS).map_or(0, |k| k.prunes);
+    m.stop().await;
+    (gone, prunes)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_prune_backstop_deletes_a_copy_whose_source_delete_was_lost_after_its_grace() {
+    let (gone, prunes) = stray_copy_pruned(Some(Duration::from_secs(60))).await;
+    assert!(gone, "the stray copy is still there");
+    assert_eq!(prunes, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_prune_backstop_a_lost_delete_leaves_the_copy() {
+    let (gone, prunes) = stray_copy_pruned(None).await;
+    assert!(!gone, "only the backstop removes it");
+    assert_eq!(prunes, 0);
+}

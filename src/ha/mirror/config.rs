@@ -32,6 +32,11 @@ pub struct MirrorConfig {
     pub checkpoint_period: Duration,
     /// The server-side timeout of each watch (`timeoutSeconds`).
     pub watch_timeout_secs: u32,
+    /// The prune backstop's period (`None`: off): one LIST of the source per kind, against the copies.
+    pub prune_period: Option<Duration>,
+    /// The backstop's confirmation grace: a copy whose source is absent (or has another uid) at two
+    /// sweeps at least this far apart is handed to the worker, which deletes it by its usual rules.
+    pub prune_grace: Duration,
     /// PLANTED BUG for the tests: a position that ignores the retry queue (the highest version
     /// delivered).
     #[doc(hidden)]
@@ -43,7 +48,8 @@ pub struct MirrorConfig {
 
 impl MirrorConfig {
     /// Mirror `kinds` from the cluster `source_cluster` into the Standby of `ha`. Defaults: every
-    /// namespace, a 10 s probe period, a 1 s checkpoint period, 290 s watches, the default backoff.
+    /// namespace, a 10 s probe period, a 1 s checkpoint period, 290 s watches, the default backoff, a
+    /// prune backstop every 5 min with a 60 s confirmation grace.
     #[must_use]
     pub fn new(ha: HaConfig, source_cluster: impl Into<String>, kinds: KindSet) -> Self {
         let own = OwnObjects::new(&ha.name, &ha.namespace, &ha.witness_namespace, None);
@@ -58,6 +64,8 @@ impl MirrorConfig {
             probe_period: Duration::from_secs(10),
             checkpoint_period: Duration::from_secs(1),
             watch_timeout_secs: 290,
+            prune_period: Some(Duration::from_secs(300)),
+            prune_grace: Duration::from_secs(60),
             planted_watermark_ignores_queue: false,
             planted_marker_first: false,
         }
@@ -102,6 +110,14 @@ impl MirrorConfig {
     #[must_use]
     pub fn checkpoint_period(mut self, d: Duration) -> Self {
         self.checkpoint_period = d;
+        self
+    }
+
+    /// The prune backstop: every `period` (`None`: off), with a confirmation `grace`.
+    #[must_use]
+    pub fn prune(mut self, period: Option<Duration>, grace: Duration) -> Self {
+        self.prune_period = period;
+        self.prune_grace = grace;
         self
     }
 }

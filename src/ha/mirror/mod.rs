@@ -19,10 +19,14 @@
 //! Catch-up to a demotion token (`catchup`, [`Mirror::catch_up`]): one consistent `NotOlderThan` LIST per
 //! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint.
 //!
-//! Adoption at promotion and failback pairing ([`adopt`]) restore what the copies keep aside.
+//! The prune backstop (`task.rs`, [`MirrorConfig::prune`]): every period one LIST of the source per
+//! kind against the copies; a copy without its source at two sweeps a grace apart is queued, and the
+//! worker deletes it by its usual rules (a delete the watch lost).
 //!
-//! Not built yet: the schema-hash check at start, the mirror's own prune grace (failback's divergent
-//! objects have one), Events and Prometheus metrics for the mirror.
+//! Adoption at promotion, failback pairing and the process duty that runs all of it ([`adopt`],
+//! [`adopt::MirrorDuty`], with its metrics and Events) restore what the copies keep aside.
+//!
+//! Not built yet: the schema-hash check at start.
 
 pub mod adopt;
 pub mod config;
@@ -251,6 +255,7 @@ impl Mirror {
                 conf: lag::Confirmations::default(),
                 last_written: Default::default(),
                 status,
+                suspects: Default::default(),
             };
             let (ctx, crx) = mpsc::channel(8);
             m.catchup.insert(t.kind.key(), ctx);

@@ -32,6 +32,8 @@ pub struct KindStatus {
     pub last_list: Option<(Duration, usize)>,
     /// Copies written or deleted.
     pub writes: u64,
+    /// Copies the prune backstop handed to the worker (their source absent at two sweeps a grace apart).
+    pub prunes: u64,
     /// Copies found out of scope at the last LIST (reported, never deleted).
     pub out_of_scope: usize,
     /// Why the kind stopped (an unparseable version, a regression).

@@ -2,7 +2,7 @@
 //! watermark, runs the worker on due keys, probes the source for lag, checkpoints the position, and
 //! publishes its [`KindStatus`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ pub(super) struct KindTask {
     pub(super) conf: Confirmations,
     pub(super) last_written: HashMap<Key, String>,
     pub(super) status: KindStatus,
+    /// The prune backstop's suspects: copy key → (the copy's uid, when first seen without its source).
+    pub(super) suspects: BTreeMap<Key, (String, Duration)>,
 }
 
 /// In the configured namespaces, and not kube-shard's own.
@@ -73,6 +75,11 @@ impl KindTask {
     ) {
         let mut probe = tokio::time::interval(self.cfg.probe_period);
         let mut cp = tokio::time::interval(self.cfg.checkpoint_period);
+        let mut prune = self.cfg.prune_period.map(|p| {
+            let mut i = tokio::time::interval(p);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
         loop {
             let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
             tokio::select! {
@@ -90,6 +97,7 @@ impl KindTask {
                     break;
                 },
                 _ = cp.tick() => self.checkpoint().await,
+                _ = async { prune.as_mut().expect("guarded").tick().await }, if prune.is_some() => self.prune().await,
                 Some(rv) = catchup.recv() => if let Err(e) = self.catch_up(rv).await {
                     self.stop_with(e);
                     break;
@@ -165,6 +173,60 @@ impl KindTask {
             }
             Err(e) => warn!(kind = %self.kind, error = %e, "mirror: listing the copies failed"),
         }
+    }
+
+    /// The prune backstop (HA.md "The mirror"): one LIST of the source; a copy in scope whose source
+    /// is absent or has another uid becomes a suspect, and a suspect still so (same copy uid) a grace
+    /// later is queued: the worker re-reads the source and deletes by its usual rules (GET by name,
+    /// preconditions, `Orphan`). Catches a delete the watch lost.
+    async fn prune(&mut self) {
+        let now = self.now();
+        let src: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let tgt: Api<DynamicObject> = Api::all_with(self.sides.target.clone(), &self.sides.ar);
+        let lp =
+            ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
+        let (sources, copies) = match (src.list(&ListParams::default()).await, tgt.list(&lp).await)
+        {
+            (Ok(s), Ok(c)) => (s.items, c.items),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!(kind = %self.kind, error = %e, "mirror: prune sweep failed; next period");
+                return;
+            }
+        };
+        let live: HashMap<Key, String> = sources
+            .iter()
+            .map(|o| (key_of(o), o.metadata.uid.clone().unwrap_or_default()))
+            .collect();
+        let mut still = BTreeMap::new();
+        let (cfg, kind) = (self.cfg.clone(), self.kind.clone());
+        for c in copies.iter().filter(|c| in_scope(&cfg, &kind, c)) {
+            let k = key_of(c);
+            let recorded = c
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::plan::SOURCE_UID));
+            if live.get(&k).is_some_and(|u| Some(u) == recorded) {
+                continue;
+            }
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            match self.suspects.get(&k) {
+                Some((u, first))
+                    if *u == uid && now.saturating_sub(*first) >= self.cfg.prune_grace =>
+                {
+                    info!(kind = %self.kind, ns = %k.0, name = %k.1, "mirror: prune backstop: the source is gone; queued");
+                    self.status.prunes += 1;
+                    self.queue.push(k, self.wm.position().unwrap_or(0), now);
+                }
+                Some((u, first)) if *u == uid => {
+                    still.insert(k, (uid, *first));
+                }
+                _ => {
+                    still.insert(k, (uid, now));
+                }
+            }
+        }
+        self.suspects = still;
     }
 
     async fn work(&mut self) {

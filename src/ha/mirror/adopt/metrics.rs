@@ -2,7 +2,7 @@
 //!
 //! Per mirrored kind (label `kind`): `kube_shard_mirror_position`, `_lag_ms` (since the latest probe the
 //! position passed; absent until one is confirmed), `_pending`, `_failed_objects`, `_stopped`, and the
-//! counters `_lists`, `_resumes`, `_catchups`, `_writes` (carried over mirror restarts). For the duty:
+//! counters `_lists`, `_resumes`, `_catchups`, `_writes`, `_prunes` (carried over mirror restarts). For the duty:
 //! `kube_shard_mirror_phase{phase}` (1 for the current phase), `_divergent_objects` (held by failback),
 //! `_adopted_epoch`, and the counter `_starts`.
 
@@ -38,6 +38,7 @@ pub(super) struct Carried {
     pub(super) resumes: u64,
     pub(super) catchups: u64,
     pub(super) writes: u64,
+    pub(super) prunes: u64,
 }
 
 impl Carried {
@@ -46,6 +47,7 @@ impl Carried {
         self.resumes += k.resumes;
         self.catchups += k.catchups;
         self.writes += k.writes;
+        self.prunes += k.prunes;
     }
 }
 
@@ -125,6 +127,11 @@ const KIND_COUNTERS: &[(&str, &str, KindRead)] = &[
         "kube_shard_mirror_writes",
         "Copies written or deleted",
         |k, c, _| Some(c.writes + k.writes),
+    ),
+    (
+        "kube_shard_mirror_prunes",
+        "Copies the prune backstop found without their source (a grace apart) and handed to the worker",
+        |k, c, _| Some(c.prunes + k.prunes),
     ),
 ];
 
