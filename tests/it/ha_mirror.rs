@@ -973,3 +973,36 @@ async fn without_the_prune_backstop_a_lost_delete_leaves_the_copy() {
     assert!(!gone, "only the backstop removes it");
     assert_eq!(prunes, 0);
 }
+
+/// The schema check at start: the target's Widget CRD drops the status subresource → the mirror does
+/// not start, and says why; put back alike, it starts.
+#[tokio::test(start_paused = true)]
+async fn a_differently_defined_kind_refuses_to_start_the_mirror() {
+    let (a, b) = pair().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(b.client("admin"));
+    let mut crd = crds.get(WIDGETS).await.unwrap();
+    let alike = crd.clone();
+    crd.spec.versions[0].subresources = None;
+    crds.replace(WIDGETS, &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    let err = Mirror::start(
+        config(),
+        a.client("mirror"),
+        b.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .expect_err("started against a different definition");
+    let text = err.to_string();
+    assert!(
+        text.contains("define it differently") && text.contains("subresources"),
+        "{text}"
+    );
+    let mut fixed = crds.get(WIDGETS).await.unwrap();
+    fixed.spec = alike.spec;
+    crds.replace(WIDGETS, &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    start(&a, &b, config()).await.stop().await;
+}
