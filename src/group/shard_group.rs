@@ -46,6 +46,8 @@ struct HaSetup {
     clients: HaClients,
     clock: LocalClock,
     metrics: HaMetrics,
+    #[cfg(feature = "test-util")]
+    flaws: crate::ha::elector::Flaws,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -184,6 +186,15 @@ fn start_ha(
     setup: HaSetup,
     ownership: &Ownership,
 ) -> (HaHandle, HaControl, Vec<tokio::task::JoinHandle<()>>) {
+    #[cfg(feature = "test-util")]
+    let (handle, control, task) = ha::spawn_with_flaws(
+        &setup.config,
+        setup.clients,
+        setup.clock,
+        setup.metrics,
+        setup.flaws,
+    );
+    #[cfg(not(feature = "test-util"))]
     let (handle, control, task) =
         ha::spawn(&setup.config, setup.clients, setup.clock, setup.metrics);
     ownership.set_hold(crate::ownership::Hold::HaStandby, !handle.is_active());
@@ -445,7 +456,19 @@ impl ShardGroupBuilder {
             clients,
             clock: ha::handle::tokio_clock(),
             metrics: HaMetrics::default(),
+            #[cfg(feature = "test-util")]
+            flaws: crate::ha::elector::Flaws::default(),
         });
+        self
+    }
+
+    /// The member's HA elector with deliberately broken rules, so a test can show its checker catches
+    /// each (feature `test-util`). Call after [`ha`](Self::ha).
+    #[cfg(feature = "test-util")]
+    pub fn ha_flaws(mut self, flaws: crate::ha::elector::Flaws) -> Self {
+        if let Some(h) = self.ha.as_mut() {
+            h.flaws = flaws;
+        }
         self
     }
 

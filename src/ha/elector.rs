@@ -278,6 +278,11 @@ pub struct Flaws {
     /// Wait only this process's own `lease_duration` (+ grace) before a takeover, ignoring the timings
     /// the holder published (H8: a holder with a longer `renew_deadline` still holds).
     pub ignore_published_timings: bool,
+    /// Leave the renewals to another member of the cluster and read the Leases instead, counting a read
+    /// that shows this cluster's record at the led epoch as a renewal dated at the read's receipt: a
+    /// member trusting a term someone else's renewal (or an old, unchanged version) gave it, instead of
+    /// dating it from its own writes (H5 a).
+    pub hold_from_reads: bool,
 }
 
 /// The elector's fixed settings.
@@ -822,6 +827,9 @@ impl Elector {
             let mine = self.is_mine(&r, epoch);
             if mine {
                 self.adopt(&r);
+                if self.flaws().hold_from_reads {
+                    self.view_mut(slot).held_from = Some(now);
+                }
             } else {
                 self.view_mut(slot).held_from = None;
             }
@@ -1058,6 +1066,11 @@ impl Elector {
                 rv,
                 record: Some(r),
                 ..
+            } if self.is_mine(r, epoch) && self.flaws().hold_from_reads => Decision::Read,
+            Seen::Present {
+                rv,
+                record: Some(r),
+                ..
             } if self.is_mine(r, epoch) => {
                 let due = v
                     .held_from
@@ -1104,6 +1117,7 @@ struct FlawsOff {
     precondition_from_later_read: bool,
     create_missing_at_once: bool,
     ignore_published_timings: bool,
+    hold_from_reads: bool,
 }
 
 #[cfg(test)]

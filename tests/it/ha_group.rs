@@ -288,7 +288,7 @@ pub(crate) fn owned_shard(o: &Ownership) -> u32 {
 }
 
 /// Promote B by force once it is armed: the time the command was accepted.
-async fn force_promote(b: &Side) -> Instant {
+pub(crate) async fn force_promote(b: &Side) -> Instant {
     let control = b.member.handle.ha_control().unwrap();
     for _ in 0..60 {
         if control.force_promote().await.is_ok() {

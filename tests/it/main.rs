@@ -9,6 +9,7 @@ mod ha_duty;
 mod ha_elector;
 mod ha_elector_faults;
 mod ha_group;
+mod ha_group_t8;
 mod ha_lag;
 mod ha_min_epoch;
 mod ha_mirror;
