@@ -58,7 +58,9 @@ impl Tracker {
                     ingest(&mut g, &w, source);
                     match ev {
                         Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                            seen(&mut g, &o, false, now);
+                            // a Terminating copy (no garbage collector yet) counts as deleted
+                            let gone = o.metadata.deletion_timestamp.is_some();
+                            seen(&mut g, &o, gone, now);
                         }
                         Ok(watcher::Event::Delete(o)) => seen(&mut g, &o, true, now),
                         _ => {}
