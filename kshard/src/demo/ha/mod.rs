@@ -642,12 +642,17 @@ impl<'a> Demo<'a> {
         phases::partition(&self.b, &self.a, true);
         let failed_at = self.rec.now();
         self.shown().partitioned[1] = true;
-        phases::stop_mirror(mirror).await;
+        // the mirror's stop runs beside the promotion: on real clusters its request in flight to the
+        // partitioned cluster hangs on a stalled connection (up to stop_mirror's 10 s bound), which is
+        // the demo's sequencing, not part of the failover
+        let stopping = tokio::spawn(phases::stop_mirror(mirror));
         let (unmirrored, oldest) = tracker.unmirrored(&self.writer, "b");
         tracker.stop();
         report.unmirrored_at_failure = Some(unmirrored);
         report.oldest_unmirrored_at_failure_ms = Some(ms(oldest));
-        let epoch_a2 = phases::force_promote(&self.a, &self.b, &ns, clock.clone()).await?;
+        let promoted = phases::force_promote(&self.a, &self.b, &ns, clock.clone()).await;
+        let _ = stopping.await;
+        let epoch_a2 = promoted?;
         let admitted = self
             .wait_active(&self.a, epoch_b.wire(), Duration::from_secs(30))
             .await?;
