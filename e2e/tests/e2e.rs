@@ -20,6 +20,10 @@ mod ha;
 #[path = "cases/ha_rbac.rs"]
 mod ha_rbac;
 
+/// `kshard demo ha` on two real clusters (issue 21).
+#[path = "cases/ha_demo.rs"]
+mod ha_demo;
+
 /// Status-field fences on the real server (issue 16).
 #[path = "cases/fence_status.rs"]
 mod fence_status;

@@ -28,8 +28,9 @@ fn run(extra: &[&str]) -> (Output, Value) {
     (out, v)
 }
 
-const FIELDS: [&str; 28] = [
+const FIELDS: [&str; 29] = [
     "mode",
+    "namespace",
     "objects",
     "write_rate",
     "lease_duration_seconds",
@@ -115,15 +116,67 @@ fn demo_ha_lost_write_oracle_catches_a_planted_loss() {
     assert_eq!(v["lost"][0]["phase"], "planned", "{v}");
 }
 
-#[test]
-fn demo_ha_refuses_real_cluster_flags_for_now() {
+fn kshard(args: &[&str]) -> (Output, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["demo", "ha", "--active-kubeconfig", "/nonexistent"])
+        .args(args)
         .output()
         .expect("run kshard demo ha");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("not supported yet"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+/// Real clusters need both kubeconfigs: one alone is a usage error (exit 2) naming the other; an
+/// unreadable kubeconfig fails before anything starts, naming the file; `--stall-mirror` (testserver's
+/// frozen watches) is refused on real clusters. The real run itself is the e2e case
+/// `kshard_demo_ha_on_two_real_clusters`.
+#[test]
+fn demo_ha_real_cluster_flags_refuse_bad_input() {
+    for (given, missing) in [
+        ("--active-kubeconfig", "--standby-kubeconfig"),
+        ("--standby-kubeconfig", "--active-kubeconfig"),
+    ] {
+        let (out, stdout, stderr) = kshard(&["demo", "ha", "--json", given, "/tmp/x"]);
+        assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+        assert!(stderr.contains(missing), "{given} alone: {stderr}");
+        assert!(stdout.trim().is_empty(), "{stdout}");
+    }
+
+    let (out, stdout, stderr) = kshard(&[
+        "demo",
+        "ha",
+        "--json",
+        "--active-kubeconfig",
+        "/nonexistent/a",
+        "--standby-kubeconfig",
+        "/nonexistent/b",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["mode"], "real", "{v}");
+    assert_eq!(v["invariants_held"], false, "{v}");
+    assert!(
+        v["failures"]
+            .to_string()
+            .contains("kubeconfig /nonexistent/a"),
+        "{v}"
+    );
+
+    let (out, stdout, stderr) = kshard(&[
+        "demo",
+        "ha",
+        "--stall-mirror",
+        "2",
+        "--active-kubeconfig",
+        "/tmp/a",
+        "--standby-kubeconfig",
+        "/tmp/b",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("--stall-mirror needs the embedded servers"),
+        "{stderr}"
+    );
 }
 
 /// The mirror's watch held for 2 s before the failure: the failover loses writes, never more than were

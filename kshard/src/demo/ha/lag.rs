@@ -58,7 +58,9 @@ impl Tracker {
                     ingest(&mut g, &w, source);
                     match ev {
                         Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                            seen(&mut g, &o, false, now);
+                            // a Terminating copy (no garbage collector yet) counts as deleted
+                            let gone = o.metadata.deletion_timestamp.is_some();
+                            seen(&mut g, &o, gone, now);
                         }
                         Ok(watcher::Event::Delete(o)) => seen(&mut g, &o, true, now),
                         _ => {}
@@ -118,6 +120,13 @@ fn seen(g: &mut State, o: &Widget, deleted: bool, now: Instant) {
     let Some(p) = pending.get_mut(name) else {
         return;
     };
+    // the latest delete the copy's deletion stands for: puts before it are superseded, a re-creation
+    // after it (a higher source rv) is still to be mirrored
+    let del_rv = p
+        .iter()
+        .filter(|(op, ..)| deleted && *op == Op::Delete)
+        .map(|(_, rv, _)| *rv)
+        .max();
     p.retain(|(op, rv, at)| {
         let done = match (op, held) {
             (Op::Put, Some(h)) => h >= *rv,
@@ -127,7 +136,44 @@ fn seen(g: &mut State, o: &Widget, deleted: bool, now: Instant) {
         if done {
             samples.push(now - *at);
         }
-        // a delete of the copy supersedes the puts before it
-        !done && !deleted
+        let superseded = del_rv.is_some_and(|d| *rv <= d);
+        !done && !superseded
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::widget::WidgetSpec;
+
+    fn copy(name: &str, deleting: bool) -> Widget {
+        let mut w = Widget::new(name, "ns", WidgetSpec::default());
+        if deleting {
+            w.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        w
+    }
+
+    /// On a cluster without a garbage collector the deleted copy shows up (Terminating, then gone) while
+    /// the source was already created again: the re-creation must stay unmirrored, not vanish with the
+    /// delete (it did: the failover then "lost more than was unmirrored").
+    #[test]
+    fn a_deleted_copy_does_not_swallow_a_later_re_creation() {
+        let now = Instant::now();
+        let mut g = State::default();
+        g.pending.insert(
+            "w-1".into(),
+            vec![(Op::Put, 5, now), (Op::Delete, 10, now), (Op::Put, 12, now)],
+        );
+        seen(&mut g, &copy("w-1", true), true, now);
+        assert_eq!(g.pending["w-1"].len(), 1, "{:?}", g.pending);
+        assert_eq!(g.pending["w-1"][0].1, 12);
+        assert_eq!(g.samples.len(), 1, "the delete was mirrored");
+        // the Delete event after the Terminating one changes nothing more
+        seen(&mut g, &copy("w-1", false), true, now);
+        assert_eq!(g.pending["w-1"].len(), 1);
+    }
 }

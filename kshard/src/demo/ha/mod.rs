@@ -31,6 +31,7 @@ mod lag;
 mod measure;
 pub(crate) mod oracle;
 mod phases;
+mod proxy;
 mod setup;
 mod view;
 mod writer;
@@ -50,7 +51,7 @@ use tokio::time::Instant;
 use self::lag::Tracker;
 use self::measure::Recorder;
 use self::oracle::Lost;
-use self::setup::Cluster;
+use self::setup::{Backend, Cluster, RealCluster};
 use self::writer::{Targets, Writer};
 use crate::cli::CliError;
 use crate::operator::widget::Widget;
@@ -69,19 +70,23 @@ pub(crate) struct HaDemoArgs {
     /// Print exactly one JSON object with the results on stdout (progress goes to stderr).
     #[arg(long)]
     json: bool,
-    /// The namespace of the Widgets and of the HA Leases, freeze and checkpoint.
-    #[arg(long, short = 'n', default_value = "kshard-demo-ha")]
-    namespace: String,
+    /// The namespace of the Widgets and of the HA Leases and checkpoints. Default: `kshard-demo-ha` on
+    /// the embedded servers, a fresh `kshard-demo-ha-<random>` on real clusters.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
     /// Before the failure, hold the mirror's watch on the Active this many seconds (testserver's
     /// frozen watches), so that the unplanned failover loses what was written meanwhile and the old
     /// Active comes back with divergent objects. 0: the mirror runs freely.
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     stall_mirror: f64,
-    /// Run against a real Active cluster (not supported yet).
-    #[arg(long, value_name = "PATH")]
+    /// Run against two real clusters: this kubeconfig's is `a` (Active first). Needs
+    /// `--standby-kubeconfig`. The kubeconfig user must be allowed to impersonate users and groups (the
+    /// participants' identities), to install the Widget CRD and to create namespaces and
+    /// ValidatingAdmissionPolicies; the demo reaches the cluster through its own local TCP proxy.
+    #[arg(long, value_name = "PATH", requires = "standby_kubeconfig")]
     active_kubeconfig: Option<PathBuf>,
-    /// Run against a real Standby cluster (not supported yet).
-    #[arg(long, value_name = "PATH")]
+    /// The real Standby cluster `b` (with `--active-kubeconfig`).
+    #[arg(long, value_name = "PATH", requires = "active_kubeconfig")]
     standby_kubeconfig: Option<PathBuf>,
     /// PLANTED BUG for the tests: after the planned switchover, drop one mirrored write on the new
     /// Active (delete one Widget it should hold), so the lost-write oracle must report it.
@@ -102,7 +107,10 @@ struct LostIn {
 /// The JSON result.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct Report {
+    /// `embedded` (two in-process API servers) or `real` (two clusters by kubeconfig).
     mode: String,
+    /// Where the Widgets and the HA Leases were.
+    namespace: String,
     objects: usize,
     write_rate: u32,
     lease_duration_seconds: f64,
@@ -148,10 +156,27 @@ pub(crate) struct Report {
 }
 
 pub(crate) fn run(args: HaDemoArgs) -> Result<(), CliError> {
-    if args.active_kubeconfig.is_some() || args.standby_kubeconfig.is_some() {
-        return Err(CliError::failed(
-            "kshard demo ha: --active-kubeconfig/--standby-kubeconfig are not supported yet (the demo runs two embedded API servers)",
+    let real = match (&args.active_kubeconfig, &args.standby_kubeconfig) {
+        (Some(a), Some(b)) => Some((a.clone(), b.clone())),
+        (None, None) => None,
+        // clap's `requires` refuses this already
+        _ => {
+            return Err(CliError::Usage(
+                "kshard demo ha: --active-kubeconfig and --standby-kubeconfig go together".into(),
+            ))
+        }
+    };
+    if real.is_some() && args.stall_mirror != 0.0 {
+        return Err(CliError::Usage(
+            "kshard demo ha: --stall-mirror needs the embedded servers (it holds the mirror's watch with testserver's frozen watches; the real-cluster proxy can only cut connections)".into(),
         ));
+    }
+    if let Some(ns) = &args.namespace {
+        if ns.is_empty() || ns.len() > 63 {
+            return Err(CliError::Usage(
+                "kshard demo ha: --namespace must be a DNS label".into(),
+            ));
+        }
     }
     if !(args.stall_mirror.is_finite() && (0.0..=600.0).contains(&args.stall_mirror)) {
         return Err(CliError::failed(
@@ -167,7 +192,7 @@ pub(crate) fn run(args: HaDemoArgs) -> Result<(), CliError> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let report = rt.block_on(demo(&args));
+    let report = rt.block_on(demo(&args, real));
     rt.shutdown_timeout(Duration::from_secs(2));
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -195,6 +220,7 @@ struct Shown {
 
 struct Demo<'a> {
     args: &'a HaDemoArgs,
+    ns: String,
     started: Instant,
     clock: LocalClock,
     rec: Recorder,
@@ -215,17 +241,23 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
-async fn demo(args: &HaDemoArgs) -> Report {
+async fn demo(args: &HaDemoArgs, real: Option<(PathBuf, PathBuf)>) -> Report {
     let started = Instant::now();
+    let ns = match (&args.namespace, &real) {
+        (Some(ns), _) => ns.clone(),
+        (None, None) => "kshard-demo-ha".into(),
+        (None, Some(_)) => setup::fresh_namespace(),
+    };
     let mut report = Report {
-        mode: "embedded".into(),
+        mode: if real.is_some() { "real" } else { "embedded" }.into(),
+        namespace: ns.clone(),
         objects: args.objects,
         write_rate: args.write_rate,
         lease_duration_seconds: setup::timings().lease_duration.as_secs_f64(),
         renew_deadline_seconds: setup::timings().renew_deadline.as_secs_f64(),
         ..Report::default()
     };
-    let mut d = match Demo::new(args, started).await {
+    let mut d = match Demo::new(args, ns, real, started).await {
         Ok(d) => d,
         Err(e) => {
             report.failures.push(e.to_string());
@@ -246,17 +278,51 @@ async fn demo(args: &HaDemoArgs) -> Report {
     d.finish(&mut report);
     d.a.stop();
     d.b.stop();
+    if let (Some(ra), Some(rb)) = (d.a.real(), d.b.real()) {
+        // heal whatever a failed phase left cut, then undo the run on both clusters
+        ra.cut(false, rb);
+        rb.cut(false, ra);
+        for c in [&d.a, &d.b] {
+            let cfg = setup::ha_config(c.id, c.rank, kube_shard::ha::HaMode::Standby, &d.ns);
+            let problems = match cfg {
+                Ok(cfg) => setup::cleanup_real(&c.backend, &d.ns, &cfg).await,
+                Err(e) => vec![e.to_string()],
+            };
+            for p in problems {
+                eprintln!("kshard demo ha: cleaning up cluster {}: {p}", c.id);
+            }
+        }
+        ra.stop();
+        rb.stop();
+    }
     report
 }
 
 impl<'a> Demo<'a> {
-    async fn new(args: &'a HaDemoArgs, started: Instant) -> Result<Self, CliError> {
-        let ns = &args.namespace;
+    async fn new(
+        args: &'a HaDemoArgs,
+        ns: String,
+        real: Option<(PathBuf, PathBuf)>,
+        started: Instant,
+    ) -> Result<Self, CliError> {
         let clock = setup::clock();
         let rec = Recorder::new(started);
-        let sa = setup::server(1, ns).await?;
-        let sb = setup::server(50_000_000, ns).await?;
-        let a = setup::start(
+        let (sa, sb) = match &real {
+            None => (
+                Backend::Embedded(setup::server(1, &ns).await?),
+                Backend::Embedded(setup::server(50_000_000, &ns).await?),
+            ),
+            Some((pa, pb)) => {
+                let ra = RealCluster::connect(pa, "b").await?;
+                let rb = RealCluster::connect(pb, "a").await?;
+                let (sa, sb) = (Backend::Real(ra), Backend::Real(rb));
+                let probe = setup::ha_config("a", 1, HaMode::Standby, &ns)?;
+                setup::prepare_real(&sa, &sb, &ns, &probe).await?;
+                (sa, sb)
+            }
+        };
+        let ns = &ns;
+        let mut a = setup::start(
             ("a", 1, HaMode::Active),
             sa.clone(),
             &sb,
@@ -264,9 +330,17 @@ impl<'a> Demo<'a> {
             clock.clone(),
             &rec,
         )?;
-        let b = setup::start(("b", 2, HaMode::Standby), sb, &sa, ns, clock.clone(), &rec)?;
+        let mut b = setup::start(("b", 2, HaMode::Standby), sb, &sa, ns, clock.clone(), &rec)?;
+        if real.is_some() {
+            // no garbage collector on a bare apiserver: the demo finishes the mirror's orphan deletes
+            for c in [&mut a, &mut b] {
+                let t = setup::gc_stand_in(&c.backend, ns);
+                c.add_task(t);
+            }
+        }
         Ok(Demo {
             args,
+            ns: ns.clone(),
             started,
             clock,
             rec,
@@ -280,7 +354,7 @@ impl<'a> Demo<'a> {
     }
 
     fn ns(&self) -> &str {
-        &self.args.namespace
+        &self.ns
     }
 
     fn shown(&self) -> std::sync::MutexGuard<'_, Shown> {
@@ -568,12 +642,17 @@ impl<'a> Demo<'a> {
         phases::partition(&self.b, &self.a, true);
         let failed_at = self.rec.now();
         self.shown().partitioned[1] = true;
-        phases::stop_mirror(mirror).await;
+        // the mirror's stop runs beside the promotion: on real clusters its request in flight to the
+        // partitioned cluster hangs on a stalled connection (up to stop_mirror's 10 s bound), which is
+        // the demo's sequencing, not part of the failover
+        let stopping = tokio::spawn(phases::stop_mirror(mirror));
         let (unmirrored, oldest) = tracker.unmirrored(&self.writer, "b");
         tracker.stop();
         report.unmirrored_at_failure = Some(unmirrored);
         report.oldest_unmirrored_at_failure_ms = Some(ms(oldest));
-        let epoch_a2 = phases::force_promote(&self.a, &self.b, &ns, clock.clone()).await?;
+        let promoted = phases::force_promote(&self.a, &self.b, &ns, clock.clone()).await;
+        let _ = stopping.await;
+        let epoch_a2 = promoted?;
         let admitted = self
             .wait_active(&self.a, epoch_b.wire(), Duration::from_secs(30))
             .await?;

@@ -14,7 +14,7 @@ use kube_shard::ha::{Epoch, HaClients, HaMode, LocalClock};
 use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
-use super::setup::{ha_config, Cluster, EXEMPT};
+use super::setup::{ha_config, Backend, Cluster, EXEMPT};
 use crate::cli::CliError;
 use crate::operator::widget::Widget;
 
@@ -116,21 +116,29 @@ pub(crate) async fn switchover(
 }
 
 /// Cut `active`'s apiserver off: every request to it goes unanswered, and its elector cannot reach the
-/// peer either (its whole site is partitioned). `false` heals.
+/// peer either (its whole site is partitioned). `false` heals. On testserver: its fault injection; on
+/// real clusters: the demo's proxies (new connections refused, open ones stalled, closed at the heal).
 pub(crate) fn partition(active: &Cluster, peer: &Cluster, on: bool) {
-    active.server.faults().partition(Scope::All, on);
-    peer.server
-        .faults()
-        .partition(Scope::identity(format!("{}-ha", active.id)), on);
+    match (&active.backend, &peer.backend) {
+        (Backend::Embedded(s), Backend::Embedded(p)) => {
+            s.faults().partition(Scope::All, on);
+            p.faults()
+                .partition(Scope::identity(format!("{}-ha", active.id)), on);
+        }
+        (Backend::Real(s), Backend::Real(p)) => s.cut(on, p),
+        // the demo never mixes them
+        _ => {}
+    }
 }
 
 /// Hold (or release) the watches the mirror running in `standby` has open on `active`: nothing is
-/// delivered, events are kept (testserver's `freeze_watches`).
+/// delivered, events are kept (testserver's `freeze_watches`). Embedded clusters only: `run` refuses
+/// `--stall-mirror` on real ones.
 pub(crate) fn hold_mirror(active: &Cluster, standby: &Cluster, on: bool) {
-    active
-        .server
-        .faults()
-        .freeze_watches(Scope::identity(format!("{}-mirror", standby.id)), on);
+    if let Backend::Embedded(s) = &active.backend {
+        s.faults()
+            .freeze_watches(Scope::identity(format!("{}-mirror", standby.id)), on);
+    }
 }
 
 /// `kshard ha promote --force --old-active-stopped` on `standby`: the new epoch.
@@ -152,7 +160,8 @@ pub(crate) async fn force_promote(
     .map_err(|e| failed("promote --force")(e.to_string()))
 }
 
-/// The new Active's Widgets: name → `spec.size`.
+/// The new Active's Widgets: name → `spec.size`. A Terminating Widget counts as deleted (on a cluster
+/// without a garbage collector a copy the mirror deleted with `propagationPolicy: Orphan` stays so).
 pub(crate) async fn held(
     c: &Cluster,
     ns: &str,
@@ -164,6 +173,7 @@ pub(crate) async fn held(
         .map_err(|e| failed("listing Widgets")(e.to_string()))?;
     Ok(l.items
         .into_iter()
+        .filter(|w| w.metadata.deletion_timestamp.is_none())
         .map(|w| {
             (
                 w.metadata.name.clone().unwrap_or_default(),

@@ -229,6 +229,14 @@ async fn write_once(
     delete: bool,
 ) -> Result<Option<(Op, String, u64)>, Outcome> {
     let cur = api.get_opt(name).await.map_err(|_| Outcome::Refused)?;
+    if cur
+        .as_ref()
+        .is_some_and(|w| w.metadata.deletion_timestamp.is_some())
+    {
+        // Terminating (a copy the mirror deleted, waiting for the garbage collector): neither a create
+        // nor an update can give it a live state; try again later
+        return Err(Outcome::Refused);
+    }
     let size = i64::try_from(seq).unwrap_or(i64::MAX);
     match cur {
         None if delete => Ok(None),
