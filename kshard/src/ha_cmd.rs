@@ -57,14 +57,18 @@ struct DemoteFlags {
     drain_timeout: Duration,
 }
 
+/// The `--kind` words (`<plural>.<group>/<version>`), a usage error naming the first bad one.
+fn parse_kinds(words: &[String]) -> Result<Vec<Kind>, CliError> {
+    words
+        .iter()
+        .map(|k| k.parse::<Kind>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
 impl DemoteFlags {
     fn options(&self) -> Result<DemoteOptions, CliError> {
-        let kinds = self
-            .kinds
-            .iter()
-            .map(|k| k.parse::<Kind>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let kinds = parse_kinds(&self.kinds)?;
         if kinds.is_empty() {
             return Err(CliError::Usage(
                 "--kind is required (the mirrored kinds)".into(),
@@ -158,12 +162,7 @@ impl MirrorFlags {
         if self.kinds.is_empty() {
             return Ok(None);
         }
-        let kinds = self
-            .kinds
-            .iter()
-            .map(|k| k.parse::<Kind>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let kinds = parse_kinds(&self.kinds)?;
         let Some(peer) = peer.or(self.peer_cluster_id.as_deref()) else {
             return Err(CliError::Usage(
                 "--kind needs --peer-cluster-id (the mirror's source)".into(),
