@@ -220,6 +220,10 @@ struct View {
     seen: Seen,
     /// Start of my last successful write of it.
     held_from: Option<Duration>,
+    /// When the hold of my last successful write of it ends (`start + renew_deadline`), kept when a
+    /// conflict or a lost answer clears `held_from`: a later write that succeeds after this regains a
+    /// lapsed term, whatever happened in between.
+    hold_end: Option<Duration>,
     /// A conflict (or lost create) happened: the next read decides whether I step down.
     recheck: bool,
     /// Start of the request in flight.
@@ -241,6 +245,7 @@ impl View {
         View {
             seen: Seen::Unknown,
             held_from: None,
+            hold_end: None,
             recheck: false,
             pending: None,
             last_sent: None,
@@ -694,6 +699,7 @@ impl Elector {
         self.lapsed_at = None;
         for v in &mut self.views {
             v.held_from = None;
+            v.hold_end = None;
         }
     }
 
@@ -759,7 +765,9 @@ impl Elector {
         };
         let record = self.my_record(epoch);
         let renew_deadline = self.cfg.timings.renew_deadline;
-        let lapsed = self.view(slot).held_from.map(|h| h + renew_deadline);
+        // not `held_from`: a 409 after a renewal whose answer was lost clears it, and the write after
+        // the re-read would then not see the lapse (the real-cluster demo's heal window)
+        let lapsed = self.view(slot).hold_end;
         if slot == Slot::Own && lapsed.is_some_and(|end| end <= now) {
             self.lapsed_at = lapsed;
         }
@@ -767,6 +775,7 @@ impl Elector {
         v.last_ok = Some(now);
         v.fresh_from = Some(start);
         v.held_from = Some(start);
+        v.hold_end = Some(start + renew_deadline);
         v.recheck = false;
         v.seen = Seen::Present {
             rv,
