@@ -30,7 +30,12 @@
 //! entry per kind, `v1 source=<cluster>/<uid> rv=<n>`, [`write_position`]): the mirror
 //! ([`crate::ha::mirror`]) persists its low watermark there. Before waiting, `promote --token` writes the
 //! token under [`CATCH_UP_KEY`] in the same ConfigMap, and the mirror (in the Standby's operator) catches
-//! up to it by one consistent `NotOlderThan` LIST per kind instead of waiting for events.
+//! up to it by one consistent `NotOlderThan` LIST per kind instead of waiting for events. The takeover
+//! waits, beside the positions, for the mirror's acknowledgement under [`CAUGHT_UP_KEY`]: every kind's
+//! catch-up applied and the mirror *holding* (writing nothing more to this cluster). A position can pass
+//! the token by a bookmark while the catch-up's queue is still being worked through, and a copy written
+//! after the takeover would put an object the new Active's users changed back to the old Active's
+//! version. A promotion that fails before the takeover withdraws its request, and the mirror mirrors on.
 //!
 //! **Cancel** ([`cancel`]): refused once any Lease shows a higher epoch (the peer promoted); else the
 //! Lease a token promotion writes first (the witness, or without one the Active's own) is set back to
@@ -43,7 +48,7 @@ use std::time::Duration;
 
 use super::switchover_types::{api_err, position, report_text};
 pub use super::switchover_types::{
-    freeze_objects, Kind, KindReport, SwitchError, Token, CATCH_UP_KEY, FREEZE_MARK,
+    freeze_objects, Kind, KindReport, SwitchError, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, FREEZE_MARK,
     USED_TOKENS_KEY,
 };
 use k8s_openapi::api::admissionregistration::v1::{
@@ -705,25 +710,65 @@ async fn check_token(
                 position: position(&cp, k, &token.source()),
             })
             .collect();
-        if report
+        let reached = report
             .iter()
-            .all(|r| r.position.is_some_and(|p| p >= r.token_rv))
-        {
+            .all(|r| r.position.is_some_and(|p| p >= r.token_rv));
+        let held = cp.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &token.id));
+        if let (true, Some(failed)) = (reached, held) {
+            if failed > 0 {
+                progress(&format!(
+                    "the mirror caught up and holds, with {failed} object(s) on its failed list                      (not copied: see `kshard ha status --kind`)"
+                ));
+            }
             break;
         }
         if t0.elapsed() >= timeout {
-            return Err(SwitchError::Behind {
-                report,
-                waited: t0.elapsed(),
+            return Err(if reached {
+                SwitchError::NotHeld {
+                    waited: t0.elapsed(),
+                }
+            } else {
+                SwitchError::Behind {
+                    report,
+                    waited: t0.elapsed(),
+                }
             });
         }
-        progress(&format!(
-            "waiting for the mirror:\n{}",
-            report_text(&report)
-        ));
+        if reached {
+            progress("the mirror reached the token: waiting for it to apply the catch-up and hold");
+        } else {
+            progress(&format!(
+                "waiting for the mirror:\n{}",
+                report_text(&report)
+            ));
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     ahead_of_token(&clients.peer, token).await
+}
+
+/// The failed-object count of a [`CAUGHT_UP_KEY`] acknowledgement of token `id` (`None`: another token,
+/// or not an acknowledgement).
+fn caught_up(ack: &str, id: &str) -> Option<usize> {
+    let (ack_id, rest) = ack.split_once(' ')?;
+    (ack_id == id).then_some(())?;
+    rest.strip_prefix("failed=")?.parse().ok()
+}
+
+/// Take back a catch-up request this promotion made (it failed before the takeover): the mirror
+/// releases its hold and mirrors on. Best effort: a request left behind keeps the mirror holding, which
+/// is safe and shown by `kshard ha status`.
+async fn withdraw(local: &Client, cfg: &HaConfig, token: &Token) {
+    let text = token.to_string();
+    let r = edit_checkpoint(local, cfg, |d| {
+        if d.get(CATCH_UP_KEY) == Some(&text) {
+            d.remove(CATCH_UP_KEY);
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, token = %token.id, "promote: withdrawing the catch-up request failed; the mirror keeps holding until it is removed");
+    }
 }
 
 /// A source object above the token: the old Active accepted writes after its demotion.
@@ -790,7 +835,10 @@ pub async fn promote_with_token(
             .await
             .map_err(|e| SwitchError::Refused(e.to_string()))?;
     }
-    check_token(cfg, &clients, token, opts.timeout, &mut progress).await?;
+    if let Err(e) = check_token(cfg, &clients, token, opts.timeout, &mut progress).await {
+        withdraw(&clients.local, cfg, token).await;
+        return Err(e);
+    }
     let id = token.id.clone();
     edit_checkpoint(&clients.local, cfg, |d| {
         let used = d.entry(USED_TOKENS_KEY.into()).or_default();
@@ -814,6 +862,7 @@ pub async fn promote_with_token(
             break;
         }
         if t0.elapsed() >= opts.timeout {
+            withdraw(&local, cfg, token).await;
             return Err(SwitchError::Promote(
                 "the HA Leases could not be read".into(),
             ));
@@ -825,10 +874,16 @@ pub async fn promote_with_token(
         epoch: token.epoch,
         token: token.to_string(),
     };
-    let epoch = control.promote_with_token(t).await.map_err(|e| match e {
-        PromoteError::Refused(r) => SwitchError::Promote(r.to_string()),
-        other => SwitchError::Promote(other.to_string()),
-    })?;
+    let epoch = match control.promote_with_token(t).await {
+        Ok(e) => e,
+        Err(e) => {
+            withdraw(&local, cfg, token).await;
+            return Err(SwitchError::Promote(match e {
+                PromoteError::Refused(r) => r.to_string(),
+                other => other.to_string(),
+            }));
+        }
+    };
     progress(&format!("taking the Leases over at epoch {epoch}"));
     let me = Record::holder_of(&cfg.cluster_id, epoch);
     loop {
@@ -905,6 +960,21 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
     // the peer's copy only speeds its view up; this cluster's Lease, written above, is what counts
     if let Err(err) = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await {
         warn!(error = %err, "the cancel is in this cluster's Lease; the peer's copy was not updated");
+    }
+    // a catch-up request of this term's token left on the peer keeps its mirror holding: take it back
+    let me = cfg.cluster_id.clone();
+    let r = edit_checkpoint(&clients.peer, cfg, |d| {
+        let ours = d
+            .get(CATCH_UP_KEY)
+            .and_then(|t| t.parse::<Token>().ok())
+            .is_some_and(|t| t.cluster == me && t.epoch == epoch);
+        if ours {
+            d.remove(CATCH_UP_KEY);
+        }
+    })
+    .await;
+    if let Err(err) = r {
+        warn!(error = %err, "the peer's mirror may keep holding at the cancelled token: remove `{CATCH_UP_KEY}` from its checkpoint");
     }
     Ok(())
 }

@@ -21,6 +21,11 @@ pub const USED_TOKENS_KEY: &str = "used-tokens";
 /// The checkpoint ConfigMap key where `promote --token` asks the mirror (in another process) to catch
 /// up to a token: the token's text.
 pub const CATCH_UP_KEY: &str = "catch-up";
+/// The checkpoint ConfigMap key where the mirror acknowledges a [`CATCH_UP_KEY`] request:
+/// `<token id> failed=<n>`, written once the catch-up is applied (every kind's queue worked through, `n`
+/// objects on the failed list) and the mirror holds: it writes nothing more to this cluster while the
+/// request stays. `promote --token` takes over only after it.
+pub const CAUGHT_UP_KEY: &str = "caught-up";
 
 /// A kind the switchover covers: `<plural>.<group>/<version>`, or `<plural>/<version>` for the core
 /// group (`widgets.example.com/v1`, `configmaps/v1`).
@@ -73,6 +78,13 @@ pub enum SwitchError {
     Behind {
         /// Per kind.
         report: Vec<KindReport>,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The mirror reached the token's positions but did not acknowledge the catch-up and its hold in
+    /// time ([`CAUGHT_UP_KEY`]): nothing was changed on either side.
+    #[error("the mirror did not confirm within {waited:?} that it applied the catch-up to the token and holds (writes nothing more to this cluster); nothing was changed on either side. Is this cluster's mirror running?")]
+    NotHeld {
         /// How long it waited.
         waited: Duration,
     },

@@ -766,8 +766,14 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
     src.delete("gone", &DeleteParams::default()).await.unwrap();
     let uid = kube_system_uid(&a).await;
     let pp = PostParams::default();
+    // the source term's epoch (`config()`); a token from an earlier term is ignored
+    let token_at = |e: u64, id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
+        format!("v1;src=a/{uid};e={e};k={WIDGETS}:{rv};id={id}")
+            .parse()
+            .unwrap()
+    };
     let token_for = |id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
-        format!("v1;src=a/{uid};e=1001;k={WIDGETS}:{rv};id={id}")
+        format!("v1;src=a/{uid};e=2001;k={WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
@@ -835,6 +841,51 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
     .await
     .unwrap();
     assert_eq!(kind(&m, WIDGETS).catchups, 2);
+    // acknowledged, and held while the request stays: a source change is not copied
+    let data = || async {
+        cp.get(&checkpoint_name(&ha()))
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default()
+    };
+    eventually(5, "the acknowledgement", || async {
+        data().await.get(kube_shard::ha::switchover::CAUGHT_UP_KEY)
+            == Some(&"t2 failed=0".to_string())
+    })
+    .await
+    .unwrap();
+    src.patch(
+        "keep",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"v": 10}})),
+    )
+    .await
+    .unwrap();
+    a.faults()
+        .freeze_watches(kube_shard_testserver::Scope::identity("mirror"), false);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!widget_in_step(&a, &b, "keep").await, "copied while held");
+    // a request from an earlier term of the source replaces it: the hold is released, the request
+    // ignored (no catch-up, no acknowledgement), and the mirror copies again
+    let old = token_at(1001, "t3", source_rv(&a).await).to_string();
+    cp.patch(
+        &checkpoint_name(&ha()),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {kube_shard::ha::switchover::CATCH_UP_KEY: old}})),
+    )
+    .await
+    .unwrap();
+    eventually(10, "copied after the release", || {
+        widget_in_step(&a, &b, "keep")
+    })
+    .await
+    .unwrap();
+    assert_eq!(kind(&m, WIDGETS).catchups, 2);
+    assert_eq!(
+        data().await.get(kube_shard::ha::switchover::CAUGHT_UP_KEY),
+        Some(&"t2 failed=0".to_string())
+    );
     m.stop().await;
 }
 

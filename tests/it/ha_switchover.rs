@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::ByteString;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::Api;
@@ -124,9 +124,45 @@ fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task:
             switchover::write_position(&bc, &cfg, "secrets", &source, rv)
                 .await
                 .unwrap();
+            // a catch-up request reached: acknowledge it and hold (copy nothing more) while it stays
+            loop {
+                let asked = requested(&bc, &cfg).await;
+                match asked {
+                    Some(t) if rv >= t.kinds["secrets"] => {
+                        acknowledge(&bc, &cfg, &t).await;
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    _ => break,
+                }
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
+}
+
+/// The catch-up request `promote --token` left in the checkpoint of the cluster `c` reaches.
+async fn requested(c: &kube::Client, cfg: &HaConfig) -> Option<Token> {
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
+    let cm = api
+        .get_opt(&switchover::checkpoint_name(cfg))
+        .await
+        .unwrap()?;
+    cm.data?.get(switchover::CATCH_UP_KEY)?.parse().ok()
+}
+
+/// The mirror stand-in's acknowledgement of a catch-up to `token` (what the real mirror writes once its
+/// catch-up is applied and it holds).
+async fn acknowledge(c: &kube::Client, cfg: &HaConfig, token: &Token) {
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
+    let patch =
+        serde_json::json!({"data": {switchover::CAUGHT_UP_KEY: format!("{} failed=0", token.id)}});
+    api.patch(
+        &switchover::checkpoint_name(cfg),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
 }
 
 /// A (members a1, a2) Active and B (b1) Standby, both admitting/holding; the writer and the mirror run.
@@ -454,6 +490,7 @@ async fn ha_switchover_wrong_tokens_a_lagging_mirror_and_writes_after_the_token_
     )
     .await
     .unwrap();
+    acknowledge(&p.sb.client("admin"), &cfg_b, &token).await;
     let gc: Api<Secret> = Api::namespaced(p.sa.client("gc"), CP_NS);
     put(&gc, secret("w-0", 999)).await.unwrap();
     let e = p
@@ -564,6 +601,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
     )
     .await
     .unwrap();
+    acknowledge(&sb.client("mirror"), &cfg_b, &token).await;
     let t0 = Instant::now();
     let clients_b = HaClients::new(
         sb.client("kshard-b"),
@@ -652,5 +690,174 @@ async fn ha_switchover_with_the_real_mirror_loses_nothing() {
         assert_eq!(ann.get("kube-shard.io/source-uid"), v.metadata.uid.as_ref());
     }
     assert!(p.writer.ok.load(Ordering::SeqCst) > 0);
+    p.kill();
+}
+
+/// The real-cluster demo's planned loss: a catch-up queues every object of the kind, and when a bookmark
+/// had already carried the position past the token, `promote --token` used to go ahead while the queue was
+/// still being worked through; a user's write to the new Active was then put back to the old Active's
+/// version ("the copy was changed by someone else"). The mirror must apply the catch-up and hold (write
+/// nothing more) before the takeover.
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_a_write_to_the_new_active_is_never_reverted_by_the_catch_up() {
+    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+    let p = pair_with(false).await;
+    let on_a: Api<Secret> = Api::namespaced(p.sa.client("admin"), CP_NS);
+    let quiet: Vec<String> = (0..40).map(|i| format!("q-{i:02}")).collect();
+    for q in &quiet {
+        put(&on_a, secret(q, 1)).await.unwrap();
+    }
+    let set = KindSet::builder()
+        .mirrored(kinds()[0].clone())
+        .allow_secrets(true)
+        .build(&kinds())
+        .unwrap();
+    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
+        .namespaces([CP_NS])
+        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
+    let m = Mirror::start(
+        cfg,
+        p.sa.client("mirror"),
+        p.sb.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let token = p.demote(&demote_opts()).await.unwrap();
+    // a bookmark (every 60 s) carries the position past the token before anyone asks for a catch-up
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    let before = m.kind("secrets").unwrap().position.unwrap_or(0);
+    eprintln!(
+        "[catch-up] position {before} before the promotion, token {}",
+        token.kinds["secrets"]
+    );
+    // the Standby's apiserver is slow for the mirror: the catch-up's queue takes seconds to work through
+    p.sb.faults().latency(
+        kube_shard_testserver::Scope::identity("mirror"),
+        Some(Duration::from_millis(500)),
+    );
+    let t0 = Instant::now();
+    p.promote(&token, Duration::from_secs(60)).await.unwrap();
+    eprintln!("[catch-up] promoted after {:?}", t0.elapsed());
+    // a user edits every quiet Secret on the new Active at once (an edit keeps the labels and annotations)
+    let on_b: Api<Secret> = Api::namespaced(p.sb.client("user"), CP_NS);
+    for q in &quiet {
+        let mut s = on_b.get(q).await.unwrap();
+        s.data = secret(q, 999).data;
+        on_b.replace(q, &PostParams::default(), &s).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let st = m.kind("secrets").unwrap();
+    eprintln!(
+        "[catch-up] {} writes, {} catch-ups, {} pending, {} failed",
+        st.writes,
+        st.catchups,
+        st.pending,
+        st.failed.len()
+    );
+    m.stop().await;
+    let mut reverted = Vec::new();
+    for q in &quiet {
+        let s = on_b.get(q).await.unwrap();
+        if s.data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .map(|v| v.0.clone())
+            != Some(b"999".to_vec())
+        {
+            reverted.push(q.clone());
+        }
+    }
+    assert!(
+        reverted.is_empty(),
+        "the mirror put back {} of the new Active's writes: {reverted:?}",
+        reverted.len()
+    );
+    p.kill();
+}
+
+/// The hold's two ends with the real mirror: while a catch-up request stands and is acknowledged, a
+/// change on the source (by an identity the freeze exempts) is not copied; a promotion refused for that
+/// very change withdraws the request, the mirror releases its hold and copies the change.
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refused_promotion() {
+    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+    let p = pair_with(false).await;
+    let set = KindSet::builder()
+        .mirrored(kinds()[0].clone())
+        .allow_secrets(true)
+        .build(&kinds())
+        .unwrap();
+    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
+        .namespaces([CP_NS])
+        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
+    let m = Mirror::start(
+        cfg,
+        p.sa.client("mirror"),
+        p.sb.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let token = p
+        .demote(&demote_opts().freeze_exempt(vec!["gc".into()]))
+        .await
+        .unwrap();
+    let (cfg_b, _) = cmd("b", 2, &p.sb, &p.sa);
+    let admin_b = p.sb.client("admin");
+    let cm: Api<ConfigMap> = Api::namespaced(admin_b.clone(), &cfg_b.namespace);
+    let cp = || async {
+        cm.get(&switchover::checkpoint_name(&cfg_b))
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default()
+    };
+    // ask for the catch-up as `promote --token` does, and wait for the acknowledgement
+    let patch = serde_json::json!({"data": {switchover::CATCH_UP_KEY: token.to_string()}});
+    cm.patch(
+        &switchover::checkpoint_name(&cfg_b),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        cp().await.get(switchover::CAUGHT_UP_KEY),
+        Some(&format!("{} failed=0", token.id))
+    );
+    let gc: Api<Secret> = Api::namespaced(p.sa.client("gc"), CP_NS);
+    let on_b: Api<Secret> = Api::namespaced(admin_b.clone(), CP_NS);
+    let v = |s: Secret| s.data.unwrap_or_default().get("v").map(|b| b.0.clone());
+    put(&gc, secret("w-1", 777)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_ne!(
+        v(on_b.get("w-1").await.unwrap()),
+        Some(b"777".to_vec()),
+        "the mirror copied while it holds"
+    );
+    // the promotion is refused for that write, and withdraws its request
+    let e = p
+        .promote(&token, Duration::from_secs(20))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("accepted writes after its demotion"),
+        "{e}"
+    );
+    assert_eq!(cp().await.get(switchover::CATCH_UP_KEY), None);
+    let t0 = Instant::now();
+    while v(on_b.get("w-1").await.unwrap()) != Some(b"777".to_vec()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the mirror still holds after the request was withdrawn"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("[hold] copied {:?} after the refusal", t0.elapsed());
+    m.stop().await;
     p.kill();
 }

@@ -370,6 +370,67 @@ fn write_position(rt: &tokio::runtime::Runtime, kc: &Path, kind: &str, source: &
     });
 }
 
+/// The stand-in mirror's acknowledgement of catch-up requests: while it lives, every request
+/// `promote --token` leaves in the checkpoint on `kc`'s cluster is answered as the mirror answers once
+/// caught up and holding (`caught-up: <id> failed=0`).
+struct Acknowledger {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Acknowledger {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn acknowledger(kc: &Path) -> Acknowledger {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_shard::ha::switchover::{Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, kc) = (stop.clone(), kc.to_path_buf());
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let api: Api<ConfigMap> = Api::namespaced(client(&kc).await, "default");
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let data = api
+                    .get_opt("widgets-ha-mirror")
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|c| c.data)
+                    .unwrap_or_default();
+                let asked = data.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok());
+                if let Some(t) = asked {
+                    let ack = format!("{} failed=0", t.id);
+                    if data.get(CAUGHT_UP_KEY) != Some(&ack) {
+                        let patch = serde_json::json!({"data": {CAUGHT_UP_KEY: ack}});
+                        let _ = api
+                            .patch(
+                                "widgets-ha-mirror",
+                                &kube::api::PatchParams::default(),
+                                &kube::api::Patch::Merge(&patch),
+                            )
+                            .await;
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        });
+    });
+    Acknowledger {
+        stop,
+        thread: Some(thread),
+    }
+}
+
 fn ha_as(args: &[&str], own: &Path, peer: &Path, id: &str, rank: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kshard"))
         .arg("ha")
@@ -450,6 +511,7 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
         .build()
         .unwrap();
     write_position(&rt, &b, "widgets.example.kube-shard.io", source, krv);
+    let _ack_b = acknowledger(&b);
     // a wrong token is refused and changes nothing
     let wrong = token.replace(";e=1001;", ";e=2001;");
     let out = ha_as(
@@ -504,6 +566,7 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
         &src_b,
         u64::MAX / 4,
     );
+    let _ack_a = acknowledger(&a);
     let sw = [
         "switchover",
         "--kind",

@@ -2,19 +2,23 @@
 //! far above its last event, and bookmarks move it only about once a minute, so the mirror does not wait
 //! for events: each kind takes one consistent LIST at the token's version (`NotOlderThan`) and applies
 //! it as a diff (`task.rs`). Asked for in-process ([`super::Mirror::catch_up`]) or, from `promote
-//! --token` in another process, through the checkpoint ConfigMap's [`CATCH_UP_KEY`] (polled here).
+//! --token` in another process, through the checkpoint ConfigMap's [`CATCH_UP_KEY`] (polled here). A
+//! request through the checkpoint is acknowledged under [`CAUGHT_UP_KEY`] only once every kind's
+//! catch-up LIST is applied and the mirror holds ([`super::hold`]): `promote --token` takes over after
+//! that, so no copy write can land on the new Active.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use super::error::MirrorError;
+use super::hold::Hold;
 use super::rv::SourceId;
-use crate::ha::switchover::{checkpoint_name, Token, CATCH_UP_KEY};
+use crate::ha::switchover::{checkpoint_name, edit_checkpoint, Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
 use crate::ha::HaConfig;
 
 /// Per mirrored kind, the token's version; a token from another source is refused.
@@ -38,62 +42,179 @@ pub(super) fn targets(
         .collect())
 }
 
-/// Send the catch-up versions to the kinds' tasks.
+/// A catch-up request to one kind's task: the token's version, and (from the poller) where to say that
+/// the catch-up LIST was applied, with the number of objects on the kind's failed list.
+#[derive(Debug)]
+pub(super) struct CatchUp {
+    pub(super) rv: u64,
+    pub(super) done: Option<oneshot::Sender<usize>>,
+}
+
+/// Send the catch-up versions to the kinds' tasks; with `acks`, each kind's task answers on its own
+/// channel once its catch-up is applied.
 pub(super) async fn send(
     token: &Token,
     source: &SourceId,
-    senders: &BTreeMap<String, mpsc::Sender<u64>>,
+    senders: &BTreeMap<String, mpsc::Sender<CatchUp>>,
+    mut acks: Option<&mut Vec<oneshot::Receiver<usize>>>,
 ) -> Result<usize, MirrorError> {
     let t = targets(token, source, senders.keys().cloned())?;
     for (k, rv) in &t {
-        if let Some(s) = senders.get(k) {
-            if s.send(*rv).await.is_err() {
-                // the kind's task has stopped (its error is in the kind's status): the promotion's
-                // per-kind report shows it behind
-                tracing::warn!(kind = %k, rv, "HA mirror catch-up: the kind's task has stopped");
-            }
+        let Some(s) = senders.get(k) else { continue };
+        let (tx, rx) = oneshot::channel();
+        let req = CatchUp {
+            rv: *rv,
+            done: acks.as_ref().map(|_| tx),
+        };
+        if let Some(a) = acks.as_mut() {
+            a.push(rx);
+        }
+        if s.send(req).await.is_err() {
+            // the kind's task has stopped (its error is in the kind's status): the promotion's
+            // per-kind report shows it behind
+            warn!(kind = %k, rv, "HA mirror catch-up: the kind's task has stopped");
         }
     }
     Ok(t.len())
 }
 
-/// Poll the checkpoint for a catch-up request every `period` until stopped; each token id once.
-pub(super) async fn poll(
-    target: Client,
-    ha: HaConfig,
-    source: SourceId,
-    senders: BTreeMap<String, mpsc::Sender<u64>>,
-    period: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let api: Api<ConfigMap> = Api::namespaced(target, &ha.namespace);
-    let name = checkpoint_name(&ha);
-    let mut done = String::new();
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            () = tokio::time::sleep(period) => {}
-        }
-        let text = match api.get_opt(&name).await {
-            Ok(cm) => cm
-                .and_then(|c| c.data)
-                .and_then(|mut d| d.remove(CATCH_UP_KEY)),
+/// The catch-up poller's wiring.
+pub(super) struct Poller {
+    pub(super) target: Client,
+    pub(super) ha: HaConfig,
+    pub(super) source: SourceId,
+    /// The source term's failover epoch (wire form; 0 unknown): an older token is stale.
+    pub(super) epoch: u64,
+    pub(super) senders: BTreeMap<String, mpsc::Sender<CatchUp>>,
+    pub(super) period: Duration,
+    pub(super) hold: Hold,
+}
+
+enum Round {
+    /// Every kind applied its catch-up; objects on the failed lists.
+    Done(usize),
+    /// A kind could not (its LIST failed, or its task stopped): asked again next period.
+    Again,
+    /// The request left the checkpoint (or changed) meanwhile.
+    Abandoned,
+    /// The mirror is stopping.
+    Stopped,
+}
+
+impl Poller {
+    fn api(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.target.clone(), &self.ha.namespace)
+    }
+
+    /// The checkpoint's data (`None`: unreadable now).
+    async fn read(&self) -> Option<BTreeMap<String, String>> {
+        match self.api().get_opt(&checkpoint_name(&self.ha)).await {
+            Ok(cm) => Some(cm.and_then(|c| c.data).unwrap_or_default()),
             Err(e) => {
                 warn!(error = %e, "mirror: reading the checkpoint for catch-up requests failed");
+                None
+            }
+        }
+    }
+
+    async fn asked(&self) -> Option<Option<Token>> {
+        let d = self.read().await?;
+        Some(d.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok()))
+    }
+
+    /// Poll the checkpoint for a catch-up request every period until stopped: catch up, hold, acknowledge;
+    /// release the hold when the request leaves.
+    pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut acked = false;
+        let mut ignored = String::new();
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                () = tokio::time::sleep(self.period) => {}
+            }
+            let Some(asked) = self.asked().await else {
+                continue;
+            };
+            if let Some(id) = self.hold.token().await {
+                if asked.as_ref().map(|t| &t.id) != Some(&id) {
+                    self.hold.release().await;
+                    acked = false;
+                    info!(token = %id, "mirror: the catch-up request left the checkpoint; hold released");
+                }
+            }
+            let Some(token) = asked else { continue };
+            if self.hold.token().await.as_deref() == Some(token.id.as_str()) {
+                if !acked {
+                    acked = self.acknowledge(&token.id, 0).await;
+                }
                 continue;
             }
-        };
-        let Some(token) = text.and_then(|t| t.parse::<Token>().ok()) else {
-            continue;
-        };
-        if token.id == done {
-            continue;
+            if token.id == ignored {
+                continue;
+            }
+            if self.epoch > 0 && token.epoch.wire() < self.epoch {
+                warn!(token = %token.id, epoch = %token.epoch, source_epoch = self.epoch,
+                    "mirror: ignoring a catch-up request from an earlier term of the source");
+                ignored = token.id.clone();
+                continue;
+            }
+            match self.round(&token, &mut stop).await {
+                Round::Done(failed) => {
+                    self.hold.hold(&token.id).await;
+                    info!(token = %token.id, failed, "mirror: caught up to the token; holding (no more copy writes)");
+                    acked = self.acknowledge(&token.id, failed).await;
+                }
+                Round::Again | Round::Abandoned => {}
+                Round::Stopped => return,
+            }
         }
-        match send(&token, &source, &senders).await {
+    }
+
+    /// One catch-up of every kind of the token, waiting for each kind's acknowledgement.
+    async fn round(&self, token: &Token, stop: &mut watch::Receiver<bool>) -> Round {
+        let mut acks = Vec::new();
+        match send(token, &self.source, &self.senders, Some(&mut acks)).await {
             Ok(n) => info!(token = %token.id, kinds = n, "mirror: catching up to a token"),
-            Err(e) => warn!(error = %e, "mirror: catch-up refused"),
+            Err(e) => {
+                warn!(error = %e, "mirror: catch-up refused");
+                return Round::Abandoned;
+            }
         }
-        done = token.id.clone();
+        let all = futures::future::join_all(acks);
+        tokio::pin!(all);
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return Round::Stopped,
+                r = &mut all => {
+                    return match r.into_iter().collect::<Result<Vec<usize>, _>>() {
+                        Ok(v) => Round::Done(v.into_iter().sum()),
+                        Err(_) => Round::Again,
+                    };
+                }
+                () = tokio::time::sleep(self.period) => {
+                    if let Some(a) = self.asked().await {
+                        if a.map(|t| t.id) != Some(token.id.clone()) {
+                            return Round::Abandoned;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn acknowledge(&self, id: &str, failed: usize) -> bool {
+        let text = format!("{id} failed={failed}");
+        match edit_checkpoint(&self.target, &self.ha, |d| {
+            d.insert(CAUGHT_UP_KEY.to_string(), text.clone());
+        })
+        .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "mirror: writing the catch-up acknowledgement failed; next period");
+                false
+            }
+        }
     }
 }
 

@@ -17,7 +17,9 @@
 //! by name), `task` (one task per kind: queue, watermark, probes, the checkpoint), and [`Mirror`] here.
 //!
 //! Catch-up to a demotion token (`catchup`, [`Mirror::catch_up`]): one consistent `NotOlderThan` LIST per
-//! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint.
+//! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint; a request
+//! through the checkpoint is acknowledged once applied, and the mirror then holds (`hold`: no more copy
+//! writes) until the request leaves the checkpoint or the mirror stops.
 //!
 //! The prune backstop (`task.rs`, [`MirrorConfig::prune`]): every period one LIST of the source per
 //! kind against the copies; a copy without its source at two sweeps a grace apart is queued, and the
@@ -43,6 +45,7 @@ pub mod watermark;
 
 mod apply;
 mod catchup;
+mod hold;
 mod source;
 mod task;
 
@@ -82,7 +85,7 @@ pub struct Mirror {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     sources: Vec<JoinHandle<()>>,
-    catchup: BTreeMap<String, mpsc::Sender<u64>>,
+    catchup: BTreeMap<String, mpsc::Sender<catchup::CatchUp>>,
     source: SourceId,
 }
 
@@ -190,6 +193,7 @@ impl Mirror {
             plan.push((k.clone(), ar, caps));
         }
         let shared: Shared = Arc::new(Mutex::new(BTreeMap::new()));
+        let hold = hold::Hold::default();
         let (stop, _) = watch::channel(false);
         let mut m = Mirror {
             shared: shared.clone(),
@@ -259,20 +263,24 @@ impl Mirror {
                 last_written: Default::default(),
                 status,
                 suspects: Default::default(),
+                hold: hold.clone(),
+                waiting: Vec::new(),
             };
             let (ctx, crx) = mpsc::channel(8);
             m.catchup.insert(t.kind.key(), ctx);
             m.tasks
                 .push(tokio::spawn(t.run(rx, crx, m.stop.subscribe())));
         }
-        m.tasks.push(tokio::spawn(catchup::poll(
-            target.clone(),
-            cfg.ha.clone(),
-            m.source.clone(),
-            m.catchup.clone(),
-            cfg.checkpoint_period,
-            m.stop.subscribe(),
-        )));
+        let poller = catchup::Poller {
+            target: target.clone(),
+            ha: cfg.ha.clone(),
+            source: m.source.clone(),
+            epoch,
+            senders: m.catchup.clone(),
+            period: cfg.checkpoint_period,
+            hold,
+        };
+        m.tasks.push(tokio::spawn(poller.run(m.stop.subscribe())));
         Ok(m)
     }
 
@@ -281,7 +289,7 @@ impl Mirror {
     /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source
     /// is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
     pub async fn catch_up(&self, token: &Token) -> Result<usize, MirrorError> {
-        catchup::send(token, &self.source, &self.catchup).await
+        catchup::send(token, &self.source, &self.catchup, None).await
     }
 
     /// Every mirrored kind's state.

@@ -12,8 +12,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::apply::{apply, Outcome, Sides};
+use super::catchup::CatchUp;
 use super::config::MirrorConfig;
 use super::error::MirrorError;
+use super::hold::Hold;
 use super::lag::Confirmations;
 use super::plan::{CopyContext, MIRRORED_FROM};
 use super::queue::{Key, RetryQueue};
@@ -41,6 +43,10 @@ pub(super) struct KindTask {
     pub(super) status: KindStatus,
     /// The prune backstop's suspects: copy key → (the copy's uid, when first seen without its source).
     pub(super) suspects: BTreeMap<Key, (String, Duration)>,
+    /// Copy writes are made under it; none while the mirror holds at a token.
+    pub(super) hold: Hold,
+    /// Catch-ups to acknowledge once applied: the catch-up LIST's version, and where to say so.
+    pub(super) waiting: Vec<(u64, tokio::sync::oneshot::Sender<usize>)>,
 }
 
 /// In the configured namespaces, and not kube-shard's own.
@@ -70,7 +76,7 @@ impl KindTask {
     pub(super) async fn run(
         mut self,
         mut rx: mpsc::Receiver<Delivery>,
-        mut catchup: mpsc::Receiver<u64>,
+        mut catchup: mpsc::Receiver<CatchUp>,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut probe = tokio::time::interval(self.cfg.probe_period);
@@ -91,14 +97,14 @@ impl KindTask {
                     },
                     None => break,
                 },
-                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => self.work().await,
+                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && !self.hold.held() => self.work().await,
                 _ = probe.tick() => if let Err(e) = self.probe().await {
                     self.stop_with(e);
                     break;
                 },
                 _ = cp.tick() => self.checkpoint().await,
                 _ = async { prune.as_mut().expect("guarded").tick().await }, if prune.is_some() => self.prune().await,
-                Some(rv) = catchup.recv() => if let Err(e) = self.catch_up(rv).await {
+                Some(c) = catchup.recv() => if let Err(e) = self.catch_up(c).await {
                     self.stop_with(e);
                     break;
                 },
@@ -230,6 +236,10 @@ impl KindTask {
     }
 
     async fn work(&mut self) {
+        let hold = self.hold.clone();
+        let Some(_writing) = hold.writing().await else {
+            return; // held at a token: nothing is written
+        };
         let now = self.now();
         let Some(key) = self.queue.pop(now) else {
             return;
@@ -271,7 +281,8 @@ impl KindTask {
     /// Catch-up to a token's version: one consistent LIST at `resourceVersion=rv` with
     /// `resourceVersionMatch=NotOlderThan` (answered even after compaction), applied as a diff like a
     /// relist; the position reaches that LIST's version once its changes are applied.
-    async fn catch_up(&mut self, rv: u64) -> Result<(), MirrorError> {
+    async fn catch_up(&mut self, c: CatchUp) -> Result<(), MirrorError> {
+        let rv = c.rv;
         let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
         let lp = ListParams::default()
             .at(&rv.to_string())
@@ -288,7 +299,11 @@ impl KindTask {
                     items: l.items,
                     rv: v,
                 })
-                .await
+                .await?;
+                if let Some(done) = c.done {
+                    self.waiting.push((v, done));
+                }
+                Ok(())
             }
             Err(e) => {
                 warn!(kind = %self.kind, error = %e, "mirror: catch-up LIST failed");
@@ -329,8 +344,30 @@ impl KindTask {
         self.status.failed = self.queue.failed();
         self.status.confirmed_at = self.conf.confirmed();
         self.publish();
+        self.settle_catch_ups(pos);
         if self.conf.confirmed() != before {
             self.report_lag().await;
+        }
+    }
+
+    /// A catch-up is applied once the position reached its LIST's version and nothing but failed
+    /// objects is left in the queue (the LIST queued every object, and the position alone may already
+    /// have passed the version by a bookmark).
+    fn settle_catch_ups(&mut self, pos: Option<u64>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let failed = self.queue.failed().len();
+        if self.queue.len() > failed {
+            return;
+        }
+        let pos = pos.unwrap_or(0);
+        let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|(v, _)| pos >= *v);
+        self.waiting = rest;
+        for (_, done) in ready {
+            let _ = done.send(failed);
         }
     }
 
