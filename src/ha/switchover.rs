@@ -1006,3 +1006,26 @@ async fn resolve(k: &Kind, client: &Client) -> Result<(ApiResource, ApiCapabilit
         .find(|(r, _)| r.plural == k.plural)
         .ok_or_else(|| SwitchError::Input(format!("{k}: not served")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::caught_up;
+
+    #[test]
+    fn an_acknowledgement_counts_only_for_its_own_token() {
+        assert_eq!(caught_up("ab failed=0", "ab"), Some(0));
+        assert_eq!(caught_up("ab failed=3", "ab"), Some(3));
+        assert_eq!(caught_up("ab failed=0", "abc"), None);
+        assert_eq!(caught_up("abc failed=0", "ab"), None);
+        for bad in [
+            "",
+            "ab",
+            "ab failed=",
+            "ab failed=x",
+            "ab held",
+            "ab failed=-1",
+        ] {
+            assert_eq!(caught_up(bad, "ab"), None, "{bad:?}");
+        }
+    }
+}

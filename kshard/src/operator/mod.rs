@@ -131,6 +131,12 @@ pub(crate) struct OperatorArgs {
     /// the freeze must exempt the operator, and loses its use as a backstop).
     #[arg(long, value_name = "PATH", requires = "ha_mirror")]
     ha_mirror_kubeconfig: Option<PathBuf>,
+    /// Witness mode: promote automatically only while the mirror's lag (time since the latest source
+    /// probe its position passed, every kind) is below this; before the mirror's first confirmation,
+    /// never. Needs `--ha-mirror` (the mirror confirms) and `--ha-witness-kubeconfig`. Choose it above
+    /// the takeover wait (`lease_duration + grace`) plus the mirror's probe period (10 s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires_all = ["ha_mirror", "ha_witness_kubeconfig"])]
+    ha_max_auto_promote_lag: Option<Duration>,
     /// Failback: delete objects only this cluster holds (divergent) once seen for this long.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     ha_prune_grace: Duration,
@@ -172,6 +178,7 @@ async fn ha_setup(
             args.ha_remote_kubeconfig.clone(),
             args.ha_witness_kubeconfig.clone(),
         )
+        .max_auto_promote_lag(args.ha_max_auto_promote_lag)
         // the pod's namespace (downward API, else the service account's), else the group's namespace
         .pod_namespace(
             std::env::var("POD_NAMESPACE")

@@ -295,6 +295,42 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
         "{err}"
     );
 
+    // the lag bound needs the mirror (which confirms the lag) and a witness (automatic promotion)
+    for (extra, missing) in [
+        (vec!["--ha-max-auto-promote-lag", "60s"], "--ha-mirror"),
+        (
+            vec![
+                "--ha-max-auto-promote-lag",
+                "60s",
+                "--ha-mirror",
+                "--ha-peer-cluster-id",
+                "b",
+            ],
+            "--ha-witness-kubeconfig",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+            .arg("operator")
+            .arg("--kubeconfig")
+            .arg(&a)
+            .args([
+                "--ha-mode",
+                "active",
+                "--ha-cluster-id",
+                "a",
+                "--ha-rank",
+                "1",
+            ])
+            .arg("--ha-remote-kubeconfig")
+            .arg(&b)
+            .args(&extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(missing), "{err}");
+    }
+
     let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
     let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");
     // bootstrap: every HA Lease seen missing for lease_duration + grace (17 s), then created
