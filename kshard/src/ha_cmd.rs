@@ -479,11 +479,16 @@ fn promote(
             }
         }
         let mut last = String::new();
-        ops::force_promote(
+        // with a mirror (`--kind`), it holds before the candidacy: no copy write after the takeover
+        let mut opts = ops::ForceOptions::new(a.timeout);
+        if mirror.is_some() {
+            opts = opts.hold_mirror(std::time::Duration::from_secs(10));
+        }
+        ops::force_promote_with(
             &cfg,
             clients,
             kube_shard::ha::handle::tokio_clock(),
-            a.timeout,
+            &opts,
             |line| {
                 if line != last {
                     eprintln!("kshard ha promote: {line}");

@@ -224,6 +224,10 @@ pub enum ForceFailed {
     /// The elector stopped.
     #[error("the elector stopped")]
     Stopped,
+    /// The mirror's hold could not be requested (the checkpoint could not be written): nothing was
+    /// promoted.
+    #[error("asking the mirror to hold: {0}; nothing was promoted")]
+    Hold(String),
 }
 
 /// `kshard ha promote --force --old-active-stopped` for the cluster of `cfg` (mode is ignored: this is
@@ -235,31 +239,157 @@ pub async fn force_promote(
     clients: HaClients,
     clock: LocalClock,
     timeout: Duration,
+    progress: impl FnMut(&str),
+) -> Result<Epoch, ForceFailed> {
+    force_promote_with(cfg, clients, clock, &ForceOptions::new(timeout), progress).await
+}
+
+/// Settings of [`force_promote_with`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ForceOptions {
+    /// How long to wait until armed, and then for the takeover.
+    pub timeout: Duration,
+    /// Ask this cluster's mirror to hold (write nothing more) once armed and before the candidacy, and
+    /// wait at most this long for its acknowledgement (`None`: no hold; a cluster without a mirror).
+    pub hold_mirror: Option<Duration>,
+}
+
+impl ForceOptions {
+    /// Wait at most `timeout`; no hold.
+    #[must_use]
+    pub fn new(timeout: Duration) -> Self {
+        ForceOptions {
+            timeout,
+            hold_mirror: None,
+        }
+    }
+
+    /// Hold this cluster's mirror before the candidacy, waiting at most `wait` for it.
+    #[must_use]
+    pub fn hold_mirror(mut self, wait: Duration) -> Self {
+        self.hold_mirror = Some(wait);
+        self
+    }
+}
+
+/// [`force_promote`] with [`ForceOptions`]. With [`ForceOptions::hold_mirror`], once armed and before
+/// the candidacy it asks this cluster's mirror (through the checkpoint) to hold, as a token promotion
+/// does after its catch-up: a mirror still copying from the old Active after the takeover would put
+/// objects the new Active's users changed back to the old Active's versions until the mirror duty stops
+/// it. Unanswered (no mirror running), it promotes anyway and says so. A promotion that fails withdraws
+/// its request.
+pub async fn force_promote_with(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    opts: &ForceOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, ForceFailed> {
     let (local, peer) = (clients.local.clone(), clients.peer.clone());
     let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
     let _abort = Abort(task);
-    let start = tokio::time::Instant::now();
-    let epoch = loop {
-        match control.force_promote().await {
-            Ok(e) => break e,
-            Err(PromoteError::Refused(ForceError::NotArmed)) => {
-                if start.elapsed() >= timeout {
-                    return Err(ForceFailed::NotArmed(timeout));
-                }
-                progress("waiting until armed: the peer's HA Lease must stay unchanged (or unreadable) for the full takeover wait");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(PromoteError::Refused(e)) => return Err(ForceFailed::Refused(e)),
-            Err(_) => return Err(ForceFailed::Stopped),
+    let mut hold = HoldGuard {
+        local: local.clone(),
+        cfg: cfg.clone(),
+        id: None,
+    };
+    let r = candidacy(&control, opts, &mut hold, &mut progress).await;
+    let epoch = match r {
+        Ok(e) => e,
+        Err(e) => {
+            hold.withdraw().await;
+            return Err(e);
         }
     };
+    let r = recorded(
+        cfg,
+        &control,
+        epoch,
+        opts.timeout,
+        &local,
+        &peer,
+        &mut progress,
+    )
+    .await;
+    if r.is_err() {
+        hold.withdraw().await;
+    }
+    r
+}
+
+/// A forced promotion's hold request, withdrawn when the promotion fails.
+struct HoldGuard {
+    local: kube::Client,
+    cfg: HaConfig,
+    id: Option<String>,
+}
+
+impl HoldGuard {
+    async fn withdraw(&mut self) {
+        if let Some(id) = self.id.take() {
+            super::switchover::withdraw_hold(&self.local, &self.cfg, &id).await;
+        }
+    }
+}
+
+/// Wait until armed (holding the mirror then, if asked), and start the candidacy.
+async fn candidacy(
+    control: &super::HaControl,
+    opts: &ForceOptions,
+    hold: &mut HoldGuard,
+    progress: &mut impl FnMut(&str),
+) -> Result<Epoch, ForceFailed> {
+    let start = tokio::time::Instant::now();
+    loop {
+        if let (Some(wait), None) = (opts.hold_mirror, &hold.id) {
+            let st = control.status().await.map_err(|_| ForceFailed::Stopped)?;
+            if st.armed {
+                let source_epoch = st.epoch; // standby: the highest epoch seen, the old Active's
+                let (id, acked) =
+                    super::switchover::request_hold(&hold.local, &hold.cfg, source_epoch, wait)
+                        .await
+                        .map_err(|e| ForceFailed::Hold(e.to_string()))?;
+                hold.id = Some(id);
+                progress(if acked {
+                    "the mirror holds: it writes nothing more to this cluster"
+                } else {
+                    "no mirror acknowledged the hold request (is none running?): promoting anyway"
+                });
+            }
+        }
+        let ready = opts.hold_mirror.is_none() || hold.id.is_some();
+        if ready {
+            match control.force_promote().await {
+                Ok(e) => return Ok(e),
+                Err(PromoteError::Refused(ForceError::NotArmed)) => {}
+                Err(PromoteError::Refused(e)) => return Err(ForceFailed::Refused(e)),
+                Err(_) => return Err(ForceFailed::Stopped),
+            }
+        }
+        if start.elapsed() >= opts.timeout {
+            return Err(ForceFailed::NotArmed(opts.timeout));
+        }
+        progress("waiting until armed: the peer's HA Lease must stay unchanged (or unreadable) for the full takeover wait");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Wait until this cluster's own Lease records `epoch`, then lift the freeze and set the minimum epoch.
+async fn recorded(
+    cfg: &HaConfig,
+    control: &super::HaControl,
+    epoch: Epoch,
+    timeout: Duration,
+    local: &kube::Client,
+    peer: &kube::Client,
+    progress: &mut impl FnMut(&str),
+) -> Result<Epoch, ForceFailed> {
     progress(&format!(
         "candidacy at epoch {epoch}: taking this cluster's HA Lease over (it waits its full takeover wait)"
     ));
     let me = Record::holder_of(&cfg.cluster_id, epoch);
-    let recorded = tokio::time::Instant::now();
+    let since = tokio::time::Instant::now();
     loop {
         let st = control.status().await.map_err(|_| ForceFailed::Stopped)?;
         let own = st.leases.first().and_then(|l| l.holder.clone());
@@ -267,7 +397,7 @@ pub async fn force_promote(
             // give the peer's Lease (the old Active's mark) one retry period to be written too
             tokio::time::sleep(cfg.timings.retry_period).await;
             // a cluster demoted earlier (a planned switchover) is still frozen: the new Active must write
-            if let Err(e) = super::switchover::unfreeze(&local, cfg).await {
+            if let Err(e) = super::switchover::unfreeze(local, cfg).await {
                 progress(&format!(
                     "could not lift this cluster's switchover freeze: {e}"
                 ));
@@ -275,17 +405,17 @@ pub async fn force_promote(
             // HA.md "Fenced by the server": the old Active's cluster refuses its operator's writes below
             // the new epoch (when reachable and installed)
             super::min_epoch::after_promotion(
-                &local,
-                &peer,
+                local,
+                peer,
                 cfg,
                 epoch,
                 super::min_epoch::PROMOTION_TIMEOUT.min(timeout),
-                &mut progress,
+                progress,
             )
             .await;
             return Ok(epoch);
         }
-        if st.role == "standby" || recorded.elapsed() >= timeout {
+        if st.role == "standby" || since.elapsed() >= timeout {
             return Err(ForceFailed::NotRecorded(epoch, timeout));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -49,7 +49,7 @@ use std::time::Duration;
 use super::switchover_types::{api_err, position, report_text};
 pub use super::switchover_types::{
     freeze_objects, Kind, KindReport, SwitchError, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, FREEZE_MARK,
-    USED_TOKENS_KEY,
+    HOLD_KEY, USED_TOKENS_KEY,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -753,6 +753,63 @@ fn caught_up(ack: &str, id: &str) -> Option<usize> {
     let (ack_id, rest) = ack.split_once(' ')?;
     (ack_id == id).then_some(())?;
     rest.strip_prefix("failed=")?.parse().ok()
+}
+
+/// A hold request's text (`e=<source epoch> id=<id>`) → (source epoch, id).
+pub(crate) fn parse_hold(text: &str) -> Option<(u64, String)> {
+    let (e, id) = text.split_once(' ')?;
+    let e = e.strip_prefix("e=")?.parse().ok()?;
+    let id = id.strip_prefix("id=")?;
+    (!id.is_empty() && !id.contains(char::is_whitespace)).then(|| (e, id.to_string()))
+}
+
+/// A forced promotion's hold (HA.md "Promotion and adoption": stop the mirror before the new epoch): ask
+/// the mirror of `cfg`'s cluster (through its checkpoint on `local`) to hold, and wait at most `wait` for
+/// its acknowledgement. `source_epoch` is the old Active's epoch. Returns the request's id, and whether a
+/// mirror acknowledged it (a cluster may run none).
+pub(crate) async fn request_hold(
+    local: &Client,
+    cfg: &HaConfig,
+    source_epoch: u64,
+    wait: Duration,
+) -> Result<(String, bool), SwitchError> {
+    let id = format!("force-{:016x}", rand::random::<u64>());
+    let text = format!("e={source_epoch} id={id}");
+    edit_checkpoint(local, cfg, |d| {
+        d.insert(HOLD_KEY.to_string(), text.clone());
+    })
+    .await?;
+    let api: Api<ConfigMap> = Api::namespaced(local.clone(), &cfg.namespace);
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let acked = api
+            .get_opt(&checkpoint_name(cfg))
+            .await
+            .map_err(api_err("reading the checkpoint"))?
+            .and_then(|c| c.data)
+            .and_then(|d| d.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &id)))
+            .is_some();
+        if acked || t0.elapsed() >= wait {
+            return Ok((id, acked));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Take back a forced promotion's hold request `id` (the promotion failed): the mirror mirrors on.
+pub(crate) async fn withdraw_hold(local: &Client, cfg: &HaConfig, id: &str) {
+    let r = edit_checkpoint(local, cfg, |d| {
+        if d.get(HOLD_KEY)
+            .and_then(|t| parse_hold(t))
+            .is_some_and(|(_, i)| i == id)
+        {
+            d.remove(HOLD_KEY);
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, id, "promote --force: withdrawing the hold request failed; the mirror keeps holding until it is removed");
+    }
 }
 
 /// Take back a catch-up request this promotion made (it failed before the takeover): the mirror

@@ -21,6 +21,11 @@ pub const USED_TOKENS_KEY: &str = "used-tokens";
 /// The checkpoint ConfigMap key where `promote --token` asks the mirror (in another process) to catch
 /// up to a token: the token's text.
 pub const CATCH_UP_KEY: &str = "catch-up";
+/// The checkpoint ConfigMap key where a forced promotion asks the mirror (in another process) to hold —
+/// write nothing more to this cluster — before its takeover: `e=<source epoch> id=<id>`, acknowledged like
+/// a catch-up under [`CAUGHT_UP_KEY`] as `<id> failed=0`. A request from an earlier term of the source is
+/// ignored.
+pub const HOLD_KEY: &str = "hold";
 /// The checkpoint ConfigMap key where the mirror acknowledges a [`CATCH_UP_KEY`] request:
 /// `<token id> failed=<n>`, written once the catch-up is applied (every kind's queue worked through, `n`
 /// objects on the failed list) and the mirror holds: it writes nothing more to this cluster while the

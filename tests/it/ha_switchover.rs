@@ -861,3 +861,93 @@ async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refus
     m.stop().await;
     p.kill();
 }
+
+/// A forced promotion holds the mirror too: the old Active's operator is stopped but its apiserver still
+/// takes its users' writes; once the new Active takes over, a mirror still copying would put the objects
+/// its users change back to the old Active's newer versions until the mirror duty stops it. With
+/// `ForceOptions::hold_mirror` the mirror holds after arming and before the candidacy.
+async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
+    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+    use kube_shard::ha::ops::{force_promote_with, ForceOptions};
+    let p = pair_with(false).await;
+    let set = KindSet::builder()
+        .mirrored(kinds()[0].clone())
+        .allow_secrets(true)
+        .build(&kinds())
+        .unwrap();
+    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
+        .namespaces([CP_NS])
+        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
+    let m = Mirror::start(
+        cfg,
+        p.sa.client("mirror"),
+        p.sb.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // A's operator stops; its apiserver and its writer go on
+    for s in &p.a {
+        s.kill();
+    }
+    let (cfg_b, clients_b) = cmd("b", 2, &p.sb, &p.sa);
+    let mut opts = ForceOptions::new(Duration::from_secs(120));
+    if hold {
+        opts = opts.hold_mirror(Duration::from_secs(10));
+    }
+    let mut said = Vec::new();
+    force_promote_with(
+        &cfg_b,
+        clients_b,
+        kube_shard::ha::handle::tokio_clock(),
+        &opts,
+        |l| said.push(l.to_string()),
+    )
+    .await
+    .unwrap();
+    if hold {
+        assert!(
+            said.iter().any(|l| l.contains("the mirror holds")),
+            "{said:?}"
+        );
+    }
+    // B's users edit every Secret the writer keeps changing on A (an edit keeps labels and annotations)
+    let on_b: Api<Secret> = Api::namespaced(p.sb.client("user"), CP_NS);
+    for i in 0..5 {
+        let name = format!("w-{i}");
+        let mut s = on_b.get(&name).await.unwrap();
+        s.data = secret(&name, 999).data;
+        on_b.replace(&name, &PostParams::default(), &s)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    m.stop().await;
+    let mut reverted = Vec::new();
+    for i in 0..5 {
+        let name = format!("w-{i}");
+        let s = on_b.get(&name).await.unwrap();
+        if s.data.unwrap_or_default().get("v").map(|v| v.0.clone()) != Some(b"999".to_vec()) {
+            reverted.push(name);
+        }
+    }
+    p.kill();
+    reverted
+}
+
+#[tokio::test(start_paused = true)]
+async fn ha_forced_promotion_holds_the_mirror_before_the_takeover() {
+    let reverted = forced_promotion_then_edits_on_b(true).await;
+    assert!(
+        reverted.is_empty(),
+        "the mirror put the old Active's versions over the new Active's edits: {reverted:?}"
+    );
+}
+
+/// The check above without the hold: the mirror, still running after the takeover, copies over the edits.
+#[tokio::test(start_paused = true)]
+async fn ha_forced_promotion_without_the_hold_loses_the_new_actives_edits() {
+    let reverted = forced_promotion_then_edits_on_b(false).await;
+    assert!(!reverted.is_empty(), "no edit reverted without the hold");
+}

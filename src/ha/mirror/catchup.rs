@@ -18,7 +18,9 @@ use tracing::{info, warn};
 use super::error::MirrorError;
 use super::hold::Hold;
 use super::rv::SourceId;
-use crate::ha::switchover::{checkpoint_name, edit_checkpoint, Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
+use crate::ha::switchover::{
+    checkpoint_name, edit_checkpoint, parse_hold, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY,
+};
 use crate::ha::HaConfig;
 
 /// Per mirrored kind, the token's version; a token from another source is refused.
@@ -90,6 +92,15 @@ pub(super) struct Poller {
     pub(super) hold: Hold,
 }
 
+/// A request in the checkpoint.
+struct Asked {
+    id: String,
+    /// The source term's epoch it was made in (wire form).
+    epoch: u64,
+    /// A catch-up's token (`None`: a bare hold).
+    token: Option<Token>,
+}
+
 enum Round {
     /// Every kind applied its catch-up; objects on the failed lists.
     Done(usize),
@@ -117,9 +128,26 @@ impl Poller {
         }
     }
 
-    async fn asked(&self) -> Option<Option<Token>> {
+    /// What the checkpoint asks for now (outer `None`: unreadable): a catch-up to a token, else a bare
+    /// hold of a forced promotion.
+    async fn asked(&self) -> Option<Option<Asked>> {
         let d = self.read().await?;
-        Some(d.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok()))
+        let token = d.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok());
+        Some(match token {
+            Some(t) => Some(Asked {
+                id: t.id.clone(),
+                epoch: t.epoch.wire(),
+                token: Some(t),
+            }),
+            None => d
+                .get(HOLD_KEY)
+                .and_then(|h| parse_hold(h))
+                .map(|(epoch, id)| Asked {
+                    id,
+                    epoch,
+                    token: None,
+                }),
+        })
     }
 
     /// Poll the checkpoint for a catch-up request every period until stopped: catch up, hold, acknowledge;
@@ -136,28 +164,35 @@ impl Poller {
                 continue;
             };
             if let Some(id) = self.hold.token().await {
-                if asked.as_ref().map(|t| &t.id) != Some(&id) {
+                if asked.as_ref().map(|a| &a.id) != Some(&id) {
                     self.hold.release().await;
                     acked = false;
-                    info!(token = %id, "mirror: the catch-up request left the checkpoint; hold released");
+                    info!(request = %id, "mirror: the request left the checkpoint; hold released");
                 }
             }
-            let Some(token) = asked else { continue };
-            if self.hold.token().await.as_deref() == Some(token.id.as_str()) {
+            let Some(asked) = asked else { continue };
+            if self.hold.token().await.as_deref() == Some(asked.id.as_str()) {
                 if !acked {
-                    acked = self.acknowledge(&token.id, 0).await;
+                    acked = self.acknowledge(&asked.id, 0).await;
                 }
                 continue;
             }
-            if token.id == ignored {
+            if asked.id == ignored {
                 continue;
             }
-            if self.epoch > 0 && token.epoch.wire() < self.epoch {
-                warn!(token = %token.id, epoch = %token.epoch, source_epoch = self.epoch,
-                    "mirror: ignoring a catch-up request from an earlier term of the source");
-                ignored = token.id.clone();
+            if self.epoch > 0 && asked.epoch < self.epoch {
+                warn!(request = %asked.id, epoch = asked.epoch, source_epoch = self.epoch,
+                    "mirror: ignoring a catch-up or hold request from an earlier term of the source");
+                ignored = asked.id.clone();
                 continue;
             }
+            let Some(token) = asked.token else {
+                // a forced promotion: no token, nothing to catch up to; hold now
+                self.hold.hold(&asked.id).await;
+                info!(request = %asked.id, "mirror: holding for a forced promotion (no more copy writes)");
+                acked = self.acknowledge(&asked.id, 0).await;
+                continue;
+            };
             match self.round(&token, &mut stop).await {
                 Round::Done(failed) => {
                     self.hold.hold(&token.id).await;
@@ -193,7 +228,7 @@ impl Poller {
                 }
                 () = tokio::time::sleep(self.period) => {
                     if let Some(a) = self.asked().await {
-                        if a.map(|t| t.id) != Some(token.id.clone()) {
+                        if a.map(|a| a.id) != Some(token.id.clone()) {
                             return Round::Abandoned;
                         }
                     }

@@ -30,7 +30,9 @@ use super::run::{adopt, relabel_all, AdoptStatus};
 use super::target::DUTY_KEY;
 use super::AdoptConfig;
 use crate::ha::events::{reason, HaEvents};
-use crate::ha::switchover::{checkpoint_name, edit_checkpoint, CATCH_UP_KEY, CAUGHT_UP_KEY};
+use crate::ha::switchover::{
+    checkpoint_name, edit_checkpoint, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY,
+};
 use crate::ha::{ops, Epoch, HaClients, HaHandle};
 
 /// The checkpoint ConfigMap key marking a cluster that admitted at an epoch (its wire form): set
@@ -487,6 +489,7 @@ async fn write_mark(
             // the mirror is stopped: a token promotion's catch-up request (and the hold it asked for)
             // is spent, and must not hold the next mirror of this cluster
             d.remove(CATCH_UP_KEY);
+            d.remove(HOLD_KEY);
             d.remove(CAUGHT_UP_KEY);
         }
         None => {
