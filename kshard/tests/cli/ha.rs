@@ -756,6 +756,8 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
     );
     assert!(out.status.success(), "{stdout}{err}");
     assert!(err.contains("mirrored up to resourceVersion"), "{err}");
+    // b's operator's mirror held before the candidacy (the duty then stops it)
+    assert!(err.contains("the mirror holds"), "{err}");
     // b's operator adopts (its duty) and then reconciles the adopted Widget
     until(
         std::time::Duration::from_secs(60),
