@@ -631,13 +631,9 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
     b.kill();
 }
 
-/// The real mirror (`kube_shard::ha::mirror`) instead of the stand-in: B mirrors A's Secrets under the
-/// writer; `promote --token` asks it to catch up through the checkpoint and waits for its position; after
-/// the promotion every Secret on A is on B with the same data, and B's copies carry the mirror's marks.
-#[tokio::test(start_paused = true)]
-async fn ha_switchover_with_the_real_mirror_loses_nothing() {
+/// The real mirror (`kube_shard::ha::mirror`) of A's Secrets into B, as B's operator would run it.
+async fn real_mirror(p: &Pair) -> kube_shard::ha::mirror::Mirror {
     use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
-    let p = pair_with(false).await;
     let set = KindSet::builder()
         .mirrored(kinds()[0].clone())
         .allow_secrets(true)
@@ -646,14 +642,23 @@ async fn ha_switchover_with_the_real_mirror_loses_nothing() {
     let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
         .namespaces([CP_NS])
         .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
-    let m = Mirror::start(
+    Mirror::start(
         cfg,
         p.sa.client("mirror"),
         p.sb.client("mirror"),
         MirrorWiring::default(),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// The real mirror (`kube_shard::ha::mirror`) instead of the stand-in: B mirrors A's Secrets under the
+/// writer; `promote --token` asks it to catch up through the checkpoint and waits for its position; after
+/// the promotion every Secret on A is on B with the same data, and B's copies carry the mirror's marks.
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_with_the_real_mirror_loses_nothing() {
+    let p = pair_with(false).await;
+    let m = real_mirror(&p).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let token = p.demote(&demote_opts()).await.unwrap();
     let t0 = Instant::now();
@@ -700,29 +705,13 @@ async fn ha_switchover_with_the_real_mirror_loses_nothing() {
 /// nothing more) before the takeover.
 #[tokio::test(start_paused = true)]
 async fn ha_switchover_a_write_to_the_new_active_is_never_reverted_by_the_catch_up() {
-    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
     let p = pair_with(false).await;
     let on_a: Api<Secret> = Api::namespaced(p.sa.client("admin"), CP_NS);
     let quiet: Vec<String> = (0..40).map(|i| format!("q-{i:02}")).collect();
     for q in &quiet {
         put(&on_a, secret(q, 1)).await.unwrap();
     }
-    let set = KindSet::builder()
-        .mirrored(kinds()[0].clone())
-        .allow_secrets(true)
-        .build(&kinds())
-        .unwrap();
-    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
-        .namespaces([CP_NS])
-        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
-    let m = Mirror::start(
-        cfg,
-        p.sa.client("mirror"),
-        p.sb.client("mirror"),
-        MirrorWiring::default(),
-    )
-    .await
-    .unwrap();
+    let m = real_mirror(&p).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     let token = p.demote(&demote_opts()).await.unwrap();
     // a bookmark (every 60 s) carries the position past the token before anyone asks for a catch-up
@@ -782,24 +771,8 @@ async fn ha_switchover_a_write_to_the_new_active_is_never_reverted_by_the_catch_
 /// very change withdraws the request, the mirror releases its hold and copies the change.
 #[tokio::test(start_paused = true)]
 async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refused_promotion() {
-    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
     let p = pair_with(false).await;
-    let set = KindSet::builder()
-        .mirrored(kinds()[0].clone())
-        .allow_secrets(true)
-        .build(&kinds())
-        .unwrap();
-    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
-        .namespaces([CP_NS])
-        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
-    let m = Mirror::start(
-        cfg,
-        p.sa.client("mirror"),
-        p.sb.client("mirror"),
-        MirrorWiring::default(),
-    )
-    .await
-    .unwrap();
+    let m = real_mirror(&p).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let token = p
         .demote(&demote_opts().freeze_exempt(vec!["gc".into()]))
@@ -867,25 +840,9 @@ async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refus
 /// its users change back to the old Active's newer versions until the mirror duty stops it. With
 /// `ForceOptions::hold_mirror` the mirror holds after arming and before the candidacy.
 async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
-    use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
     use kube_shard::ha::ops::{force_promote_with, ForceOptions};
     let p = pair_with(false).await;
-    let set = KindSet::builder()
-        .mirrored(kinds()[0].clone())
-        .allow_secrets(true)
-        .build(&kinds())
-        .unwrap();
-    let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
-        .namespaces([CP_NS])
-        .assignment(CP_NS, format!("{}-assignment", crate::group::GROUP));
-    let m = Mirror::start(
-        cfg,
-        p.sa.client("mirror"),
-        p.sb.client("mirror"),
-        MirrorWiring::default(),
-    )
-    .await
-    .unwrap();
+    let m = real_mirror(&p).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // A's operator stops; its apiserver and its writer go on
     for s in &p.a {
