@@ -1057,3 +1057,86 @@ async fn a_differently_defined_kind_refuses_to_start_the_mirror() {
         .unwrap();
     start(&a, &b, config()).await.stop().await;
 }
+
+/// review-ha.md T8 "a failing status write" and "a poison object" (H13 b, H19 c): the Standby refuses the
+/// copy's status write for good (a 422). The marker (written last) never claims the version, the object
+/// goes to the failed list, and the position stays below it (so a token wait reports it); once the
+/// Standby accepts again, the next source change brings the copy — status and marker — up to date.
+#[tokio::test(start_paused = true)]
+async fn a_status_write_refused_for_good_is_a_failed_object_and_holds_the_position() {
+    status_refused_for_good(false).await;
+}
+
+/// The same with the marker written first (the planted H13 b bug): the copy claims a version whose status
+/// it does not hold.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "a marker without the status")]
+async fn the_refused_status_check_catches_a_marker_written_first() {
+    status_refused_for_good(true).await;
+}
+
+async fn status_refused_for_good(marker_first: bool) {
+    use kube_shard_testserver::{FailRule, Scope, Verb};
+    let (a, b) = pair().await;
+    let src = widgets(&a, APPS);
+    let mut cfg = config();
+    cfg.planted_marker_first = marker_first;
+    let m = start(&a, &b, cfg).await;
+    b.faults().fail_next(
+        Scope::identity("mirror").verb(Verb::Update).name("p1"),
+        FailRule::status(422).times(u32::MAX),
+    );
+    let mut w = src
+        .create(&PostParams::default(), &widget("p1", 1))
+        .await
+        .unwrap();
+    w.data["status"] = json!({"ready": true});
+    let w = src
+        .replace_status("p1", &PostParams::default(), &w)
+        .await
+        .unwrap();
+    let p1 = rv_of(&w);
+    src.create(&PostParams::default(), &widget("ok", 1))
+        .await
+        .unwrap();
+    eventually(30, "the healthy object copied", || {
+        widget_in_step(&a, &b, "ok")
+    })
+    .await
+    .unwrap();
+    eventually(30, "p1 on the failed list", || {
+        let f = kind(&m, WIDGETS).failed;
+        async move { f.iter().any(|f| f.key.1 == "p1") }
+    })
+    .await
+    .unwrap();
+    let st = kind(&m, WIDGETS);
+    assert!(st.position.unwrap() < p1, "{st:?}");
+    let f = st.failed.iter().find(|f| f.key.1 == "p1").unwrap();
+    assert!(f.error.contains("422"), "{f:?}");
+    // the copy was created (main resource) but its marker does not claim the source's version
+    let c = widgets(&b, APPS).get("p1").await.unwrap();
+    assert_eq!(ann(&c, SOURCE_RV), None, "a marker without the status");
+    assert_ne!(c.data["status"], json!({"ready": true}));
+    // the Standby accepts again; the next change of the source is applied whole
+    b.faults().clear();
+    src.patch(
+        "p1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"v": 2}})),
+    )
+    .await
+    .unwrap();
+    eventually(30, "p1 copied after the fix", || {
+        widget_in_step(&a, &b, "p1")
+    })
+    .await
+    .unwrap();
+    eventually(30, "p1 off the failed list", || {
+        let f = kind(&m, WIDGETS).failed;
+        async move { f.is_empty() }
+    })
+    .await
+    .unwrap();
+    m.stop().await;
+}
