@@ -516,6 +516,9 @@ fn print_mirror(r: &MirrorReport, out: &mut impl Write) -> Result<(), CliError> 
         r.duty.as_deref().unwrap_or("(none recorded)"),
         r.was_active.as_deref().unwrap_or("no")
     )?;
+    if let Some(h) = &r.hold {
+        writeln!(out, "hold: {h}")?;
+    }
     let cell = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     writeln!(
         out,

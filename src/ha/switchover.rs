@@ -749,7 +749,7 @@ async fn check_token(
 
 /// The failed-object count of a [`CAUGHT_UP_KEY`] acknowledgement of token `id` (`None`: another token,
 /// or not an acknowledgement).
-fn caught_up(ack: &str, id: &str) -> Option<usize> {
+pub(crate) fn caught_up(ack: &str, id: &str) -> Option<usize> {
     let (ack_id, rest) = ack.split_once(' ')?;
     (ack_id == id).then_some(())?;
     rest.strip_prefix("failed=")?.parse().ok()

@@ -41,7 +41,8 @@ pub use pairing::{Divergent, Pairing};
 pub use plan::{ObjRef, Problem, ShardSpec};
 pub use run::{AdoptStatus, Adoption};
 pub use target::{
-    check_target, mirror_report, KindPosition, KindReport, MirrorReport, TargetRefused, DUTY_KEY,
+    check_target, hold_state, mirror_report, KindPosition, KindReport, MirrorReport, TargetRefused,
+    DUTY_KEY,
 };
 
 use super::MirrorConfig;

@@ -128,8 +128,34 @@ pub struct MirrorReport {
     pub duty: Option<String>,
     /// The `was-active` mark: this cluster admitted at that epoch and has not failed back since.
     pub was_active: Option<String>,
+    /// A standing hold request (a token promotion's catch-up, or a forced promotion's hold) and whether
+    /// the mirror acknowledged it: an acknowledged one means the mirror copies nothing until the request
+    /// leaves the checkpoint.
+    pub hold: Option<String>,
     /// Per kind.
     pub kinds: Vec<KindReport>,
+}
+
+/// The standing hold request of checkpoint `cp`, as `kshard ha status --kind` shows it (pure).
+#[must_use]
+pub fn hold_state(cp: &BTreeMap<String, String>) -> Option<String> {
+    use crate::ha::switchover::{
+        caught_up, parse_hold, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY,
+    };
+    let (what, id) = match cp.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok()) {
+        Some(t) => ("catch-up to token", t.id),
+        None => {
+            let (_, id) = cp.get(HOLD_KEY).and_then(|h| parse_hold(h))?;
+            ("hold for a forced promotion", id)
+        }
+    };
+    let acked = cp.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &id));
+    Some(match acked {
+        Some(failed) => format!(
+            "{what} {id}: the mirror holds ({failed} failed objects); it copies nothing until the request leaves the checkpoint"
+        ),
+        None => format!("{what} {id}: asked, not acknowledged yet"),
+    })
 }
 
 async fn read_checkpoint(
@@ -219,6 +245,7 @@ pub async fn mirror_report(cfg: &MirrorConfig, local: &Client, peer: &Client) ->
         source: cfg.source_cluster.clone(),
         duty: cp.get(DUTY_KEY).cloned(),
         was_active: cp.get(super::WAS_ACTIVE_KEY).cloned(),
+        hold: hold_state(&cp),
         kinds,
     }
 }
@@ -226,6 +253,31 @@ pub async fn mirror_report(cfg: &MirrorConfig, local: &Client, peer: &Client) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standing_request_shows_whether_the_mirror_holds() {
+        let mut cp = BTreeMap::new();
+        assert_eq!(hold_state(&cp), None);
+        cp.insert("hold".to_string(), "e=1001 id=force-1".to_string());
+        assert!(hold_state(&cp)
+            .unwrap()
+            .contains("forced promotion force-1: asked"));
+        cp.insert("caught-up".to_string(), "force-1 failed=0".to_string());
+        assert!(hold_state(&cp)
+            .unwrap()
+            .contains("the mirror holds (0 failed"));
+        // a catch-up request wins over a bare hold, and another token's acknowledgement does not count
+        cp.insert(
+            "catch-up".to_string(),
+            "v1;src=a/u;e=1001;k=widgets.example.com:5;id=t7".to_string(),
+        );
+        assert!(hold_state(&cp).unwrap().contains("token t7: asked"));
+        cp.insert("caught-up".to_string(), "t7 failed=2".to_string());
+        assert!(hold_state(&cp).unwrap().contains("(2 failed objects)"));
+        cp.insert("hold".to_string(), "garbage".to_string());
+        cp.remove("catch-up");
+        assert_eq!(hold_state(&cp), None, "an unreadable request is none");
+    }
 
     #[test]
     fn positions_count_from_any_incarnation_of_the_peer_only() {
