@@ -108,6 +108,8 @@ enum Round {
     Again,
     /// The request left the checkpoint (or changed) meanwhile.
     Abandoned,
+    /// The token is not from this mirror's source: never acted on.
+    Refused,
     /// The mirror is stopping.
     Stopped,
 }
@@ -154,6 +156,8 @@ impl Poller {
     /// release the hold when the request leaves.
     pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut acked = false;
+        // objects on the failed lists when the current hold began (repeated if the first ack failed)
+        let mut failed_at_hold = 0;
         let mut ignored = String::new();
         loop {
             tokio::select! {
@@ -173,7 +177,7 @@ impl Poller {
             let Some(asked) = asked else { continue };
             if self.hold.token().await.as_deref() == Some(asked.id.as_str()) {
                 if !acked {
-                    acked = self.acknowledge(&asked.id, 0).await;
+                    acked = self.acknowledge(&asked.id, failed_at_hold).await;
                 }
                 continue;
             }
@@ -190,6 +194,7 @@ impl Poller {
                 // a forced promotion: no token, nothing to catch up to; hold now
                 self.hold.hold(&asked.id).await;
                 info!(request = %asked.id, "mirror: holding for a forced promotion (no more copy writes)");
+                failed_at_hold = 0;
                 acked = self.acknowledge(&asked.id, 0).await;
                 continue;
             };
@@ -197,8 +202,10 @@ impl Poller {
                 Round::Done(failed) => {
                     self.hold.hold(&token.id).await;
                     info!(token = %token.id, failed, "mirror: caught up to the token; holding (no more copy writes)");
+                    failed_at_hold = failed;
                     acked = self.acknowledge(&token.id, failed).await;
                 }
+                Round::Refused => ignored = token.id.clone(),
                 Round::Again | Round::Abandoned => {}
                 Round::Stopped => return,
             }
@@ -212,7 +219,7 @@ impl Poller {
             Ok(n) => info!(token = %token.id, kinds = n, "mirror: catching up to a token"),
             Err(e) => {
                 warn!(error = %e, "mirror: catch-up refused");
-                return Round::Abandoned;
+                return Round::Refused;
             }
         }
         let all = futures::future::join_all(acks);
