@@ -1140,3 +1140,58 @@ async fn status_refused_for_good(marker_first: bool) {
     .unwrap();
     m.stop().await;
 }
+
+/// review-ha.md T8 "re-creation with an immutable field" (H13 c): a source re-created under the same name
+/// with another value of a field the server keeps immutable (an `immutable: true` ConfigMap's data). An
+/// in-place update of the copy is refused for good (shown first, as the server answers it); the mirror
+/// re-creates the copy (delete with preconditions, then create) and nothing lands on the failed list.
+#[tokio::test(start_paused = true)]
+async fn a_source_recreated_with_an_immutable_field_changed_is_copied_by_delete_and_create() {
+    let (a, b) = pair().await;
+    let m = start(&a, &b, config()).await;
+    let immutable = |v: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": "imm"}, "immutable": true, "data": {"v": v}
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    let src = cms(&a, APPS);
+    src.create(&pp, &immutable("1")).await.unwrap();
+    let on_b = cms(&b, APPS);
+    eventually(30, "imm copied", || async {
+        on_b.get_opt("imm").await.unwrap().and_then(|c| c.data) == immutable("1").data
+    })
+    .await
+    .unwrap();
+    let first = on_b.get("imm").await.unwrap();
+    // the field really is immutable on the Standby: an in-place update is refused
+    let mut edit = first.clone();
+    edit.data = immutable("2").data;
+    let refused = cms(&b, APPS).replace("imm", &pp, &edit).await.unwrap_err();
+    assert!(
+        matches!(&refused, kube::Error::Api(e) if e.code == 422),
+        "{refused}"
+    );
+    // the source is deleted and re-created with the other value
+    src.delete("imm", &DeleteParams::default()).await.unwrap();
+    src.create(&pp, &immutable("2")).await.unwrap();
+    eventually(30, "the new imm copied", || async {
+        on_b.get_opt("imm").await.unwrap().and_then(|c| c.data) == immutable("2").data
+    })
+    .await
+    .unwrap();
+    let again = on_b.get("imm").await.unwrap();
+    assert_ne!(again.metadata.uid, first.metadata.uid, "a new copy");
+    assert_eq!(
+        again
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_UID))
+            .cloned(),
+        src.get("imm").await.unwrap().metadata.uid
+    );
+    assert!(kind(&m, "configmaps").failed.is_empty());
+    m.stop().await;
+}

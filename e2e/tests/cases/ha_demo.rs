@@ -74,7 +74,9 @@ async fn kshard_demo_ha_on_two_real_clusters() {
     assert_eq!(v["invariants_held"], false, "{v}");
 
     // a pair already holding the demo's HA Lease (another run, or a leftover) is refused up front
-    let ns = format!("e2e-demo-ha-{:08x}", rand_u32());
+    // a namespace of another demo run (the refusal looks there and in the run's own, not in other HA
+    // setups' namespaces: the suite's other HA scenarios leave their `widgets-ha` Leases behind)
+    let ns = format!("kshard-demo-ha-e2e{:08x}", rand_u32());
     let client = b.client().await;
     let nsapi: Api<Namespace> = Api::all(client.clone());
     let meta = |name: &str| ObjectMeta {

@@ -272,64 +272,33 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
     let (a, _sa) = testserver(dir.path(), "a");
     let (b, _sb) = testserver(dir.path(), "b");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .arg("operator")
-        .arg("--kubeconfig")
-        .arg(&a)
-        .args([
-            "--ha-mode",
-            "primary",
-            "--ha-cluster-id",
-            "a",
-            "--ha-rank",
-            "1",
-        ])
-        .arg("--ha-remote-kubeconfig")
-        .arg(&b)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("primary") && err.contains("active") && err.contains("standby"),
-        "{err}"
-    );
-
-    // the lag bound needs the mirror (which confirms the lag) and a witness (automatic promotion)
-    for (extra, missing) in [
-        (vec!["--ha-max-auto-promote-lag", "60s"], "--ha-mirror"),
-        (
-            vec![
-                "--ha-max-auto-promote-lag",
-                "60s",
-                "--ha-mirror",
-                "--ha-peer-cluster-id",
-                "b",
-            ],
-            "--ha-witness-kubeconfig",
-        ),
-    ] {
+    // `kshard operator` for cluster a with `mode` and `extra`: a start-up refusal (exit 2) and its stderr
+    let refused = |mode: &str, extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
             .arg("operator")
             .arg("--kubeconfig")
             .arg(&a)
-            .args([
-                "--ha-mode",
-                "active",
-                "--ha-cluster-id",
-                "a",
-                "--ha-rank",
-                "1",
-            ])
+            .args(["--ha-mode", mode, "--ha-cluster-id", "a", "--ha-rank", "1"])
             .arg("--ha-remote-kubeconfig")
             .arg(&b)
-            .args(&extra)
+            .args(extra)
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(missing), "{err}");
-    }
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused("primary", &[]);
+    assert!(
+        err.contains("primary") && err.contains("active") && err.contains("standby"),
+        "{err}"
+    );
+    // the lag bound needs the mirror (which confirms the lag) and a witness (automatic promotion)
+    let lag = ["--ha-max-auto-promote-lag", "60s"];
+    let err = refused("active", &lag);
+    assert!(err.contains("--ha-mirror"), "{err}");
+    let with_mirror = [&lag[..], &["--ha-mirror", "--ha-peer-cluster-id", "b"]].concat();
+    let err = refused("active", &with_mirror);
+    assert!(err.contains("--ha-witness-kubeconfig"), "{err}");
 
     let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
     let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");

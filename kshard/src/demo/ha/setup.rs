@@ -230,7 +230,15 @@ pub(crate) async fn prepare_real(
             .list(&ListParams::default().fields(&format!("metadata.name={lease}")))
             .await
             .map_err(at("listing HA Leases"))?;
-        if let Some(l) = held.items.first() {
+        // only a demo run's own namespaces: another HA setup named like the demo's in a namespace of its
+        // own does not meet this run (a fresh namespace; the freeze, cluster-wide, is checked below)
+        let demo_ns = |l: &&Lease| {
+            l.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|n| n == ns || n.starts_with(DEMO_NS_PREFIX))
+        };
+        if let Some(l) = held.items.iter().find(demo_ns) {
             return Err(CliError::failed(format!(
                 "cluster {id} already has the HA Lease {}/{lease} (another `kshard demo ha` run, or one that did not clean up): refusing to run; delete it first",
                 l.metadata.namespace.as_deref().unwrap_or_default()
@@ -329,6 +337,9 @@ pub(crate) fn gc_stand_in(c: &Backend, ns: &str) -> tokio::task::JoinHandle<()> 
     })
 }
 
+/// The prefix of the namespaces runs on real clusters make.
+pub(crate) const DEMO_NS_PREFIX: &str = "kshard-demo-ha-";
+
 /// A fresh namespace name for a run on real clusters: `kshard-demo-ha-<8 hex>`.
 pub(crate) fn fresh_namespace() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -340,7 +351,7 @@ pub(crate) fn fresh_namespace() -> String {
             .unwrap_or_default()
             .as_nanos(),
     );
-    format!("kshard-demo-ha-{:08x}", h.finish() as u32)
+    format!("{DEMO_NS_PREFIX}{:08x}", h.finish() as u32)
 }
 
 async fn create_namespace(admin: Client, ns: &str) -> Result<(), String> {
