@@ -84,6 +84,36 @@ pub(crate) fn start_with(
     timings: Timings,
     flaws: Flaws,
 ) -> Op {
+    start_clocked(
+        id,
+        rank,
+        mode,
+        [own, peer],
+        witness,
+        overlap,
+        (timings, flaws),
+        ha::handle::tokio_clock(),
+    )
+}
+
+/// A process clock running at `rate` × real (paused tokio) time: a local interval `Δ` spans `Δ / rate`.
+pub(crate) fn clock_at_rate(rate: f64) -> ha::LocalClock {
+    let t0 = Instant::now();
+    Arc::new(move || t0.elapsed().mul_f64(rate))
+}
+
+/// [`start_with`] on the process clock `clock`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_clocked(
+    id: &str,
+    rank: u64,
+    mode: HaMode,
+    [own, peer]: [&TestServer; 2],
+    witness: Option<&TestServer>,
+    overlap: &HaOverlap,
+    (timings, flaws): (Timings, Flaws),
+    clock: ha::LocalClock,
+) -> Op {
     let who = format!("{id}-op");
     let cfg = HaConfig::builder("widgets")
         .mode(mode)
@@ -102,13 +132,8 @@ pub(crate) fn start_with(
         peer.client(&who),
         witness.map(|w| w.client(&who)),
     );
-    let (handle, control, task) = ha::spawn_with_flaws(
-        &cfg,
-        clients,
-        ha::handle::tokio_clock(),
-        HaMetrics::default(),
-        flaws,
-    );
+    let (handle, control, task) =
+        ha::spawn_with_flaws(&cfg, clients, clock, HaMetrics::default(), flaws);
     let admitted = Arc::new(AtomicU64::new(0));
     let (h, o, n, id) = (
         handle.clone(),
@@ -355,4 +380,64 @@ async fn ha_witness_a_site_partition_moves_the_term_without_overlap() {
     no_overlap(&o);
     a.stop();
     b.stop();
+}
+
+/// One witness-mode site partition (A cut from B's apiserver and the witness, its own apiserver kept) with
+/// A's process clock slow and B's fast by `rho` (docs/ha.md "Assumptions": safe while
+/// `wait/(1+ρ) > (renew_deadline + request_timeout)/(1−ρ)`, ρ < 15 % with the defaults); `seed` shifts
+/// the partition against A's renewals. Returns the overlap checker's violations.
+async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
+    let (sa, sb, sw) = (server().await, server().await, server().await);
+    let o = HaOverlap::default();
+    let d = (Timings::default(), Flaws::default());
+    let a = start_clocked(
+        "a",
+        1,
+        HaMode::Active,
+        [&sa, &sb],
+        Some(&sw),
+        &o,
+        d,
+        clock_at_rate(1.0 - rho),
+    );
+    let b = start_clocked(
+        "b",
+        2,
+        HaMode::Standby,
+        [&sb, &sa],
+        Some(&sw),
+        &o,
+        d,
+        clock_at_rate(1.0 + rho),
+    );
+    until(Duration::from_secs(60), "A active", || a.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(10) + Duration::from_millis(370 * seed)).await;
+    sb.faults().partition(Scope::identity("a-op"), true);
+    sw.faults().partition(Scope::identity("a-op"), true);
+    until(Duration::from_secs(90), "B active", || b.handle.is_active()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let v = o.violations().len();
+    a.stop();
+    b.stop();
+    v
+}
+
+/// review-ha.md T8 (this part's last item): witness seeds at clock rates inside the documented bound pass
+/// (ρ = 10 %); just outside it (ρ = 30 %: A's term outlives B's wait in real time) the overlap checker finds
+/// an overlap.
+#[tokio::test(start_paused = true)]
+async fn ha_witness_seeds_inside_the_clock_rate_bound_pass_and_outside_it_overlap() {
+    for seed in 0..4 {
+        assert_eq!(
+            witness_partition_at_clock_rates(0.10, seed).await,
+            0,
+            "overlap inside the bound (seed {seed})"
+        );
+    }
+    let mut found = 0;
+    for seed in 0..4 {
+        found += usize::from(witness_partition_at_clock_rates(0.30, seed).await > 0);
+    }
+    eprintln!("[ha] clock rates 30 % apart: overlap found in {found} of 4 seeds");
+    assert!(found > 0, "no overlap found outside the bound");
 }

@@ -274,6 +274,35 @@ pub(crate) async fn prepare_real(
             .await
             .map_err(|e| CliError::failed(format!("cluster {id}: {e}")))?;
     }
+    same_widget_crd(a, b).await
+}
+
+/// The mirror refuses a kind the two clusters define differently (its schema check). A cluster may
+/// already have a Widget CRD of its own (another tool's, an earlier version): give `b` exactly `a`'s
+/// definition, so the demo runs against what `a` serves.
+async fn same_widget_crd(a: &Backend, b: &Backend) -> Result<(), CliError> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api = |c: &Backend| -> Api<CustomResourceDefinition> { Api::all(c.client("demo-admin")) };
+    let fail = |what: &str, e: kube::Error| CliError::failed(format!("{what} the Widget CRD: {e}"));
+    let name = widget::crd().metadata.name.unwrap_or_default();
+    let on_a = api(a)
+        .get(&name)
+        .await
+        .map_err(|e| fail("cluster a: reading", e))?;
+    let mut on_b = api(b)
+        .get(&name)
+        .await
+        .map_err(|e| fail("cluster b: reading", e))?;
+    if on_b.spec == on_a.spec {
+        return Ok(());
+    }
+    on_b.spec = on_a.spec;
+    on_b.status = None;
+    api(b)
+        .replace(&name, &PostParams::default(), &on_b)
+        .await
+        .map_err(|e| fail("cluster b: making it a's", e))?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the changed definition served
     Ok(())
 }
 
@@ -285,6 +314,8 @@ pub(crate) async fn cleanup_real(c: &Backend, ns: &str, cfg: &HaConfig) -> Vec<S
     let mut failed = Vec::new();
     if let Err(e) = kube_shard::ha::switchover::unfreeze(&admin, cfg).await {
         failed.push(format!("lifting the freeze: {e}"));
+    } else if !freeze_lifted(c).await {
+        failed.push("the freeze still refused writes 10 s after it was deleted".into());
     }
     let leases: Api<Lease> = Api::namespaced(admin.clone(), ns);
     if let Err(e) = leases
@@ -300,6 +331,33 @@ pub(crate) async fn cleanup_real(c: &Backend, ns: &str, cfg: &HaConfig) -> Vec<S
         Err(e) => failed.push(format!("deleting namespace {ns}: {e}")),
     }
     failed
+}
+
+/// kube-apiserver enforces a deleted ValidatingAdmissionPolicy until its admission plugin's informer
+/// sees the delete: probe (a dry-run create by the writer's identity) until the freeze no longer refuses,
+/// so that whatever runs next on the cluster is not refused by a policy already gone. At most 10 s.
+async fn freeze_lifted(c: &Backend) -> bool {
+    let api: Api<Widget> = Api::namespaced(c.client("writer"), "default");
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let probe = Widget::new(
+        "kshard-demo-ha-freeze-probe",
+        "default",
+        crate::operator::widget::WidgetSpec::default(),
+    );
+    for _ in 0..50 {
+        match api.create(&pp, &probe).await {
+            Err(kube::Error::Api(s))
+                if s.message.contains(kube_shard::ha::switchover::FREEZE_MARK) =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => return true,
+        }
+    }
+    false
 }
 
 /// The garbage collector's part the demo needs, on a cluster without one (a bare apiserver): the
