@@ -147,7 +147,9 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
     // 2. takeover candidates: expired, not yet gone, holding or receiving something
     let takeovers = takeover_candidates(input);
 
-    // any owner in limbo (neither live nor gone) holds its shards; do not plan around it this pass
+    // any owner in limbo (neither live nor gone) holds its shards and blocks nothing else: the shards
+    // of gone owners are granted at once (nobody serves them meanwhile), but no rebalancing move starts
+    // until the limbo ends (a quota computed without it would be undone when it comes back)
     let limbo = pass
         .next
         .view
@@ -156,8 +158,8 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
         .any(|a| !ctx.live(&a.owner) && !ctx.gone(&a.owner));
 
     // 3. plan: owners for orphans, and rebalancing moves
-    if input.ready_to_plan && !limbo {
-        plan(&ctx, &mut pass);
+    if input.ready_to_plan {
+        plan(&ctx, &mut pass, !limbo);
     }
 
     let Pass {
@@ -420,7 +422,7 @@ fn takeover_candidates(input: &StepInput<'_>) -> Vec<MemberId> {
 }
 
 /// Step 3: run the planner over the live members; assign the orphans and start rebalancing moves.
-fn plan(ctx: &Ctx<'_>, pass: &mut Pass) {
+fn plan(ctx: &Ctx<'_>, pass: &mut Pass, may_move: bool) {
     let cur = ctx.input.current;
     let candidates: Vec<planner::Member> = ctx
         .input
@@ -463,8 +465,8 @@ fn plan(ctx: &Ctx<'_>, pass: &mut Pass) {
                 ));
             }
             assign_orphans(ctx, pass, &plan);
-            // rebalancing moves, bounded (a leaver's set is exempt), not while paused
-            if !cur.paused {
+            // rebalancing moves, bounded (a leaver's set is exempt), not while paused or in limbo
+            if !cur.paused && may_move {
                 start_moves(ctx, pass, &plan);
             }
         }
@@ -846,6 +848,36 @@ mod tests {
             .iter()
             .filter(|s| cur.view.shards[s].owner == id("b"))
             .all(|s| next.view.shards[&s].epoch == 9_000));
+    }
+
+    /// Limbo blocks nothing but the limbo owner's own shards: a gone owner's shards are granted at once
+    /// (held back a whole takeover-budget period before), while no rebalancing move starts.
+    #[test]
+    fn a_gone_owners_shards_are_granted_while_another_owner_is_in_limbo() {
+        let cur = settled(&["a", "b", "c"]);
+        let mut members = vec![obs("a"), obs("b"), obs("c"), obs("d")];
+        // b was taken over; c expired but is still waiting for the takeover budget
+        members[1].alive = false;
+        members[1].gone = true;
+        members[2].alive = false;
+        members[2].expired = true;
+        let ages = BTreeMap::new();
+        let mut i = input(&cur, &members, &ages);
+        i.takeover_budget = 0;
+        i.now_ms = 9_000;
+        let out = step(&i);
+        assert!(out.takeovers.is_empty(), "no budget left");
+        let next = out.assignment.expect("b's shards must be granted now");
+        for (s, e) in &cur.view.shards {
+            let now = &next.view.shards[s];
+            if e.owner == id("b") {
+                assert!(now.owner == id("a") || now.owner == id("d"), "{s}: {now:?}");
+                assert_eq!(now.epoch, 9_000, "a new epoch for a gone owner's shard");
+            } else {
+                assert_eq!(now, e, "shard {s} must not change (c is in limbo, a is live)");
+            }
+        }
+        assert_eq!(next.moves_in_flight(), 0, "no rebalancing move while c is in limbo");
     }
 
     #[test]
