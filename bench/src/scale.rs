@@ -304,7 +304,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
             Some((s, n, names)) => format!("first configuration over a limit: S={s}, N={n}, names {names:?}"),
         },
         "the limit verdict is for the largest assignment the coordinator writes (at most max_concurrent_moves = 64 moves plus a leaver's set in flight); 'every shard moved' is a bound it does not reach".into(),
-        "at a limit: members refuse to decode an assignment over 1 MiB or a report over 256 KiB (a clear error, the last good view kept); the coordinator does NOT check the size before writing: the API server refuses the write (422) and the coordinator logs it at debug level and retries every pass — nothing is truncated, but nothing says why either".into(),
+        "at a limit: members refuse to decode an assignment over 1 MiB or a report over 256 KiB (a clear error, the last good view kept); the coordinator checks the size before writing: an assignment over 1 MiB is not written (an ALARM log line and an AssignmentTooLarge Warning Event naming the size; the current assignment stays) — nothing is truncated".into(),
     ];
     Ok(Report {
         scenario: "scale",

@@ -874,10 +874,17 @@ mod tests {
                 assert!(now.owner == id("a") || now.owner == id("d"), "{s}: {now:?}");
                 assert_eq!(now.epoch, 9_000, "a new epoch for a gone owner's shard");
             } else {
-                assert_eq!(now, e, "shard {s} must not change (c is in limbo, a is live)");
+                assert_eq!(
+                    now, e,
+                    "shard {s} must not change (c is in limbo, a is live)"
+                );
             }
         }
-        assert_eq!(next.moves_in_flight(), 0, "no rebalancing move while c is in limbo");
+        assert_eq!(
+            next.moves_in_flight(),
+            0,
+            "no rebalancing move while c is in limbo"
+        );
     }
 
     #[test]

@@ -92,6 +92,8 @@ struct Sub {
     /// re-watches (narrowing, merging, back to server mode) resume from here, never from `synced_rv` (F14).
     passed: Option<u64>,
     passed_rv: Option<String>,
+    /// Synced by a consistent LIST issued after it started (see `Barrier::first_sub`).
+    consistent_synced: bool,
     abort: AbortHandle,
 }
 
@@ -118,6 +120,10 @@ struct Barrier {
     target: Option<u64>,
     deadline: Option<Instant>,
     targeted: bool,
+    /// The first sub-watch started after this barrier: such a sub-watch's LIST was issued after the
+    /// activation was seen, so once it is synced by a consistent LIST it has passed the barrier by itself
+    /// (a `limit=1` version would only add a wait for a bookmark on a quiet collection).
+    first_sub: SubId,
 }
 
 enum Ctl<K> {
@@ -423,6 +429,7 @@ where
                         target: None,
                         deadline: None,
                         targeted: false,
+                        first_sub: self.next_id,
                     },
                 );
                 self.start_barrier(*shard, *epoch);
@@ -549,10 +556,13 @@ where
             ?start,
             "starting sub-watch"
         );
+        // a shard activating now: this sub-watch's first LIST doubles as its barrier
+        let consistent_first_list = start == Start::List && !self.barriers.is_empty();
         let task = SubWatch {
             id,
             selector: selector.clone(),
             start,
+            consistent_first_list,
             requests: self.requests.clone(),
             client: self.client.clone(),
             tx: self.sub_tx.clone(),
@@ -571,6 +581,7 @@ where
                 passed: parse_rv(synced_rv.as_deref()),
                 passed_rv: synced_rv.clone(),
                 synced_rv,
+                consistent_synced: false,
                 abort,
             },
         );
@@ -643,6 +654,7 @@ where
                 objects,
                 rv,
                 shard_info,
+                consistent,
             } => {
                 let Some(sub) = self.subs.get(&id) else {
                     return;
@@ -676,6 +688,7 @@ where
                 if let Some(sub) = self.subs.get_mut(&id) {
                     sub.pass(rv.as_deref());
                     sub.synced_rv = rv;
+                    sub.consistent_synced |= consistent;
                     sub.failing = false;
                 }
                 self.serving_dirty = true;
@@ -823,6 +836,23 @@ where
             .find(|s| s.synced_rv.is_some() && range.is_subset(&s.ranges))
     }
 
+    /// The sub-watch reading `shard` has passed its barrier: the `limit=1` version, or a consistent LIST
+    /// of its own issued after the activation was seen.
+    fn covering_passed(&self, shard: u32, b: &Barrier) -> bool {
+        let Some(range) = self.shard_range(shard) else {
+            return false;
+        };
+        let range: RangeSet = std::iter::once(range).collect();
+        // the same sub-watch `covering` finds
+        self.subs
+            .iter()
+            .find(|(_, s)| s.synced_rv.is_some() && range.is_subset(&s.ranges))
+            .is_some_and(|(id, sub)| {
+                (b.target.is_some() && sub.passed >= b.target)
+                    || (sub.consistent_synced && *id >= b.first_sub)
+            })
+    }
+
     fn check_progress(&mut self) {
         let warm: Vec<(u32, u64)> = self
             .incoming
@@ -846,11 +876,7 @@ where
         let passed: Vec<(u32, u64)> = self
             .barriers
             .iter()
-            .filter(|(s, b)| {
-                b.target.is_some()
-                    && self.covering(**s).is_some_and(|sub| sub.passed >= b.target)
-                    && self.gate_activated(**s, b.epoch)
-            })
+            .filter(|(s, b)| self.covering_passed(**s, b) && self.gate_activated(**s, b.epoch))
             .map(|(s, b)| (*s, b.epoch))
             .collect();
         for (shard, epoch) in passed {

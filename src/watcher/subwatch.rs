@@ -53,6 +53,9 @@ pub(crate) enum SubMsg<V> {
         rv: Option<String>,
         /// `metadata.shardInfo.selector` of the LIST, when the server echoed one.
         shard_info: Option<String>,
+        /// A consistent LIST (no resourceVersion) issued after the sub-watch started: it may serve as
+        /// an activation barrier for the shards the sub-watch was started for.
+        consistent: bool,
     },
     /// An added or modified object.
     Applied {
@@ -81,6 +84,9 @@ pub(crate) struct SubWatch<V> {
     pub(crate) id: SubId,
     pub(crate) selector: Option<ShardSelector>,
     pub(crate) start: Start,
+    /// Make the first LIST a consistent read whatever `list_semantic` says (a shard activating now: the
+    /// LIST doubles as its activation barrier).
+    pub(crate) consistent_first_list: bool,
     pub(crate) requests: Arc<Requests>,
     pub(crate) client: Client,
     pub(crate) tx: mpsc::Sender<SubMsg<V>>,
@@ -209,6 +215,7 @@ where
 
     async fn run_inner(self) {
         let mut backoff = default_backoff();
+        let mut consistent = self.consistent_first_list;
         let mut next = match &self.start {
             Start::List if self.requests.streaming_list() => Next::Watch {
                 rv: "0".into(),
@@ -225,7 +232,7 @@ where
                 return;
             }
             next = match next {
-                Next::List => match self.list_all().await {
+                Next::List => match self.list_all(consistent).await {
                     Ok((objects, rv, shard_info)) => {
                         backoff = default_backoff();
                         let Some(rv_s) = rv.clone() else {
@@ -238,7 +245,10 @@ where
                             objects,
                             rv,
                             shard_info,
+                            consistent,
                         };
+                        // relists follow `list_semantic`
+                        consistent = false;
                         if self.tx.send(msg).await.is_err() {
                             return;
                         }
@@ -314,12 +324,20 @@ where
             .await;
     }
 
-    async fn list_all(&self) -> Result<(Vec<V>, Option<String>, Option<String>), kube::Error> {
+    async fn list_all(
+        &self,
+        consistent: bool,
+    ) -> Result<(Vec<V>, Option<String>, Option<String>), kube::Error> {
+        let from = if consistent {
+            ListFrom::Consistent
+        } else {
+            ListFrom::Configured
+        };
         list_all(
             &self.client,
             &self.requests,
             self.selector.as_ref(),
-            &ListFrom::Configured,
+            &from,
             None,
         )
         .await
@@ -434,6 +452,7 @@ where
                                 objects,
                                 rv: Some(last_rv.clone()),
                                 shard_info: None,
+                                consistent: false,
                             })
                             .await
                             .map_err(|_| ())

@@ -972,3 +972,204 @@ async fn subwatches_are_capped_and_merged() {
     assert!(acct.distinct_uids as usize <= owned_names(&all, &owned).len() + 10);
     r.task.abort();
 }
+
+/// A shard this member did not read before (a takeover, a cold start) passes its activation barrier on
+/// the sub-watch started for it: that sub-watch's first LIST is a consistent read issued after the
+/// activation was seen. Before, the barrier waited for its own `limit=1` version, and when that LIST was
+/// answered after the sub-watch's (here: its first attempt fails) with a write of another resource in
+/// between (Lease renewals, in a group), the quiet collection's watch never passed it: activation waited
+/// for a bookmark (every 60 s) or `barrier_timeout`, then a targeted LIST — 2 s per takeover by default.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_sub_watch_list_is_the_activation_barrier() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube_shard::ownership::ShardState;
+    let (server, all) = crate::support::seeded(true, 400).await;
+    let (me, o, d) = member("fresh");
+    let first: BTreeSet<u32> = (0..8).collect();
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        first.iter().copied(),
+        1,
+    ));
+    let api: Api<ConfigMap> = Api::all(server.client("fresh"));
+    let timeout = Duration::from_secs(600);
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(timeout)
+        .probe_interval(Duration::from_secs(3600))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let stats = sharded.stats.clone();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let owned = |shards: &BTreeSet<u32>| {
+        let snap = o.snapshot();
+        let n = snap
+            .state()
+            .shards()
+            .filter(|(s, st)| shards.contains(s) && matches!(st, ShardState::Owned { .. }))
+            .count();
+        n == shards.len()
+    };
+    until(
+        Duration::from_secs(60),
+        "the first shards activated",
+        || owned(&first),
+    )
+    .await;
+    let admin: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
+    let gained: BTreeSet<u32> = (8..12).collect();
+    let changed = owned_names(&all, &gained).into_iter().next().unwrap();
+    admin
+        .patch(
+            &changed,
+            &Default::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"before the grant"}})),
+        )
+        .await
+        .unwrap();
+    // writes of another resource go on (as Lease renewals do); the barrier's first LIST fails
+    let secrets: Api<Secret> = Api::namespaced(server.client("admin"), NS);
+    let writer = tokio::spawn(async move {
+        for i in 0..100 {
+            let s = Secret {
+                metadata: ObjectMeta {
+                    name: Some(format!("other-{i}")),
+                    ..ObjectMeta::default()
+                },
+                ..Secret::default()
+            };
+            let _ = secrets.create(&PostParams::default(), &s).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    server.faults().fail_next(
+        Scope::identity("fresh"),
+        FailRule::status(500)
+            .verb(Verb::List)
+            .resource("configmaps")
+            .times(1),
+    );
+    let granted = tokio::time::Instant::now();
+    d.apply(&grant(
+        grant(AssignmentView::new(2), &me, first.iter().copied(), 1),
+        &me,
+        gained.iter().copied(),
+        2,
+    ));
+    until(
+        Duration::from_secs(120),
+        "the gained shards activated",
+        || owned(&gained),
+    )
+    .await;
+    assert!(
+        granted.elapsed() < Duration::from_secs(5),
+        "activated {:?} after the grant: it waited for a bookmark or the barrier timeout",
+        granted.elapsed()
+    );
+    assert_eq!(stats.targeted_lists(), 0, "no targeted barrier LIST");
+    // what the activation promises: the write before the grant is in the store
+    let held = store
+        .state()
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some(changed.as_str()))
+        .expect("the changed object is held");
+    assert_eq!(held.data.as_ref().unwrap()["v"], "before the grant");
+    writer.abort();
+    task.abort();
+}
+
+/// The other side of the rule above: a sub-watch started *before* a shard's activation was seen never
+/// counts as that shard's barrier, even when its own first LIST was a consistent one (it was started for
+/// another activation). Here one sub-watch is started for shard 8 (activating) and shard 9 (incoming);
+/// its watch then freezes, the old owner of 9 writes, and 9 is granted: 9 must wait for the barrier's
+/// targeted LIST and be activated with that write in the store. Without the sub-watch id check it was
+/// activated at once, on the store from before the write.
+#[tokio::test(start_paused = true)]
+async fn a_sub_watch_started_before_an_activation_is_not_its_barrier() {
+    use kube_shard::ownership::ShardState;
+    let (server, all) = crate::support::seeded(true, 400).await;
+    let (me, o, d) = member("early");
+    let old = MemberId::new("old", "i1");
+    let (x, y) = (8u32, 9u32);
+    let view1 = grant(AssignmentView::new(1), &me, [x], 1).with(
+        y,
+        ShardAssignment::owned(old.clone(), 1).with_handoff(Handoff::Moving {
+            id: 7,
+            to: me.clone(),
+        }),
+    );
+    d.apply(&view1);
+    let api: Api<ConfigMap> = Api::all(server.client("early"));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(Duration::from_secs(5))
+        .probe_interval(Duration::from_secs(3600))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let stats = sharded.stats.clone();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    let state = |s: u32| {
+        o.snapshot()
+            .state()
+            .shards()
+            .find(|(sh, _)| *sh == s)
+            .map(|(_, st)| st)
+    };
+    until(Duration::from_secs(60), "x activated and y warm", || {
+        matches!(state(x), Some(ShardState::Owned { .. }))
+            && matches!(state(y), Some(ShardState::Incoming { warm: true, .. }))
+    })
+    .await;
+    assert_eq!(
+        stats.targeted_lists(),
+        0,
+        "x passed on the sub-watch's LIST"
+    );
+    // the sub-watch's watch freezes; the old owner of y writes; y is granted to us
+    server
+        .faults()
+        .freeze_watches(Scope::identity("early"), true);
+    let name = owned_names(&all, &BTreeSet::from([y]))
+        .into_iter()
+        .next()
+        .unwrap();
+    let admin: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
+    admin
+        .patch(
+            &name,
+            &Default::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"late"}})),
+        )
+        .await
+        .unwrap();
+    let view2 = grant(grant(AssignmentView::new(2), &me, [x], 1), &me, [y], 2);
+    d.apply(&view2);
+    let value = || {
+        store
+            .state()
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|c| c.data.as_ref()?.get("v").cloned())
+    };
+    let start = tokio::time::Instant::now();
+    loop {
+        if matches!(state(y), Some(ShardState::Owned { .. })) {
+            assert_eq!(
+                value().as_deref(),
+                Some("late"),
+                "y was activated before the write made before its grant was read"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "y never activated"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(stats.targeted_lists() >= 1, "y's barrier needed its LIST");
+    server
+        .faults()
+        .freeze_watches(Scope::identity("early"), false);
+    task.abort();
+}
