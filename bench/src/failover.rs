@@ -1,8 +1,10 @@
 //! `failover`: SIGKILL of one member (not the coordinator), repeated: the time until every shard it held
 //! is admitted by another member, p50/p99, as a ratio to `lease_duration` and to the floor
-//! `lease_duration + takeover_grace + retry_period + barrier_timeout` on a quiet collection (no event
-//! passes the activation barrier, so it waits the barrier timeout and then LISTs the shard's range), or
-//! `lease_duration + takeover_grace + retry_period` (plus one watch round trip) under writes.
+//! `lease_duration + takeover_grace + retry_period + barrier_timeout` on a quiet collection (the issue's
+//! floor: no event passes a `limit=1` barrier version there, so it once waited the barrier timeout and a
+//! targeted LIST; a successor now starts a sub-watch for the shards it gains, whose consistent LIST is their
+//! barrier, so a quiet failover comes in under it), or `lease_duration + takeover_grace + retry_period`
+//! (plus one watch round trip) under writes.
 //!
 //! In process, on the embedded in-memory server: each member is a `ShardGroup` with one sharded read
 //! stream (so activation waits for its barrier) whose events are drained; a kill aborts its tasks and
@@ -151,6 +153,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     );
     let mut json_rows = Vec::new();
     let mut met_all = true;
+    let mut quiet_p99 = f64::NAN;
     for writes in [false, true] {
         let times = rt.block_on(measure(n, objects, reps, t, writes))?;
         let p50 = percentile(&times, 50.0).unwrap_or(f64::NAN);
@@ -162,6 +165,9 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
         }
         .as_secs_f64();
         let lease = t.lease.as_secs_f64();
+        if !writes {
+            quiet_p99 = p99;
+        }
         let per_floor = ratio(p99, floor);
         let met = per_floor <= 1.2;
         met_all &= met;
@@ -192,10 +198,13 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     Ok(Report {
         scenario: "failover",
         tables: vec![table],
-        notes: vec![format!(
-            "failover p99 ≤ 1.2 × floor in both: {}",
-            verdict(met_all)
-        )],
+        notes: vec![
+            format!("failover p99 ≤ 1.2 × floor in both: {}", verdict(met_all)),
+            format!(
+                "quiet: the floor keeps its barrier_timeout term, but a takeover's new owner starts a sub-watch for the shards it gains, and that sub-watch's consistent LIST is their activation barrier, so a quiet failover no longer waits barrier_timeout: p99 ÷ (lease + grace + retry) = {}",
+                f2(ratio(quiet_p99, t.floor_writes().as_secs_f64()))
+            ),
+        ],
         json: json!({
             "scenario": "failover", "replicas": n, "repetitions": reps, "objects": objects,
             "lease_s": t.lease.as_secs_f64(), "grace_s": t.grace.as_secs_f64(),

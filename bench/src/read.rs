@@ -341,7 +341,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
         tables,
         notes: vec![
             format!("read amplification ≤ 1.05 in server mode, cold start and relist (max over replicas): {}", verdict(met)),
-            "cold start bytes include each activation's barrier LIST (one per shard): about twice a relist's".into(),
+            "cold start bytes: a relist's, plus one limit=1 barrier LIST per shard (each activating shard's sub-watch LIST is its barrier; before, a targeted LIST per shard doubled them)".into(),
             "fallback lists everything and filters locally: amplification ≈ N, by design; what it holds is its own shards".into(),
             memory_note,
         ],
