@@ -830,27 +830,25 @@ where
 
     /// The synced sub-watch that reads `shard`, if any.
     fn covering(&self, shard: u32) -> Option<&Sub> {
+        self.covering_entry(shard).map(|(_, sub)| sub)
+    }
+
+    /// The synced sub-watch whose ranges hold `shard`, with its id.
+    fn covering_entry(&self, shard: u32) -> Option<(SubId, &Sub)> {
         let range: RangeSet = std::iter::once(self.shard_range(shard)?).collect();
         self.subs
-            .values()
-            .find(|s| s.synced_rv.is_some() && range.is_subset(&s.ranges))
+            .iter()
+            .find(|(_, s)| s.synced_rv.is_some() && range.is_subset(&s.ranges))
+            .map(|(id, s)| (*id, s))
     }
 
     /// The sub-watch reading `shard` has passed its barrier: the `limit=1` version, or a consistent LIST
     /// of its own issued after the activation was seen.
     fn covering_passed(&self, shard: u32, b: &Barrier) -> bool {
-        let Some(range) = self.shard_range(shard) else {
-            return false;
-        };
-        let range: RangeSet = std::iter::once(range).collect();
-        // the same sub-watch `covering` finds
-        self.subs
-            .iter()
-            .find(|(_, s)| s.synced_rv.is_some() && range.is_subset(&s.ranges))
-            .is_some_and(|(id, sub)| {
-                (b.target.is_some() && sub.passed >= b.target)
-                    || (sub.consistent_synced && *id >= b.first_sub)
-            })
+        self.covering_entry(shard).is_some_and(|(id, sub)| {
+            (b.target.is_some() && sub.passed >= b.target)
+                || (sub.consistent_synced && id >= b.first_sub)
+        })
     }
 
     fn check_progress(&mut self) {

@@ -67,31 +67,7 @@ pub(crate) fn start(
         [own, peer],
         witness,
         overlap,
-        Timings::default(),
-        Flaws::default(),
-    )
-}
-
-/// [`start`] with its own timings and deliberately broken elector rules.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn start_with(
-    id: &str,
-    rank: u64,
-    mode: HaMode,
-    [own, peer]: [&TestServer; 2],
-    witness: Option<&TestServer>,
-    overlap: &HaOverlap,
-    timings: Timings,
-    flaws: Flaws,
-) -> Op {
-    start_clocked(
-        id,
-        rank,
-        mode,
-        [own, peer],
-        witness,
-        overlap,
-        (timings, flaws),
+        (Timings::default(), Flaws::default()),
         ha::handle::tokio_clock(),
     )
 }
@@ -102,9 +78,9 @@ pub(crate) fn clock_at_rate(rate: f64) -> ha::LocalClock {
     Arc::new(move || t0.elapsed().mul_f64(rate))
 }
 
-/// [`start_with`] on the process clock `clock`.
+/// [`start`] with its own timings, deliberately broken elector rules, and the process clock `clock`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn start_clocked(
+pub(crate) fn start_with(
     id: &str,
     rank: u64,
     mode: HaMode,
@@ -390,7 +366,7 @@ async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
     let (sa, sb, sw) = (server().await, server().await, server().await);
     let o = HaOverlap::default();
     let d = (Timings::default(), Flaws::default());
-    let a = start_clocked(
+    let a = start_with(
         "a",
         1,
         HaMode::Active,
@@ -400,7 +376,7 @@ async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
         d,
         clock_at_rate(1.0 - rho),
     );
-    let b = start_clocked(
+    let b = start_with(
         "b",
         2,
         HaMode::Standby,

@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use kube_shard::ha::elector::Flaws;
+use kube_shard::ha::handle::tokio_clock;
 use kube_shard::ha::{HaMode, Timings};
 use kube_shard::oracles::ha_overlap::HaOverlap;
 use kube_shard_testserver::{Scope, TestServer, Verb};
@@ -133,7 +134,16 @@ async fn deleted_lease(flaws: Flaws) -> Duration {
     let o = HaOverlap::default();
     let (sa, sb) = (server().await, server().await);
     let t = Timings::default();
-    let a = start_with("a", 1, HaMode::Active, [&sa, &sb], None, &o, t, flaws);
+    let a = start_with(
+        "a",
+        1,
+        HaMode::Active,
+        [&sa, &sb],
+        None,
+        &o,
+        (t, flaws),
+        tokio_clock(),
+    );
     let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -294,8 +304,8 @@ async fn mismatched(flaws: Flaws) -> HaOverlap {
         [&sb, &sa],
         Some(&sw),
         &o,
-        short,
-        flaws,
+        (short, flaws),
+        tokio_clock(),
     );
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -973,6 +973,15 @@ async fn subwatches_are_capped_and_merged() {
     r.task.abort();
 }
 
+/// The state of `shard` in this member's ownership, if it holds or reads it.
+fn shard_state(o: &Ownership, shard: u32) -> Option<kube_shard::ownership::ShardState> {
+    o.snapshot()
+        .state()
+        .shards()
+        .find(|(s, _)| *s == shard)
+        .map(|(_, st)| st)
+}
+
 /// A shard this member did not read before (a takeover, a cold start) passes its activation barrier on
 /// the sub-watch started for it: that sub-watch's first LIST is a consistent read issued after the
 /// activation was seen. Before, the barrier waited for its own `limit=1` version, and when that LIST was
@@ -1002,13 +1011,9 @@ async fn a_fresh_sub_watch_list_is_the_activation_barrier() {
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let owned = |shards: &BTreeSet<u32>| {
-        let snap = o.snapshot();
-        let n = snap
-            .state()
-            .shards()
-            .filter(|(s, st)| shards.contains(s) && matches!(st, ShardState::Owned { .. }))
-            .count();
-        n == shards.len()
+        shards
+            .iter()
+            .all(|s| matches!(shard_state(&o, *s), Some(ShardState::Owned { .. })))
     };
     until(
         Duration::from_secs(60),
@@ -1108,13 +1113,7 @@ async fn a_sub_watch_started_before_an_activation_is_not_its_barrier() {
     let store = sharded.store.clone().unwrap();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
-    let state = |s: u32| {
-        o.snapshot()
-            .state()
-            .shards()
-            .find(|(sh, _)| *sh == s)
-            .map(|(_, st)| st)
-    };
+    let state = |s: u32| shard_state(&o, s);
     until(Duration::from_secs(60), "x activated and y warm", || {
         matches!(state(x), Some(ShardState::Owned { .. }))
             && matches!(state(y), Some(ShardState::Incoming { warm: true, .. }))

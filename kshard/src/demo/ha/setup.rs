@@ -349,12 +349,15 @@ async fn freeze_lifted(c: &Backend) -> bool {
     );
     for _ in 0..50 {
         match api.create(&pp, &probe).await {
+            // accepted, or refused by something other than the freeze: the freeze is gone
+            Ok(_) => return true,
             Err(kube::Error::Api(s))
-                if s.message.contains(kube_shard::ha::switchover::FREEZE_MARK) =>
+                if !s.message.contains(kube_shard::ha::switchover::FREEZE_MARK) =>
             {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                return true
             }
-            _ => return true,
+            // still refused by the freeze, or no answer (which says nothing either way): ask again
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
     false
