@@ -60,9 +60,16 @@ pub(crate) struct WallClock {
 }
 
 impl WallClock {
-    pub(crate) fn new(offset: SignedDuration, rate: f64) -> Self {
+    /// From `start` (the host's clock when `None`, or when `start` is out of range).
+    pub(crate) fn new(
+        start: Option<std::time::SystemTime>,
+        offset: SignedDuration,
+        rate: f64,
+    ) -> Self {
         WallClock {
-            start_wall: Timestamp::now(),
+            start_wall: start
+                .and_then(|t| Timestamp::try_from(t).ok())
+                .unwrap_or_else(Timestamp::now),
             start: tokio::time::Instant::now(),
             offset,
             rate,
@@ -122,8 +129,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_fixed_start_makes_the_clock_repeat() {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let a = WallClock::new(Some(at), SignedDuration::ZERO, 1.0);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(a.rfc3339(), "2026-01-01T00:00:05Z");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn paused_time_drives_the_clock_at_its_rate_from_its_offset() {
-        let clock = WallClock::new(SignedDuration::from_hours(-1), 0.5);
+        let clock = WallClock::new(None, SignedDuration::from_hours(-1), 0.5);
         let t0 = clock.now();
         assert!(
             t0 < Timestamp::now()

@@ -300,6 +300,7 @@ mod smp;
 mod ssa;
 mod status;
 mod store;
+mod tap;
 mod tls;
 mod watch;
 
@@ -311,4 +312,12 @@ pub use http::{ClientError, HttpServer, Transport};
 pub use refusals::AdmissionRefusal;
 pub use server::{Builder, Config, TestServer};
 pub use service::{ApiService, Refused, ResponseBody};
+pub use tap::Tapped;
 pub use tls::TlsError;
+
+/// Build the process-wide tables (the captured OpenAPI schemas) now, on this thread. They are otherwise
+/// built by the first request that needs them, on whatever thread serves it; a caller that must know
+/// exactly what each of its threads does (the fault simulator's exact replay) calls this once first.
+pub fn init_process_tables() {
+    let _ = schema::Schemas::builtin();
+}

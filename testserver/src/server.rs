@@ -53,6 +53,9 @@ pub struct Config {
     /// How fast the server's wall clock runs per second of tokio time (default 1.0; a negative or
     /// non-finite rate stops it).
     pub clock_rate: f64,
+    /// The server's wall clock at build, before the offset (default: the host's clock then).
+    pub wall_clock_start: Option<std::time::SystemTime>,
+    pub(crate) request_tap: Option<crate::tap::RequestTap>,
 }
 
 impl Default for Config {
@@ -68,6 +71,8 @@ impl Default for Config {
             resource_version_start: 1,
             clock_offset: jiff::SignedDuration::ZERO,
             clock_rate: 1.0,
+            wall_clock_start: None,
+            request_tap: None,
         }
     }
 }
@@ -145,6 +150,21 @@ impl Builder {
     /// time drives it and two servers can drift apart.
     pub fn clock_rate(mut self, rate: f64) -> Self {
         self.config.clock_rate = rate;
+        self
+    }
+
+    /// Start the server's wall clock at `at` instead of the host's clock: with paused tokio time every
+    /// `creationTimestamp`, `managedFields` time and Table age then repeats from one run to the next.
+    pub fn wall_clock_start(mut self, at: std::time::SystemTime) -> Self {
+        self.config.wall_clock_start = Some(at);
+        self
+    }
+
+    /// Call `tap` with every request the server receives, in the order it receives them (identity,
+    /// method, path and query, a digest of the body), and again with the status of its answer. It runs on
+    /// the task handling the request: keep it short.
+    pub fn request_tap(mut self, tap: impl Fn(&crate::Tapped) + Send + Sync + 'static) -> Self {
+        self.config.request_tap = Some(crate::tap::RequestTap(Arc::new(tap)));
         self
     }
 
@@ -233,7 +253,11 @@ impl TestServer {
             rv_tx: watch::channel(rv_start).0,
             address: Mutex::new(None),
             entropy: Entropy::new(config.seed),
-            clock: WallClock::new(config.clock_offset, config.clock_rate),
+            clock: WallClock::new(
+                config.wall_clock_start,
+                config.clock_offset,
+                config.clock_rate,
+            ),
             config,
         });
         crate::rest::bootstrap(&inner);

@@ -131,6 +131,7 @@ pub(crate) async fn handle(
     parts: Parts,
     body: Bytes,
 ) -> Result<Response<ResponseBody>, Refused> {
+    let tapped = tap_arrival(&inner, &identity, &parts, &body);
     let q = Query::parse(parts.uri.query());
     let route = router::route(&inner, parts.uri.path());
     let verb = match &route {
@@ -169,7 +170,34 @@ pub(crate) async fn handle(
     if !slow.is_zero() {
         tokio::time::sleep(slow).await;
     }
+    if let (Some(tap), Some(mut t)) = (&inner.config.request_tap, tapped) {
+        t.status = Some(resp.status().as_u16());
+        (tap.0)(&t);
+    }
     Ok(resp)
+}
+
+/// Tell the request tap (if any) that this request arrived; what to complete when it is answered.
+fn tap_arrival(
+    inner: &Inner,
+    identity: &str,
+    parts: &Parts,
+    body: &Bytes,
+) -> Option<crate::Tapped> {
+    let tap = inner.config.request_tap.as_ref()?;
+    let t = crate::Tapped {
+        identity: identity.to_owned(),
+        method: parts.method.to_string(),
+        uri: parts
+            .uri
+            .path_and_query()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        body_digest: crate::tap::digest(body),
+        status: None,
+    };
+    (tap.0)(&t);
+    Some(t)
 }
 
 /// Past attribution and the faults that delay or refuse a request: handle it and answer.

@@ -128,3 +128,50 @@ async fn each_server_stamps_with_its_own_clock() {
         "{now} vs {stamped}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fixed_wall_clock_start_stamps_the_same_times_in_every_run() {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01T00:00:00Z
+    let stamp = |server: TestServer| async move {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        let api: Api<ConfigMap> = Api::namespaced(server.client("m0"), "default");
+        let made = api.create(&PostParams::default(), &cm("t")).await.unwrap();
+        made.metadata.creation_timestamp.unwrap().0.to_string()
+    };
+    let a = stamp(TestServer::builder().wall_clock_start(at).build()).await;
+    assert_eq!(a, "2026-01-01T00:00:07Z");
+    let b = stamp(TestServer::builder().wall_clock_start(at).build()).await;
+    assert_eq!(a, b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_request_tap_sees_every_request_in_order_and_its_answer() {
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<Vec<kube_shard_testserver::Tapped>>> = Arc::default();
+    let s = seen.clone();
+    let server = TestServer::builder()
+        .request_tap(move |t| s.lock().unwrap().push(t.clone()))
+        .build();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("m0"), "default");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    assert!(api.get("missing").await.is_err());
+    let seen = seen.lock().unwrap().clone();
+    let line = |t: &kube_shard_testserver::Tapped| {
+        format!("{} {} {} {:?}", t.identity, t.method, t.uri, t.status)
+    };
+    let lines: Vec<String> = seen.iter().map(line).collect();
+    assert_eq!(
+        lines,
+        [
+            "m0 POST /api/v1/namespaces/default/configmaps? None",
+            "m0 POST /api/v1/namespaces/default/configmaps? Some(201)",
+            "m0 GET /api/v1/namespaces/default/configmaps/missing None",
+            "m0 GET /api/v1/namespaces/default/configmaps/missing Some(404)",
+        ]
+    );
+    assert_ne!(
+        seen[0].body_digest, seen[2].body_digest,
+        "a body, then none"
+    );
+    assert_eq!(seen[2].body_digest, kube_shard::fnv1a64(b""));
+}
