@@ -226,6 +226,7 @@ async fn ack_drained(ha: HaHandle, own: Ownership) {
             Some(e) => {
                 while !own.idle() {
                     tokio::select! {
+                        biased; // the stop or a new demotion first; the poll timer only re-checks idleness
                         r = rx.changed() => if r.is_err() { return } else { break },
                         () = tokio::time::sleep(Duration::from_millis(50)) => {}
                     }

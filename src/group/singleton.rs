@@ -174,6 +174,7 @@ impl Leadership {
             }
             let mut rx = self.rx.clone();
             tokio::select! {
+                biased; // the member's stop (a closed channel) first; either ends the wait
                 r = rx.changed() => r.ok()?,
                 () = self.ha_changed() => {}
             }
@@ -204,7 +205,7 @@ impl Leadership {
                 return;
             }
             tokio::select! {
-                biased;
+                biased; // the member's stop (a closed channel) first; either ends the wait
                 r = rx.changed() => if r.is_err() { return },
                 () = tokio::time::sleep(left.min(BOOT_CHECK)) => {}
             }
@@ -285,6 +286,7 @@ impl Leadership {
                 }
                 let mut rx = self.rx.clone();
                 tokio::select! {
+                    biased; // the member's stop (a closed channel) first; either ends the wait
                     r = rx.changed() => if r.is_err() { return },
                     () = self.ha_changed() => {}
                 }

@@ -260,6 +260,7 @@ fn spawn_elector(
         match follower {
             Some(f) => {
                 tokio::select! {
+                    biased; // the driver is the task's life; the follower only waits for its promotions
                     () = driver.run(rx) => {}
                     () = f => {}
                 }
@@ -311,6 +312,9 @@ impl Driver {
             }
             self.publish();
             tokio::select! {
+                // answers first (they end or keep the term); every turn polls the elector, so the tick
+                // below only wakes the loop and a busy branch above it delays nothing
+                biased;
                 Some((slot, answer, stamp)) = inflight.next(), if !inflight.is_empty() => {
                     let last = &mut self.stamps[slot as usize];
                     *last = (*last).max(stamp);

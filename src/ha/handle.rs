@@ -189,6 +189,7 @@ impl HaHandle {
         match remaining {
             Some(d) if !d.is_zero() => {
                 tokio::select! {
+                    biased; // a change first; either ends the wait
                     _ = rx.changed() => {}
                     () = tokio::time::sleep(d) => {}
                 }
@@ -254,6 +255,7 @@ pub(crate) async fn gate(ha: HaHandle, mut on_change: impl FnMut(bool)) {
         let remaining = ha.term_remaining();
         if active && !remaining.is_zero() {
             tokio::select! {
+                biased; // a change first; either ends the wait
                 _ = rx.changed() => {}
                 () = tokio::time::sleep(remaining) => {}
             }

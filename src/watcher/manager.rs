@@ -344,7 +344,7 @@ where
             let timer = self.next_timer();
             let out = self.out.clone();
             tokio::select! {
-                biased;
+                biased; // the consumer's end first; each message branch drains a queue that empties
                 _ = out.closed() => break,
                 Some(msg) = self.sub_rx.recv() => self.on_sub(msg),
                 Some(ctl) = self.ctl_rx.recv() => self.on_ctl(ctl),

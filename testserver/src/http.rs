@@ -180,6 +180,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener, tls: Option<TlsAc
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
+            biased; // new connections first; finished ones are reaped whenever none is waiting
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else {
                     // Out of descriptors or similar: do not spin.

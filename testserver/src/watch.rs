@@ -206,7 +206,7 @@ impl WatchStream {
                 continue;
             }
             tokio::select! {
-                biased;
+                biased; // faults first (a closed watch ends it); changes drain into `pending` and empty
                 r = self.faults.changed() => { r.ok()?; }
                 ev = rx.recv() => match ev {
                     Some(c) => self.pending.push_back(Pending::Change(c)),

@@ -161,6 +161,7 @@ impl Poller {
         let mut ignored = String::new();
         loop {
             tokio::select! {
+                biased; // the stop first
                 _ = stop.changed() => return,
                 () = tokio::time::sleep(self.period) => {}
             }
@@ -226,6 +227,7 @@ impl Poller {
         tokio::pin!(all);
         loop {
             tokio::select! {
+                biased; // the stop first; the acks resolve once, so they never starve the period's check
                 _ = stop.changed() => return Round::Stopped,
                 r = &mut all => {
                     return match r.into_iter().collect::<Result<Vec<usize>, _>>() {

@@ -89,15 +89,11 @@ impl KindTask {
         loop {
             let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
             tokio::select! {
+                // the stop first, then the periodic ticks (ready once a period), catch-up requests, due
+                // work (not ready again until a delivery), and last the deliveries, the one branch a busy
+                // source keeps ready
+                biased;
                 _ = stop.changed() => break,
-                d = rx.recv() => match d {
-                    Some(d) => if let Err(e) = self.deliver(d).await {
-                        self.stop_with(e);
-                        break;
-                    },
-                    None => break,
-                },
-                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && !self.hold.held() => self.work().await,
                 _ = probe.tick() => if let Err(e) = self.probe().await {
                     self.stop_with(e);
                     break;
@@ -107,6 +103,14 @@ impl KindTask {
                 Some(c) = catchup.recv() => if let Err(e) = self.catch_up(c).await {
                     self.stop_with(e);
                     break;
+                },
+                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && !self.hold.held() => self.work().await,
+                d = rx.recv() => match d {
+                    Some(d) => if let Err(e) = self.deliver(d).await {
+                        self.stop_with(e);
+                        break;
+                    },
+                    None => break,
                 },
             }
             self.advance().await;

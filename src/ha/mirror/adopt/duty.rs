@@ -217,6 +217,7 @@ impl Duty {
             self.publish();
             self.record().await;
             tokio::select! {
+                biased; // a term change first; either ends the wait
                 () = self.ha.await_change() => {}
                 () = tokio::time::sleep(self.cfg.retry) => {}
             }
