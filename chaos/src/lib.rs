@@ -6,10 +6,12 @@
 //! runtime in paused time, heals, and judges the run with the safety oracles (`kube_shard::oracles`) and the
 //! settle checks. [`run_many`] spreads seeds over OS threads; [`shrink`] cuts a failing fault list down.
 //!
-//! Limits (documented in `docs/testing.md`): kube-runtime's `Controller` polls concurrent reconciles in
-//! std-`HashMap` order (members run at concurrency 1); `predicate_filter`'s TTL runs on the real clock; kube's
-//! client buffer task and the Controller's scheduler are not frozen by a pause (only what the member's
-//! spawner started and the futures the simulator holds are).
+//! Exact replay (`docs/testing.md`, "Determinism"): each seed runs on a fresh OS thread whose std hash keys
+//! (kube-runtime's scheduler and `FutureHashMap`), tokio seed and thread-local draws follow the seed
+//! (`kube-shard-chaos-entropy`, Linux with glibc), every `select!` on its path is `biased;`, and
+//! testserver's wall clock starts at a fixed epoch: a seed's trace and its digest repeat in any process,
+//! alone or in a batch. Not frozen by a pause: kube's client buffer task and the Controller's scheduler
+//! (only what the member's spawner started and the futures the simulator holds are).
 #![forbid(unsafe_code)]
 
 pub mod check;
@@ -27,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-pub use sim::{run_seed, Options, Outcome};
+pub use sim::{digest, replay, run_seed, Options, Outcome, Replay};
 
 /// What a batch of seeds did.
 #[derive(Clone, Debug, Default, Serialize)]

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kube_shard_chaos::fault::Timed;
-use kube_shard_chaos::{replay_command, run_many, run_seed, shrink, Options, Outcome};
+use kube_shard_chaos::{
+    replay, replay_command, run_many, run_seed, shrink, world, Options, Outcome, Replay,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "chaos", about = "Deterministic fault simulator for kube-shard")]
@@ -42,6 +44,9 @@ struct Args {
     /// Print each seed's event log (faults, starts, reconciles, assignment versions).
     #[arg(long)]
     log: bool,
+    /// Print each seed's whole trace: the event log and every API request and answer, in order.
+    #[arg(long)]
+    trace: bool,
     /// At most this many faults per seed.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
     max_faults: u64,
@@ -57,6 +62,14 @@ fn main() {
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .init();
+    }
+    match replay() {
+        Replay::Exact => {}
+        Replay::Unsupported => eprintln!("chaos: {}", Replay::Unsupported.message()),
+        Replay::Broken(why) => {
+            eprintln!("{why}");
+            std::process::exit(2);
+        }
     }
     if let Some(p) = &args.plant {
         let names = kube_shard_chaos::plant::names();
@@ -97,16 +110,23 @@ fn main() {
             }
         };
         let o = run_seed(args.seed_start, &opts, Some(faults));
-        print_outcome(&o, &opts, &args);
+        print_log(&o, &args);
+        if args.json {
+            let v = serde_json::json!({ "seeds": [seed_json(&o)], "failing": o.findings });
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        } else {
+            print_outcome(&o, &opts, &args);
+        }
         std::process::exit(i32::from(!o.findings.is_empty()));
     }
     let failed = std::sync::Mutex::new(Vec::<Outcome>::new());
+    let seeds = std::sync::Mutex::new(Vec::<serde_json::Value>::new());
     let summary = run_many(args.seed_start, args.seeds, args.jobs, &opts, |o| {
-        if args.log {
-            for l in &o.log {
-                eprintln!("seed {} {l}", o.seed);
-            }
-        }
+        print_log(o, &args);
+        seeds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(seed_json(o));
         if !o.findings.is_empty() {
             failed
                 .lock()
@@ -137,7 +157,10 @@ fn main() {
     }
     let wall = started.elapsed();
     if args.json {
+        let mut seeds = seeds.into_inner().unwrap_or_else(|e| e.into_inner());
+        seeds.sort_by_key(|s| s["seed"].as_u64());
         let v = serde_json::json!({
+            "seeds": seeds,
             "summary": summary,
             "wall_seconds": wall.as_secs_f64(),
             "failing": failed.iter().zip(&shrunk).map(|(o, s)| serde_json::json!({
@@ -165,14 +188,42 @@ fn main() {
 
 fn print_outcome(o: &Outcome, opts: &Options, args: &Args) {
     if o.findings.is_empty() {
-        println!("seed {} ok ({} faults)", o.seed, o.faults.len());
+        println!(
+            "seed {} ok ({} faults, trace {})",
+            o.seed,
+            o.faults.len(),
+            o.trace_digest
+        );
         return;
     }
     let kinds: Vec<&str> = o.findings.iter().map(|f| f.kind.as_str()).collect();
     println!(
-        "seed {} FAILED {kinds:?}: {} — replay: {}",
+        "seed {} FAILED {kinds:?}: {} — replay: {} (trace {})",
         o.seed,
         o.findings[0].detail,
-        replay_command(o, opts, args.faults.is_some())
+        replay_command(o, opts, args.faults.is_some()),
+        o.trace_digest
     );
+}
+
+/// `--log`: the events; `--trace`: everything, requests included. On standard error, one seed at a time.
+fn print_log(o: &Outcome, args: &Args) {
+    if !(args.log || args.trace) {
+        return;
+    }
+    let mut out = String::new();
+    for l in &o.log {
+        if args.trace || !world::is_request_line(l) {
+            out.push_str(&format!("seed {} {l}\n", o.seed));
+        }
+    }
+    eprint!("{out}");
+}
+
+fn seed_json(o: &Outcome) -> serde_json::Value {
+    serde_json::json!({
+        "seed": o.seed,
+        "trace_digest": o.trace_digest,
+        "ok": o.findings.is_empty(),
+    })
 }

@@ -1,6 +1,9 @@
 //! One seed: a world, its schedule of faults, the writer, the settle bound and the oracle.
 
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use kube_shard_chaos_entropy as entropy;
 
 use serde::Serialize;
 
@@ -29,6 +32,10 @@ pub struct Options {
     pub plant: Option<String>,
     /// Draw only these fault kinds (`fault::KINDS`); empty: every kind.
     pub kinds: &'static [&'static str],
+    /// Mixed into the stream a seed's thread draws its std hash keys from (0, the default: the seed's
+    /// own); tokio's runtime seed stays the seed's. The same seed with another salt orders kube-runtime's
+    /// held reconciles differently: the determinism test's control.
+    pub hash_salt: u64,
 }
 
 impl Default for Options {
@@ -42,6 +49,7 @@ impl Default for Options {
             settle: Duration::from_secs(60),
             plant: None,
             kinds: &[],
+            hash_salt: 0,
         }
     }
 }
@@ -73,27 +81,160 @@ pub struct Outcome {
     pub simulated_ms: u64,
     /// Oracle checks run.
     pub checks: usize,
-    /// The event log (faults, starts, reconciles, assignment versions).
+    /// FNV-1a 64 of the trace ([`digest`]): two runs with the same digest did the same thing in the
+    /// same order. Empty when the seed did not run.
+    pub trace_digest: String,
+    /// The trace, in order: every API request as it arrives (`>`: identity, verb, path and query, body
+    /// digest) and its answer (`<`: status), every fault, member start, kill, reconcile and assignment
+    /// version, and last the count of entropy draws. Lease and assignment writes are its `PUT`s.
     #[serde(skip)]
     pub log: Vec<String>,
 }
 
-/// Run seed `seed` (with its own schedule, or `faults` when given: replay and shrinking) on a fresh
-/// current-thread runtime in paused time, on the calling thread.
+/// Whether a seed's run repeats exactly (see [`replay`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Every hash key and random draw of a seed's thread follows the seed: the same seed gives the same
+    /// trace, in any process, alone or in a batch.
+    Exact,
+    /// No override on this platform (not Linux with glibc): the simulator runs, but std's hash keys are
+    /// the OS's, so kube-runtime's pick among held reconciles differs from run to run.
+    Unsupported,
+    /// Something exact replay needs is missing (it says what): seeds refuse to run rather than pretend
+    /// to replay.
+    Broken(&'static str),
+}
+
+impl Replay {
+    /// What to tell the user.
+    #[must_use]
+    pub fn message(self) -> &'static str {
+        match self {
+            Replay::Exact => {
+                "exact replay: every seed's hash keys and random draws follow the seed"
+            }
+            Replay::Unsupported => {
+                "no exact replay on this platform (it needs Linux with glibc): a seed's faults and \
+                 writes repeat, the order of kube-runtime's held reconciles does not"
+            }
+            Replay::Broken(why) => why,
+        }
+    }
+}
+
+/// This process's replay status. The first call fixes the process-wide keys (ahash's, drawn once per
+/// process, and the testserver's tables) from a constant stream on a thread of their own, before any seed
+/// runs, so they are the same in every process whichever seed comes first.
+pub fn replay() -> Replay {
+    static STATUS: OnceLock<Replay> = OnceLock::new();
+    *STATUS.get_or_init(|| {
+        struct Fixed;
+        impl ahash::random_state::RandomSource for Fixed {
+            fn gen_hasher_seed(&self) -> usize {
+                0x5eed
+            }
+        }
+        // every ahash map (kube's reflector store) hashes with the fixed keys and this per-map seed
+        let _ = ahash::random_state::set_random_source(Fixed);
+        let _ = std::thread::spawn(|| {
+            let _ = entropy::seed_thread(PROCESS_KEYS);
+            let _ = ahash::RandomState::new();
+            kube_shard_testserver::init_process_tables();
+        })
+        .join();
+        if !cfg!(tokio_unstable) {
+            Replay::Broken(
+                "chaos: built without `--cfg tokio_unstable` (the workspace's .cargo/config.toml sets it; \
+                 a RUSTFLAGS variable replaces it): tokio's runtime seed cannot be fixed, so no seed \
+                 would replay; refusing to run",
+            )
+        } else if entropy::interposed() {
+            Replay::Exact
+        } else if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            Replay::Broken(
+                "chaos: the getrandom override (kube-shard-chaos-entropy) is not reached in this \
+                 process: std's hash keys come from the kernel, so no seed would replay; refusing to run",
+            )
+        } else {
+            Replay::Unsupported
+        }
+    })
+}
+
+/// The stream the process-wide keys are drawn from.
+const PROCESS_KEYS: u64 = 0x0005_EED0_0000_0001;
+
+/// The stream a seed's thread draws its keys from: the seed's own, or another one for the same seed
+/// (`Options::hash_salt`, the determinism test's control).
+fn thread_keys(seed: u64, salt: u64) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.rotate_left(17) ^ salt
+}
+
+/// Run seed `seed` (with its own schedule, or `faults` when given: replay and shrinking) on a **fresh OS
+/// thread** with a current-thread runtime in paused time. Before anything on that thread builds a map, its
+/// hash keys are drawn from the seed, and every thread-local source (the library's draws, kube's backoff
+/// jitter, planted-bug switches) is seeded there: the same seed gives the same trace in any process, alone
+/// or in a batch (on Linux with glibc; see [`replay`]).
 #[must_use]
 pub fn run_seed(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcome {
-    fixed_hashers();
+    let status = replay();
+    if let Replay::Broken(why) = status {
+        return refused(seed, faults, "no-exact-replay", why);
+    }
+    let keys = thread_keys(seed, opts.hash_salt);
+    let fallback = faults.clone();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            match entropy::seed_thread(keys) {
+                Ok(()) | Err(entropy::SeedError::Unsupported) => {}
+                Err(e) => return refused(seed, faults, "no-exact-replay", &format!("chaos: {e}")),
+            }
+            run_on_this_thread(seed, opts, faults)
+        })
+        .join()
+    })
+    .unwrap_or_else(|p| refused(seed, fallback, "panic", &panic_text(p.as_ref())))
+}
+
+/// A seed that did not run to its end: `kind` says why (a panic, or no exact replay).
+fn refused(seed: u64, faults: Option<Vec<Timed>>, kind: &str, why: &str) -> Outcome {
+    Outcome {
+        seed,
+        faults: faults.unwrap_or_default(),
+        findings: vec![Finding {
+            kind: kind.into(),
+            detail: why.to_owned(),
+        }],
+        simulated_ms: 0,
+        checks: 0,
+        trace_digest: String::new(),
+        log: Vec::new(),
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+fn run_on_this_thread(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcome {
     let mut rng = Rng::new(seed);
     let faults = faults.unwrap_or_else(|| fault::schedule(&mut rng, &opts.shape()));
     // the library's randomness (incarnations, Event names, jitter) and kube's backoff jitter
     kube_shard::ownership::random::seed_thread(seed);
     fastrand::seed(seed);
     let planted = crate::plant::switch_on(opts.plant.as_deref());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // the order a `watch` change wakes its waiters in, and any unbiased `select!`, follow the seed (not the
+    // hash salt: the control varies std's keys alone)
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(
+        &thread_keys(seed, 0).to_le_bytes(),
+    ));
+    let rt = builder.build().expect("a current-thread runtime");
     let run = {
         let (opts, faults) = (opts.clone(), faults.clone());
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -104,47 +245,33 @@ pub fn run_seed(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcom
     crate::plant::switch_off(planted);
     kube_shard::ownership::random::unseed_thread();
     match run {
-        Ok((findings, simulated_ms, checks, log)) => Outcome {
-            seed,
-            faults,
-            findings,
-            simulated_ms,
-            checks,
-            log,
-        },
-        Err(p) => Outcome {
-            seed,
-            faults,
-            findings: vec![Finding {
-                kind: "panic".into(),
-                detail: p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_default(),
-            }],
-            simulated_ms: 0,
-            checks: 0,
-            log: Vec::new(),
-        },
+        Ok((findings, simulated_ms, checks, mut log)) => {
+            log.push(format!("entropy draws {}", entropy::draws()));
+            Outcome {
+                seed,
+                faults,
+                findings,
+                simulated_ms,
+                checks,
+                trace_digest: digest(&log),
+                log,
+            }
+        }
+        Err(p) => refused(seed, Some(faults), "panic", &panic_text(p.as_ref())),
     }
 }
 
-/// A constant random source for ahash (kube's reflector store), set once per process before any map is
-/// built: every ahash `RandomState` of the process then hashes alike, so a store's iteration order
-/// repeats from one run of a seed to the next in the same process. (Its fixed keys still come from the OS
-/// once per process, and the process may have built a map before: then this does nothing.)
-fn fixed_hashers() {
-    struct Fixed;
-    impl ahash::random_state::RandomSource for Fixed {
-        fn gen_hasher_seed(&self) -> usize {
-            0x5eed
+/// FNV-1a 64 of the trace's lines, each ended by a newline, in order: 16 hex digits.
+#[must_use]
+pub fn digest(trace: &[String]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for line in trace {
+        for b in line.bytes().chain(std::iter::once(b'\n')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = ahash::random_state::set_random_source(Fixed);
-    });
+    format!("{h:016x}")
 }
 
 async fn simulate(

@@ -2,7 +2,7 @@
 //! they did (fences, reconciles), and the event log.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
@@ -87,7 +87,7 @@ pub struct World {
     pub fences: Arc<FenceRecorder>,
     /// Every successful reconcile (member name, `namespace/name/uid`, generation).
     pub reconciles: Arc<Mutex<Vec<Reconcile>>>,
-    /// The event log (the determinism test compares two runs of it).
+    /// The trace: events and API requests in order (the determinism test compares two runs of it).
     pub log: Arc<Mutex<Vec<String>>>,
     /// Simulated time 0.
     pub start: Instant,
@@ -101,9 +101,13 @@ pub struct World {
 impl World {
     /// A fresh world on a seeded testserver, with the control and Widget namespaces and the CRD.
     pub async fn new(seed: u64) -> World {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let started: Arc<OnceLock<Instant>> = Arc::default();
         let server = TestServer::builder()
             .shard_selector(true)
             .seed(seed)
+            .wall_clock_start(SystemTime::UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+            .request_tap(tap(log.clone(), started.clone()))
             .build();
         let admin = server.client("admin");
         for ns in [CP_NS, NS] {
@@ -121,13 +125,15 @@ impl World {
                 .await;
         }
         let _ = example::widget::install_crd(admin, Duration::from_secs(5)).await;
+        let start = Instant::now();
+        let _ = started.set(start);
         World {
             server,
             members: Vec::new(),
             fences: FenceRecorder::new(),
             reconciles: Arc::default(),
-            log: Arc::default(),
-            start: Instant::now(),
+            log,
+            start,
             hook_rng: Arc::new(Mutex::new((seed ^ 0xA5A5, Default::default()))),
             next_name: 0,
         }
@@ -283,6 +289,31 @@ impl World {
                 });
         })
     }
+}
+
+/// The trace's request lines: `>` when a request arrives (identity, verb, path and query, body digest),
+/// `<` when it is answered (status); stamped with simulated ms (0 while the world is being set up).
+fn tap(
+    log: Arc<Mutex<Vec<String>>>,
+    started: Arc<OnceLock<Instant>>,
+) -> impl Fn(&kube_shard_testserver::Tapped) + Send + Sync + 'static {
+    move |t| {
+        let ms = started.get().map_or(0, |s| s.elapsed().as_millis());
+        let line = match t.status {
+            None => format!(
+                "{ms:>9} > {} {} {} {:016x}",
+                t.identity, t.method, t.uri, t.body_digest
+            ),
+            Some(code) => format!("{ms:>9} < {} {} {} {code}", t.identity, t.method, t.uri),
+        };
+        log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    }
+}
+
+/// Whether a trace line is a request line (`tap`), which `--log` leaves out.
+#[must_use]
+pub fn is_request_line(line: &str) -> bool {
+    matches!(line.split_whitespace().nth(1), Some(">" | "<"))
 }
 
 /// A member's clocks: the boot clock is simulated time (it keeps counting while the member is paused, like
