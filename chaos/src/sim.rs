@@ -134,8 +134,9 @@ pub fn replay() -> Replay {
                 0x5eed
             }
         }
-        // every ahash map (kube's reflector store) hashes with the fixed keys and this per-map seed
-        let _ = ahash::random_state::set_random_source(Fixed);
+        // every ahash map (kube's reflector store) hashes with the fixed keys and this per-map seed; it
+        // fails only when a map was built before, with keys from elsewhere
+        let ahash_fresh = ahash::random_state::set_random_source(Fixed).is_ok();
         let _ = std::thread::spawn(|| {
             let _ = entropy::seed_thread(PROCESS_KEYS);
             let _ = ahash::RandomState::new();
@@ -147,6 +148,12 @@ pub fn replay() -> Replay {
                 "chaos: built without `--cfg tokio_unstable` (the workspace's .cargo/config.toml sets it; \
                  a RUSTFLAGS variable replaces it): tokio's runtime seed cannot be fixed, so no seed \
                  would replay; refusing to run",
+            )
+        } else if !ahash_fresh {
+            Replay::Broken(
+                "chaos: this process built an ahash map before the simulator fixed ahash's keys \
+                 (call kube_shard_chaos::replay() first): stores would iterate differently in each \
+                 process; refusing to run",
             )
         } else if entropy::interposed() {
             Replay::Exact
