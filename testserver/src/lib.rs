@@ -286,6 +286,7 @@ mod kubeconfig;
 mod labels;
 mod list;
 mod openapi;
+mod protobuf;
 mod query;
 mod refusals;
 mod render;
@@ -320,4 +321,5 @@ pub use tls::TlsError;
 /// exactly what each of its threads does (the fault simulator's exact replay) calls this once first.
 pub fn init_process_tables() {
     let _ = schema::Schemas::builtin();
+    let _ = protobuf::table();
 }

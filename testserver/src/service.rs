@@ -283,23 +283,56 @@ fn body_len(resp: &Response<ResponseBody>) -> usize {
         .unwrap_or_default() as usize
 }
 
-/// Bodies are JSON (or YAML for apply): a protobuf or CBOR body gets the 415 after which client-go
-/// (kubectl's typed clients send protobuf) retries in JSON.
-fn refuse_binary_body(parts: &Parts, body: &[u8]) -> ApiResult<()> {
+/// Bodies are JSON (or YAML for apply). A protobuf body of a built-in kind on a create or update is decoded
+/// into the JSON it stands for (`protobuf`); a custom resource has no protobuf form, and CBOR and protobuf
+/// on other verbs get the 415 after which client-go retries in JSON.
+fn json_body(
+    parts: &Parts,
+    info: &crate::resources::ResourceInfo,
+    verb: Verb,
+    body: Bytes,
+) -> ApiResult<Bytes> {
     let ct = parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     let media = ct.split(';').next().unwrap_or_default().trim();
-    if !body.is_empty()
-        && (media == "application/vnd.kubernetes.protobuf" || media == "application/cbor")
-    {
+    let writes = matches!(verb, Verb::Create | Verb::Update);
+    if media == crate::protobuf::MEDIA_TYPE && info.builtin && writes {
+        return crate::protobuf::body_to_json(&info.group, &info.version, &info.kind, &body)
+            .map(Bytes::from);
+    }
+    if !body.is_empty() && (media == crate::protobuf::MEDIA_TYPE || media == "application/cbor") {
+        // kube-apiserver's words (it panics on a protobuf body for a custom resource and never answers:
+        // this is the answer a client can act on)
         return Err(ApiError::new(
             415,
             Some("UnsupportedMediaType"),
-            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct:?})"),
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf",
         ));
+    }
+    Ok(body)
+}
+
+/// Answers are JSON. A client that accepts only protobuf or CBOR gets kube-apiserver's 406 for an `Accept`
+/// it cannot serve; any other `Accept` (JSON, `*/*`, a Table, or a list that includes one) is answered in
+/// JSON as before — kubectl sends `application/vnd.kubernetes.protobuf,application/json`.
+fn acceptable(headers: &http::HeaderMap) -> ApiResult<()> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return Ok(());
+    };
+    let binary_only = accept.split(',').all(|entry| {
+        let media = entry.split(';').next().unwrap_or_default().trim();
+        media == crate::protobuf::MEDIA_TYPE || media == "application/cbor"
+    });
+    if binary_only && !accept.trim().is_empty() {
+        return Err(ApiError::new(
+            406,
+            Some("NotAcceptable"),
+            "406: Not Acceptable\n\nAvailable representations: application/json",
+        )
+        .with_details(serde_json::json!({})));
     }
     Ok(())
 }
@@ -337,7 +370,8 @@ async fn resource(
 ) -> ApiResult<Response<ResponseBody>> {
     let verb = router::verb_of(&parts.method, &r, q)?;
     let identity = &facts.identity.clone();
-    refuse_binary_body(parts, &body)?;
+    let body = json_body(parts, &r.info, verb, body)?;
+    acceptable(&parts.headers)?;
     let as_ = As::from_headers(&parts.headers);
     let ns = r.namespace.as_deref();
     let gate = || inner.faults.effective_gate(inner.gate(), conn);

@@ -15,6 +15,7 @@ mod history;
 mod http;
 mod list;
 mod load;
+mod protobuf;
 mod scoped;
 mod shard;
 mod ssa;

@@ -1,0 +1,466 @@
+//! Protobuf request bodies (`application/vnd.kubernetes.protobuf`), as kubectl sends built-in kinds on its
+//! imperative commands: the Kubernetes envelope (magic `k8s\0`, then a `runtime.Unknown` with the type and
+//! the object's message), decoded into the JSON the same object would have been sent as, which then takes
+//! the JSON path (so it is stored exactly as a JSON body would be).
+//!
+//! Field numbers, JSON names and kinds come from a table generated from the k8s-pb crate
+//! (`testserver/protobuf/`); a field number the table does not know is refused with 415 naming it, never
+//! dropped. Zero scalars are left out as Go's `omitempty` leaves them out, except in required fields.
+//! Custom resources have no protobuf form: refused as kube-apiserver refuses them.
+
+mod table;
+mod wire;
+
+use base64::Engine;
+use serde_json::{Map, Value};
+
+use crate::status::{ApiError, ApiResult};
+use table::{Field, Kind, Shape};
+use wire::{Reader, Value as Wire};
+
+pub(crate) use table::table;
+
+/// The media type.
+pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+const MAGIC: &[u8] = b"k8s\0";
+/// Nesting deeper than this is refused (Kubernetes objects nest a few levels; this bounds the stack).
+const MAX_DEPTH: usize = 48;
+
+/// The JSON of a protobuf body sent to a `group/version` resource of `kind`. Errors are kube-apiserver's:
+/// 400 for bytes that are not a message of this kind (its wording), 415 for a message this server cannot
+/// decode without losing something.
+pub(crate) fn body_to_json(
+    group: &str,
+    version: &str,
+    kind: &str,
+    body: &[u8],
+) -> ApiResult<Vec<u8>> {
+    let unrecognized = |detail: &str| {
+        ApiError::new(
+            400,
+            Some("BadRequest"),
+            format!(
+                "the object provided is unrecognized (must be of type {kind}): {detail} ({})",
+                summarize(body)
+            ),
+        )
+    };
+    if body.is_empty() {
+        return Err(unrecognized("empty data"));
+    }
+    let Some(inner) = body.strip_prefix(MAGIC) else {
+        return Err(unrecognized(
+            "provided data does not appear to be a protobuf message, expected prefix [107 56 115 0]",
+        ));
+    };
+    if inner.is_empty() {
+        return Err(unrecognized("empty body"));
+    }
+    let t = table();
+    let unknown = decode(t, "io.k8s.apimachinery.pkg.runtime.Unknown", inner, 0).map_err(|e| {
+        if e.code == 400 {
+            unrecognized(&detail(&e))
+        } else {
+            e
+        }
+    })?;
+    let type_meta = unknown.get("typeMeta").cloned().unwrap_or(Value::Null);
+    let api_version = group_version(group, version);
+    let sent_version = type_meta["apiVersion"].as_str().unwrap_or_default();
+    let sent_kind = type_meta["kind"].as_str().unwrap_or_default();
+    if sent_kind.is_empty() {
+        return Err(unrecognized("Object 'Kind' is missing"));
+    }
+    let cannot = |detail: &str| {
+        let v = sent_version.rsplit('/').next().unwrap_or_default();
+        ApiError::new(
+            400,
+            Some("BadRequest"),
+            format!("{sent_kind} in version {v:?} cannot be handled as a {kind}: {detail}"),
+        )
+    };
+    if sent_version != api_version || sent_kind != kind {
+        let internal = if group.is_empty() {
+            "core"
+        } else {
+            group.split('.').next().unwrap_or(group)
+        };
+        let v = sent_version.rsplit('/').next().unwrap_or_default();
+        return Err(cannot(&format!(
+            "converting ({v}.{sent_kind}) to ({internal}.{kind}): unknown conversion"
+        )));
+    }
+    if let Some(enc) = unknown.get("contentEncoding").and_then(Value::as_str) {
+        if !enc.is_empty() {
+            return Err(unsupported(format!(
+                "content encoding {enc:?} is not supported"
+            )));
+        }
+    }
+    let Some(msg) = t.kinds.get(&format!("{group}/{version}/{kind}")) else {
+        return Err(unsupported(format!(
+            "{api_version} {kind} has no protobuf message in this server's table ({}): send it as \
+             application/json",
+            t.source
+        )));
+    };
+    let raw = match unknown.get("raw").and_then(Value::as_str) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| cannot(&e.to_string()))?,
+        None => Vec::new(),
+    };
+    let mut obj = decode(t, msg, &raw, 0).map_err(|e| {
+        if e.code == 400 {
+            cannot(&detail(&e))
+        } else {
+            e
+        }
+    })?;
+    obj.insert("apiVersion".into(), Value::String(api_version));
+    obj.insert("kind".into(), Value::String(kind.to_owned()));
+    Ok(serde_json::to_vec(&Value::Object(obj)).unwrap_or_default())
+}
+
+/// The decoder's own words in a 400 (without the prefix `bad` adds).
+fn detail(e: &ApiError) -> String {
+    e.message.strip_prefix(BAD).unwrap_or(&e.message).to_owned()
+}
+
+/// kube-apiserver's `summarizeData`: JSON-looking text as text, anything else in hex, 30 bytes at most.
+fn summarize(data: &[u8]) -> String {
+    const MAX: usize = 30;
+    let (head, more) = if data.len() > MAX {
+        (&data[..MAX], " ...")
+    } else {
+        (data, "")
+    };
+    match data.first() {
+        None => "<empty>".into(),
+        Some(b'{') => format!("{}{more}", String::from_utf8_lossy(head)),
+        Some(_) => {
+            let hex: String = head.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{hex}{more}")
+        }
+    }
+}
+
+fn group_version(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    }
+}
+
+const BAD: &str = "the body of the request could not be decoded as protobuf: ";
+
+fn bad(detail: String) -> ApiError {
+    ApiError::new(400, Some("BadRequest"), format!("{BAD}{detail}"))
+}
+
+fn unsupported(detail: String) -> ApiError {
+    ApiError::new(415, Some("UnsupportedMediaType"), detail)
+}
+
+/// Decode message `name` into its JSON object.
+fn decode(t: &table::Table, name: &str, buf: &[u8], depth: usize) -> ApiResult<Map<String, Value>> {
+    if depth > MAX_DEPTH {
+        return Err(bad(format!("messages nested deeper than {MAX_DEPTH}")));
+    }
+    let Some(msg) = t.messages.get(name) else {
+        return Err(unsupported(format!(
+            "message {name} is not in this server's table ({})",
+            t.source
+        )));
+    };
+    let mut obj = Map::new();
+    let mut r = Reader::new(buf);
+    while let Some((number, value)) = r.next_field().map_err(bad)? {
+        let Some(f) = msg.fields.get(&number) else {
+            return Err(unsupported(format!(
+                "field number {number} of {name} is not known to this server's protobuf table ({}): \
+                 the body was not stored; send it as application/json",
+                t.source
+            )));
+        };
+        match f.shape {
+            Shape::One => {
+                let v = scalar_or_message(t, name, f, value, depth)?;
+                if let (Kind::Inline(_), Value::Object(inner)) = (&f.kind, &v) {
+                    obj.extend(inner.clone());
+                } else {
+                    obj.insert(f.json.clone(), v);
+                }
+            }
+            Shape::Repeated => {
+                let items = repeated(t, name, f, value, depth)?;
+                let list = obj
+                    .entry(f.json.clone())
+                    .or_insert_with(|| Value::Array(Vec::new()));
+                if let Value::Array(a) = list {
+                    a.extend(items);
+                }
+            }
+            Shape::Map => {
+                let (k, v) = map_entry(t, name, f, value, depth)?;
+                let m = obj
+                    .entry(f.json.clone())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = m {
+                    m.insert(k, v);
+                }
+            }
+        }
+    }
+    // Go's `omitempty`: a zero scalar the sender wrote is left out (unless required or a pointer)
+    obj.retain(|k, v| {
+        let required = msg.fields.values().any(|f| f.required && &f.json == k);
+        required || !is_zero_scalar(v)
+    });
+    Ok(obj)
+}
+
+fn is_zero_scalar(v: &Value) -> bool {
+    match v {
+        // a zero `Time` (Kubernetes marks those `omitzero` too)
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        _ => false,
+    }
+}
+
+fn wrong_wire(name: &str, f: &Field) -> ApiError {
+    bad(format!(
+        "{name}.{}: the value's wire type does not fit its kind",
+        f.json
+    ))
+}
+
+fn scalar_or_message(
+    t: &table::Table,
+    name: &str,
+    f: &Field,
+    v: Wire<'_>,
+    depth: usize,
+) -> ApiResult<Value> {
+    Ok(match (&f.kind, v) {
+        (Kind::Str, Wire::Bytes(b)) => Value::String(
+            std::str::from_utf8(b)
+                .map_err(|_| bad(format!("{name}.{}: not UTF-8", f.json)))?
+                .to_owned(),
+        ),
+        (Kind::Bytes, Wire::Bytes(b)) => {
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+        }
+        (Kind::I32, Wire::Varint(n)) => Value::from(n as i64 as i32),
+        (Kind::I64, Wire::Varint(n)) => Value::from(n as i64),
+        (Kind::Bool, Wire::Varint(n)) => Value::Bool(n != 0),
+        (Kind::Double, Wire::Fixed64(n)) => serde_json::Number::from_f64(f64::from_bits(n))
+            .map(Value::Number)
+            .ok_or_else(|| bad(format!("{name}.{}: not a finite number", f.json)))?,
+        (Kind::Message(m) | Kind::Inline(m), Wire::Bytes(b)) => message_value(t, m, b, depth + 1)?,
+        _ => return Err(wrong_wire(name, f)),
+    })
+}
+
+fn repeated(
+    t: &table::Table,
+    name: &str,
+    f: &Field,
+    v: Wire<'_>,
+    depth: usize,
+) -> ApiResult<Vec<Value>> {
+    match (&f.kind, v) {
+        // packed numbers (Kubernetes writes them unpacked; both are valid protobuf)
+        (Kind::I32 | Kind::I64 | Kind::Bool, Wire::Bytes(b)) => {
+            let nums = wire::packed_varints(b).map_err(bad)?;
+            nums.into_iter()
+                .map(|n| scalar_or_message(t, name, f, Wire::Varint(n), depth))
+                .collect()
+        }
+        (_, v) => Ok(vec![scalar_or_message(t, name, f, v, depth)?]),
+    }
+}
+
+fn map_entry(
+    t: &table::Table,
+    name: &str,
+    f: &Field,
+    v: Wire<'_>,
+    depth: usize,
+) -> ApiResult<(String, Value)> {
+    let Wire::Bytes(entry) = v else {
+        return Err(wrong_wire(name, f));
+    };
+    let (mut key, mut value) = (String::new(), None);
+    let mut r = Reader::new(entry);
+    while let Some((n, v)) = r.next_field().map_err(bad)? {
+        match (n, v) {
+            (1, Wire::Bytes(b)) => {
+                key = std::str::from_utf8(b)
+                    .map_err(|_| bad(format!("{name}.{}: a key is not UTF-8", f.json)))?
+                    .to_owned();
+            }
+            (2, v) => value = Some(scalar_or_message(t, name, f, v, depth)?),
+            (n, _) => {
+                return Err(unsupported(format!(
+                    "field number {n} of a {name}.{} entry is not known to this server's protobuf table",
+                    f.json
+                )))
+            }
+        }
+    }
+    let value = match value {
+        Some(v) => v,
+        None => match &f.kind {
+            Kind::Message(m) => message_value(t, m, &[], depth + 1)?,
+            Kind::Bytes | Kind::Str => Value::String(String::new()),
+            _ => Value::from(0),
+        },
+    };
+    Ok((key, value))
+}
+
+/// A nested message's JSON, with the apimachinery types that have a JSON form of their own.
+fn message_value(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiResult<Value> {
+    const META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.";
+    let raw = || -> ApiResult<Map<String, Value>> { decode(t, name, b, depth) };
+    Ok(match name.strip_prefix(META).unwrap_or(name) {
+        "Time" => time(&raw()?, false),
+        "MicroTime" => time(&raw()?, true),
+        "Duration" => Value::String(go_duration(
+            raw()?.get("duration").and_then(Value::as_i64).unwrap_or(0),
+        )),
+        "FieldsV1" | "io.k8s.apimachinery.pkg.runtime.RawExtension" => {
+            embedded_json(&raw_bytes(t, name, b, depth)?)?
+        }
+        "io.k8s.apimachinery.pkg.api.resource.Quantity" => raw()?
+            .remove("string")
+            .unwrap_or_else(|| Value::String(String::new())),
+        "io.k8s.apimachinery.pkg.util.intstr.IntOrString" => {
+            let mut m = undecorated(t, name, b, depth)?;
+            match m.get("type").and_then(Value::as_i64).unwrap_or(0) {
+                0 => m.remove("intVal").unwrap_or_else(|| Value::from(0)),
+                _ => m
+                    .remove("strVal")
+                    .unwrap_or_else(|| Value::String(String::new())),
+            }
+        }
+        _ if t.messages.get(name).is_some_and(|m| m.array) => raw()?
+            .into_values()
+            .next()
+            .unwrap_or_else(|| Value::Array(Vec::new())),
+        _ if name.starts_with("io.k8s.apiextensions-apiserver.") && name.contains(".JSON") => {
+            return Err(unsupported(format!(
+                "{name} (a JSON schema) is not decoded from protobuf by this server: send the \
+                 CustomResourceDefinition as application/json"
+            )))
+        }
+        _ => Value::Object(raw()?),
+    })
+}
+
+/// The message's fields without dropping zero scalars (their zero is meaningful in these types).
+fn undecorated(
+    t: &table::Table,
+    name: &str,
+    b: &[u8],
+    depth: usize,
+) -> ApiResult<Map<String, Value>> {
+    let msg = t
+        .messages
+        .get(name)
+        .ok_or_else(|| unsupported(format!("no message {name}")))?;
+    let mut out = Map::new();
+    let mut r = Reader::new(b);
+    while let Some((n, v)) = r.next_field().map_err(bad)? {
+        let f = msg.fields.get(&n).ok_or_else(|| {
+            unsupported(format!(
+                "field number {n} of {name} is not known to this server's protobuf table"
+            ))
+        })?;
+        out.insert(f.json.clone(), scalar_or_message(t, name, f, v, depth)?);
+    }
+    Ok(out)
+}
+
+fn raw_bytes(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiResult<Vec<u8>> {
+    let m = undecorated(t, name, b, depth)?;
+    match m.values().next().and_then(Value::as_str) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| bad(e.to_string())),
+        None => Ok(Vec::new()),
+    }
+}
+
+fn embedded_json(raw: &[u8]) -> ApiResult<Value> {
+    if raw.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(raw).map_err(|_| {
+        unsupported("an embedded object that is not JSON (a nested protobuf object) is not decoded by this server".into())
+    })
+}
+
+/// `metav1.Time` (RFC 3339 to the second) or `MicroTime` (to the microsecond), in UTC; zero is `null`.
+fn time(m: &Map<String, Value>, micro: bool) -> Value {
+    let secs = m.get("seconds").and_then(Value::as_i64).unwrap_or(0);
+    let nanos = m.get("nanos").and_then(Value::as_i64).unwrap_or(0);
+    if secs == 0 && nanos == 0 {
+        return Value::Null;
+    }
+    let Ok(ts) = jiff::Timestamp::new(secs, i32::try_from(nanos).unwrap_or(0)) else {
+        return Value::Null;
+    };
+    let base = ts.strftime("%Y-%m-%dT%H:%M:%S").to_string();
+    Value::String(if micro {
+        format!("{base}.{:06}Z", ts.subsec_microsecond())
+    } else {
+        format!("{base}Z")
+    })
+}
+
+/// Go's `time.Duration.String()`: `1h2m3.5s`, `150ms`, `0s`.
+fn go_duration(ns: i64) -> String {
+    if ns == 0 {
+        return "0s".into();
+    }
+    let neg = if ns < 0 { "-" } else { "" };
+    let u = ns.unsigned_abs();
+    if u < 1_000_000_000 {
+        let (unit, div) = if u < 1_000 {
+            ("ns", 1)
+        } else if u < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{neg}{}{unit}", frac(u, div));
+    }
+    let (h, rem) = (u / 3_600_000_000_000, u % 3_600_000_000_000);
+    let (m, s) = (rem / 60_000_000_000, rem % 60_000_000_000);
+    let secs = format!("{}s", frac(s, 1_000_000_000));
+    match (h, m) {
+        (0, 0) => format!("{neg}{secs}"),
+        (0, m) => format!("{neg}{m}m{secs}"),
+        (h, m) => format!("{neg}{h}h{m}m{secs}"),
+    }
+}
+
+/// `v / div` with the fraction's trailing zeros cut, as Go prints it.
+fn frac(v: u64, div: u64) -> String {
+    let (whole, rest) = (v / div, v % div);
+    if rest == 0 {
+        return whole.to_string();
+    }
+    let width = div.to_string().len() - 1;
+    let digits = format!("{rest:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests;
