@@ -1,5 +1,6 @@
 //! What kube-apiserver's strategies do for built-in kinds without any controller: defaults on create
-//! (Deployments and pod templates, Services), `stringData` → `data`, immutable Secrets and ConfigMaps,
+//! (Deployments, Jobs, CronJobs and pod templates, Services; a new Pod's admission defaults and status; a
+//! new Job's generated selector), `stringData` → `data`, immutable Secrets and ConfigMaps,
 //! Service `clusterIP` allocation, and the answers of the review resources (not stored).
 
 use base64::{engine::general_purpose::STANDARD, Engine};
@@ -31,9 +32,122 @@ pub(crate) fn on_create(store: &Store, info: &ResourceInfo, obj: &mut Value) -> 
     match (info.group.as_str(), info.plural.as_str()) {
         ("", "secrets") => string_data(obj),
         ("", "services") => service_defaults(store, info, obj)?,
+        ("", "pods") if info.builtin => {
+            pod_admission(obj);
+            workload_defaults(info, obj);
+        }
+        ("batch", "jobs") if info.builtin => {
+            job_selector(obj);
+            workload_defaults(info, obj);
+        }
         _ => workload_defaults(info, obj),
     }
     Ok(())
+}
+
+/// A new Pod: the Priority and DefaultTolerationSeconds admission plugins, the `enableServiceLinks`
+/// default, and the status the real server starts it with (no node, so `Pending`).
+fn pod_admission(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    set_default(spec, "enableServiceLinks", json!(true));
+    if spec.get("priorityClassName").is_none() {
+        set_default(spec, "priority", json!(0));
+        set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+    }
+    let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+    if let Some(list) = tolerations.as_array_mut() {
+        for key in [
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        ] {
+            let tolerated = list.iter().any(|t| {
+                t["key"] == key && (t["effect"] == "NoExecute" || t.get("effect").is_none())
+            });
+            if !tolerated {
+                list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+            }
+        }
+    }
+    let qos = qos_class(&obj["spec"]);
+    obj["status"] = json!({"phase": "Pending", "qosClass": qos});
+}
+
+/// `BestEffort` without requests or limits, `Guaranteed` when every container limits CPU and memory and
+/// requests what it limits, else `Burstable`.
+fn qos_class(spec: &Value) -> &'static str {
+    let containers: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec[*k].as_array())
+        .flatten()
+        .collect();
+    let set = |c: &Value, k: &str| c["resources"][k].as_object().is_some_and(|m| !m.is_empty());
+    if containers
+        .iter()
+        .all(|c| !set(c, "requests") && !set(c, "limits"))
+    {
+        return "BestEffort";
+    }
+    let guaranteed = containers.iter().all(|c| {
+        ["cpu", "memory"].iter().all(|r| {
+            let limit = &c["resources"]["limits"][*r];
+            let request = &c["resources"]["requests"][*r];
+            !limit.is_null() && (request.is_null() || request == limit)
+        })
+    });
+    if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+/// A new Job without a selector of its own: the generated selector and the labels it selects, on the Job
+/// and its pod template (`manualSelector: false`).
+fn job_selector(obj: &mut Value) {
+    let uid = obj["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec.get("manualSelector") == Some(&json!(true)) || spec.get("selector").is_some() {
+        return;
+    }
+    spec.insert("manualSelector".into(), json!(false));
+    spec.insert(
+        "selector".into(),
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}),
+    );
+    let labels = json!({
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": name,
+        "controller-uid": uid,
+        "job-name": name,
+    });
+    for at in ["/metadata", "/spec/template/metadata"] {
+        if obj.pointer(at).is_none_or(Value::is_null) {
+            if let Some((parent, key)) = at.rsplit_once('/') {
+                if let Some(p) = obj.pointer_mut(if parent.is_empty() { "" } else { parent }) {
+                    p[key] = json!({});
+                }
+            }
+        }
+        if let Some(meta) = obj.pointer_mut(at).and_then(Value::as_object_mut) {
+            let l = meta.entry("labels").or_insert_with(|| json!({}));
+            if let (Some(l), Some(add)) = (l.as_object_mut(), labels.as_object()) {
+                for (k, v) in add {
+                    l.entry(k.clone()).or_insert(v.clone());
+                }
+            }
+        }
+    }
 }
 
 /// The defaults of pods and pod templates, applied on every write (the real server defaults every
@@ -47,8 +161,24 @@ fn workload_defaults(info: &ResourceInfo, obj: &mut Value) {
         }
         ("apps", "deployments") => deployment_defaults(obj),
         ("apps", "replicasets" | "statefulsets" | "daemonsets")
-        | ("", "replicationcontrollers")
-        | ("batch", "jobs") => template_defaults(obj.pointer_mut("/spec/template/spec")),
+        | ("", "replicationcontrollers") => {
+            template_defaults(obj.pointer_mut("/spec/template/spec"));
+        }
+        ("batch", "jobs") => {
+            if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                job_spec_defaults(spec);
+            }
+            template_defaults(obj.pointer_mut("/spec/template/spec"));
+        }
+        ("batch", "cronjobs") => {
+            if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                set_default(spec, "concurrencyPolicy", json!("Allow"));
+                set_default(spec, "failedJobsHistoryLimit", json!(1));
+                set_default(spec, "successfulJobsHistoryLimit", json!(3));
+                set_default(spec, "suspend", json!(false));
+            }
+            template_defaults(obj.pointer_mut("/spec/jobTemplate/spec/template/spec"));
+        }
         _ => {}
     }
 }
@@ -215,12 +345,49 @@ fn deployment_defaults(obj: &mut Value) {
     set_default(spec, "replicas", json!(1));
     set_default(spec, "progressDeadlineSeconds", json!(600));
     set_default(spec, "revisionHistoryLimit", json!(10));
-    set_default(
-        spec,
-        "strategy",
-        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
-    );
+    strategy_defaults(spec.entry("strategy").or_insert_with(|| json!({})));
     template_defaults(obj.pointer_mut("/spec/template/spec"));
+}
+
+/// A Job's spec defaults (`SetDefaults_Job`).
+fn job_spec_defaults(spec: &mut Map<String, Value>) {
+    if spec.get("completions").is_none() && spec.get("parallelism").is_none() {
+        spec.insert("completions".into(), json!(1));
+        spec.insert("parallelism".into(), json!(1));
+    }
+    set_default(spec, "parallelism", json!(1));
+    set_default(spec, "backoffLimit", json!(6));
+    set_default(spec, "completionMode", json!("NonIndexed"));
+    set_default(spec, "suspend", json!(false));
+    if spec.get("podFailurePolicy").is_none() {
+        set_default(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+    }
+}
+
+/// As the real server: an empty type is `RollingUpdate`, whose missing bounds are 25% each (kubectl's
+/// `create deployment` sends `strategy: {}`).
+fn strategy_defaults(strategy: &mut Value) {
+    let Some(st) = strategy.as_object_mut() else {
+        return;
+    };
+    if st
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        st.insert("type".into(), json!("RollingUpdate"));
+    }
+    if st.get("type").and_then(Value::as_str) == Some("RollingUpdate") {
+        if let Some(ru) = st
+            .entry("rollingUpdate")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+        {
+            set_default(ru, "maxUnavailable", json!("25%"));
+            set_default(ru, "maxSurge", json!("25%"));
+        }
+    }
 }
 
 fn template_defaults(spec: Option<&mut Value>) {
@@ -291,4 +458,31 @@ pub(crate) fn review(info: &ResourceInfo, identity: &str, mut body: Value) -> Ap
 
 fn user_info(identity: &str) -> Value {
     json!({"username": identity, "groups": ["system:authenticated"]})
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn an_empty_strategy_gets_the_real_servers_defaults_and_a_set_one_is_kept() {
+        let full = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}});
+        for given in [json!(null), json!({}), json!({"type": ""})] {
+            let mut d = json!({"spec": {"strategy": given}});
+            if d["spec"]["strategy"].is_null() {
+                d["spec"].as_object_mut().unwrap().remove("strategy");
+            }
+            super::deployment_defaults(&mut d);
+            assert_eq!(d["spec"]["strategy"], full);
+        }
+        let mut d = json!({"spec": {"strategy": {"type": "Recreate"}}});
+        super::deployment_defaults(&mut d);
+        assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));
+        let mut d = json!({"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1}}}});
+        super::deployment_defaults(&mut d);
+        assert_eq!(
+            d["spec"]["strategy"]["rollingUpdate"],
+            json!({"maxSurge": 1, "maxUnavailable": "25%"})
+        );
+    }
 }
