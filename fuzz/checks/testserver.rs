@@ -105,6 +105,23 @@ pub fn strategic_merge_patch(data: &[u8]) {
     }
 }
 
+/// A protobuf request body: decoded into an object of the kind asked for, or refused with a 4xx (400 for
+/// bytes that are not a message, 415 for a message the server does not decode); never a panic, never a 5xx.
+pub fn protobuf_body(data: &[u8]) {
+    match fuzzing::decode_protobuf_body(data) {
+        Err((code, _)) => client_error("protobuf body", data, code),
+        Ok(v) => {
+            let kind =
+                fuzzing::PROTOBUF_KINDS[usize::from(data[0]) % fuzzing::PROTOBUF_KINDS.len()].2;
+            assert_eq!(
+                v["kind"], kind,
+                "a decoded body is an object of the endpoint's kind"
+            );
+            assert!(v.is_object());
+        }
+    }
+}
+
 /// A check: feed it one input; it panics on a violation.
 pub type Check = fn(&[u8]);
 
@@ -116,4 +133,5 @@ pub const ALL: &[(&str, Check)] = &[
     ("json_patch", json_patch),
     ("merge_patch", merge_patch),
     ("strategic_merge_patch", strategic_merge_patch),
+    ("protobuf_body", protobuf_body),
 ];

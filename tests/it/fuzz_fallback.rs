@@ -82,6 +82,9 @@ fn each_corpus_reaches_a_successful_decode() {
         ("report", |d| {
             std::str::from_utf8(d).is_ok_and(|t| MemberReport::decode(t, s(16)).is_ok())
         }),
+        ("protobuf_body", |d| {
+            kube_shard_testserver::fuzzing::decode_protobuf_body(d).is_ok()
+        }),
     ];
     for (name, decodes) in decodes {
         let dir = fuzz_dir().join("corpus").join(name);

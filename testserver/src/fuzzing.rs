@@ -84,6 +84,34 @@ pub fn apply_strategic_merge_patch(
     patched(target, patch, PatchType::Strategic, &ty)
 }
 
+/// The kinds [`decode_protobuf_body`] decodes a body as, picked by the input's first byte.
+pub const PROTOBUF_KINDS: &[(&str, &str, &str)] = &[
+    ("", "v1", "Namespace"),
+    ("", "v1", "ConfigMap"),
+    ("", "v1", "Secret"),
+    ("apps", "v1", "Deployment"),
+    ("", "v1", "Service"),
+    ("batch", "v1", "Job"),
+    ("batch", "v1", "CronJob"),
+    ("", "v1", "Pod"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+    ("scheduling.k8s.io", "v1", "PriorityClass"),
+    ("", "v1", "ResourceQuota"),
+    ("example.com", "v1", "Widget"),
+];
+
+/// Decode a protobuf request body (`application/vnd.kubernetes.protobuf`) as the kind `data[0]` picks
+/// from [`PROTOBUF_KINDS`], the rest being the body: the JSON object it stands for, or the answer to a bad
+/// body.
+pub fn decode_protobuf_body(data: &[u8]) -> Result<Value, Rejected> {
+    let Some((pick, body)) = data.split_first() else {
+        return Err((400, "no input".into()));
+    };
+    let (group, version, kind) = PROTOBUF_KINDS[usize::from(*pick) % PROTOBUF_KINDS.len()];
+    let json = crate::protobuf::body_to_json(group, version, kind, body).map_err(rejected)?;
+    serde_json::from_slice(&json).map_err(|e| (500, format!("the decoder wrote invalid JSON: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
