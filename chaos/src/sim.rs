@@ -86,7 +86,8 @@ pub struct Outcome {
     pub trace_digest: String,
     /// The trace, in order: every API request as it arrives (`>`: identity, verb, path and query, body
     /// digest) and its answer (`<`: status), every fault, member start, kill, reconcile and assignment
-    /// version, and last the count of entropy draws. Lease and assignment writes are its `PUT`s.
+    /// version, then the count of entropy draws (what `CHAOS_FENCES` / `CHAOS_LEASES` add comes after it and
+    /// is not digested: fence ids come from a process-wide counter). Lease and assignment writes are its `PUT`s.
     #[serde(skip)]
     pub log: Vec<String>,
 }
@@ -252,15 +253,16 @@ fn run_on_this_thread(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> 
     crate::plant::switch_off(planted);
     kube_shard::ownership::random::unseed_thread();
     match run {
-        Ok((findings, simulated_ms, checks, mut log)) => {
-            log.push(format!("entropy draws {}", entropy::draws()));
+        Ok((findings, simulated_ms, checks, mut log, traced)) => {
+            let traced = traced.min(log.len());
+            log.insert(traced, format!("entropy draws {}", entropy::draws()));
             Outcome {
                 seed,
                 faults,
                 findings,
                 simulated_ms,
                 checks,
-                trace_digest: digest(&log),
+                trace_digest: digest(&log[..=traced]),
                 log,
             }
         }
@@ -286,7 +288,7 @@ async fn simulate(
     opts: &Options,
     faults: &[Timed],
     mut rng: Rng,
-) -> (Vec<Finding>, u64, usize, Vec<String>) {
+) -> (Vec<Finding>, u64, usize, Vec<String>, usize) {
     let mut w = World::new(seed).await;
     check::record(&w.server);
     inject::seed_widgets(&w, opts.objects).await;
@@ -327,11 +329,15 @@ async fn simulate(
     let (safety, checks) = check::safety(&w);
     findings.extend(safety);
     log_assignments(&w);
+    // what CHAOS_FENCES / CHAOS_LEASES add is for reading, not the trace: fence ids come from a
+    // process-wide counter
+    let traced = w.log.lock().map_or(0, |l| l.len());
+    log_debug(&w);
     for m in &w.members {
         m.switch.kill();
     }
     let log = std::mem::take(&mut *w.log.lock().unwrap_or_else(|e| e.into_inner()));
-    (findings, w.now_ms(), checks + 2, log)
+    (findings, w.now_ms(), checks + 2, log, traced)
 }
 
 /// Wait up to `bound` for the settle checks to pass; what is still wrong at the bound.
@@ -362,6 +368,10 @@ fn log_assignments(w: &World) {
             .collect();
         w.note(format!("assignment rv={} {}", a.rv, owners.join(",")));
     }
+}
+
+/// `CHAOS_FENCES=1`: every fence and fenced request; `CHAOS_LEASES=1`: Lease versions and member states.
+fn log_debug(w: &World) {
     if std::env::var_os("CHAOS_FENCES").is_some() {
         let fh = w.fences.history();
         for f in &fh.fences {
@@ -411,7 +421,7 @@ fn log_assignments(w: &World) {
                 c.object.pointer("/spec").cloned().unwrap_or_default()
             ));
         }
-        for l in h.leases {
+        for l in check::ownership_history(&w.server).leases {
             w.note(format!(
                 "lease rv={} {}/{} released={:?} taken_over={:?}",
                 l.rv,

@@ -82,10 +82,7 @@ fn one_seed_twice_in_one_process_gives_an_identical_trace() {
         a.log.len()
     );
     assert!(a.log.iter().any(|l| l.contains(" reconciled ")));
-    assert!(a
-        .log
-        .last()
-        .is_some_and(|l| l.starts_with("entropy draws ")));
+    assert!(a.log.iter().any(|l| l.starts_with("entropy draws ")));
     assert!(a.log == b.log, "{}", first_difference(&a.log, &b.log));
     assert_eq!(a.trace_digest, b.trace_digest);
     assert_eq!(a.simulated_ms, b.simulated_ms);

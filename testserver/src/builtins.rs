@@ -56,14 +56,21 @@ fn pod_admission(obj: &mut Value) {
         set_default(spec, "priority", json!(0));
         set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     }
+    // DefaultTolerationSeconds: unless a toleration already covers the taint (an empty key or effect
+    // matches any)
     let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+    if tolerations.is_null() {
+        *tolerations = json!([]);
+    }
     if let Some(list) = tolerations.as_array_mut() {
+        let empty = |v: &Value| v.as_str().is_none_or(str::is_empty);
         for key in [
             "node.kubernetes.io/not-ready",
             "node.kubernetes.io/unreachable",
         ] {
             let tolerated = list.iter().any(|t| {
-                t["key"] == key && (t["effect"] == "NoExecute" || t.get("effect").is_none())
+                (empty(&t["key"]) || t["key"] == key)
+                    && (empty(&t["effect"]) || t["effect"] == "NoExecute")
             });
             if !tolerated {
                 list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
@@ -103,8 +110,8 @@ fn qos_class(spec: &Value) -> &'static str {
     }
 }
 
-/// A new Job without a selector of its own: the generated selector and the labels it selects, on the Job
-/// and its pod template (`manualSelector: false`).
+/// A new Job without a selector of its own: the generated selector (`manualSelector: false`) and the
+/// labels it selects on the pod template; the Job takes the template's labels when it has none.
 fn job_selector(obj: &mut Value) {
     let uid = obj["metadata"]["uid"]
         .as_str()
@@ -125,27 +132,46 @@ fn job_selector(obj: &mut Value) {
         "selector".into(),
         json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}),
     );
-    let labels = json!({
+    let generated = json!({
         "batch.kubernetes.io/controller-uid": uid,
         "batch.kubernetes.io/job-name": name,
         "controller-uid": uid,
         "job-name": name,
     });
-    for at in ["/metadata", "/spec/template/metadata"] {
-        if obj.pointer(at).is_none_or(Value::is_null) {
-            if let Some((parent, key)) = at.rsplit_once('/') {
-                if let Some(p) = obj.pointer_mut(if parent.is_empty() { "" } else { parent }) {
-                    p[key] = json!({});
-                }
-            }
+    // the generated labels go on the pod template; the Job takes the template's labels when it has none
+    let Some(template) = obj
+        .pointer_mut("/spec/template")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let meta = template.entry("metadata").or_insert_with(|| json!({}));
+    if meta.is_null() {
+        *meta = json!({});
+    }
+    let Some(meta) = meta.as_object_mut() else {
+        return;
+    };
+    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+    if labels.is_null() {
+        *labels = json!({});
+    }
+    let Some(labels) = labels.as_object_mut() else {
+        return;
+    };
+    if let Some(add) = generated.as_object() {
+        for (k, v) in add {
+            labels.entry(k.clone()).or_insert(v.clone());
         }
-        if let Some(meta) = obj.pointer_mut(at).and_then(Value::as_object_mut) {
-            let l = meta.entry("labels").or_insert_with(|| json!({}));
-            if let (Some(l), Some(add)) = (l.as_object_mut(), labels.as_object()) {
-                for (k, v) in add {
-                    l.entry(k.clone()).or_insert(v.clone());
-                }
-            }
+    }
+    let template_labels = Value::Object(labels.clone());
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        let none = m
+            .get("labels")
+            .and_then(Value::as_object)
+            .is_none_or(Map::is_empty);
+        if none {
+            m.insert("labels".into(), template_labels);
         }
     }
 }
@@ -463,6 +489,35 @@ fn user_info(identity: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn odd_job_and_pod_shapes_get_no_panic_and_real_tolerations() {
+        let mut job = json!({"metadata": {"name": "j", "uid": "u"}, "spec": {"template": "x"}});
+        super::job_selector(&mut job);
+        let mut job = json!({"metadata": {"name": "j", "uid": "u", "labels": {"app": "a"}}, "spec": {"template": {"metadata": null}}});
+        super::job_selector(&mut job);
+        assert_eq!(
+            job["metadata"]["labels"],
+            json!({"app": "a"}),
+            "the Job's own labels stay"
+        );
+        assert_eq!(
+            job["spec"]["template"]["metadata"]["labels"]["job-name"],
+            "j"
+        );
+        let mut pod = json!({"spec": {"tolerations": [{"operator": "Exists"}], "containers": []}});
+        super::pod_admission(&mut pod);
+        assert_eq!(
+            pod["spec"]["tolerations"].as_array().unwrap().len(),
+            1,
+            "tolerates everything already"
+        );
+        let mut pod = json!({"spec": {"tolerations": null}});
+        super::pod_admission(&mut pod);
+        assert_eq!(pod["spec"]["tolerations"].as_array().unwrap().len(), 2);
+        let mut pod = json!({"spec": {"tolerations": "x"}});
+        super::pod_admission(&mut pod);
+    }
 
     #[test]
     fn an_empty_strategy_gets_the_real_servers_defaults_and_a_set_one_is_kept() {

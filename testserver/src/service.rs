@@ -289,6 +289,7 @@ fn body_len(resp: &Response<ResponseBody>) -> usize {
 fn json_body(
     parts: &Parts,
     info: &crate::resources::ResourceInfo,
+    sub: Option<&str>,
     verb: Verb,
     body: Bytes,
 ) -> ApiResult<Bytes> {
@@ -300,8 +301,17 @@ fn json_body(
     let media = ct.split(';').next().unwrap_or_default().trim();
     let writes = matches!(verb, Verb::Create | Verb::Update);
     if media == crate::protobuf::MEDIA_TYPE && info.builtin && writes {
-        return crate::protobuf::body_to_json(&info.group, &info.version, &info.kind, &body)
-            .map(Bytes::from);
+        // `/scale` takes an `autoscaling/v1` Scale, whatever the parent's kind
+        let (group, version, kind) = if sub == Some("scale") {
+            ("autoscaling", "v1", "Scale")
+        } else {
+            (
+                info.group.as_str(),
+                info.version.as_str(),
+                info.kind.as_str(),
+            )
+        };
+        return crate::protobuf::body_to_json(group, version, kind, &body).map(Bytes::from);
     }
     if !body.is_empty() && (media == crate::protobuf::MEDIA_TYPE || media == "application/cbor") {
         // kube-apiserver's words (it panics on a protobuf body for a custom resource and never answers:
@@ -370,7 +380,7 @@ async fn resource(
 ) -> ApiResult<Response<ResponseBody>> {
     let verb = router::verb_of(&parts.method, &r, q)?;
     let identity = &facts.identity.clone();
-    let body = json_body(parts, &r.info, verb, body)?;
+    let body = json_body(parts, &r.info, r.sub.as_deref(), verb, body)?;
     acceptable(&parts.headers)?;
     let as_ = As::from_headers(&parts.headers);
     let ns = r.namespace.as_deref();

@@ -20,16 +20,22 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Fill `out` from this thread's stream; `false` when the thread is not armed (or is being torn down).
-fn fill_from_stream(out: &mut [u8]) -> bool {
+/// Write `len` bytes at `buf` from this thread's stream; `false` (nothing written) when the thread is not
+/// armed or is being torn down. Writes through the raw pointer: the caller's bytes may be uninitialised.
+fn fill_from_stream(buf: *mut u8, len: usize) -> bool {
     let armed = STREAM
         .try_with(|s| {
             let Some(mut state) = s.get() else {
                 return false;
             };
-            for chunk in out.chunks_mut(8) {
+            let mut done = 0;
+            while done < len {
                 let bytes = splitmix(&mut state).to_le_bytes();
-                chunk.copy_from_slice(&bytes[..chunk.len()]);
+                let n = (len - done).min(8);
+                // SAFETY: `buf .. buf + len` is the caller's writable buffer (getrandom(3)'s contract,
+                // checked non-null by the caller); `done + n <= len`.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.add(done), n) };
+                done += n;
             }
             s.set(Some(state));
             true
@@ -51,11 +57,10 @@ pub unsafe extern "C" fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) 
         // getrandom 0.3's availability probe: nothing to fill either way
         return 0;
     }
-    // SAFETY: the caller promises `buf` points to `len` writable bytes (getrandom(3)'s contract).
-    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-    if fill_from_stream(out) {
+    if !buf.is_null() && isize::try_from(len).is_ok() && fill_from_stream(buf.cast::<u8>(), len) {
         return isize::try_from(len).unwrap_or(isize::MAX);
     }
+    // unarmed, or arguments for the kernel to judge (a null buffer is its EFAULT)
     // SAFETY: the raw system call with the caller's own arguments, as glibc's wrapper makes it.
     unsafe { libc::syscall(libc::SYS_getrandom, buf, len, flags) as isize }
 }
@@ -101,20 +106,12 @@ pub fn seed_thread(seed: u64) -> Result<(), SeedError> {
     if draws() > before {
         return Ok(());
     }
+    STREAM.with(|s| s.set(None)); // not seeded: real entropy again
     Err(if interposed() {
         SeedError::NotFresh
     } else {
         SeedError::NotInterposed
     })
-}
-
-/// Run `f` with this thread armed from `seed`, then restore what the thread had (for process-wide keys
-/// drawn once, such as ahash's).
-pub fn with_stream<R>(seed: u64, f: impl FnOnce() -> R) -> R {
-    let prior = STREAM.with(|s| s.replace(Some(seed ^ 0xBB67_AE85_84CA_A73B)));
-    let r = f();
-    STREAM.with(|s| s.set(prior));
-    r
 }
 
 /// Calls served from this thread's stream so far.

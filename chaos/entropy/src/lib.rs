@@ -53,18 +53,12 @@ impl std::error::Error for SeedError {}
 mod imp;
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub use imp::{draws, interposed, seed_thread, with_stream};
+pub use imp::{draws, interposed, seed_thread};
 
 /// Without an override: nothing is seeded.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn seed_thread(_seed: u64) -> Result<(), SeedError> {
     Err(SeedError::Unsupported)
-}
-
-/// Without an override: `f` runs on real entropy.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn with_stream<R>(_seed: u64, f: impl FnOnce() -> R) -> R {
-    f()
 }
 
 /// Without an override: never.

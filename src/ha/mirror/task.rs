@@ -79,8 +79,12 @@ impl KindTask {
         mut catchup: mpsc::Receiver<CatchUp>,
         mut stop: watch::Receiver<bool>,
     ) {
+        // a probe or checkpoint slower than its period must not make its tick ready on every turn (the
+        // select below is biased: it would starve catch-ups, work and deliveries)
         let mut probe = tokio::time::interval(self.cfg.probe_period);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut cp = tokio::time::interval(self.cfg.checkpoint_period);
+        cp.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut prune = self.cfg.prune_period.map(|p| {
             let mut i = tokio::time::interval(p);
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,9 +93,9 @@ impl KindTask {
         loop {
             let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
             tokio::select! {
-                // the stop first, then the periodic ticks (ready once a period), catch-up requests, due
-                // work (not ready again until a delivery), and last the deliveries, the one branch a busy
-                // source keeps ready
+                // the stop first, then the periodic ticks (ready at most once a period: missed ticks
+                // are delayed), catch-up requests, due work (it drains what is due, a bounded queue),
+                // and last the deliveries, which a busy source can keep ready
                 biased;
                 _ = stop.changed() => break,
                 _ = probe.tick() => if let Err(e) = self.probe().await {

@@ -68,11 +68,15 @@ pub(crate) fn body_to_json(
     })?;
     let type_meta = unknown.get("typeMeta").cloned().unwrap_or(Value::Null);
     let api_version = group_version(group, version);
-    let sent_version = type_meta["apiVersion"].as_str().unwrap_or_default();
-    let sent_kind = type_meta["kind"].as_str().unwrap_or_default();
-    if sent_kind.is_empty() {
-        return Err(unrecognized("Object 'Kind' is missing"));
-    }
+    // an envelope without a type is the endpoint's kind (kube-apiserver decodes into it)
+    let sent_version = type_meta["apiVersion"]
+        .as_str()
+        .filter(|v| !v.is_empty())
+        .unwrap_or(&api_version);
+    let sent_kind = type_meta["kind"]
+        .as_str()
+        .filter(|k| !k.is_empty())
+        .unwrap_or(kind);
     let cannot = |detail: &str| {
         let v = sent_version.rsplit('/').next().unwrap_or_default();
         ApiError::new(
@@ -173,6 +177,8 @@ fn decode(t: &table::Table, name: &str, buf: &[u8], depth: usize) -> ApiResult<M
                 let v = scalar_or_message(t, name, f, value, depth)?;
                 if let (Kind::Inline(_), Value::Object(inner)) = (&f.kind, &v) {
                     obj.extend(inner.clone());
+                } else if !f.required && omitted(&f.kind, &v) {
+                    obj.remove(&f.json); // the last occurrence wins, as in Go
                 } else {
                     obj.insert(f.json.clone(), v);
                 }
@@ -197,21 +203,19 @@ fn decode(t: &table::Table, name: &str, buf: &[u8], depth: usize) -> ApiResult<M
             }
         }
     }
-    // Go's `omitempty`: a zero scalar the sender wrote is left out (unless required or a pointer)
-    obj.retain(|k, v| {
-        let required = msg.fields.values().any(|f| f.required && &f.json == k);
-        required || !is_zero_scalar(v)
-    });
     Ok(obj)
 }
 
-fn is_zero_scalar(v: &Value) -> bool {
-    match v {
-        // a zero `Time` (Kubernetes marks those `omitzero` too)
-        Value::Null => true,
-        Value::String(s) => s.is_empty(),
-        Value::Bool(b) => !b,
-        Value::Number(n) => n.as_f64() == Some(0.0),
+/// Go's JSON encoding leaves out a zero plain scalar (`omitempty`; the encoder always writes those) and a
+/// zero `Time` (`omitzero`). Pointer and required fields are marked `required` in the table and kept. A
+/// message's JSON (`IntOrString` 0, a `Quantity`, `{}`) is a Go struct: never left out.
+fn omitted(kind: &Kind, v: &Value) -> bool {
+    match (kind, v) {
+        (Kind::Message(_), Value::Null) => true,
+        (Kind::Message(_) | Kind::Inline(_), _) => false,
+        (_, Value::String(s)) => s.is_empty(),
+        (_, Value::Bool(b)) => !b,
+        (_, Value::Number(n)) => n.as_f64() == Some(0.0),
         _ => false,
     }
 }
@@ -337,7 +341,7 @@ fn message_value(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiRes
             .into_values()
             .next()
             .unwrap_or_else(|| Value::Array(Vec::new())),
-        _ if name.starts_with("io.k8s.apiextensions-apiserver.") && name.contains(".JSON") => {
+        _ if name.starts_with("io.k8s.apiextensions-apiserver.") => {
             return Err(unsupported(format!(
                 "{name} (a JSON schema) is not decoded from protobuf by this server: send the \
                  CustomResourceDefinition as application/json"

@@ -105,6 +105,11 @@ fn a_deployment_keeps_its_special_types() {
                     )]),
                 ),
                 (2, E::V(0)),
+                // plain int32s: Go writes them always, zero or not
+                (3, E::V(0)),
+                (4, E::V(0)),
+                (5, E::V(0)),
+                (6, E::V(0)),
             ]),
         ),
     ];
@@ -149,8 +154,9 @@ fn a_deployment_keeps_its_special_types() {
         json!({"containerPort": 80, "protocol": "TCP"})
     );
     assert_eq!(
-        c["livenessProbe"]["httpGet"],
-        json!({"path": "/", "port": "http"})
+        c["livenessProbe"],
+        json!({"httpGet": {"path": "/", "port": "http"}}),
+        "zero plain scalars left out"
     );
 }
 
@@ -168,6 +174,30 @@ fn secret_bytes_are_base64_and_required_zeros_stay() {
     ]);
     let d = decoded("", "v1", "Service", &envelope("v1", "Service", &port));
     assert_eq!(d["spec"]["ports"][0]["port"], 0, "required: kept");
+}
+
+#[test]
+fn an_int_or_string_zero_stays_and_an_envelope_without_a_type_is_the_endpoints_kind() {
+    // `kubectl create pdb p --selector=app=x --min-available=0`
+    let spec = vec![(1, E::M(vec![(1, E::V(0)), (2, E::V(0))]))];
+    let raw = enc(&[(1, E::M(vec![(1, E::S("p"))])), (2, E::M(spec))]);
+    let d = decoded(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        &envelope("policy/v1", "PodDisruptionBudget", &raw),
+    );
+    assert_eq!(d["spec"]["minAvailable"], 0);
+    let mut untyped = MAGIC.to_vec();
+    untyped.extend(enc(&[
+        (1, E::M(vec![])),
+        (2, E::B(&enc(&[(1, E::M(vec![(1, E::S("c"))]))]))),
+    ]));
+    let d = decoded("", "v1", "ConfigMap", &untyped);
+    assert_eq!(
+        (d["kind"].as_str(), d["metadata"]["name"].as_str()),
+        (Some("ConfigMap"), Some("c"))
+    );
 }
 
 #[test]
@@ -205,13 +235,24 @@ fn bad_bodies_get_a_clear_error() {
         &envelope("example.com/v1", "Widget", &[]),
     );
     assert_eq!(cr.unwrap_err().code, 415);
-    // deep nesting is bounded, not a stack overflow
+    // a CRD (its schema is JSON in JSON messages) is refused, not half decoded
+    let crd = body_to_json(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        &envelope("apiextensions.k8s.io/v1", "CustomResourceDefinition", &[]),
+    );
+    assert_eq!(crd.unwrap_err().code, 415);
+    // nesting is bounded: the only message that nests without end is a JSON schema (`not`), refused
+    // above; the bound stands anyway
     let mut deep = enc(&[(1, E::S("x"))]);
     for _ in 0..200 {
-        deep = enc(&[(8, E::B(&deep))]);
+        deep = enc(&[(28, E::B(&deep))]);
     }
-    let d = body_to_json("", "v1", "ConfigMap", &envelope("v1", "ConfigMap", &deep));
-    assert!(d.is_err());
+    let props = "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps";
+    assert_eq!(decode(table(), props, &deep, 0).unwrap_err().code, 415);
+    let e = decode(table(), "io.k8s.api.core.v1.ConfigMap", &[], MAX_DEPTH + 1).unwrap_err();
+    assert!(e.message.contains("nested deeper than 48"), "{}", e.message);
 }
 
 #[test]
