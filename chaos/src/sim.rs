@@ -138,13 +138,16 @@ pub fn replay() -> Replay {
         // every ahash map (kube's reflector store) hashes with the fixed keys and this per-map seed; it
         // fails only when a map was built before, with keys from elsewhere
         let ahash_fresh = ahash::random_state::set_random_source(Fixed).is_ok();
-        let _ = std::thread::spawn(|| {
+        let prepared = std::thread::spawn(|| {
             let _ = entropy::seed_thread(PROCESS_KEYS);
             let _ = ahash::RandomState::new();
             kube_shard_testserver::init_process_tables();
         })
-        .join();
-        if !cfg!(tokio_unstable) {
+        .join()
+        .is_ok();
+        if !prepared {
+            Replay::Broken("chaos: building the process-wide tables panicked; refusing to run")
+        } else if !cfg!(tokio_unstable) {
             Replay::Broken(
                 "chaos: built without `--cfg tokio_unstable` (the workspace's .cargo/config.toml sets it; \
                  a RUSTFLAGS variable replaces it): tokio's runtime seed cannot be fixed, so no seed \
@@ -185,8 +188,7 @@ fn thread_keys(seed: u64, salt: u64) -> u64 {
 /// or in a batch (on Linux with glibc; see [`replay`]).
 #[must_use]
 pub fn run_seed(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> Outcome {
-    let status = replay();
-    if let Replay::Broken(why) = status {
+    if let Replay::Broken(why) = replay() {
         return refused(seed, faults, "no-exact-replay", why);
     }
     let keys = thread_keys(seed, opts.hash_salt);
@@ -273,11 +275,12 @@ fn run_on_this_thread(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> 
 /// FNV-1a 64 of the trace's lines, each ended by a newline, in order: 16 hex digits.
 #[must_use]
 pub fn digest(trace: &[String]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    use kube_shard::hash::{FNV_OFFSET_BASIS, FNV_PRIME};
+    // streamed: the trace runs to megabytes, and `fnv1a64` takes one slice
+    let mut h = FNV_OFFSET_BASIS;
     for line in trace {
         for b in line.bytes().chain(std::iter::once(b'\n')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
         }
     }
     format!("{h:016x}")
@@ -331,7 +334,7 @@ async fn simulate(
     log_assignments(&w);
     // what CHAOS_FENCES / CHAOS_LEASES add is for reading, not the trace: fence ids come from a
     // process-wide counter
-    let traced = w.log.lock().map_or(0, |l| l.len());
+    let traced = w.log.lock().unwrap_or_else(|e| e.into_inner()).len();
     log_debug(&w);
     for m in &w.members {
         m.switch.kill();

@@ -135,10 +135,6 @@ POINTERS = {
 }
 
 
-def keeps_zero(prop, _definition):
-    return prop in POINTERS
-
-
 def camel(snake):
     head, *rest = snake.split("_")
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
@@ -195,7 +191,6 @@ def main():
     for name in sorted(messages):
         props = set(defs.get(name, {}).get("properties", {}))
         required = set(defs.get(name, {}).get("required", []))
-        kept = {p for p, d in defs.get(name, {}).get("properties", {}).items() if keeps_zero(p, d)}
         cols, seen = [name], set()
         for tag, json_name, kind in names[name]:
             inner = kind[2:] if kind.startswith("m:") else None
@@ -205,7 +200,7 @@ def main():
                 kind = "I" + kind[1:]
                 seen |= inner_names
             seen.add(json_name)
-            keep = json_name in required or (json_name in kept and kind in ("i", "l", "b"))
+            keep = json_name in required or (json_name in POINTERS and kind in ("i", "l", "b"))
             cols.append(f"{tag}{'!' if keep else ''}:{json_name}:{kind}")
         if name not in defs and [(n, k[:1]) for _, n, k in names[name]] == [("items", "r")]:
             # a Go slice type (`ExtraValue []string`): its JSON is the list itself

@@ -193,7 +193,7 @@ fn tap_arrival(
             .path_and_query()
             .map(ToString::to_string)
             .unwrap_or_default(),
-        body_digest: crate::tap::digest(body),
+        body_digest: kube_shard::fnv1a64(body),
         status: None,
     };
     (tap.0)(&t);
@@ -284,8 +284,8 @@ fn body_len(resp: &Response<ResponseBody>) -> usize {
 }
 
 /// Bodies are JSON (or YAML for apply). A protobuf body of a built-in kind on a create or update is decoded
-/// into the JSON it stands for (`protobuf`); a custom resource has no protobuf form, and CBOR and protobuf
-/// on other verbs get the 415 after which client-go retries in JSON.
+/// into the JSON it stands for (`protobuf`); a protobuf body for a custom resource or another verb, and any
+/// CBOR body, gets kube-apiserver's 415.
 fn json_body(
     parts: &Parts,
     info: &crate::resources::ResourceInfo,

@@ -31,8 +31,3 @@ impl std::fmt::Debug for RequestTap {
         f.write_str("RequestTap")
     }
 }
-
-/// FNV-1a 64 of `bytes`.
-pub(crate) fn digest(bytes: &[u8]) -> u64 {
-    kube_shard::fnv1a64(bytes)
-}

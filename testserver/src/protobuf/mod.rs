@@ -5,8 +5,9 @@
 //!
 //! Field numbers, JSON names and kinds come from a table generated from the k8s-pb crate
 //! (`testserver/protobuf/`); a field number the table does not know is refused with 415 naming it, never
-//! dropped. Zero scalars are left out as Go's `omitempty` leaves them out, except in required fields.
-//! Custom resources have no protobuf form: refused as kube-apiserver refuses them.
+//! dropped. Zero plain scalars are left out as Go's JSON encoding leaves them out, except in required and
+//! pointer fields. Custom resources and CRDs are refused with 415 (kube-apiserver v1.36.2 panics on a
+//! custom resource's protobuf body and never answers).
 
 mod forms;
 mod table;
@@ -59,26 +60,27 @@ pub(crate) fn body_to_json(
         return Err(unrecognized("empty body"));
     }
     let t = table();
-    let unknown = decode(t, "io.k8s.apimachinery.pkg.runtime.Unknown", inner, 0).map_err(|e| {
+    let env = envelope(t, inner).map_err(|e| {
         if e.code == 400 {
             unrecognized(&detail(&e))
         } else {
             e
         }
     })?;
-    let type_meta = unknown.get("typeMeta").cloned().unwrap_or(Value::Null);
     let api_version = group_version(group, version);
     // an envelope without a type is the endpoint's kind (kube-apiserver decodes into it)
-    let sent_version = type_meta["apiVersion"]
-        .as_str()
-        .filter(|v| !v.is_empty())
+    let sent_version = env
+        .type_meta
+        .get("apiVersion")
+        .and_then(Value::as_str)
         .unwrap_or(&api_version);
-    let sent_kind = type_meta["kind"]
-        .as_str()
-        .filter(|k| !k.is_empty())
+    let sent_kind = env
+        .type_meta
+        .get("kind")
+        .and_then(Value::as_str)
         .unwrap_or(kind);
+    let v = sent_version.rsplit('/').next().unwrap_or_default();
     let cannot = |detail: &str| {
-        let v = sent_version.rsplit('/').next().unwrap_or_default();
         ApiError::new(
             400,
             Some("BadRequest"),
@@ -91,17 +93,15 @@ pub(crate) fn body_to_json(
         } else {
             group.split('.').next().unwrap_or(group)
         };
-        let v = sent_version.rsplit('/').next().unwrap_or_default();
         return Err(cannot(&format!(
             "converting ({v}.{sent_kind}) to ({internal}.{kind}): unknown conversion"
         )));
     }
-    if let Some(enc) = unknown.get("contentEncoding").and_then(Value::as_str) {
-        if !enc.is_empty() {
-            return Err(unsupported(format!(
-                "content encoding {enc:?} is not supported"
-            )));
-        }
+    if !env.encoding.is_empty() {
+        return Err(unsupported(format!(
+            "content encoding {:?} is not supported",
+            env.encoding
+        )));
     }
     let Some(msg) = t.kinds.get(&format!("{group}/{version}/{kind}")) else {
         return Err(unsupported(format!(
@@ -110,13 +110,7 @@ pub(crate) fn body_to_json(
             t.source
         )));
     };
-    let raw = match unknown.get("raw").and_then(Value::as_str) {
-        Some(b64) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| cannot(&e.to_string()))?,
-        None => Vec::new(),
-    };
-    let mut obj = decode(t, msg, &raw, 0).map_err(|e| {
+    let mut obj = decode(t, msg, env.raw, 0).map_err(|e| {
         if e.code == 400 {
             cannot(&detail(&e))
         } else {
@@ -126,6 +120,45 @@ pub(crate) fn body_to_json(
     obj.insert("apiVersion".into(), Value::String(api_version));
     obj.insert("kind".into(), Value::String(kind.to_owned()));
     Ok(serde_json::to_vec(&Value::Object(obj)).unwrap_or_default())
+}
+
+/// The envelope (`runtime.Unknown`): the type, the object's message, its encoding.
+struct Envelope<'a> {
+    /// `apiVersion` and `kind`, as far as sent (empty ones left out).
+    type_meta: Map<String, Value>,
+    raw: &'a [u8],
+    encoding: String,
+}
+
+fn envelope<'a>(t: &table::Table, buf: &'a [u8]) -> ApiResult<Envelope<'a>> {
+    const UNKNOWN: &str = "io.k8s.apimachinery.pkg.runtime.Unknown";
+    let mut env = Envelope {
+        type_meta: Map::new(),
+        raw: &[],
+        encoding: String::new(),
+    };
+    let mut r = Reader::new(buf);
+    while let Some((n, v)) = r.next_field().map_err(bad)? {
+        match (n, v) {
+            (1, Wire::Bytes(b)) => {
+                env.type_meta = decode(t, "io.k8s.apimachinery.pkg.runtime.TypeMeta", b, 1)?;
+            }
+            (2, Wire::Bytes(b)) => env.raw = b,
+            (3, Wire::Bytes(b)) => env.encoding = String::from_utf8_lossy(b).into_owned(),
+            (4, Wire::Bytes(_)) => {} // the content type: protobuf, as the header says
+            (1..=4, _) => return Err(bad(format!("{UNKNOWN}: field {n} has the wrong wire type"))),
+            _ => return Err(unknown_field(t, n, UNKNOWN)),
+        }
+    }
+    Ok(env)
+}
+
+fn unknown_field(t: &table::Table, number: u32, name: &str) -> ApiError {
+    unsupported(format!(
+        "field number {number} of {name} is not known to this server's protobuf table ({}): the \
+         body was not stored; send it as application/json",
+        t.source
+    ))
 }
 
 /// The decoder's own words in a 400 (without the prefix `bad` adds).
@@ -166,21 +199,18 @@ fn decode(t: &table::Table, name: &str, buf: &[u8], depth: usize) -> ApiResult<M
     let mut r = Reader::new(buf);
     while let Some((number, value)) = r.next_field().map_err(bad)? {
         let Some(f) = msg.fields.get(&number) else {
-            return Err(unsupported(format!(
-                "field number {number} of {name} is not known to this server's protobuf table ({}): \
-                 the body was not stored; send it as application/json",
-                t.source
-            )));
+            return Err(unknown_field(t, number, name));
         };
         match f.shape {
             Shape::One => {
-                let v = scalar_or_message(t, name, f, value, depth)?;
-                if let (Kind::Inline(_), Value::Object(inner)) = (&f.kind, &v) {
-                    obj.extend(inner.clone());
-                } else if !f.required && omitted(&f.kind, &v) {
-                    obj.remove(&f.json); // the last occurrence wins, as in Go
-                } else {
-                    obj.insert(f.json.clone(), v);
+                match (&f.kind, scalar_or_message(t, name, f, value, depth)?) {
+                    (Kind::Inline(_), Value::Object(inner)) => obj.extend(inner),
+                    (kind, v) if !f.required && omitted(kind, &v) => {
+                        obj.remove(&f.json); // the last occurrence wins, as in Go
+                    }
+                    (_, v) => {
+                        obj.insert(f.json.clone(), v);
+                    }
                 }
             }
             Shape::Repeated => {
@@ -323,20 +353,12 @@ fn message_value(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiRes
             raw()?.get("duration").and_then(Value::as_i64).unwrap_or(0),
         )),
         "FieldsV1" | "io.k8s.apimachinery.pkg.runtime.RawExtension" => {
-            embedded_json(&raw_bytes(t, name, b, depth)?)?
+            embedded_json(one_bytes_field(t, name, b)?)?
         }
         "io.k8s.apimachinery.pkg.api.resource.Quantity" => raw()?
             .remove("string")
             .unwrap_or_else(|| Value::String(String::new())),
-        "io.k8s.apimachinery.pkg.util.intstr.IntOrString" => {
-            let mut m = undecorated(t, name, b, depth)?;
-            match m.get("type").and_then(Value::as_i64).unwrap_or(0) {
-                0 => m.remove("intVal").unwrap_or_else(|| Value::from(0)),
-                _ => m
-                    .remove("strVal")
-                    .unwrap_or_else(|| Value::String(String::new())),
-            }
-        }
+        "io.k8s.apimachinery.pkg.util.intstr.IntOrString" => int_or_string(t, name, b)?,
         _ if t.messages.get(name).is_some_and(|m| m.array) => raw()?
             .into_values()
             .next()
@@ -351,38 +373,38 @@ fn message_value(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiRes
     })
 }
 
-/// The message's fields without dropping zero scalars (their zero is meaningful in these types).
-fn undecorated(
-    t: &table::Table,
-    name: &str,
-    b: &[u8],
-    depth: usize,
-) -> ApiResult<Map<String, Value>> {
-    let msg = t
-        .messages
-        .get(name)
-        .ok_or_else(|| unsupported(format!("no message {name}")))?;
-    let mut out = Map::new();
+/// `IntOrString` (type 1: 0 int, 1 string; intVal 2; strVal 3): a number or a string, zero included.
+fn int_or_string(t: &table::Table, name: &str, b: &[u8]) -> ApiResult<Value> {
+    let (mut is_str, mut int, mut text) = (false, 0, String::new());
     let mut r = Reader::new(b);
     while let Some((n, v)) = r.next_field().map_err(bad)? {
-        let f = msg.fields.get(&n).ok_or_else(|| {
-            unsupported(format!(
-                "field number {n} of {name} is not known to this server's protobuf table"
-            ))
-        })?;
-        out.insert(f.json.clone(), scalar_or_message(t, name, f, v, depth)?);
+        match (n, v) {
+            (1, Wire::Varint(ty)) => is_str = ty != 0,
+            (2, Wire::Varint(i)) => int = i as i64 as i32,
+            (3, Wire::Bytes(s)) => text = String::from_utf8_lossy(s).into_owned(),
+            (1..=3, _) => return Err(bad(format!("{name}: field {n} has the wrong wire type"))),
+            _ => return Err(unknown_field(t, n, name)),
+        }
     }
-    Ok(out)
+    Ok(if is_str {
+        Value::String(text)
+    } else {
+        Value::from(int)
+    })
 }
 
-fn raw_bytes(t: &table::Table, name: &str, b: &[u8], depth: usize) -> ApiResult<Vec<u8>> {
-    let m = undecorated(t, name, b, depth)?;
-    match m.values().next().and_then(Value::as_str) {
-        Some(b64) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| bad(e.to_string())),
-        None => Ok(Vec::new()),
+/// The bytes of a message whose one field is `bytes raw = 1` (`FieldsV1`, `RawExtension`).
+fn one_bytes_field<'a>(t: &table::Table, name: &str, b: &'a [u8]) -> ApiResult<&'a [u8]> {
+    let mut raw: &[u8] = &[];
+    let mut r = Reader::new(b);
+    while let Some((n, v)) = r.next_field().map_err(bad)? {
+        match (n, v) {
+            (1, Wire::Bytes(bytes)) => raw = bytes,
+            (1, _) => return Err(bad(format!("{name}: field 1 has the wrong wire type"))),
+            _ => return Err(unknown_field(t, n, name)),
+        }
     }
+    Ok(raw)
 }
 
 fn embedded_json(raw: &[u8]) -> ApiResult<Value> {

@@ -201,6 +201,26 @@ fn an_int_or_string_zero_stays_and_an_envelope_without_a_type_is_the_endpoints_k
 }
 
 #[test]
+fn embedded_json_keeps_its_form_and_its_unknown_fields_are_refused() {
+    let entry = vec![
+        (1, E::S("kubectl")),
+        (7, E::M(vec![(1, E::B(br#"{"f:data":{}}"#))])),
+    ];
+    let raw = enc(&[(1, E::M(vec![(1, E::S("c")), (17, E::M(entry))]))]);
+    let d = decoded("", "v1", "ConfigMap", &envelope("v1", "ConfigMap", &raw));
+    assert_eq!(
+        d["metadata"]["managedFields"][0],
+        json!({"manager": "kubectl", "fieldsV1": {"f:data": {}}})
+    );
+    let bad = enc(&[(
+        1,
+        E::M(vec![(17, E::M(vec![(7, E::M(vec![(2, E::V(1))]))]))]),
+    )]);
+    let e = body_to_json("", "v1", "ConfigMap", &envelope("v1", "ConfigMap", &bad)).unwrap_err();
+    assert_eq!(e.code, 415, "an unknown field of FieldsV1: {}", e.message);
+}
+
+#[test]
 fn an_unknown_field_number_is_refused_by_name_never_dropped() {
     let raw = enc(&[(1, E::M(vec![(1, E::S("c"))])), (99, E::S("new"))]);
     let e = body_to_json("", "v1", "ConfigMap", &envelope("v1", "ConfigMap", &raw)).unwrap_err();
