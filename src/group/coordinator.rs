@@ -92,6 +92,11 @@ pub struct StepInput<'a> {
     pub drain_stall_timeout: Duration,
     /// Moves in flight at most (a leaver's set is exempt).
     pub max_concurrent_moves: usize,
+    /// The assignment was just rebuilt (re-created blind, or written again over a rolled-back one) and
+    /// not every live member has applied it, or the fences they held before may still be valid: only
+    /// members holding shards against it are named again; nothing else changes (no handoff advances, no
+    /// re-grant, no orphan is granted), since a member's report of what it holds may not be in yet.
+    pub rebuilding: bool,
 }
 
 /// What one pass decided.
@@ -112,7 +117,11 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
     let cur = input.current;
     let ctx = Ctx {
         input,
-        gen: Assignment::next_generation(stale_floor(input), input.now_ms),
+        gen: step_generation(
+            input.current.view.generation,
+            stale_floor(input),
+            input.now_ms,
+        ),
         by_id: input.members.iter().map(|m| (&m.id, m)).collect(),
     };
     let mut pass = Pass {
@@ -128,6 +137,26 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
 
     // 1. advance or cancel handoffs; orphan shards of gone owners
     for (&shard, a) in &cur.view.shards {
+        match holder_against(&ctx, shard, a) {
+            Claim::None => {}
+            Claim::One(holder) => {
+                pass.notes.push(format!(
+                    "shard {shard}: {holder} holds it above the epoch {} of {} (a rolled-back assignment): named its owner again",
+                    a.epoch, a.owner
+                ));
+                pass.decide(shard, Decided::Set(ShardAssignment::owned(holder.clone(), ctx.gen)));
+                continue;
+            }
+            Claim::Unresolved => {
+                pass.notes.push(format!(
+                    "shard {shard}: held against the assignment by a member that is not live, or by several: granted to nobody until they are gone"
+                ));
+                continue;
+            }
+        }
+        if input.rebuilding {
+            continue;
+        }
         if let Some(e) = stale_regrant(&ctx, shard, a) {
             pass.notes.push(format!(
                 "shard {shard}: {} holds or released it past epoch {} (a rolled-back assignment): re-granted at a new epoch",
@@ -158,7 +187,7 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
         .any(|a| !ctx.live(&a.owner) && !ctx.gone(&a.owner));
 
     // 3. plan: owners for orphans, and rebalancing moves
-    if input.ready_to_plan {
+    if input.ready_to_plan && !input.rebuilding {
         plan(&ctx, &mut pass, !limbo);
     }
 
@@ -256,33 +285,82 @@ impl Pass {
 
 /// The generation to write above: the current one, or, when a live owner reports a shard named to it at
 /// an epoch it is past, that owner's highest seen generation — its held epoch is at most that, and the
-/// re-grant must be above it. Bounded like every generation step (F13), so a hostile report cannot push
-/// generations out of reach.
+/// re-grant must be above it. Never more than [`MAX_GENERATION_STEP`] above the current generation
+/// (members refuse more, F13): a report whose seen generation the step cannot pass is not followed
+/// ([`reachable`]), so one hostile report cannot push generations out of reach.
 fn stale_floor(input: &StepInput<'_>) -> u64 {
     let cur = input.current.view.generation;
-    let floor = input
+    input
         .members
         .iter()
         .filter(|m| m.live())
         .filter_map(|m| m.report.as_ref())
-        .filter(|r| !r.stale.is_empty())
+        .filter(|r| !r.stale.is_empty() && reachable(cur, r.seen_generation))
         .map(|r| r.seen_generation)
-        .max()
-        .unwrap_or(0);
-    cur.max(floor.min(cur.saturating_add(MAX_GENERATION_STEP)))
+        .fold(cur, u64::max)
+}
+
+/// The generation one step writes above `floor`: capped at `cur + MAX_GENERATION_STEP` overall.
+fn step_generation(cur: u64, floor: u64, now_ms: u64) -> u64 {
+    let cap = cur.saturating_add(MAX_GENERATION_STEP);
+    Assignment::next_generation(floor, now_ms).min(cap).max(cur.saturating_add(1))
+}
+
+/// A generation one step above `cur` can still exceed.
+pub(crate) fn reachable(cur: u64, seen: u64) -> bool {
+    seen < cur.saturating_add(MAX_GENERATION_STEP)
+}
+
+/// Who holds a shard against its entry: members that report it `kept` (they hold it at an epoch at or
+/// above the entry's, which names another owner: a rolled-back assignment, see
+/// [`MemberState::kept`](crate::ownership::MemberState::kept)), on a report made from a view at least as
+/// new as the entry.
+enum Claim<'a> {
+    None,
+    /// One live member: it is named the owner again (it holds the shard; nobody else activates it).
+    One(&'a MemberId),
+    /// Several, or one that is not live: nobody is granted the shard until they are gone.
+    Unresolved,
+}
+
+fn holder_against<'a>(ctx: &Ctx<'a>, shard: u32, a: &ShardAssignment) -> Claim<'a> {
+    let mut claims = ctx.input.members.iter().filter(|m| {
+        !m.gone
+            && m.id != a.owner
+            && m.report
+                .as_ref()
+                .is_some_and(|r| r.kept.contains(shard) && r.applied_generation >= a.epoch)
+    });
+    match (claims.next(), claims.next()) {
+        (None, _) => Claim::None,
+        (Some(m), None) if m.live() => Claim::One(&m.id),
+        _ => Claim::Unresolved,
+    }
 }
 
 /// The owner of `shard` reports the entry's epoch stale (a rolled-back assignment, see
 /// [`MemberState::stale`](crate::ownership::MemberState::stale)): the same owner at this pass's epoch,
 /// any handoff cancelled (its target never admitted; the owner never drained at an epoch it is past).
-/// Only on a report made from a view at least as new as the entry's epoch: an older one may predate an
-/// earlier re-grant.
+/// Only on a report made from a view at least as new as the entry's epoch (an older one may predate an
+/// earlier re-grant), only when this pass's epoch is above the owner's seen generation (else the owner
+/// would ignore it), and only once every member not gone applied the current assignment: a member that
+/// holds the shard at a higher epoch reports it `kept` on that view, and the shard goes back to it instead
+/// ([`holder_against`]).
 fn stale_regrant(ctx: &Ctx<'_>, shard: u32, a: &ShardAssignment) -> Option<ShardAssignment> {
     if !ctx.live(&a.owner) {
         return None;
     }
     let r = ctx.report(&a.owner)?;
-    (r.stale.contains(shard) && r.applied_generation >= a.epoch)
+    let cur = ctx.input.current.view.generation;
+    let all_applied = ctx.input.members.iter().filter(|m| !m.gone).all(|m| {
+        m.report
+            .as_ref()
+            .is_some_and(|r| r.applied_generation >= cur)
+    });
+    (r.stale.contains(shard)
+        && r.applied_generation >= a.epoch
+        && r.seen_generation < ctx.gen
+        && all_applied)
         .then(|| ShardAssignment::owned(a.owner.clone(), ctx.gen))
 }
 
@@ -576,6 +654,7 @@ mod tests {
             move_timeout: Duration::from_secs(60),
             drain_stall_timeout: Duration::from_secs(60),
             max_concurrent_moves: 64,
+            rebuilding: false,
         }
     }
 
@@ -618,6 +697,10 @@ mod tests {
         r.applied_generation = cur.view.generation;
         r.seen_generation = 5_000;
         let ages = BTreeMap::new();
+        // not before every member applied the assignment (b might hold a shard against it)
+        let out = step(&input(&cur, &members, &ages));
+        assert!(out.assignment.is_none(), "{:?}", out.notes);
+        members[1].report.as_mut().unwrap().applied_generation = cur.view.generation;
         let next = step(&input(&cur, &members, &ages)).assignment.unwrap();
         assert!(next.view.generation > 5_000, "above a's seen generation");
         for s in &mine {
@@ -647,23 +730,78 @@ mod tests {
             .is_none_or(|n| mine.iter().all(|s| n.view.shards[s].epoch < 5_000)));
     }
 
-    /// A hostile report cannot push generations out of reach: the floor is bounded like every step.
+    /// A hostile report cannot push generations out of reach: a seen generation no step can pass is not
+    /// followed, and a step above a reachable one stays within one bounded step of the current generation
+    /// — which every member that accepted the current one accepts.
     #[test]
-    fn a_stale_report_with_a_huge_seen_generation_moves_the_generation_by_one_bounded_step() {
+    fn a_generation_step_never_exceeds_the_bound_on_the_stale_path() {
+        let step_max = crate::group::assignment::MAX_GENERATION_STEP;
         let cur = settled(&["a", "b"]);
-        let mut members = [obs("a"), obs("b")];
-        let r = members[0].report.as_mut().unwrap();
-        r.stale = cur.owned_by(&id("a"));
-        r.applied_generation = cur.view.generation;
-        r.seen_generation = u64::MAX;
+        let g = cur.view.generation;
         let ages = BTreeMap::new();
-        let next = step(&input(&cur, &members, &ages)).assignment.unwrap();
-        assert!(
-            next.view.generation
-                <= cur.view.generation + 2 * crate::group::assignment::MAX_GENERATION_STEP,
-            "{}",
-            next.view.generation
-        );
+        let stale_members = |seen: u64| {
+            let mut members = [obs("a"), obs("b")];
+            for m in &mut members {
+                m.report.as_mut().unwrap().applied_generation = g;
+            }
+            let r = members[0].report.as_mut().unwrap();
+            r.stale = cur.owned_by(&id("a"));
+            r.seen_generation = seen;
+            members
+        };
+        // out of reach: not followed
+        for seen in [u64::MAX, g + step_max, g + 3 * step_max] {
+            let out = step(&input(&cur, &stale_members(seen), &ages));
+            assert!(out.assignment.is_none(), "seen {seen}: {:?}", out.notes);
+        }
+        // within reach: above it, and at most one bounded step above the current generation
+        let seen = g + step_max - 1;
+        let next = step(&input(&cur, &stale_members(seen), &ages))
+            .assignment
+            .unwrap();
+        assert!(next.view.generation > seen);
+        assert!(next.view.generation <= g + step_max, "{}", next.view.generation);
+        for s in cur.owned_by(&id("a")).iter() {
+            assert_eq!(next.view.shards[&s].epoch, next.view.generation);
+        }
+    }
+
+    /// A rolled-back assignment names `a` for a shard `b` holds at a higher epoch (`b` reports it kept):
+    /// the shard goes back to `b`, whatever `a` reports — never to `a`, which would let both admit it.
+    /// Several holders, or one not seen renewing: nobody is granted it.
+    #[test]
+    fn a_shard_a_member_holds_against_the_assignment_is_named_to_it_again() {
+        let cur = settled(&["a", "b"]);
+        let shard = cur.owned_by(&id("a")).iter().next().unwrap();
+        let ages = BTreeMap::new();
+        let mut members = [obs("a"), obs("b"), obs("c")];
+        for m in &mut members {
+            m.report.as_mut().unwrap().applied_generation = cur.view.generation;
+        }
+        // a released it long ago and says so; b holds it above the entry's epoch
+        members[0].report.as_mut().unwrap().stale.insert(shard);
+        members[1].report.as_mut().unwrap().kept.insert(shard);
+        let next = step(&no_plan(input(&cur, &members, &ages))).assignment.unwrap();
+        let e = &next.view.shards[&shard];
+        assert_eq!((&*e.owner.name, e.epoch), ("b", next.view.generation));
+        // while rebuilding, only that
+        let mut i = no_plan(input(&cur, &members, &ages));
+        i.rebuilding = true;
+        let next = step(&i).assignment.unwrap();
+        assert_eq!(&*next.view.shards[&shard].owner.name, "b");
+        // two claim it: nobody gets it
+        members[2].report.as_mut().unwrap().kept.insert(shard);
+        let out = step(&no_plan(input(&cur, &members, &ages)));
+        assert!(out
+            .assignment
+            .is_none_or(|n| n.view.shards[&shard] == cur.view.shards[&shard]));
+        // one claims it but is not seen renewing: nobody gets it
+        members[2].report.as_mut().unwrap().kept = Default::default();
+        members[1].alive = false;
+        let out = step(&no_plan(input(&cur, &members, &ages)));
+        assert!(out
+            .assignment
+            .is_none_or(|n| n.view.shards[&shard] == cur.view.shards[&shard]));
     }
 
     #[test]
@@ -684,6 +822,12 @@ mod tests {
             .shards
             .values()
             .all(|a| a.epoch == 1_000 && a.handoff == Handoff::Stable));
+    }
+
+    /// No planning: only step 1 (handoffs, re-grants, holders).
+    fn no_plan(mut i: StepInput<'_>) -> StepInput<'_> {
+        i.ready_to_plan = false;
+        i
     }
 
     fn settled(members: &[&str]) -> Assignment {

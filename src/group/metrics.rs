@@ -51,6 +51,9 @@ pub struct GroupSnapshot {
     pub self_fences: u64,
     /// Times this member rejoined as a new incarnation (after a takeover or a lost Lease).
     pub rejoins: u64,
+    /// Times this member, as coordinator, found the stored assignment older than what a live member
+    /// applied (a restored backup or a re-applied manifest) and wrote a newer one over it (alert on any).
+    pub assignment_rollbacks: u64,
     /// Shards no live member admits (alert when sustained).
     pub unowned_shards: u64,
     /// Shards two or more live members admit (must stay 0; transient while reports lag).
@@ -204,6 +207,11 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         "kube_shard_rejoins",
         "Times this member rejoined as a new incarnation",
         |s| s.rejoins,
+    ),
+    (
+        "kube_shard_assignment_rollbacks",
+        "Times this member as coordinator found the stored assignment older than a generation a live member applied (a restore or a re-applied manifest) and wrote a newer one over it",
+        |s| s.assignment_rollbacks,
     ),
 ];
 

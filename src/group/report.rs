@@ -75,6 +75,10 @@ pub struct MemberReport {
     /// assignment, see [`MemberState::stale`](crate::ownership::MemberState::stale)): the coordinator
     /// re-grants them at a new epoch. Left out of the JSON when empty. Added in format 2.
     pub stale: ShardSet,
+    /// The shards it holds that the assignment names another owner of at an epoch at or below its own (a
+    /// rolled-back assignment, see [`MemberState::kept`](crate::ownership::MemberState::kept)): it keeps
+    /// them, and the coordinator names it the owner again. Left out of the JSON when empty.
+    pub kept: ShardSet,
     /// Decoded `warm` acks: move id → shards.
     pub(crate) warm_acks: BTreeMap<MoveId, ShardSet>,
     /// Decoded `released` acks: move id → shards.
@@ -92,6 +96,7 @@ impl PartialEq for MemberReport {
             && self.admitted == other.admitted
             && self.serving == other.serving
             && self.stale == other.stale
+            && self.kept == other.kept
             && self.ack_sets() == other.ack_sets()
     }
 }
@@ -123,6 +128,8 @@ struct Wire {
     serving: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     stale: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    kept: String,
 }
 
 fn one() -> u32 {
@@ -169,6 +176,7 @@ impl MemberReport {
             admitted: self.admitted.to_string(),
             serving: self.serving.to_string(),
             stale: self.stale.to_string(),
+            kept: self.kept.to_string(),
         };
         serde_json::to_string(&wire).unwrap_or_default()
     }
@@ -205,6 +213,7 @@ impl MemberReport {
             admitted: set("admitted", &wire.admitted)?,
             serving: set("serving", &wire.serving)?,
             stale: set("stale", &wire.stale)?,
+            kept: set("kept", &wire.kept)?,
             warm_acks: ack_sets("warm", &wire.warm, shards)?,
             released_acks: ack_sets("released", &wire.released, shards)?,
         })

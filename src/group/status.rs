@@ -51,6 +51,7 @@ struct HealthState {
     collision: bool,
     joined: bool,
     assignment_refused: Option<String>,
+    assignment_rollback: Option<String>,
     foreign_format: Option<String>,
 }
 
@@ -87,6 +88,10 @@ impl Health {
 
     pub(crate) fn set_assignment_refused(&self, why: Option<String>) {
         self.lock().assignment_refused = why;
+    }
+
+    pub(crate) fn set_assignment_rollback(&self, why: Option<String>) {
+        self.lock().assignment_rollback = why;
     }
 
     pub(crate) fn set_foreign_format(&self, why: Option<String>) {
@@ -128,6 +133,15 @@ impl Health {
     /// (`docs/protocol.md`, "Formats").
     pub fn foreign_format(&self) -> Option<String> {
         self.lock().foreign_format.clone()
+    }
+
+    /// While this member, as coordinator, repairs a rolled-back assignment (the stored one is older than a
+    /// generation a live member applied: a restored backup or a re-applied manifest): what it found. It
+    /// writes a newer view over it and plans nothing until every live member applied that view. An alarm,
+    /// not a readiness condition.
+    #[must_use]
+    pub fn assignment_rollback(&self) -> Option<String> {
+        self.lock().assignment_rollback.clone()
     }
 
     /// Another live process holds this member's name (an identity collision alarm).

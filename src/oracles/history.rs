@@ -24,6 +24,11 @@
 //! ConfigMap (an admin's or a test's act, [`AssignmentVersion::deleted`]) drops nothing: the last known
 //! owners stay.
 //!
+//! A version that names another owner at an epoch **at or below** the last known owner's (an older assignment
+//! written back: a restore, a re-applied manifest) changes nothing: members never follow an epoch lower
+//! than the one they hold, and never activate a grant at or below a generation they applied, so the last
+//! known owner stays; the coordinator then names it again, or gives the shard away with evidence.
+//!
 //! A shard that nobody owned before (cold start) may be given to anyone. This is the review's rule: an
 //! owner is gone only by evidence — its own release, or the coordinator's takeover write.
 
@@ -56,6 +61,9 @@ pub struct ShardOwner {
     pub owner: Holder,
     /// The id of the move in progress (`Moving` or `Draining`), if any.
     pub move_id: Option<MoveId>,
+    /// The epoch it is owned at (0: not recorded, as in fixtures from before epochs were kept).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// One committed version of the assignment.
@@ -87,7 +95,14 @@ impl AssignmentVersion {
                     name: sa.owner.name.to_string(),
                     incarnation: sa.owner.incarnation.to_string(),
                 };
-                (*s, ShardOwner { owner, move_id })
+                (
+                    *s,
+                    ShardOwner {
+                        owner,
+                        move_id,
+                        epoch: sa.epoch,
+                    },
+                )
             })
             .collect();
         AssignmentVersion {
@@ -265,6 +280,12 @@ fn changes(history: &OwnershipHistory) -> Vec<Change<'_>> {
         last.retain(|shard, _| v.shards.contains_key(shard));
         for (shard, now) in &v.shards {
             if let Some(prev) = last.get(shard) {
+                if rolled_back(prev, now) {
+                    // names another owner at or below the last known owner's epoch: no member follows
+                    // that (the holder keeps the shard, the one named never activates it), so the last
+                    // known owner stays
+                    continue;
+                }
                 if prev.owner != now.owner {
                     out.push((*shard, v.rv, *prev, Some(now)));
                 }
@@ -273,6 +294,12 @@ fn changes(history: &OwnershipHistory) -> Vec<Change<'_>> {
         }
     }
     out
+}
+
+/// `now` names another owner than `prev` at an epoch at or below `prev`'s (both recorded): an older
+/// assignment written back (a restore, a re-applied manifest), which transfers nothing.
+fn rolled_back(prev: &ShardOwner, now: &ShardOwner) -> bool {
+    prev.owner != now.owner && prev.epoch > 0 && now.epoch > 0 && now.epoch <= prev.epoch
 }
 
 /// How many owner changes and drops (not counting first assignments) the history holds: what [`check`]

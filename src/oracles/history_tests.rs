@@ -25,6 +25,7 @@ fn version(rv: u64, shards: &[(u32, Holder, Option<u64>)]) -> AssignmentVersion 
                     ShardOwner {
                         owner: o.clone(),
                         move_id: *m,
+                        epoch: 0,
                     },
                 )
             })
@@ -424,4 +425,50 @@ fn a_change_to_a_new_incarnation_without_a_displacement_before_it_is_caught() {
     let mut other = same_name_restart(15);
     other.leases[2].name = "b".into();
     assert_eq!(check(&other).len(), 1);
+}
+
+/// `version` with epochs: (shard, owner, epoch).
+fn version_at(rv: u64, shards: &[(u32, Holder, u64)]) -> AssignmentVersion {
+    let mut v = version(rv, &[]);
+    for (shard, owner, epoch) in shards {
+        v.shards.insert(
+            *shard,
+            ShardOwner {
+                owner: owner.clone(),
+                move_id: None,
+                epoch: *epoch,
+            },
+        );
+    }
+    v
+}
+
+/// An older assignment written back names the previous owner at its old epoch: nobody follows it, so it
+/// moves nothing; a later version that gives the shard to that previous owner at a new epoch is an owner
+/// change like any other, and needs the holder's release or takeover.
+#[test]
+fn an_older_assignment_written_back_moves_nothing_until_a_new_epoch_does() {
+    let (a, b) = (h("a", "1"), h("b", "1"));
+    let history = OwnershipHistory {
+        assignments: vec![
+            version_at(10, &[(7, a.clone(), 10)]),
+            // b takes it over from a (a's takeover mark at rv 11)
+            version_at(12, &[(7, b.clone(), 12)]),
+            // the backup of rv 10 written back: a at epoch 10, below b's 12
+            version_at(20, &[(7, a.clone(), 10)]),
+            // b named again above: no change
+            version_at(21, &[(7, b.clone(), 21)]),
+        ],
+        leases: vec![lease(11, "a", "1", &[], Some("1"))],
+    };
+    let flagged: Vec<String> = check(&history).iter().map(ToString::to_string).collect();
+    assert!(flagged.is_empty(), "{flagged:?}");
+    // a re-grant to a at a new epoch, with no release by b: flagged
+    let mut regrant = history.clone();
+    regrant.assignments[3] = version_at(21, &[(7, a.clone(), 21)]);
+    let flagged: Vec<String> = check(&regrant).iter().map(ToString::to_string).collect();
+    assert!(
+        flagged.iter().any(|v| v.contains("owner b/1 -> a/1 at rv 21")),
+        "{flagged:?}"
+    );
 }

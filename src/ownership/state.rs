@@ -300,6 +300,9 @@ pub struct MemberState {
     released: BTreeMap<u32, (u64, MoveId)>,
     /// Shards the last applied view names us the owner of at an epoch we are past (see [`MemberState::stale`]).
     stale: BTreeSet<u32>,
+    /// Shards we hold that the last applied view names another owner of at an epoch at or below ours (see
+    /// [`MemberState::kept`]).
+    kept: BTreeSet<u32>,
     fenced: bool,
     ignored_views: u64,
 }
@@ -311,6 +314,7 @@ impl PartialEq for MemberState {
             && self.shards == other.shards
             && self.released == other.released
             && self.stale == other.stale
+            && self.kept == other.kept
             && self.fenced == other.fenced
     }
 }
@@ -324,6 +328,7 @@ impl std::hash::Hash for MemberState {
         self.shards.hash(h);
         self.released.hash(h);
         self.stale.hash(h);
+        self.kept.hash(h);
         self.fenced.hash(h);
     }
 }
@@ -338,6 +343,7 @@ impl MemberState {
             shards: BTreeMap::new(),
             released: BTreeMap::new(),
             stale: BTreeSet::new(),
+            kept: BTreeSet::new(),
             fenced: true,
             ignored_views: 0,
         }
@@ -395,6 +401,15 @@ impl MemberState {
         self.stale.iter().copied()
     }
 
+    /// Shards this member holds that the last applied view names *another* owner of, at an epoch at or below
+    /// the one it holds. Only a rolled-back assignment says so (a grant to another owner is always at the
+    /// generation that made it, above every epoch held before): the member keeps the shard (it never drops a
+    /// shard on an older fact) and reports it, and the coordinator names it the owner again rather than
+    /// let the other one activate.
+    pub fn kept(&self) -> impl Iterator<Item = u32> + '_ {
+        self.kept.iter().copied()
+    }
+
     /// The highest epoch at which `shard` was released locally, and the move id.
     #[must_use]
     pub fn released(&self, shard: u32) -> Option<(u64, MoveId)> {
@@ -441,15 +456,27 @@ impl MemberState {
                 ignored: true,
             };
         }
+        let before = self.generation;
         self.generation = view.generation;
         let mut touched: Vec<u32> = self.shards.keys().copied().collect();
         touched.extend(view.shards.keys().copied());
         touched.sort_unstable();
         touched.dedup();
         let mut out = Applied::default();
+        self.stale.clear();
+        self.kept.clear();
         for shard in touched {
             let from = self.shard(shard);
-            let to = self.next_for_view(shard, from, view.shards.get(&shard));
+            let (to, verdict) = self.next_for_view(shard, from, view.shards.get(&shard), before);
+            match verdict {
+                Verdict::Follow => {}
+                Verdict::Stale => {
+                    self.stale.insert(shard);
+                }
+                Verdict::Kept => {
+                    self.kept.insert(shard);
+                }
+            }
             let admitted = match (from, to) {
                 (Some(ShardState::Outgoing { .. }), Some(ShardState::Owned { .. }))
                     if !self.fenced =>
@@ -460,41 +487,32 @@ impl MemberState {
             };
             self.set(shard, from, to, admitted, &mut out);
         }
-        self.stale = view
-            .shards
-            .iter()
-            .filter(|(&shard, a)| a.owner == self.me && self.is_stale(shard, a))
-            .map(|(&shard, _)| shard)
-            .collect();
         out
     }
 
-    /// `a` names us the owner of `shard` at an epoch we are past (see [`MemberState::stale`]).
-    fn is_stale(&self, shard: u32, a: &ShardAssignment) -> bool {
-        if let Some(held) = self.shard(shard).and_then(ShardState::epoch) {
-            return held > a.epoch;
-        }
-        match self.released(shard) {
-            // the Draining of this very release: the coordinator completes it
-            Some((r, id)) if r == a.epoch => {
-                !matches!(a.handoff, Handoff::Draining { id: d, .. } if d == id)
-            }
-            Some((r, _)) => r > a.epoch,
-            None => false,
-        }
-    }
-
+    /// The shard's next state under `entry`, and what the entry says about it. `before` is the generation
+    /// applied before this view: every legitimate grant's epoch is the generation of the write that made
+    /// it, so a grant at or below `before` that we do not hold at that epoch is a rolled-back assignment.
     fn next_for_view(
         &self,
         shard: u32,
         from: Option<ShardState>,
         entry: Option<&ShardAssignment>,
-    ) -> Option<ShardState> {
-        let a = entry?;
+        before: u64,
+    ) -> (Option<ShardState>, Verdict) {
+        let Some(a) = entry else {
+            return (None, Verdict::Follow);
+        };
         if a.owner == self.me {
-            return self.next_as_owner(shard, from, a);
+            return self.next_as_owner(shard, from, a, before);
         }
-        match &a.handoff {
+        // another owner at an epoch at or below the one we hold: a rollback; keep the shard, say so
+        if let Some(held) = from.and_then(ShardState::epoch) {
+            if a.epoch <= held && !planted_lower_epoch() {
+                return (from, Verdict::Kept);
+            }
+        }
+        let next = match &a.handoff {
             Handoff::Moving { id, to } | Handoff::Draining { id, to } if *to == self.me => {
                 match from {
                     Some(ShardState::Incoming { move_id, warm }) if move_id == *id => {
@@ -508,7 +526,8 @@ impl MemberState {
                 }
             }
             _ => None,
-        }
+        };
+        (next, Verdict::Follow)
     }
 
     fn next_as_owner(
@@ -516,24 +535,35 @@ impl MemberState {
         shard: u32,
         from: Option<ShardState>,
         a: &ShardAssignment,
-    ) -> Option<ShardState> {
-        let released_at = self.released(shard).map(|(e, _)| e);
+        before: u64,
+    ) -> (Option<ShardState>, Verdict) {
         let held = from.and_then(ShardState::epoch);
-        // Released stays released until granted again at a newer epoch.
-        if released_at.is_some_and(|r| a.epoch <= r) {
-            return None;
-        }
         // An epoch older than the one we hold is never followed: keep what we have (safe input).
-        #[cfg(feature = "planted-bugs")]
-        let lower_ok =
-            crate::ownership::planted::on(crate::ownership::planted::Bug::AcceptLowerEpoch);
-        #[cfg(not(feature = "planted-bugs"))]
-        let lower_ok = false;
-        if held.is_some_and(|h| a.epoch < h) && !lower_ok {
-            return from;
+        if held.is_some_and(|h| a.epoch < h) && !planted_lower_epoch() {
+            return (from, Verdict::Stale);
+        }
+        // Released stays released until granted again at a newer epoch; named at that epoch or an older
+        // one outside the Draining of that very release, we are past it.
+        if let Some((r, id)) = self.released(shard) {
+            if a.epoch <= r {
+                let own_drain = a.epoch == r
+                    && matches!(a.handoff, Handoff::Draining { id: d, .. } if d == id);
+                let verdict = if own_drain {
+                    Verdict::Follow
+                } else {
+                    Verdict::Stale
+                };
+                return (None, verdict);
+            }
         }
         let same_epoch = held == Some(a.epoch);
-        match (&a.handoff, from) {
+        // A grant we do not hold, at or below a generation we applied before: a rolled-back assignment
+        // (a restored backup). Never activated: the shard may be held by its real owner at a higher epoch.
+        if !same_epoch && before > 0 && a.epoch <= before && !planted_lower_epoch() {
+            let keep = from.filter(|st| st.epoch().is_some());
+            return (keep, Verdict::Stale);
+        }
+        let next = match (&a.handoff, from) {
             // Draining away from us: stop admitting.
             (
                 Handoff::Draining { id, .. },
@@ -566,7 +596,8 @@ impl MemberState {
             }
             // A (new) grant: activate behind the barrier.
             _ => Some(ShardState::Activating { epoch: a.epoch }),
-        }
+        };
+        (next, Verdict::Follow)
     }
 
     /// Apply a local event.
@@ -671,6 +702,7 @@ impl MemberState {
             shards: self.shards.iter().map(|(s, st)| (shard(*s), *st)).collect(),
             released: self.released.iter().map(|(s, r)| (shard(*s), *r)).collect(),
             stale: self.stale.iter().map(|s| shard(*s)).collect(),
+            kept: self.kept.iter().map(|s| shard(*s)).collect(),
             fenced: self.fenced,
             ignored_views: self.ignored_views,
         }
@@ -683,4 +715,23 @@ impl MemberState {
             self.shards.insert(s, ShardState::Owned { epoch: 0 });
         }
     }
+}
+
+/// What one view's entry says about a shard this member has to do with.
+enum Verdict {
+    /// Followed as written.
+    Follow,
+    /// It names us the owner at an epoch we are past, or grants us the shard at or below a generation we
+    /// applied before: a rollback; reported so the coordinator re-grants it above.
+    Stale,
+    /// It names another owner at or below the epoch we hold: a rollback; we keep the shard and report it.
+    Kept,
+}
+
+/// The planted bug "a lower epoch is followed" (feature `planted-bugs`): the models must catch it.
+fn planted_lower_epoch() -> bool {
+    #[cfg(feature = "planted-bugs")]
+    return crate::ownership::planted::on(crate::ownership::planted::Bug::AcceptLowerEpoch);
+    #[cfg(not(feature = "planted-bugs"))]
+    false
 }

@@ -540,3 +540,52 @@ fn shards_named_to_us_at_an_epoch_we_are_past_are_reported_stale() {
     assert_eq!(st.stale().count(), 0);
     assert_eq!(st.shard(2), Some(ShardState::Activating { epoch: 12 }));
 }
+
+/// A rolled-back assignment names another owner, at an epoch at or below ours, for a shard we hold: the
+/// shard is kept (never dropped on an older fact) and reported `kept`; a view that names the other owner
+/// above our epoch (a completed move, a takeover) is followed.
+#[test]
+fn a_shard_named_to_another_owner_below_our_epoch_is_kept_and_reported() {
+    let mut st = unfenced(a());
+    st.apply_view(&view(20, &[(0, owned(a(), 20)), (1, owned(a(), 20))]));
+    for s in [0, 1] {
+        st.apply_event(Event::Activated {
+            shard: s,
+            epoch: 20,
+        });
+    }
+    // the backup names b at epochs 5 and 20: both at or below ours
+    st.apply_view(&view(30, &[(0, owned(b(), 5)), (1, owned(b(), 20))]));
+    assert_eq!(st.shard(0), Some(ShardState::Owned { epoch: 20 }));
+    assert_eq!(st.shard(1), Some(ShardState::Owned { epoch: 20 }));
+    assert!(st.is_admitted(0) && st.is_admitted(1));
+    assert_eq!(st.kept().collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(st.stale().count(), 0);
+    // the coordinator names us again: nothing kept any more
+    st.apply_view(&view(31, &[(0, owned(a(), 31)), (1, owned(b(), 31))]));
+    assert_eq!(st.kept().count(), 0);
+    assert_eq!(st.shard(0), Some(ShardState::Activating { epoch: 31 }));
+    // a grant to b above our epoch is followed: shard 1 is gone
+    assert_eq!(st.shard(1), None);
+}
+
+/// Every legitimate grant's epoch is the generation of the write that made it, above everything applied
+/// before: a grant at or below a generation we applied (one we skipped, named to us by a rolled-back
+/// assignment) is never activated, nor drained, and is reported `stale`.
+#[test]
+fn a_grant_at_or_below_a_generation_applied_before_is_never_activated() {
+    let mut st = unfenced(a());
+    st.apply_view(&view(40, &[(0, owned(b(), 40))]));
+    st.apply_view(&view(
+        50,
+        &[(0, owned(a(), 35)), (1, draining(a(), 40, 3, b()))],
+    ));
+    assert_eq!(st.shard(0), None, "never activated");
+    assert_eq!(st.shard(1), None, "never drained: it was never ours");
+    assert_eq!(st.stale().collect::<Vec<_>>(), vec![0, 1]);
+    assert!(st.acks().is_empty(), "no release of a shard never held");
+    // a grant above: activated
+    st.apply_view(&view(51, &[(0, owned(a(), 51))]));
+    assert_eq!(st.shard(0), Some(ShardState::Activating { epoch: 51 }));
+    assert_eq!(st.stale().count(), 0);
+}

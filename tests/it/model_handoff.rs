@@ -580,6 +580,7 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
         move_timeout: Duration::from_secs(60),
         drain_stall_timeout: Duration::from_secs(60),
         max_concurrent_moves: 64,
+        rebuilding: false,
     });
     let next = out.assignment?;
     let e = next.view.shards.get(&u32::from(s))?;

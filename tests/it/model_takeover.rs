@@ -170,6 +170,7 @@ fn real_reassign(asg: &Asg, to: (u8, u8)) -> Option<Asg> {
         move_timeout: Duration::from_secs(60),
         drain_stall_timeout: Duration::from_secs(60),
         max_concurrent_moves: 64,
+        rebuilding: false,
     });
     let next = out.assignment?;
     let e = next.view.shards.get(&0)?;

@@ -39,6 +39,10 @@ impl Runtime {
         }
         self.nudged.retain(|id, _| self.lag_since.contains_key(id));
         for id in due {
+            // a renewal that falls due goes between the hints (each up to three requests)
+            if !self.renew_between().await {
+                return;
+            }
             self.nudged.insert(id.clone(), now);
             self.nudge(&id, generation).await;
         }

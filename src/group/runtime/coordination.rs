@@ -57,19 +57,24 @@ impl Runtime {
         self.assignment_refused = None;
         self.health.set_assignment_refused(None);
         self.seen_generation = self.seen_generation.max(a.view.generation);
-        let newer = self
-            .assignment
-            .as_ref()
-            .is_none_or(|cur| a.view.generation >= cur.view.generation);
-        if newer {
+        let ours = self.assignment.as_ref().map(|cur| cur.view.generation);
+        if ours.is_none_or(|g| a.view.generation >= g) {
             self.ownership.apply_view(&a.view);
             self.assignment = Some(a);
             self.assignment_cm = Some(cm);
+            self.stored_behind = None;
         } else {
-            debug!(
-                generation = a.view.generation,
-                "ignoring an older assignment"
+            // an older assignment written over ours (a restore, a re-applied manifest): members ignore it;
+            // we keep our view, and hold the stored object's resourceVersion so our view goes back over it
+            // (writing against the old one would conflict on every pass)
+            warn!(
+                stored = a.view.generation,
+                ours = ours.unwrap_or_default(),
+                "ALARM: an older assignment was written over the current one; every member ignores it, and the coordinator writes the current view back over it"
             );
+            self.stored_behind = Some(a.view.generation);
+            self.assignment_cm = Some(cm);
+            self.assignment_missing = false;
         }
         self.vacuous_progress();
     }
@@ -116,6 +121,9 @@ impl Runtime {
             // a ConfigMap we never decoded: `may_coordinate` refused it
             (None, false) => return,
         };
+        if !absent && self.rolled_back(&current, now).await {
+            return;
+        }
         let mut members = self.step_members(now, &current);
         self.repair_fence_overshoot(&current.view, &mut members, now)
             .await;
@@ -127,7 +135,7 @@ impl Runtime {
                 .filter_map(|m| m.report.as_ref())
                 .any(|r| r.seen_generation > 0);
         if blind {
-            self.blind_rebuild = None;
+            self.rebuild = None;
         }
         let hold_write = blind && members.iter().any(|m| !m.alive && !m.gone);
         self.displaced.retain(|id, _| named_in(&current, id));
@@ -144,8 +152,8 @@ impl Runtime {
         }
         let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
         let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
-        let ready_to_plan =
-            (has_owners || settled || enough) && !blind && !self.blind_rebuild_holds(&members);
+        let rebuilding = self.rebuild_holds(&members, now);
+        let ready_to_plan = (has_owners || settled || enough) && !blind && !rebuilding;
         // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
         while self
             .takeovers
@@ -172,6 +180,7 @@ impl Runtime {
             move_timeout: self.cfg.move_timeout,
             drain_stall_timeout: self.cfg.drain_stall_timeout(),
             max_concurrent_moves: self.cfg.max_concurrent_moves as usize,
+            rebuilding,
         });
         for note in &out.notes {
             info!(note = %note, "coordinator");
@@ -207,33 +216,138 @@ impl Runtime {
             debug!("re-creating the assignment without a view of the last one: waiting until every member that stopped renewing is taken over");
             return;
         }
-        if let Some(next) = out.assignment.or_else(|| absent.then_some(current)) {
+        // our view goes back over an older one written over it, unchanged if nothing else changes
+        let rewrite = absent || self.stored_behind.is_some();
+        if let Some(next) = out.assignment.or_else(|| rewrite.then_some(current)) {
             let generation = next.view.generation;
             if self.write_assignment(next).await && blind {
-                self.blind_rebuild = Some(generation);
+                self.rebuild = Some(Rebuild {
+                    generation,
+                    all_applied_at: None,
+                });
             }
         }
     }
 
-    /// After a blind re-creation (the assignment was deleted and we never saw it), the owners come from
-    /// the members' reports of what they admit and serve; a shard a member held unreported (activating,
-    /// or its report not yet renewed) is left out, and that member drops it only when it applies the
-    /// re-created assignment. Until every live member has applied it, giving such a shard to another
-    /// member could let both admit it: no planning (orphans wait). Members that stopped renewing are
-    /// taken over before the re-creation is written at all (`hold_write`), so every shard dropped from
-    /// one of them is justified by its takeover mark.
-    fn blind_rebuild_holds(&mut self, members: &[Observed]) -> bool {
-        let Some(g) = self.blind_rebuild else {
+    /// The highest generation a live member reports applied, among reports a member could have made: a
+    /// report more than [`MAX_GENERATION_STEP`] above both our clock and every generation we saw is
+    /// refused (with an alarm naming the member), so one hostile report cannot stop planning.
+    fn applied_by_live(&mut self, now: Instant) -> u64 {
+        let limit = self
+            .clock()
+            .wall_ms()
+            .max(self.seen_generation)
+            .saturating_add(MAX_GENERATION_STEP);
+        let mut highest = 0;
+        for m in self.members(now).into_iter().filter(|m| m.live()) {
+            let Some(r) = &m.report else { continue };
+            let g = r.applied_generation.max(r.seen_generation);
+            if g > limit {
+                if self.reports_refused.insert(m.id.clone()) {
+                    let text = format!(
+                        "member {} reports generation {g}, more than {MAX_GENERATION_STEP} ms above both the wall clock and every generation seen ({}): its report's generations are ignored",
+                        m.id, self.seen_generation
+                    );
+                    error!("ALARM: {text}");
+                    self.events.emit(Kind::Warning, "ReportOutOfReach", text);
+                }
+                continue;
+            }
+            highest = highest.max(r.applied_generation);
+        }
+        highest
+    }
+
+    /// The stored assignment is older than a generation a live member applied: a restored backup or a
+    /// re-applied manifest, and we have no newer view of our own (a fresh process, or one that adopted
+    /// it). Never plan from it, nor write a plan over it: raise the alarm and write its content again
+    /// above every generation reported — members keep what they hold at higher epochs (`kept`), never
+    /// activate a grant at or below a generation they applied (`stale`), and planning waits until every
+    /// live member applied the rebuild (`rebuild_holds`). Whether this pass stops here.
+    async fn rolled_back(&mut self, current: &Assignment, now: Instant) -> bool {
+        let applied = self.applied_by_live(now);
+        if current.view.generation >= applied {
+            if self.rebuild.is_none() {
+                self.health.set_assignment_rollback(None);
+            }
+            return false;
+        }
+        // our watch may only lag behind another coordinator's writes: read the stored one directly
+        match self
+            .bounded(self.cms.get_opt(&self.cfg.assignment_name()))
+            .await
+        {
+            Ok(Some(cm)) => self.assignment_seen(cm),
+            Ok(None) => {
+                self.assignment_deleted();
+                return true;
+            }
+            Err(err) => {
+                debug!(error = %err, "cannot re-read the assignment");
+                return true;
+            }
+        }
+        let Some(current) = self.assignment.clone() else {
+            return true;
+        };
+        if self.assignment_refused.is_some() || current.view.generation >= applied {
+            return true;
+        }
+        let text = format!(
+            "the stored assignment (generation {}) is older than generation {applied} that a live member applied (a restored backup or a re-applied manifest): written again above it; nothing is planned until every live member applied that",
+            current.view.generation
+        );
+        error!("ALARM: {text}");
+        self.events
+            .emit(Kind::Warning, "AssignmentRolledBack", text.clone());
+        self.health.set_assignment_rollback(Some(text));
+        let mut next = current.clone();
+        next.view.generation = Assignment::next_generation(
+            applied.max(self.seen_generation),
+            self.clock().wall_ms(),
+        );
+        let generation = next.view.generation;
+        if self.renew_between().await && self.write_assignment(next).await {
+            self.rollbacks += 1;
+            self.rebuild = Some(Rebuild {
+                generation,
+                all_applied_at: None,
+            });
+        }
+        true
+    }
+
+    /// After a rebuild (a blind re-creation: the assignment was deleted and we never saw it; or one written
+    /// over a rolled-back assignment), a member may drop a shard it held without a release: one it held
+    /// unreported (activating, or its report not yet renewed) that a blind rebuild left out, or one a
+    /// rolled-back assignment left out. Its fenced requests may still be in flight. Planning waits until
+    /// every live member reports the rebuild applied, and then for `renew_deadline − fence_margin` — the
+    /// longest any fence it issued before can stay valid — on our clock from when we first saw all of
+    /// them applied. Members that stopped renewing are taken over before a blind re-creation is written at
+    /// all (`hold_write`), so every shard dropped from one of them is justified by its takeover mark.
+    fn rebuild_holds(&mut self, members: &[Observed], now: Instant) -> bool {
+        let fence_life = self
+            .cfg
+            .renew_deadline
+            .saturating_sub(self.cfg.fence_margin);
+        let Some(hold) = self.rebuild.as_mut() else {
             return false;
         };
-        let holds = members
+        let behind = members
             .iter()
             .filter(|m| m.live())
-            .any(|m| m.report.as_ref().is_none_or(|r| r.applied_generation < g));
-        if !holds {
-            self.blind_rebuild = None;
+            .any(|m| m.report.as_ref().is_none_or(|r| r.applied_generation < hold.generation));
+        if behind {
+            hold.all_applied_at = None;
+            return true;
         }
-        holds
+        let since = *hold.all_applied_at.get_or_insert(now);
+        if now.duration_since(since) < fence_life {
+            return true;
+        }
+        self.rebuild = None;
+        self.health.set_assignment_rollback(None);
+        false
     }
 
     /// The age of each move in flight in its current phase, on our clock: from when we first saw it
@@ -359,17 +473,16 @@ impl Runtime {
     /// generation any member reports. Owners come from our last good view, or else from what the members
     /// publish as admitted — never from the planner, which would take shards from members that hold them.
     /// Without an epoch per shard in the reports, a rebuilt owner is re-granted at the new generation.
-    fn recreated(&self, last: Option<&Assignment>, now: Instant) -> Assignment {
-        let members = self.members(now);
-        let reported = members
-            .iter()
-            .filter_map(|m| m.report.as_ref())
-            .map(|r| r.seen_generation.max(r.applied_generation))
-            .max()
-            .unwrap_or(0);
+    fn recreated(&mut self, last: Option<&Assignment>, now: Instant) -> Assignment {
+        let reported = self.reported_generation(now);
         let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
-        fresh.view.generation = reported.max(self.seen_generation);
-        if let Some(last) = last {
+        let above = reported.max(self.seen_generation);
+        // one generation never carries two contents: a re-creation is always a new generation
+        let gen = Assignment::next_generation(above, self.clock().wall_ms());
+        fresh.view.generation = gen;
+        // our last good view, only if it is at least every generation reported: a lagging one would name
+        // owners that have moved on since
+        if let Some(last) = last.filter(|l| l.view.generation >= reported) {
             // keep who owns what: members hold it already
             fresh.view.shards = last.view.shards.clone();
             fresh.next_move_id = last.next_move_id;
@@ -378,9 +491,15 @@ impl Runtime {
             fresh.drained = last.drained.clone();
             return fresh;
         }
+        if last.is_some() {
+            warn!(
+                reported,
+                "re-creating the assignment: our last view is older than a generation a member reports; rebuilding from what the members hold"
+            );
+            self.assignment = None;
+        }
         // above every generation reported, so every member applies it and drops what it does not name
-        let gen = Assignment::next_generation(fresh.view.generation, self.clock().wall_ms());
-        for m in members.iter().filter(|m| !m.gone) {
+        for m in self.members(now).iter().filter(|m| !m.gone) {
             let Some(r) = &m.report else { continue };
             for s in r.admitted.iter().chain(r.serving.iter()) {
                 if let std::collections::btree_map::Entry::Vacant(e) = fresh.view.shards.entry(s) {
@@ -388,8 +507,24 @@ impl Runtime {
                 }
             }
         }
-        fresh.view.generation = gen;
         fresh
+    }
+
+    /// The highest generation any member not gone reports (applied or seen), among reports within reach
+    /// (see [`Runtime::applied_by_live`]).
+    fn reported_generation(&self, now: Instant) -> u64 {
+        let limit = self
+            .clock()
+            .wall_ms()
+            .max(self.seen_generation)
+            .saturating_add(MAX_GENERATION_STEP);
+        self.members(now)
+            .iter()
+            .filter_map(|m| m.report.as_ref())
+            .map(|r| r.seen_generation.max(r.applied_generation))
+            .filter(|g| *g <= limit)
+            .max()
+            .unwrap_or(0)
     }
 
     pub(super) async fn take_over(&mut self, victim: &MemberId, now: Instant) {
@@ -486,6 +621,10 @@ impl Runtime {
         if self.publish_fence_params(&next.view).await.is_err() {
             return false;
         }
+        // a renewal that fell due during them goes first; a pass that lost the coordinator Lease stops
+        if !self.renew_between().await {
+            return false;
+        }
         let result = if self.assignment_cm.is_some() {
             self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
                 .await
@@ -511,11 +650,19 @@ impl Runtime {
                 // the fence parameters raised for it stay: another coordinator may have committed those
                 // epochs (see `fence_params`)
                 debug!("assignment write conflicted; re-reading");
+                if !self.renew_between().await {
+                    return false;
+                }
                 match self.bounded(self.cms.get_opt(&name)).await {
                     Ok(Some(cm)) => self.assignment_seen(cm),
-                    Ok(None) => {}
+                    Ok(None) => self.assignment_deleted(),
                     Err(err) => debug!(error = %err, "cannot re-read the assignment"),
                 }
+                false
+            }
+            // deleted, and our watch missed it: absent, re-created on the next pass
+            Err(err) if is_not_found(&err) => {
+                self.assignment_deleted();
                 false
             }
             Err(err) => {

@@ -35,6 +35,8 @@ pub(super) struct Floors {
     by_shard: BTreeMap<u32, u64>,
     /// When read last (on our clock); `None`: never.
     read_at: Option<Instant>,
+    /// Keys out of reach of any re-grant, alarmed once each: (shard, key).
+    alarmed: BTreeSet<(u32, u64)>,
 }
 
 impl Floors {
@@ -69,18 +71,26 @@ pub(super) fn to_raise(
 
 /// Pure: for each stable shard of a live owner whose published key is above its epoch in `current`, mark
 /// it stale in the owner's report, seen at the key's generation — the step then re-grants it to the same
-/// owner at a new epoch above the key (`coordinator::stale_regrant`, `stale_floor`). The shards marked.
+/// owner at a new epoch above the key (`coordinator::stale_regrant`, `stale_floor`). A key no step can
+/// pass (a generation step is at most `MAX_GENERATION_STEP`, and members refuse more) is not marked: a
+/// re-grant could never reach it, and marking it every pass would only climb generations. The shards
+/// marked, and the keys out of reach (shard, key).
 pub(super) fn mark_overshoot(
     current: &AssignmentView,
     floors: &BTreeMap<u32, u64>,
     members: &mut [Observed],
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<(u32, u64)>) {
     let mut marked = Vec::new();
+    let mut out_of_reach = Vec::new();
     for (shard, a) in &current.shards {
         let Some(&floor) = floors.get(shard) else {
             continue;
         };
         if floor <= a.epoch || a.handoff != Handoff::Stable {
+            continue;
+        }
+        if !crate::group::coordinator::reachable(current.generation, floor) {
+            out_of_reach.push((*shard, floor));
             continue;
         }
         let Some(m) = members.iter_mut().find(|m| m.id == a.owner && m.live()) else {
@@ -94,7 +104,7 @@ pub(super) fn mark_overshoot(
         r.seen_generation = r.seen_generation.max(floor);
         marked.push(*shard);
     }
-    marked
+    (marked, out_of_reach)
 }
 
 impl Runtime {
@@ -123,6 +133,9 @@ impl Runtime {
                 return Ok(());
             }
             data.extend(changes.clone());
+            if !self.renew_between().await {
+                return Err(());
+            }
             match self.write_params(&name, current, data).await {
                 Ok(()) => {
                     self.fence_floors.learn(&changes);
@@ -166,12 +179,22 @@ impl Runtime {
                 Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
         }
-        let marked = mark_overshoot(current, &self.fence_floors.by_shard, members);
+        let (marked, out_of_reach) = mark_overshoot(current, &self.fence_floors.by_shard, members);
         if !marked.is_empty() {
             warn!(
                 shards = ?marked,
                 "fence parameters above the committed epochs (an assignment write failed after raising them): re-granting these shards to their owners above the published epochs"
             );
+        }
+        for (shard, key) in out_of_reach {
+            if self.fence_floors.alarmed.insert((shard, key)) {
+                let text = format!(
+                    "fence parameter key \"{shard}\" = {key} in ConfigMap {name} is more than a day above the assignment's generation {}: no re-grant can reach it, so the owner's fenced writes to shard {shard} are refused until the key is corrected (keys never decrease on their own; an edit or a copy from another group put it there)",
+                    current.generation
+                );
+                error!(shard, key, "ALARM: {text}");
+                self.events.emit(Kind::Warning, "FenceKeyOutOfReach", text);
+            }
         }
     }
 
@@ -252,7 +275,7 @@ mod tests {
             .with(3, ShardAssignment::owned(n, 10)); // n is not live
         let floors: BTreeMap<u32, u64> = [(0, 20), (1, 20), (2, 20), (3, 20)].into();
         let mut members = vec![observed("m", true), observed("n", false)];
-        assert_eq!(mark_overshoot(&current, &floors, &mut members), vec![0]);
+        assert_eq!(mark_overshoot(&current, &floors, &mut members).0, vec![0]);
         let r = members[0].report.as_ref().unwrap();
         assert!(r.stale.contains(0) && !r.stale.contains(1));
         assert_eq!((r.applied_generation, r.seen_generation), (10, 20));

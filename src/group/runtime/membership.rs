@@ -26,6 +26,7 @@ impl Runtime {
         // serving: what every read stream serves now (synced, not failing); a member without read
         // streams serves what it holds
         r.stale = st.stale().collect();
+        r.kept = st.kept().collect();
         let streams = self.ownership.inner.readers.serving();
         for (shard, state) in st.shards() {
             if st.is_admitted(shard) {

@@ -96,9 +96,16 @@ pub(crate) struct Runtime {
     assignment: Option<Assignment>,
     assignment_cm: Option<ConfigMap>,
     assignment_missing: bool,
-    /// The generation of an assignment we re-created without a view of the one before it: no planning
-    /// until every live member applied it (see `coordination.rs`, `blind_rebuild_holds`).
-    blind_rebuild: Option<u64>,
+    /// An assignment we rebuilt (re-created without a view of the one before it, or written over a
+    /// rolled-back one): no planning until every live member applied it and the fences they held before
+    /// can no longer be valid (see `coordination.rs`, `rebuild_holds`).
+    rebuild: Option<Rebuild>,
+    /// The stored assignment is older than our view (written back over it): our view goes back over it.
+    stored_behind: Option<u64>,
+    /// Times we found a rolled-back assignment (metric).
+    rollbacks: u64,
+    /// Members whose reported generations were refused as out of reach (alarmed once each).
+    reports_refused: BTreeSet<MemberId>,
     seen_generation: u64,
     leader: bool,
     /// When we first saw each move in flight in its phase (`true`: `Draining`).
@@ -253,7 +260,10 @@ impl Runtime {
             assignment: None,
             assignment_cm: None,
             assignment_missing: false,
-            blind_rebuild: None,
+            rebuild: None,
+            stored_behind: None,
+            rollbacks: 0,
+            reports_refused: BTreeSet::new(),
             seen_generation: 0,
             leader: false,
             move_first_seen: BTreeMap::new(),
@@ -279,8 +289,19 @@ impl Runtime {
         MicroTime(t)
     }
 
+    /// How long one control-plane request (other than a renewal) may take: as long as a renewal that
+    /// started a retry period earlier can still have its answer within the fence it yields
+    /// (`renew_deadline − fence_margin − retry_period`), at least `max(retry_period, 1 s)`. A slow API
+    /// whose answers come within that keeps a coordinator: a shorter bound timed out the coordinator
+    /// Lease write on every round and left the group without one, and renewals go between a pass's
+    /// requests ([`Runtime::renew_between`]), so one such request never delays a renewal past its deadline.
     fn timeout(&self) -> Duration {
-        self.cfg.retry_period.max(Duration::from_secs(1))
+        let floor = self.cfg.retry_period.max(Duration::from_secs(1));
+        self.cfg
+            .renew_deadline
+            .saturating_sub(self.cfg.fence_margin)
+            .saturating_sub(self.cfg.retry_period)
+            .max(floor)
     }
 
     /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
@@ -288,10 +309,11 @@ impl Runtime {
     /// A fixed 1–2 s bound left a member whose writes commit just above it renewing (so never taken over)
     /// but never recording a renewal.
     fn renewal_timeout(&self) -> Duration {
+        let floor = self.cfg.retry_period.max(Duration::from_secs(1));
         self.cfg
             .renew_deadline
             .saturating_sub(self.cfg.fence_margin)
-            .max(self.timeout())
+            .max(floor)
     }
 
     /// A retry period has passed since the last successful renewal started (or there was none).
@@ -443,6 +465,14 @@ impl Runtime {
         .instrument(span)
         .await
     }
+}
+
+/// A rebuilt assignment the coordinator waits on before planning: its generation, and since when every live
+/// member has reported it applied (on our clock).
+#[derive(Debug, Clone, Copy)]
+struct Rebuild {
+    generation: u64,
+    all_applied_at: Option<Instant>,
 }
 
 /// Watch events applied at most between two rounds of requests.

@@ -70,6 +70,7 @@ impl Runtime {
             g.takeovers = self.takeovers_done;
             g.self_fences = self.self_fences;
             g.rejoins = self.rejoins;
+            g.assignment_rollbacks = self.rollbacks;
             g.unowned_shards = shards.saturating_sub(admitted.len() as u64);
             g.multi_owned_shards = admitted.values().filter(|n| **n > 1).count() as u64;
             g.owned_not_serving_shards = not_serving.len() as u64;
