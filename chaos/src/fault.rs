@@ -72,6 +72,45 @@ pub enum Fault {
     /// A member configured with another `S` joins for `secs`, then dies: it must refuse the assignment,
     /// admit nothing and write nothing (F1).
     AnotherS { secs: u64 },
+    /// A restored backup of the assignment with owners changed since: its text is read, a member joins
+    /// and the moves to it complete, then the old text is written back at its old generation (running
+    /// members ignore it as older), and a moment later a member dies (`kill`) or leaves, so the
+    /// coordinator has to write.
+    RestoreAssignment { member: usize, kill: bool },
+    /// The same write-back, then the coordinator is restarted under its name (a fresh process with no
+    /// view of its own), and with `rolling` every other member after it, 2 s apart (a rolling update).
+    ReapplyAssignment { rolling: bool },
+    /// The same write-back, then at once an admin's pin (`shard` to the live member `member` points at)
+    /// or drain (of that member) through the CLI's edit: a read-modify-write of the text it reads, at the
+    /// next generation.
+    CliEditAfterRestore {
+        member: usize,
+        shard: u32,
+        drain: bool,
+    },
+    /// A slow but working API for `secs`: every request (of every member, or of the live member `member`
+    /// points at) waits `ms` before it is handled, or (`commits`) is handled at once and answered `ms`
+    /// late; a member dies a second in. `ms` is mostly between `max(retry, 1 s)` and
+    /// `renew_deadline − fence_margin`, sometimes just above; inside that band, with every member slow,
+    /// the dead member's shards must be owned again by the end of the stretch.
+    SlowApi {
+        ms: u64,
+        secs: u64,
+        member: Option<usize>,
+        commits: bool,
+    },
+    /// The Widget LISTs and watch starts of a member are black-holed (never answered) for `hold` seconds
+    /// (requests sent meanwhile stay unanswered), while another member dies (`kill`) or leaves, so the
+    /// member gets shards it must start reading; 40 s after that every shard must be owned again.
+    BlackholeRead {
+        member: usize,
+        hold: u64,
+        kill: bool,
+    },
+    /// One shard's fence-parameter key raised `days` days above its committed epoch by an admin. A seed
+    /// that draws this kind runs with the per-shard fence parameters and policy on (every other seed runs
+    /// without them, so the fence oracle still sees the late writes the policy would refuse).
+    FenceKeySkew { shard: u32, days: u64 },
 }
 
 impl Fault {
@@ -106,6 +145,12 @@ impl Fault {
             Fault::GateSkew { .. } => "gate-skew",
             Fault::UnfilteredWatch { .. } => "unfiltered-watch",
             Fault::AnotherS { .. } => "another-s",
+            Fault::RestoreAssignment { .. } => "restore-assignment",
+            Fault::ReapplyAssignment { .. } => "reapply-assignment",
+            Fault::CliEditAfterRestore { .. } => "cli-edit-after-restore",
+            Fault::SlowApi { .. } => "slow-api",
+            Fault::BlackholeRead { .. } => "blackhole-read",
+            Fault::FenceKeySkew { .. } => "fence-key-skew",
         }
     }
 }
@@ -130,15 +175,32 @@ pub struct Shape {
     pub lease: Duration,
     /// The renew deadline (pauses last longer).
     pub renew_deadline: Duration,
+    /// The retry period (slow answers start at `max(retry, 1 s)`).
+    pub retry: Duration,
+    /// The fence margin (slow answers stay mostly below `renew_deadline − fence_margin`).
+    pub fence_margin: Duration,
     /// Draw only these kinds ([`Fault::kind`]); empty: every kind.
     pub kinds: &'static [&'static str],
+}
+
+impl Shape {
+    /// The band slow answers are mostly drawn from (ms): `max(retry, 1 s) .. renew_deadline −
+    /// fence_margin`. Control-plane calls other than renewals time out at its low end; renewals (and the
+    /// fences they yield) still succeed below its high end.
+    #[must_use]
+    pub fn slow_band(&self) -> (u64, u64) {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let lo = ms(self.retry.max(Duration::from_secs(1)));
+        let hi = ms(self.renew_deadline.saturating_sub(self.fence_margin));
+        (lo, hi.max(lo + 1))
+    }
 }
 
 fn one(rng: &mut Rng, shape: &Shape) -> Fault {
     let m = rng.range(0, 15) as usize;
     let past_renew = shape.renew_deadline.as_secs().max(1) + rng.range(1, 4);
     let past_lease = shape.lease.as_secs().max(1) + rng.range(1, 6);
-    match rng.range(0, 26) {
+    match rng.range(0, 32) {
         0 => Fault::Kill { member: m },
         1 => Fault::Pause {
             member: m,
@@ -194,6 +256,41 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
         25 => Fault::AnotherS {
             secs: rng.range(3, 15),
         },
+        26 => Fault::RestoreAssignment {
+            member: m,
+            kill: rng.chance(2, 3),
+        },
+        27 => Fault::ReapplyAssignment {
+            rolling: rng.chance(1, 2),
+        },
+        28 => Fault::CliEditAfterRestore {
+            member: m,
+            shard: rng.range(0, 15) as u32,
+            drain: rng.chance(1, 2),
+        },
+        29 => {
+            let (lo, hi) = shape.slow_band();
+            Fault::SlowApi {
+                // mostly inside the band, one in four just above it
+                ms: if rng.chance(3, 4) {
+                    rng.range(lo, hi - 1)
+                } else {
+                    rng.range(hi, hi + 500)
+                },
+                secs: rng.range(30, 45),
+                member: rng.chance(1, 4).then_some(m),
+                commits: rng.chance(1, 2),
+            }
+        }
+        30 => Fault::BlackholeRead {
+            member: m,
+            hold: rng.range(5, 15),
+            kill: rng.chance(1, 2),
+        },
+        31 => Fault::FenceKeySkew {
+            shard: rng.range(0, 15) as u32,
+            days: rng.range(2, 5),
+        },
         _ => Fault::WallJump {
             member: m,
             secs: if rng.chance(1, 2) {
@@ -217,7 +314,7 @@ fn allowed(rng: &mut Rng, shape: &Shape) -> Fault {
 }
 
 /// Every fault kind.
-pub const KINDS: [&str; 27] = [
+pub const KINDS: [&str; 33] = [
     "kill",
     "pause",
     "partition",
@@ -245,7 +342,36 @@ pub const KINDS: [&str; 27] = [
     "gate-skew",
     "unfiltered-watch",
     "another-s",
+    "restore-assignment",
+    "reapply-assignment",
+    "cli-edit-after-restore",
+    "slow-api",
+    "blackhole-read",
+    "fence-key-skew",
 ];
+
+/// The kinds that exercise the assignment's recovery paths (an older assignment written back, a fresh
+/// coordinator or a CLI edit after it, a fence-parameter key far ahead) and a slow or silent API.
+pub const RECOVERY_PATH_KINDS: [&str; 6] = [
+    "restore-assignment",
+    "reapply-assignment",
+    "cli-edit-after-restore",
+    "slow-api",
+    "blackhole-read",
+    "fence-key-skew",
+];
+
+/// Every kind but [`RECOVERY_PATH_KINDS`].
+#[must_use]
+pub fn kinds_without_recovery_paths() -> &'static [&'static str] {
+    static KINDS_LEFT: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KINDS_LEFT.get_or_init(|| {
+        KINDS
+            .into_iter()
+            .filter(|k| !RECOVERY_PATH_KINDS.contains(k))
+            .collect()
+    })
+}
 
 /// The faults of seed `rng`'s schedule, sorted by time: between 1 and `max_faults`, spread over the window
 /// after a first settle (10 s).
@@ -273,6 +399,8 @@ mod tests {
             max_faults: 8,
             lease: Duration::from_secs(3),
             renew_deadline: Duration::from_secs(2),
+            retry: Duration::from_millis(500),
+            fence_margin: Duration::from_millis(200),
             kinds: &[],
         }
     }
@@ -297,10 +425,14 @@ mod tests {
                 if let Fault::Outage { secs } = t.fault {
                     assert!(secs > 3);
                 }
+                if let Fault::SlowApi { ms, .. } = t.fault {
+                    // max(retry, 1 s) = 1 s; renew_deadline − fence_margin = 1.8 s; at most 0.5 s above
+                    assert!((1_000..=2_300).contains(&ms), "{ms}");
+                }
                 kinds.insert(t.fault.kind());
             }
         }
-        assert_eq!(kinds.len(), 27, "{kinds:?}");
+        assert_eq!(kinds.len(), 33, "{kinds:?}");
         assert_eq!(kinds, KINDS.into_iter().collect());
     }
 

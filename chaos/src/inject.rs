@@ -7,15 +7,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use kube_shard::group::assignment::Assignment;
-use kube_shard::group::assignment::DATA_KEY;
+use kube_shard::group::assignment::{Assignment, DATA_KEY, MAX_GENERATION_STEP};
+use kube_shard::ownership::{Handoff, ShardState};
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_example_operator::widget::{Widget, WidgetSpec, PLURAL};
 use kube_shard_testserver::{FailRule, GateSkew, Scope, Target, Verb};
 
+use crate::check::Finding;
 use crate::fault::Fault;
 use crate::rng::Rng;
-use crate::world::{shards, World, CP_NS, GROUP, NS};
+use crate::world::{shards, World, CP_NS, FENCE_PARAMS, GROUP, MARGIN, NS, RENEW};
 
 fn later(after: Duration, f: impl FnOnce() + Send + 'static) {
     tokio::spawn(async move {
@@ -114,6 +115,7 @@ pub async fn apply(w: &mut World, f: &Fault) {
                 .await;
         }
         Fault::CorruptAssignment => {
+            w.undecodable = true;
             let cms: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
             let patch = serde_json::json!({"data": {DATA_KEY: "not an assignment"}});
             let _ = cms
@@ -193,6 +195,49 @@ pub async fn apply(w: &mut World, f: &Fault) {
             let sw = w.members[w.members.len() - 1].switch.clone();
             later(Duration::from_secs(secs), move || sw.kill());
         }
+        Fault::RestoreAssignment { member, kill } => {
+            if restore_after_moves(w).await {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let i = pick(w, member);
+                if kill {
+                    self::kill(w, i);
+                } else {
+                    leave(w, i);
+                }
+            }
+        }
+        Fault::ReapplyAssignment { rolling } => {
+            if restore_after_moves(w).await {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                reapply(w, rolling).await;
+            }
+        }
+        Fault::CliEditAfterRestore {
+            member,
+            shard,
+            drain,
+        } => {
+            if restore_after_moves(w).await {
+                if let Some(i) = pick(w, member) {
+                    let name = w.members[i].name.clone();
+                    let edit = if drain {
+                        CliEdit::Drain(name)
+                    } else {
+                        CliEdit::Pin(shard, name)
+                    };
+                    let r = cli_edit(w, &edit).await;
+                    w.note(format!("cli edit {edit:?}: {r:?}"));
+                }
+            }
+        }
+        Fault::SlowApi {
+            ms,
+            secs,
+            member,
+            commits,
+        } => slow_api(w, ms, secs, member, commits).await,
+        Fault::BlackholeRead { member, hold, kill } => blackhole_read(w, member, hold, kill).await,
+        Fault::FenceKeySkew { shard, days } => fence_key_skew(w, shard, days).await,
         Fault::WallJump { member, secs } => {
             if let Some(i) = pick(w, member) {
                 w.members[i]
@@ -296,6 +341,300 @@ async fn stale_assignment(w: &World) {
     let _ = cms
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await;
+}
+
+/// The identity that writes an older assignment text back (a restored backup, a re-applied manifest).
+/// The history oracle does not judge its writes: members ignore a text older than the one they applied.
+/// What the members and coordinators do after it is judged.
+pub const RESTORER: &str = "backup-restore";
+
+/// The identity of the CLI's edits ([`cli_edit`]): judged like the coordinators' writes.
+pub const CLI: &str = "kshard";
+
+fn assignment_name() -> String {
+    format!("{GROUP}-assignment")
+}
+
+/// The stored assignment: its ConfigMap and decoded text (`None`: absent or undecodable).
+async fn read_assignment(api: &Api<ConfigMap>) -> Option<(ConfigMap, String, Assignment)> {
+    let cm = api.get_opt(&assignment_name()).await.ok()??;
+    let text = cm.data.as_ref()?.get(DATA_KEY)?.clone();
+    let a = Assignment::decode(&text, shards(), ShardKey::Uid).ok()?;
+    Some((cm, text, a))
+}
+
+/// A restored backup of the assignment with owners changed since it was taken: read the text, let a new
+/// member join and wait (up to 30 s) until some shard's owner differs from the text and no move is in
+/// flight, then write the old text back at its old generation as [`RESTORER`] (a merge patch of the data:
+/// no resourceVersion, it replaces whatever is stored). Whether it wrote.
+async fn restore_after_moves(w: &mut World) -> bool {
+    let admin: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
+    let Some((_, old, before)) = read_assignment(&admin).await else {
+        return false;
+    };
+    let n = w.fresh_name();
+    w.spawn(&n);
+    let mut moved = false;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Some((_, _, now)) = read_assignment(&admin).await {
+            let changed = now
+                .view
+                .shards
+                .iter()
+                .any(|(s, a)| before.view.shards.get(s).is_none_or(|b| b.owner != a.owner));
+            let stable = now
+                .view
+                .shards
+                .values()
+                .all(|a| a.handoff == Handoff::Stable);
+            if changed && stable {
+                moved = true;
+                break;
+            }
+        }
+    }
+    w.note(format!(
+        "restore generation {} (owners moved since: {moved})",
+        before.view.generation
+    ));
+    let restorer: Api<ConfigMap> = Api::namespaced(w.server.client(RESTORER), CP_NS);
+    let patch = serde_json::json!({"data": {DATA_KEY: old}});
+    restorer
+        .patch(
+            &assignment_name(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .is_ok()
+}
+
+/// After a write-back: the coordinator's process restarts under its name (a fresh process, no view of its
+/// own), and with `rolling` every other member's after it, 2 s apart.
+async fn reapply(w: &mut World, rolling: bool) {
+    let first = coordinator(w).await;
+    let mut order: Vec<usize> = first.into_iter().collect();
+    if rolling {
+        order.extend(w.live().into_iter().filter(|i| Some(*i) != first));
+    }
+    for (n, i) in order.into_iter().enumerate() {
+        if n > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        if !w.members[i].alive() {
+            continue;
+        }
+        let name = w.members[i].name.clone();
+        kill(w, Some(i));
+        w.spawn(&name);
+    }
+}
+
+/// An edit of the assignment's intent fields, as the CLI makes it.
+#[derive(Clone, Debug)]
+pub enum CliEdit {
+    /// `kshard pin SHARD MEMBER`.
+    Pin(u32, String),
+    /// `kshard drain MEMBER`.
+    Drain(String),
+}
+
+/// The CLI's edit of the assignment, replicated (it lives in the `kshard` binary: `kshard/src/ops.rs`,
+/// `edit_assignment`): read the ConfigMap, change the intent fields of the text read (pins, paused,
+/// drained; the owners stay what the text says), set the generation to `Assignment::next_generation(read,
+/// the admin's wall clock)`, and replace conditional on the resourceVersion read; on a conflict read again
+/// (20 times at most). Returns the generation written.
+pub async fn cli_edit(w: &World, edit: &CliEdit) -> Result<u64, String> {
+    let api: Api<ConfigMap> = Api::namespaced(w.server.client(CLI), CP_NS);
+    for _ in 0..20 {
+        let Some((mut cm, _, mut a)) = read_assignment(&api).await else {
+            return Err("no assignment to edit".into());
+        };
+        match edit {
+            CliEdit::Pin(shard, member) => {
+                a.pins.insert(*shard, member.clone());
+            }
+            CliEdit::Drain(member) => {
+                a.drained.insert(member.clone());
+            }
+        }
+        a.view.generation = Assignment::next_generation(a.view.generation, w.wall_ms());
+        cm.data
+            .get_or_insert_with(Default::default)
+            .insert(DATA_KEY.to_owned(), a.encode());
+        match api
+            .replace(&assignment_name(), &PostParams::default(), &cm)
+            .await
+        {
+            Ok(_) => return Ok(a.view.generation),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err("too many conflicts".into())
+}
+
+/// The shards no live process owns (its own state says Owned; members asked to leave count: they serve
+/// until they release).
+fn uncovered(w: &World) -> Vec<u32> {
+    let mut owned = std::collections::BTreeSet::new();
+    for m in w.members.iter().filter(|m| m.alive() && !m.foreign) {
+        for (s, st) in m.handle.ownership().snapshot().state().shards() {
+            if matches!(st, ShardState::Owned { .. }) {
+                owned.insert(s);
+            }
+        }
+    }
+    (0..shards().get()).filter(|s| !owned.contains(s)).collect()
+}
+
+/// A liveness judgment while a fault lasts: every shard owned by a live process; else a `stalled`
+/// finding saying `what` happened. Skipped while an assignment no member decodes is stored (nothing
+/// moves until the heal repairs it, by design).
+fn expect_covered(w: &mut World, what: &str) {
+    if w.undecodable {
+        return;
+    }
+    let missing = uncovered(w);
+    if missing.is_empty() {
+        w.note(format!("covered: {what}"));
+        return;
+    }
+    let coordinators: Vec<String> = w
+        .live()
+        .into_iter()
+        .filter(|&i| w.members[i].handle.status().coordinator)
+        .map(|i| w.members[i].name.clone())
+        .collect();
+    let detail = format!(
+        "{what}: shards {missing:?} owned by no live member; coordinator: {coordinators:?}"
+    );
+    w.note(format!("stalled: {detail}"));
+    w.findings.push(Finding {
+        kind: "stalled".into(),
+        detail,
+    });
+}
+
+/// Every request of every member (or of one) delayed by `ms` for `secs` — before it is handled, or
+/// (`commits`) handled at once and answered late — and a member killed a second in. With every member
+/// slow inside the band below `renew_deadline − fence_margin` (renewals and fences still work), the dead
+/// member's shards must be owned again by the end.
+async fn slow_api(w: &mut World, ms: u64, secs: u64, member: Option<usize>, commits: bool) {
+    let faults = w.server.faults();
+    let target: Target = match member {
+        None => Scope::All.into(),
+        Some(m) => match pick(w, m) {
+            Some(i) => Scope::identity(w.members[i].name.clone()).into(),
+            None => return,
+        },
+    };
+    let delay = Some(Duration::from_millis(ms));
+    if commits {
+        faults.slow_answers(target.clone(), delay);
+    } else {
+        faults.latency(target.clone(), delay);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // the victim: another member than the slow one, when only one is slow
+    let victim = pick(w, member.map_or(secs as usize, |m| m + 1));
+    let name = victim.map(|i| w.members[i].name.clone());
+    kill(w, victim);
+    tokio::time::sleep(Duration::from_secs(secs.saturating_sub(1))).await;
+    let band_top = u64::try_from(RENEW.saturating_sub(MARGIN).as_millis()).unwrap_or(u64::MAX);
+    if member.is_none() && ms < band_top {
+        if let Some(name) = name {
+            expect_covered(
+                w,
+                &format!(
+                    "{} s after {name} died, every answer {ms} ms late ({})",
+                    secs.saturating_sub(1),
+                    if commits {
+                        "handled at once"
+                    } else {
+                        "handled late"
+                    }
+                ),
+            );
+        }
+    }
+    if commits {
+        faults.slow_answers(target, None);
+    } else {
+        faults.latency(target, None);
+    }
+}
+
+/// Black-hole member `member`'s Widget LISTs and watch starts for `hold` seconds (each request sent
+/// meanwhile waits an hour: never answered in a run), and kill (or make leave) another member so it gets
+/// shards it must start reading. `hold + 40 s` after, every shard must be owned again.
+async fn blackhole_read(w: &mut World, member: usize, hold: u64, kill: bool) {
+    let Some(i) = pick(w, member) else {
+        return;
+    };
+    let live = w.live();
+    let Some(pos) = live.iter().position(|&j| j == i) else {
+        return;
+    };
+    let victim = (live.len() > 1).then(|| live[(pos + 1) % live.len()]);
+    let faults = w.server.faults();
+    let name = w.members[i].name.clone();
+    let targets: Vec<Target> = [Verb::List, Verb::Watch]
+        .into_iter()
+        .map(|v| Scope::identity(name.clone()).verb(v).resource(PLURAL))
+        .collect();
+    for t in &targets {
+        faults.latency(t.clone(), Some(Duration::from_secs(3_600)));
+    }
+    let gone = victim.map(|v| w.members[v].name.clone());
+    if kill {
+        self::kill(w, victim);
+    } else {
+        leave(w, victim);
+    }
+    later(Duration::from_secs(hold), move || {
+        for t in targets {
+            faults.latency(t, None);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(hold + 40)).await;
+    if let Some(gone) = gone {
+        expect_covered(
+            w,
+            &format!(
+                "{} s after {gone} {} while {name}'s Widget LISTs and watch starts were black-holed for {hold} s",
+                hold + 40,
+                if kill { "died" } else { "left" }
+            ),
+        );
+    }
+}
+
+/// An admin sets shard `shard`'s fence-parameter key `days` days above its committed epoch (or above
+/// the key, if that is higher).
+async fn fence_key_skew(w: &World, shard: u32, days: u64) {
+    let admin: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
+    let epoch = read_assignment(&admin)
+        .await
+        .and_then(|(_, _, a)| a.view.shards.get(&shard).map(|s| s.epoch))
+        .unwrap_or(0);
+    let key = admin
+        .get_opt(FENCE_PARAMS)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data?.get(&shard.to_string())?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let value = epoch.max(key) + days * MAX_GENERATION_STEP;
+    let patch = serde_json::json!({"data": {shard.to_string(): value.to_string()}});
+    let r = admin
+        .patch(FENCE_PARAMS, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    w.note(format!(
+        "fence key {shard} set to {value} (epoch {epoch}, key {key}): {}",
+        if r.is_ok() { "written" } else { "not written" }
+    ));
 }
 
 fn kill(w: &mut World, i: Option<usize>) {

@@ -8,10 +8,11 @@ use kube_shard_chaos_entropy as entropy;
 use serde::Serialize;
 
 use crate::check::{self, Finding};
+use crate::fault::Fault;
 use crate::fault::{self, Shape, Timed};
 use crate::inject;
 use crate::rng::Rng;
-use crate::world::{World, LEASE, RENEW};
+use crate::world::{World, LEASE, MARGIN, RENEW, RETRY};
 
 /// How a run is shaped.
 #[derive(Clone, Debug)]
@@ -63,6 +64,8 @@ impl Options {
             max_faults: self.max_faults,
             lease: LEASE,
             renew_deadline: RENEW,
+            retry: RETRY,
+            fence_margin: MARGIN,
             kinds: self.kinds,
         }
     }
@@ -294,6 +297,14 @@ async fn simulate(
 ) -> (Vec<Finding>, u64, usize, Vec<String>, usize) {
     let mut w = World::new(seed).await;
     check::record(&w.server);
+    // only the seeds that skew a fence-parameter key run with the per-shard fence level: it refuses the
+    // late writes the fence oracle is there to see
+    if faults
+        .iter()
+        .any(|t| matches!(t.fault, Fault::FenceKeySkew { .. }))
+    {
+        w.fence_policy_on().await;
+    }
     inject::seed_widgets(&w, opts.objects).await;
     for _ in 0..opts.members {
         let n = w.fresh_name();
@@ -328,7 +339,8 @@ async fn simulate(
         let n = w.fresh_name();
         w.spawn(&n);
     }
-    let mut findings = settle(&w, opts.settle).await;
+    let mut findings = std::mem::take(&mut w.findings);
+    findings.extend(settle(&w, opts.settle).await);
     let (safety, checks) = check::safety(&w);
     findings.extend(safety);
     log_assignments(&w);

@@ -6,9 +6,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use futures::FutureExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
+use kube_shard::fence_policy::FencePolicyConfig;
 use kube_shard::group::{GroupHandle, ShardGroup};
 use kube_shard::oracles::fences::FenceRecorder;
 use kube_shard::oracles::quiescence::Reconcile;
@@ -19,6 +23,7 @@ use kube_shard_example_operator as example;
 use kube_shard_testserver::TestServer;
 use tokio::time::Instant;
 
+use crate::check::Finding;
 use crate::rng::Rng;
 use crate::switch::Switch;
 
@@ -33,11 +38,15 @@ pub const NS: &str = "widgets";
 pub const LEASE: Duration = Duration::from_secs(3);
 /// See [`LEASE`].
 pub const RENEW: Duration = Duration::from_secs(2);
-const RETRY: Duration = Duration::from_millis(500);
+/// See [`LEASE`].
+pub const RETRY: Duration = Duration::from_millis(500);
 const GRACE: Duration = Duration::from_millis(500);
-const MARGIN: Duration = Duration::from_millis(200);
+/// See [`LEASE`].
+pub const MARGIN: Duration = Duration::from_millis(200);
 /// See [`LEASE`].
 pub const DRAIN: Duration = Duration::from_millis(1_800);
+/// The per-shard fence parameter ConfigMap (in [`CP_NS`]) of a seed that runs with the fence policy.
+pub const FENCE_PARAMS: &str = "chaos-fence";
 /// Simulated time 0 on every member's wall clock (2026-01-01T00:00:00Z), so stamps do not depend on the
 /// host's clock.
 const EPOCH_SECS: u64 = 1_767_225_600;
@@ -95,6 +104,14 @@ pub struct World {
     /// many reconciles it has had. Each draw depends on (seed, key, count) only, not on the order in
     /// which the members' reconciles of one instant run.
     pub hook_rng: Arc<Mutex<(u64, std::collections::BTreeMap<String, u64>)>>,
+    /// What the faults that judge liveness while they last found (merged into the seed's findings).
+    pub findings: Vec<Finding>,
+    /// An assignment no member decodes was written (nothing moves until the heal deletes it): the faults
+    /// that judge liveness while they last do not judge.
+    pub undecodable: bool,
+    /// The members keep the per-shard fence parameters ([`FENCE_PARAMS`]) and the policy refuses writes
+    /// below them ([`World::fence_policy_on`]).
+    pub fence_params: bool,
     next_name: usize,
 }
 
@@ -135,6 +152,9 @@ impl World {
             log,
             start,
             hook_rng: Arc::new(Mutex::new((seed ^ 0xA5A5, Default::default()))),
+            findings: Vec::new(),
+            undecodable: false,
+            fence_params: false,
             next_name: 0,
         }
     }
@@ -143,6 +163,44 @@ impl World {
     #[must_use]
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The admin's wall clock now (ms since the Unix epoch): the fixed epoch + simulated time.
+    #[must_use]
+    pub fn wall_ms(&self) -> u64 {
+        EPOCH_SECS * 1_000 + self.now_ms()
+    }
+
+    /// Run with the per-shard fence level (before any member starts): the parameter ConfigMap
+    /// [`FENCE_PARAMS`] created empty, both fence policies for ConfigMaps (the children) posted, and
+    /// every member started from now on publishing each shard's epoch there before it activates.
+    pub async fn fence_policy_on(&mut self) {
+        let params = format!("{CP_NS}/{FENCE_PARAMS}")
+            .parse()
+            .expect("a valid parameter reference");
+        let set = FencePolicyConfig::new(vec!["configmaps".parse().expect("a resource")])
+            .params(params)
+            .generate()
+            .expect("a valid fence policy");
+        let admin = self.server.client("admin");
+        if let Some(cm) = &set.params {
+            // the per-shard binding refuses every covered write while its parameters are missing
+            let _ = Api::<ConfigMap>::namespaced(admin.clone(), CP_NS)
+                .create(&PostParams::default(), cm)
+                .await;
+        }
+        for p in &set.policies {
+            let _ = Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+                .create(&PostParams::default(), p)
+                .await;
+        }
+        for b in &set.bindings {
+            let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+                .create(&PostParams::default(), b)
+                .await;
+        }
+        self.fence_params = true;
+        self.note("fence parameters and policy on");
     }
 
     /// Append to the event log.
@@ -184,7 +242,11 @@ impl World {
         let wall_offset = Arc::new(AtomicI64::new(0));
         let clock = member_clock(self.start, wall_offset.clone());
         let client = self.server.client(name);
-        let group = ShardGroup::builder(client.clone(), GROUP, CP_NS)
+        let mut builder = ShardGroup::builder(client.clone(), GROUP, CP_NS);
+        if self.fence_params {
+            builder = builder.fence_params(FENCE_PARAMS);
+        }
+        let group = builder
             .member(name)
             .shards(s)
             .key(ShardKey::Uid)
