@@ -107,10 +107,12 @@ pub enum Fault {
         hold: u64,
         kill: bool,
     },
-    /// One shard's fence-parameter key raised `days` days above its committed epoch by an admin. A seed
+    /// One shard's fence-parameter key raised `hours` above its committed epoch by an admin (within a day
+    /// a re-grant reaches it; beyond, the coordinator raises an alarm naming it and the admin corrects it,
+    /// as the alarm says). A seed
     /// that draws this kind runs with the per-shard fence parameters and policy on (every other seed runs
     /// without them, so the fence oracle still sees the late writes the policy would refuse).
-    FenceKeySkew { shard: u32, days: u64 },
+    FenceKeySkew { shard: u32, hours: u64 },
 }
 
 impl Fault {
@@ -289,7 +291,7 @@ fn one(rng: &mut Rng, shape: &Shape) -> Fault {
         },
         31 => Fault::FenceKeySkew {
             shard: rng.range(0, 15) as u32,
-            days: rng.range(2, 5),
+            hours: rng.range(2, 120),
         },
         _ => Fault::WallJump {
             member: m,

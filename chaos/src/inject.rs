@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use kube_shard::group::assignment::{Assignment, DATA_KEY, MAX_GENERATION_STEP};
+use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::ownership::{Handoff, ShardState};
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_example_operator::widget::{Widget, WidgetSpec, PLURAL};
@@ -237,7 +237,7 @@ pub async fn apply(w: &mut World, f: &Fault) {
             commits,
         } => slow_api(w, ms, secs, member, commits).await,
         Fault::BlackholeRead { member, hold, kill } => blackhole_read(w, member, hold, kill).await,
-        Fault::FenceKeySkew { shard, days } => fence_key_skew(w, shard, days).await,
+        Fault::FenceKeySkew { shard, hours } => fence_key_skew(w, shard, hours).await,
         Fault::WallJump { member, secs } => {
             if let Some(i) = pick(w, member) {
                 w.members[i]
@@ -611,22 +611,22 @@ async fn blackhole_read(w: &mut World, member: usize, hold: u64, kill: bool) {
     }
 }
 
-/// An admin sets shard `shard`'s fence-parameter key `days` days above its committed epoch (or above
-/// the key, if that is higher).
-async fn fence_key_skew(w: &World, shard: u32, days: u64) {
+/// An admin sets shard `shard`'s fence-parameter key `hours` above its committed epoch (or above the key,
+/// if that is higher). Three lease periods later no member may refuse the assignment (a re-grant that
+/// climbed out of the members' reach would freeze the group), and the key must be reached — the shard
+/// re-granted above it — or named by the coordinator's `FenceKeyOutOfReach` alarm; then the admin
+/// corrects it to the shard's epoch, as the alarm asks.
+async fn fence_key_skew(w: &mut World, shard: u32, hours: u64) {
     let admin: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
-    let epoch = read_assignment(&admin)
-        .await
-        .and_then(|(_, _, a)| a.view.shards.get(&shard).map(|s| s.epoch))
-        .unwrap_or(0);
-    let key = admin
-        .get_opt(FENCE_PARAMS)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|c| c.data?.get(&shard.to_string())?.parse::<u64>().ok())
-        .unwrap_or(0);
-    let value = epoch.max(key) + days * MAX_GENERATION_STEP;
+    let epoch_now = |admin: Api<ConfigMap>| async move {
+        read_assignment(&admin)
+            .await
+            .and_then(|(_, _, a)| a.view.shards.get(&shard).map(|s| s.epoch))
+            .unwrap_or(0)
+    };
+    let epoch = epoch_now(admin.clone()).await;
+    let key = read_key(&admin, shard).await.unwrap_or(0);
+    let value = epoch.max(key) + hours * 3_600_000;
     let patch = serde_json::json!({"data": {shard.to_string(): value.to_string()}});
     let r = admin
         .patch(FENCE_PARAMS, &PatchParams::default(), &Patch::Merge(&patch))
@@ -635,6 +635,73 @@ async fn fence_key_skew(w: &World, shard: u32, days: u64) {
         "fence key {shard} set to {value} (epoch {epoch}, key {key}): {}",
         if r.is_ok() { "written" } else { "not written" }
     ));
+    if r.is_err() {
+        return;
+    }
+    tokio::time::sleep(crate::world::LEASE * 3).await;
+    for i in w.live() {
+        if let Some(why) = w.members[i].handle.health().assignment_refused() {
+            let detail = format!(
+                "{} refuses the assignment 3 leases after fence key {shard} was set {hours} h ahead: {why}",
+                w.members[i].name
+            );
+            w.note(format!("frozen: {detail}"));
+            w.findings.push(Finding {
+                kind: "frozen".into(),
+                detail,
+            });
+        }
+    }
+    let epoch = epoch_now(admin.clone()).await;
+    if epoch >= value {
+        w.note(format!(
+            "fence key {shard}: re-granted at {epoch}, above the key"
+        ));
+        return;
+    }
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(w.server.client("admin"), CP_NS);
+    let alarmed = events
+        .list(&Default::default())
+        .await
+        .map(|l| {
+            l.items.iter().any(|e| {
+                e.reason.as_deref() == Some("FenceKeyOutOfReach")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains(&format!("\"{shard}\" = {value}")))
+            })
+        })
+        .unwrap_or(false);
+    if !alarmed {
+        let detail = format!(
+            "fence key {shard} = {value} is still above its shard's epoch {epoch} 3 leases later, and no alarm names it"
+        );
+        w.note(format!("stalled: {detail}"));
+        w.findings.push(Finding {
+            kind: "stalled".into(),
+            detail,
+        });
+        return;
+    }
+    // the admin follows the alarm: the key back to the shard's epoch (never below it)
+    let patch = serde_json::json!({"data": {shard.to_string(): epoch.to_string()}});
+    let r = admin
+        .patch(FENCE_PARAMS, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    w.note(format!(
+        "fence key {shard}: alarmed; the admin set it back to epoch {epoch}: {}",
+        if r.is_ok() { "written" } else { "not written" }
+    ));
+}
+
+async fn read_key(admin: &Api<ConfigMap>, shard: u32) -> Option<u64> {
+    admin
+        .get_opt(FENCE_PARAMS)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data?.get(&shard.to_string())?.parse::<u64>().ok())
 }
 
 fn kill(w: &mut World, i: Option<usize>) {

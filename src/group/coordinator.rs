@@ -144,7 +144,10 @@ pub fn step(input: &StepInput<'_>) -> StepOutput {
                     "shard {shard}: {holder} holds it above the epoch {} of {} (a rolled-back assignment): named its owner again",
                     a.epoch, a.owner
                 ));
-                pass.decide(shard, Decided::Set(ShardAssignment::owned(holder.clone(), ctx.gen)));
+                pass.decide(
+                    shard,
+                    Decided::Set(ShardAssignment::owned(holder.clone(), ctx.gen)),
+                );
                 continue;
             }
             Claim::Unresolved => {
@@ -303,7 +306,9 @@ fn stale_floor(input: &StepInput<'_>) -> u64 {
 /// The generation one step writes above `floor`: capped at `cur + MAX_GENERATION_STEP` overall.
 fn step_generation(cur: u64, floor: u64, now_ms: u64) -> u64 {
     let cap = cur.saturating_add(MAX_GENERATION_STEP);
-    Assignment::next_generation(floor, now_ms).min(cap).max(cur.saturating_add(1))
+    Assignment::next_generation(floor, now_ms)
+        .min(cap)
+        .max(cur.saturating_add(1))
 }
 
 /// A generation one step above `cur` can still exceed.
@@ -760,7 +765,11 @@ mod tests {
             .assignment
             .unwrap();
         assert!(next.view.generation > seen);
-        assert!(next.view.generation <= g + step_max, "{}", next.view.generation);
+        assert!(
+            next.view.generation <= g + step_max,
+            "{}",
+            next.view.generation
+        );
         for s in cur.owned_by(&id("a")).iter() {
             assert_eq!(next.view.shards[&s].epoch, next.view.generation);
         }
@@ -781,7 +790,9 @@ mod tests {
         // a released it long ago and says so; b holds it above the entry's epoch
         members[0].report.as_mut().unwrap().stale.insert(shard);
         members[1].report.as_mut().unwrap().kept.insert(shard);
-        let next = step(&no_plan(input(&cur, &members, &ages))).assignment.unwrap();
+        let next = step(&no_plan(input(&cur, &members, &ages)))
+            .assignment
+            .unwrap();
         let e = &next.view.shards[&shard];
         assert_eq!((&*e.owner.name, e.epoch), ("b", next.view.generation));
         // while rebuilding, only that

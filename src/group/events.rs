@@ -61,16 +61,29 @@ impl Events {
 
     /// Publish an Event unless one with the same reason went out in the last 10 s.
     pub(crate) fn emit(&self, kind: Kind, reason: &str, message: impl Into<String>) {
+        self.emit_about(kind, reason, "", message);
+    }
+
+    /// [`Events::emit`], rate-limited per reason *and* `about` (an alarm that names one object — a shard's
+    /// key, a member — is never hidden by the same alarm about another).
+    pub(crate) fn emit_about(
+        &self,
+        kind: Kind,
+        reason: &str,
+        about: &str,
+        message: impl Into<String>,
+    ) {
         let now = Instant::now();
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            let key = format!("{reason}/{about}");
             if last
-                .get(reason)
+                .get(&key)
                 .is_some_and(|t| now.duration_since(*t) < MIN_INTERVAL)
             {
                 return;
             }
-            last.insert(reason.to_owned(), now);
+            last.insert(key, now);
         }
         let stamp = Time(self.clock.wall_timestamp());
         let name = format!(

@@ -468,7 +468,9 @@ fn an_older_assignment_written_back_moves_nothing_until_a_new_epoch_does() {
     regrant.assignments[3] = version_at(21, &[(7, a.clone(), 21)]);
     let flagged: Vec<String> = check(&regrant).iter().map(ToString::to_string).collect();
     assert!(
-        flagged.iter().any(|v| v.contains("owner b/1 -> a/1 at rv 21")),
+        flagged
+            .iter()
+            .any(|v| v.contains("owner b/1 -> a/1 at rv 21")),
         "{flagged:?}"
     );
 }

@@ -546,8 +546,8 @@ impl MemberState {
         // one outside the Draining of that very release, we are past it.
         if let Some((r, id)) = self.released(shard) {
             if a.epoch <= r {
-                let own_drain = a.epoch == r
-                    && matches!(a.handoff, Handoff::Draining { id: d, .. } if d == id);
+                let own_drain =
+                    a.epoch == r && matches!(a.handoff, Handoff::Draining { id: d, .. } if d == id);
                 let verdict = if own_drain {
                     Verdict::Follow
                 } else {

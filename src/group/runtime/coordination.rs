@@ -249,7 +249,12 @@ impl Runtime {
                         m.id, self.seen_generation
                     );
                     error!("ALARM: {text}");
-                    self.events.emit(Kind::Warning, "ReportOutOfReach", text);
+                    self.events.emit_about(
+                        Kind::Warning,
+                        "ReportOutOfReach",
+                        &m.id.to_string(),
+                        text,
+                    );
                 }
                 continue;
             }
@@ -302,10 +307,8 @@ impl Runtime {
             .emit(Kind::Warning, "AssignmentRolledBack", text.clone());
         self.health.set_assignment_rollback(Some(text));
         let mut next = current.clone();
-        next.view.generation = Assignment::next_generation(
-            applied.max(self.seen_generation),
-            self.clock().wall_ms(),
-        );
+        next.view.generation =
+            Assignment::next_generation(applied.max(self.seen_generation), self.clock().wall_ms());
         let generation = next.view.generation;
         if self.renew_between().await && self.write_assignment(next).await {
             self.rollbacks += 1;
@@ -333,10 +336,11 @@ impl Runtime {
         let Some(hold) = self.rebuild.as_mut() else {
             return false;
         };
-        let behind = members
-            .iter()
-            .filter(|m| m.live())
-            .any(|m| m.report.as_ref().is_none_or(|r| r.applied_generation < hold.generation));
+        let behind = members.iter().filter(|m| m.live()).any(|m| {
+            m.report
+                .as_ref()
+                .is_none_or(|r| r.applied_generation < hold.generation)
+        });
         if behind {
             hold.all_applied_at = None;
             return true;

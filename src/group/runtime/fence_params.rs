@@ -40,6 +40,14 @@ pub(super) struct Floors {
 }
 
 impl Floors {
+    /// What the stored ConfigMap says now, as read: it replaces the cache (an admin may have corrected a
+    /// key this coordinator alarmed about; the library itself never lowers one).
+    fn read(&mut self, data: &BTreeMap<String, String>) {
+        self.by_shard.clear();
+        self.learn(data);
+    }
+
+    /// Keys we just raised.
     fn learn(&mut self, data: &BTreeMap<String, String>) {
         for (k, v) in data {
             if let (Ok(s), Ok(e)) = (k.parse::<u32>(), v.parse::<u64>()) {
@@ -127,7 +135,7 @@ impl Runtime {
                 .as_ref()
                 .and_then(|c| c.data.clone())
                 .unwrap_or_default();
-            self.fence_floors.learn(&data);
+            self.fence_floors.read(&data);
             let changes = to_raise(&data, next);
             if changes.is_empty() {
                 return Ok(());
@@ -172,9 +180,8 @@ impl Runtime {
             match self.bounded(self.cms.get_opt(&name)).await {
                 Ok(c) => {
                     self.fence_floors.read_at = Some(now);
-                    if let Some(data) = c.and_then(|c| c.data) {
-                        self.fence_floors.learn(&data);
-                    }
+                    self.fence_floors
+                        .read(&c.and_then(|c| c.data).unwrap_or_default());
                 }
                 Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
@@ -193,7 +200,12 @@ impl Runtime {
                     current.generation
                 );
                 error!(shard, key, "ALARM: {text}");
-                self.events.emit(Kind::Warning, "FenceKeyOutOfReach", text);
+                self.events.emit_about(
+                    Kind::Warning,
+                    "FenceKeyOutOfReach",
+                    &format!("{shard}={key}"),
+                    text,
+                );
             }
         }
     }
