@@ -20,6 +20,7 @@ mod model_handoff;
 mod model_takeover;
 mod oracle_support;
 mod realtime;
+mod recovery;
 mod safety_control;
 mod safety_group;
 mod safety_read;
