@@ -895,25 +895,32 @@ where
         }
     }
 
+    /// What the barrier LISTs, which run on tasks of their own, need from the manager.
+    fn lister(&self) -> Lister {
+        Lister {
+            client: self.client.clone(),
+            requests: self.requests.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+
     fn start_barrier(&self, shard: u32, epoch: u64) {
         let Some(range) = self.shard_range(shard) else {
             return;
         };
         let selector = self.barrier_selector(range);
-        let client = self.client.clone();
-        let requests = self.requests.clone();
+        let lister = self.lister();
         let tx = self.ctl_tx.clone();
         self.settings.spawner.spawn(async move {
-            let listed = list_retrying::<serde_json::Value>(
-                &client,
-                &requests,
-                selector,
-                ListFrom::Consistent,
-                Some(1),
-                || tx.is_closed(),
-                "barrier version",
-            )
-            .await;
+            let listed = lister
+                .list_retrying::<serde_json::Value>(
+                    selector,
+                    ListFrom::Consistent,
+                    Some(1),
+                    || tx.is_closed(),
+                    "barrier version",
+                )
+                .await;
             if let Some(l) = listed {
                 let rv = parse_rv(l.resource_version.as_deref());
                 let _ = tx.send(Ctl::BarrierVersion { shard, epoch, rv }).await;
@@ -926,21 +933,13 @@ where
             return;
         };
         let selector = self.barrier_selector(range);
-        let client = self.client.clone();
-        let requests = self.requests.clone();
+        let lister = self.lister();
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
         self.settings.spawner.spawn(async move {
-            let listed = list_retrying::<K>(
-                &client,
-                &requests,
-                selector,
-                from,
-                None,
-                || tx.is_closed(),
-                "targeted barrier",
-            )
-            .await;
+            let listed = lister
+                .list_retrying::<K>(selector, from, None, || tx.is_closed(), "targeted barrier")
+                .await;
             if let Some(l) = listed {
                 let rv = parse_rv(l.resource_version.as_deref());
                 let _ = tx
@@ -956,21 +955,13 @@ where
     }
 
     fn start_full_list(&self, barriers: Vec<(u32, u64)>, from: ListFrom) {
-        let client = self.client.clone();
-        let requests = self.requests.clone();
+        let lister = self.lister();
         let tx = self.ctl_tx.clone();
         self.stats.targeted_lists.fetch_add(1, Ordering::Relaxed);
         self.settings.spawner.spawn(async move {
-            let listed = list_retrying::<K>(
-                &client,
-                &requests,
-                None,
-                from,
-                None,
-                || tx.is_closed(),
-                "collection barrier",
-            )
-            .await;
+            let listed = lister
+                .list_retrying::<K>(None, from, None, || tx.is_closed(), "collection barrier")
+                .await;
             if let Some(l) = listed {
                 let rv = parse_rv(l.resource_version.as_deref());
                 let _ = tx
@@ -1289,30 +1280,49 @@ fn barrier_list_from(targets: impl IntoIterator<Item = u64>) -> ListFrom {
     }
 }
 
-/// LIST until it succeeds, with the default backoff; a selector the server refuses is dropped (the caller
-/// filters the result locally either way). `None` once `stop()` says nobody waits for the result.
-async fn list_retrying<V: DeserializeOwned>(
-    client: &Client,
-    requests: &Requests,
-    mut selector: Option<ShardSelector>,
-    from: ListFrom,
-    limit: Option<u32>,
-    stop: impl Fn() -> bool,
-    what: &'static str,
-) -> Option<subwatch::Listed<V>> {
-    let mut backoff = subwatch::default_backoff();
-    loop {
-        match subwatch::list_all::<V>(client, requests, selector.as_ref(), &from, limit).await {
-            Ok(l) => return Some(l),
-            Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
-                selector = None
-            }
-            Err(err) => {
-                debug!(error = %err, what, "LIST failed; retrying");
-                if stop() {
-                    return None;
+/// The client side of the manager's background LISTs (barrier version, targeted and collection).
+struct Lister {
+    client: Client,
+    requests: Arc<Requests>,
+    stats: Arc<Stats>,
+}
+
+impl Lister {
+    /// LIST until it succeeds, with the default backoff; a selector the server refuses is dropped (the
+    /// caller filters the result locally either way). A failure (a LIST that ran out of its time limit
+    /// included) counts in the watcher's errors and starts the LIST over. `None` once `stop()` says nobody
+    /// waits for the result.
+    async fn list_retrying<V: DeserializeOwned>(
+        &self,
+        mut selector: Option<ShardSelector>,
+        from: ListFrom,
+        limit: Option<u32>,
+        stop: impl Fn() -> bool,
+        what: &'static str,
+    ) -> Option<subwatch::Listed<V>> {
+        let mut backoff = subwatch::default_backoff();
+        loop {
+            let listed = subwatch::list_all::<V>(
+                &self.client,
+                &self.requests,
+                selector.as_ref(),
+                &from,
+                limit,
+            )
+            .await;
+            match listed {
+                Ok(l) => return Some(l),
+                Err(err) if selector.is_some() && subwatch::is_invalid_selector(&err) => {
+                    selector = None
                 }
-                tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+                Err(err) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    debug!(error = %err, what, "LIST failed; retrying");
+                    if stop() {
+                        return None;
+                    }
+                    tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(30))).await;
+                }
             }
         }
     }

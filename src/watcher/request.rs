@@ -88,6 +88,11 @@ impl Requests {
         &self.config
     }
 
+    /// The collection's URL (for logs).
+    pub(crate) fn url(&self) -> &str {
+        &self.request.url_path
+    }
+
     /// A LIST page: `limit` overrides the configured page size (e.g. `Some(1)` for a barrier probe).
     pub(crate) fn list(
         &self,

@@ -9,6 +9,11 @@
 //! - an in-stream `ERROR` 410 relists; any other in-stream error backs off and re-watches;
 //! - the end of a watch stream, or no event for `timeout + 5 s` (a connection frozen open), re-watches from
 //!   the last resourceVersion seen (bookmarks advance it);
+//! - every LIST page and every watch start gets an answer within [`request_limit`] (35 s by default) or
+//!   fails as a timeout: a LIST then starts over from its first page, a watch start retries like a
+//!   watch-start error. kube 5's client sets no read timeout, so without it a black-holed connection
+//!   would hold the request until TCP gives up (about 15 min; hours on a half-open connection), and a
+//!   shard activating on it would stay unadmitted;
 //! - `StreamingList`: the initial sync is a watch with `sendInitialEvents=true` that ends at the
 //!   `k8s.io/initial-events-end` bookmark.
 //!
@@ -16,12 +21,14 @@
 //! and is never retried with the same selector.
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::StreamExt;
 use kube::api::WatchEvent;
+use kube::runtime::watcher::Config;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -139,8 +146,56 @@ pub(crate) struct Listed<V> {
     pub(crate) shard_info: Option<String>,
 }
 
+/// How long a read-path request may wait for its answer: a LIST page (its whole body) or a watch start
+/// (the response head; an open watch has its idle limit instead). `min(timeout, 30 s) + 5 s`, with
+/// `timeout` the configured watch timeout (`watcher::Config::timeout`; 290 s when unset, and `0` counts
+/// as unset): 35 s by default. A healthy apiserver answers a page or a watch start in well under a
+/// second, and API priority and fairness queues a request at most 15 s before refusing it, so the limit
+/// only cuts off requests that are not coming back; it bounds how long a black-holed LIST keeps a shard
+/// from being activated (then a retry, after the backoff).
+fn request_limit(config: &Config) -> Duration {
+    let timeout = match config.timeout {
+        Some(t) if t > 0 => t.min(30),
+        _ => 30,
+    };
+    Duration::from_secs(u64::from(timeout) + 5)
+}
+
+/// A read-path request that got no answer within its [`request_limit`].
+#[derive(Debug, thiserror::Error)]
+#[error("{what} got no answer within {limit:?}")]
+pub(crate) struct TimedOut {
+    what: &'static str,
+    limit: Duration,
+}
+
+/// `request` within the [`request_limit`] of `requests`' configuration. On expiry the request is dropped
+/// (over HTTP/1.1 its connection goes with it, so the retry does not reuse it), a warning is logged, and the result is a [`TimedOut`] error, which callers
+/// retry as any failed request.
+async fn time_limited<T>(
+    requests: &Requests,
+    what: &'static str,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    let limit = request_limit(requests.config());
+    match tokio::time::timeout(limit, request).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            warn!(
+                what,
+                resource = requests.url(),
+                ?limit,
+                "read request timed out; retrying"
+            );
+            Err(kube::Error::Service(Box::new(TimedOut { what, limit })))
+        }
+    }
+}
+
 /// LIST everything `selector` selects from `from`, following `continue` (the selector is resent on every
-/// page). With `limit` set, only the first page is read.
+/// page). With `limit` set, only the first page is read. Each page is time-limited ([`request_limit`]); a
+/// page that runs out of time fails the whole LIST, so a retry starts over from the first page rather than
+/// from a continue token of a LIST that may have gone stale meanwhile.
 pub(crate) async fn list_all<V: DeserializeOwned>(
     client: &Client,
     requests: &Requests,
@@ -155,7 +210,7 @@ pub(crate) async fn list_all<V: DeserializeOwned>(
         let req = requests
             .list(selector, from, limit, continue_token.as_deref())
             .map_err(|e| kube::Error::Service(Box::new(e)))?;
-        let text = client.request_text(req).await?;
+        let text = time_limited(requests, "LIST page", client.request_text(req)).await?;
         let page: RawList<V> = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
         items.extend(page.items);
         if shard_info.is_none() {
@@ -349,7 +404,12 @@ where
             Ok(req) => req,
             Err(e) => return WatchEnd::Failed(rv.to_owned(), kube::Error::Service(Box::new(e))),
         };
-        let stream = match self.client.request_events::<V>(req).await {
+        let start = time_limited(
+            &self.requests,
+            "watch start",
+            self.client.request_events::<V>(req),
+        );
+        let stream = match start.await {
             Ok(s) => s,
             Err(err) if is_gone(&err) => return WatchEnd::Relist,
             Err(err) => return WatchEnd::Failed(rv.to_owned(), err),
@@ -491,5 +551,22 @@ fn same_object<V: Resource>(a: &V, b: &V) -> bool {
     match (&a.uid, &b.uid) {
         (Some(x), Some(y)) => x == y,
         _ => a.namespace == b.namespace && a.name == b.name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read request's time limit is the watch timeout, at most 30 s, plus 5 s; an unset or zero
+    /// timeout (290 s, or no server-side limit) gives 35 s.
+    #[test]
+    fn request_limit_is_the_watch_timeout_at_most_30s_plus_5s() {
+        let limit = |timeout| request_limit(&Config::default().timeout(timeout));
+        assert_eq!(request_limit(&Config::default()), Duration::from_secs(35));
+        assert_eq!(limit(0), Duration::from_secs(35));
+        assert_eq!(limit(10), Duration::from_secs(15));
+        assert_eq!(limit(30), Duration::from_secs(35));
+        assert_eq!(limit(290), Duration::from_secs(35));
     }
 }

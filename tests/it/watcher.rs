@@ -1172,3 +1172,172 @@ async fn a_sub_watch_started_before_an_activation_is_not_its_barrier() {
         .freeze_watches(Scope::identity("early"), false);
     task.abort();
 }
+
+/// A connection that black-holes requests (a load-balancer failover, a lost conntrack entry, an apiserver
+/// gone) must not hold a granted shard unadmitted: every read-path LIST page is time-limited, and a LIST
+/// that runs out of time starts again. Here the member's LISTs of the watched kind get no answer for an
+/// hour while it is granted a shard it did not read (its new sub-watch's LIST) and the shard it was
+/// the target of a move for (its barrier's `limit=1` LIST). The hole closes a second later; both shards
+/// are activated (what admission waits for) within `barrier_timeout + 40 s` of that.
+#[tokio::test(start_paused = true)]
+async fn a_black_holed_list_does_not_hold_a_shard_unadmitted() {
+    use kube_shard::ownership::ShardState;
+    let (server, _all) = crate::support::seeded(true, 400).await;
+    let (me, o, d) = member("a");
+    let old = MemberId::new("old", "i1");
+    let first: BTreeSet<u32> = (0..8).collect();
+    let (taken, moved) = (8u32, 9u32);
+    d.apply(
+        &grant(AssignmentView::new(1), &me, first.iter().copied(), 1).with(
+            moved,
+            ShardAssignment::owned(old, 1).with_handoff(Handoff::Moving {
+                id: 7,
+                to: me.clone(),
+            }),
+        ),
+    );
+    let barrier_timeout = Duration::from_secs(2);
+    let api: Api<ConfigMap> = Api::all(server.client("a"));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(barrier_timeout)
+        .probe_interval(Duration::from_secs(3600))
+        .build_reflector();
+    let stats = sharded.stats.clone();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    // activated: what admission waits for (this test's member does not renew, so it is not admitted)
+    let activated = |shards: &[u32]| {
+        shards
+            .iter()
+            .all(|s| matches!(shard_state(&o, *s), Some(ShardState::Owned { .. })))
+    };
+    let first: Vec<u32> = first.into_iter().collect();
+    until(
+        Duration::from_secs(60),
+        "the first shards activated and the moved one warm",
+        || {
+            activated(&first)
+                && matches!(
+                    shard_state(&o, moved),
+                    Some(ShardState::Incoming { warm: true, .. })
+                )
+        },
+    )
+    .await;
+    let hole = Scope::identity("a").verb(Verb::List).resource("configmaps");
+    server
+        .faults()
+        .latency(hole.clone(), Some(Duration::from_secs(3600)));
+    d.apply(&grant(
+        grant(AssignmentView::new(2), &me, first.iter().copied(), 1),
+        &me,
+        [taken, moved],
+        2,
+    ));
+    // the LISTs go out into the hole, then it closes: only new requests are answered
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !activated(&[taken]) && !activated(&[moved]),
+        "no LIST was answered"
+    );
+    server.faults().latency(hole, None);
+    let closed = tokio::time::Instant::now();
+    until(
+        barrier_timeout + Duration::from_secs(40),
+        "the granted shards activated after the hole closed",
+        || activated(&[taken, moved]),
+    )
+    .await;
+    eprintln!("activated {:?} after the hole closed", closed.elapsed());
+    assert!(
+        stats.errors() >= 2,
+        "the sub-watch's and the barrier's timed-out LISTs count as errors: {}",
+        stats.errors()
+    );
+    task.abort();
+}
+
+/// The same for a watch start: a granted shard whose sub-watch's WATCH goes into a black hole is
+/// activated on its LIST, but would never see another event; the watch start is time-limited and retried
+/// from the LIST's resourceVersion, so a write after the hole closed is in the store within
+/// `barrier_timeout + 40 s`.
+#[tokio::test(start_paused = true)]
+async fn a_black_holed_watch_start_does_not_leave_a_shard_stale() {
+    use kube_shard::ownership::ShardState;
+    let (server, all) = crate::support::seeded(true, 400).await;
+    let (me, o, d) = member("a");
+    let first: BTreeSet<u32> = (0..8).collect();
+    let taken = 8u32;
+    let activated = |s: &u32| matches!(shard_state(&o, *s), Some(ShardState::Owned { .. }));
+    d.apply(&grant(
+        AssignmentView::new(1),
+        &me,
+        first.iter().copied(),
+        1,
+    ));
+    let barrier_timeout = Duration::from_secs(2);
+    let api: Api<ConfigMap> = Api::all(server.client("a"));
+    let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
+        .barrier_timeout(barrier_timeout)
+        .probe_interval(Duration::from_secs(3600))
+        .build_reflector();
+    let store = sharded.store.clone().unwrap();
+    let task = tokio::spawn(sharded.events.for_each(|_| async {}));
+    until(
+        Duration::from_secs(60),
+        "the first shards activated",
+        || first.iter().all(activated),
+    )
+    .await;
+    let hole = Scope::identity("a")
+        .verb(Verb::Watch)
+        .resource("configmaps");
+    server
+        .faults()
+        .latency(hole.clone(), Some(Duration::from_secs(3600)));
+    d.apply(&grant(
+        grant(AssignmentView::new(2), &me, first.iter().copied(), 1),
+        &me,
+        [taken],
+        2,
+    ));
+    until(
+        barrier_timeout + Duration::from_secs(10),
+        "the granted shard activated on its LIST",
+        || activated(&taken),
+    )
+    .await;
+    // the sub-watch's watch start is in the hole; the hole closes, then the shard's object changes
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.faults().latency(hole, None);
+    let closed = tokio::time::Instant::now();
+    let name = owned_names(&all, &BTreeSet::from([taken]))
+        .into_iter()
+        .next()
+        .unwrap();
+    let admin: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
+    admin
+        .patch(
+            &name,
+            &Default::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"data":{"v":"after the hole"}})),
+        )
+        .await
+        .unwrap();
+    until(
+        barrier_timeout + Duration::from_secs(40),
+        "the write after the hole closed in the store",
+        || {
+            store.state().iter().any(|c| {
+                c.metadata.name.as_deref() == Some(name.as_str())
+                    && c.data.as_ref().and_then(|d| d.get("v")).map(String::as_str)
+                        == Some("after the hole")
+            })
+        },
+    )
+    .await;
+    eprintln!(
+        "the write arrived {:?} after the hole closed",
+        closed.elapsed()
+    );
+    task.abort();
+}
