@@ -451,6 +451,13 @@ pub async fn cli_edit(w: &World, edit: &CliEdit) -> Result<u64, String> {
         let Some((mut cm, _, mut a)) = read_assignment(&api).await else {
             return Err("no assignment to edit".into());
         };
+        // as `kshard` does (`refuse_rolled_back`): never an edit over a rolled-back assignment
+        if let Some((lease, applied)) = applied_by_live(w, a.view.generation).await {
+            return Err(format!(
+                "refused: the stored assignment (generation {}) is older than generation {applied} that {lease} applied",
+                a.view.generation
+            ));
+        }
         match edit {
             CliEdit::Pin(shard, member) => {
                 a.pins.insert(*shard, member.clone());
@@ -473,6 +480,43 @@ pub async fn cli_edit(w: &World, edit: &CliEdit) -> Result<u64, String> {
         }
     }
     Err("too many conflicts".into())
+}
+
+/// What `kshard`'s `refuse_rolled_back` reads: a member whose Lease was renewed within its duration and
+/// reports a generation applied above `stored`.
+async fn applied_by_live(w: &World, stored: u64) -> Option<(String, u64)> {
+    let leases: Api<Lease> = Api::namespaced(w.server.client(CLI), CP_NS);
+    let list = leases
+        .list(&kube::api::ListParams::default().labels(&format!(
+            "{}={GROUP}",
+            kube_shard::group::report::GROUP_LABEL
+        )))
+        .await
+        .ok()?;
+    let now = i64::try_from(w.wall_ms()).unwrap_or(i64::MAX);
+    let live: Vec<(String, kube_shard::group::report::MemberReport)> = list
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let spec = l.spec.clone().unwrap_or_default();
+            let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
+            let renewed = spec
+                .renew_time
+                .is_some_and(|t| now - t.0.as_millisecond() <= duration_ms);
+            let report = l
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(kube_shard::group::report::REPORT)
+                .and_then(|t| kube_shard::group::report::MemberReport::decode(t, shards()).ok())?;
+            renewed.then(|| (l.metadata.name.unwrap_or_default(), report))
+        })
+        .collect();
+    kube_shard::group::report::applied_above(
+        stored,
+        live.iter().map(|(n, r)| (n.as_str(), r)),
+        w.wall_ms(),
+    )
 }
 
 /// The shards no live process owns (its own state says Owned; members asked to leave count: they serve

@@ -601,6 +601,7 @@ async fn edit_assignment(
         let name = format!("{}-assignment", args.group);
         for _ in 0..20 {
             let (mut cm, mut a, s) = fetch_assignment(&api, args).await?;
+            refuse_rolled_back(client, args, &a, s).await?;
             match edit {
                 Edit::Pin(shard) | Edit::Unpin(shard) if shard >= s.get() => {
                     return Err(CliError::failed(format!(
@@ -644,6 +645,58 @@ async fn edit_assignment(
             }
         }
         Err(CliError::failed(format!("{name}: too many conflicts")))
+    }
+}
+
+/// An edit is written over the stored assignment, so it must never be a rolled-back one (a restored backup,
+/// a re-applied manifest): its owners have moved on, and an edit at a newer generation would make members
+/// follow them. Refused, with the coordinator's alarm text, while a live member (its Lease renewed within
+/// its duration) reports a higher generation applied.
+async fn refuse_rolled_back(
+    client: &Client,
+    args: &GroupArgs,
+    a: &Assignment,
+    s: ShardCount,
+) -> Result<(), CliError> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
+    let list = leases
+        .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", args.group)))
+        .await
+        .map_err(|e| CliError::failed(format!("listing the group's Leases: {e}")))?;
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let mut live: Vec<(String, MemberReport)> = Vec::new();
+    for l in list.items {
+        let labels = l.metadata.labels.clone().unwrap_or_default();
+        if labels.get(ROLE_LABEL).is_none_or(|r| r != "member") {
+            continue;
+        }
+        let spec = l.spec.clone().unwrap_or_default();
+        let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
+        let renewed = spec
+            .renew_time
+            .is_some_and(|t| now - t.0.as_millisecond() <= duration_ms);
+        let report = l
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPORT))
+            .and_then(|t| MemberReport::decode(t, s).ok());
+        if let (true, Some(r)) = (renewed, report) {
+            live.push((l.metadata.name.unwrap_or_default(), r));
+        }
+    }
+    let now_ms = u64::try_from(now).unwrap_or(0);
+    let found = kube_shard::group::report::applied_above(
+        a.view.generation,
+        live.iter().map(|(n, r)| (n.as_str(), r)),
+        now_ms,
+    );
+    match found {
+        Some((lease, applied)) => Err(CliError::failed(format!(
+            "the stored assignment (generation {}) is older than generation {applied} that {lease} applied (a restored backup or a re-applied manifest): not edited; the coordinator writes a newer one over it — retry once `kshard status` shows a generation of at least {applied}",
+            a.view.generation
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -238,6 +238,27 @@ impl MemberReport {
     }
 }
 
+/// Whether an assignment at generation `stored` is older than what a live member reports applied — an
+/// older assignment written back (a restored backup, a re-applied manifest): the member's name and its
+/// generation. No writer may plan from it or edit it (the coordinator writes a newer view over it first).
+/// `live` are the reports of members seen renewing; a report more than
+/// [`MAX_GENERATION_STEP`](crate::group::assignment::MAX_GENERATION_STEP) above both `now_ms` and
+/// `stored` is ignored, so one hostile report cannot stop every writer.
+#[must_use]
+pub fn applied_above<'a>(
+    stored: u64,
+    live: impl IntoIterator<Item = (&'a str, &'a MemberReport)>,
+    now_ms: u64,
+) -> Option<(String, u64)> {
+    let limit = now_ms
+        .max(stored)
+        .saturating_add(crate::group::assignment::MAX_GENERATION_STEP);
+    live.into_iter()
+        .filter(|(_, r)| r.applied_generation > stored && r.applied_generation <= limit)
+        .max_by_key(|(_, r)| r.applied_generation)
+        .map(|(name, r)| (name.to_owned(), r.applied_generation))
+}
+
 type AckSets = BTreeMap<MoveId, ShardSet>;
 
 /// Decode one kind of acks, bounded: at most `S` move ids, each naming at least one shard, no shard under
@@ -334,6 +355,19 @@ impl ReportError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_assignment_below_a_live_members_applied_generation_is_named_with_that_member() {
+        let r = |g: u64| MemberReport {
+            applied_generation: g,
+            ..MemberReport::default()
+        };
+        let (a, b, hostile) = (r(90), r(120), r(u64::MAX));
+        let live = [("a", &a), ("b", &b), ("x", &hostile)];
+        assert_eq!(applied_above(100, live, 100), Some(("b".into(), 120)));
+        assert_eq!(applied_above(120, live, 100), None);
+        assert_eq!(applied_above(100, [("x", &hostile)], 100), None);
+    }
     use proptest::prelude::*;
 
     fn s() -> ShardCount {
