@@ -10,6 +10,9 @@
 //! Pure: the handle keeps one [`ShardGates`] per shard with `Arc<Gate>`s; the handoff model
 //! (`tests/it/model_handoff.rs`) keeps one per member and shard with gate numbers, so the model's drain
 //! waits for exactly the gates the handle's does.
+//!
+//! Public only with the `test-util` feature, for the model: not a stable API.
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub, dead_code))]
 
 use super::state::ShardState;
 
