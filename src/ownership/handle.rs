@@ -412,7 +412,8 @@ impl Ownership {
     }
 
     /// Put admission and fences behind the cluster's HA term (once; later calls are ignored).
-    /// Nothing in flight on any shard this member holds: no permit and no live fence.
+    /// Nothing in flight on any shard this member holds: no permit and no live fence, under the current
+    /// gates or the retired ones still kept.
     pub(crate) fn idle(&self) -> bool {
         self.snapshot()
             .gates
