@@ -1,10 +1,10 @@
 //! Fences: proof, taken right before a side effect, that this member may act on a shard.
 //!
 //! A [`Fence`] is `(shard, epoch, valid_until)`. It is issued only while the shard is Owned at the permit's
-//! epoch (or Outgoing at it, before the drain deadline) and the member is not self-fenced; `valid_until` is the
-//! earliest of the last renewal start + `renew_deadline` − margin and, while Outgoing, the drain deadline, on
-//! both the runtime and the boot clock, and, with cross-cluster HA, the end of the cluster's term at the
-//! permit's failover epoch. [`Fence::check`] re-checks all of it at send time.
+//! epoch (or Outgoing at it, before the drain deadline) under the permit's gate (not one a cancel-back
+//! retired) and the member is not self-fenced; `valid_until` is the earliest of the last renewal start +
+//! `renew_deadline` − margin and, while Outgoing, the drain deadline, on both the runtime and the boot clock,
+//! and, with cross-cluster HA, the end of the cluster's term at the permit's failover epoch. [`Fence::check`] re-checks all of it at send time.
 //!
 //! # What a fence does not guarantee
 //! A fence says the member *may* act until `valid_until` under the stated assumptions (bounded stalls, the
@@ -78,7 +78,7 @@ impl Fence {
         gate: &Arc<Gate>,
     ) -> Result<Fence, FenceError> {
         let snap = inner.snapshot();
-        let valid_until = valid_until(inner, &snap, shard, epoch, failover)?;
+        let valid_until = valid_until(inner, &snap, shard, epoch, failover, gate)?;
         if valid_until.remaining(inner.clock.now()).is_zero() {
             return Err(FenceError::Expired { shard, epoch });
         }
@@ -155,13 +155,14 @@ impl Fence {
 
     /// Re-check at send time: the time left (on the earlier of both clocks) if the fence is still valid.
     ///
-    /// The shard must still be held at this epoch (Owned, or Outgoing before the drain deadline) and the
-    /// renewal deadline not passed; the result is never more than what was issued.
+    /// The shard must still be held at this epoch (Owned, or Outgoing before the drain deadline) under the
+    /// same holding (its gate not retired by a cancel-back) and the renewal deadline not passed; the result
+    /// is never more than what was issued.
     pub fn check(&self) -> Result<Duration, FenceError> {
         let snap = self.inner.snapshot();
         let (shard, epoch) = self.shard_and_epoch();
-        let now_valid =
-            valid_until(&self.inner, &snap, shard, epoch, self.failover)?.min(self.valid_until);
+        let now_valid = valid_until(&self.inner, &snap, shard, epoch, self.failover, &self.gate)?
+            .min(self.valid_until);
         let left = now_valid.remaining(self.inner.clock.now());
         if left.is_zero() {
             return Err(FenceError::Expired { shard, epoch });
@@ -176,6 +177,7 @@ fn valid_until(
     shard: u32,
     epoch: u64,
     failover: Option<crate::ha::Epoch>,
+    gate: &Arc<Gate>,
 ) -> Result<Deadline, FenceError> {
     if snap.state.is_fenced() {
         return Err(FenceError::SelfFenced { shard });
@@ -191,6 +193,11 @@ fn valid_until(
         }
         _ => return Err(FenceError::NotHeld { shard, epoch }),
     };
+    // a permit or fence of a retired gate (the holding before a cancel-back at the same epoch) mints and
+    // passes nothing: no later drain would count the requests sent with it
+    if !snap.is_current_gate(shard, gate) {
+        return Err(FenceError::NotHeld { shard, epoch });
+    }
     match (inner.ha.get(), failover) {
         (None, _) => Ok(until),
         // HA.md "HA in a shard group": a fence needs the term of its permit's failover epoch, and ends
@@ -206,7 +213,8 @@ fn valid_until(
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FenceError {
-    /// The shard is no longer held at this epoch (released, taken over, re-granted at a newer epoch).
+    /// The shard is no longer held at this epoch (released, taken over, re-granted at a newer epoch), or no
+    /// longer under the holding the permit was admitted in (a drain began, then was cancelled back).
     #[error("shard {shard} is no longer held at epoch {epoch}")]
     NotHeld {
         /// The shard.

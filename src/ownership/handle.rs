@@ -22,6 +22,7 @@ use tracing::{debug, info, info_span, warn};
 use super::{
     admission::{self, AdmitError, Gate, Permit},
     clock::{Clock, Deadline, Now},
+    gates::ShardGates,
     state::{Applied, AssignmentView, Event, MemberId, MemberState, ShardState, ShardTransition},
     OwnershipConfig,
 };
@@ -30,7 +31,9 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub(crate) state: MemberState,
-    gates: BTreeMap<u32, Arc<Gate>>,
+    /// Per shard: the gate it is admitted (or drained) under now, and the retired gates kept while
+    /// requests admitted under them may still be in flight.
+    gates: BTreeMap<u32, ShardGates<Arc<Gate>>>,
     pub(crate) renewal: Option<Deadline>,
     drains: BTreeMap<u32, Deadline>,
 }
@@ -42,8 +45,23 @@ impl Snapshot {
         &self.state
     }
 
+    /// The gate `shard` is admitted (or drained) under now.
     pub(crate) fn gate(&self, shard: u32) -> Option<Arc<Gate>> {
-        self.gates.get(&shard).cloned()
+        self.gates.get(&shard)?.current().cloned()
+    }
+
+    /// Whether `gate` is the one `shard` is admitted (or drained) under now, not a retired one.
+    pub(crate) fn is_current_gate(&self, shard: u32, gate: &Arc<Gate>) -> bool {
+        self.gates
+            .get(&shard)
+            .and_then(ShardGates::current)
+            .is_some_and(|g| Arc::ptr_eq(g, gate))
+    }
+
+    /// How many retired gates `shard` still keeps.
+    #[cfg(test)]
+    pub(crate) fn retired_gates(&self, shard: u32) -> usize {
+        self.gates.get(&shard).map_or(0, |g| g.retired().len())
     }
 
     pub(crate) fn drain_deadline(&self, shard: u32) -> Option<Deadline> {
@@ -394,9 +412,14 @@ impl Ownership {
     }
 
     /// Put admission and fences behind the cluster's HA term (once; later calls are ignored).
-    /// Nothing in flight on any shard this member holds: no permit and no live fence.
+    /// Nothing in flight on any shard this member holds: no permit and no live fence, under the current
+    /// gates or the retired ones still kept.
     pub(crate) fn idle(&self) -> bool {
-        self.snapshot().gates.values().all(|g| g.in_flight() == 0)
+        self.snapshot()
+            .gates
+            .values()
+            .flat_map(ShardGates::drain_set)
+            .all(|g| g.in_flight() == 0)
     }
 
     /// The failover epoch whose demotion this member acknowledges as drained (`kube-shard.io/ha-drained`
@@ -463,7 +486,7 @@ impl Ownership {
     pub(crate) fn install_static(&self, state: MemberState, valid: Duration) {
         let gates = state
             .shards()
-            .map(|(s, _)| (s, Arc::new(Gate::default())))
+            .map(|(s, _)| (s, ShardGates::open(Arc::new(Gate::default()))))
             .collect();
         let renewal = Some(self.inner.clock.now().plus(valid));
         self.inner.snapshot.store(Arc::new(Snapshot {
@@ -491,42 +514,40 @@ impl Ownership {
             self.update_gates(&mut snap, t, &mut drains);
             info!(shard = t.shard, from = ?t.from, to = ?t.to, admitted = ?t.admitted, "shard transition");
         }
+        let now = self.inner.clock.now().runtime;
+        snap.gates.retain(|_, gates| {
+            gates.prune(|g| settled(g, now));
+            !gates.is_empty()
+        });
         let snap = Arc::new(snap);
         self.inner.snapshot.store(snap.clone());
         subs.retain(|tx| applied.transitions.iter().all(|t| tx.send(*t).is_ok()));
         drop(subs);
         self.inner.changed.send_modify(|v| *v += 1);
-        for (shard, move_id, gate, deadline) in drains {
-            self.spawn_drain(shard, move_id, gate, deadline);
+        for drain in drains {
+            self.spawn_drain(drain);
         }
         applied
     }
 
-    fn update_gates(
-        &self,
-        snap: &mut Snapshot,
-        t: &ShardTransition,
-        drains: &mut Vec<(u32, u64, Arc<Gate>, Deadline)>,
-    ) {
-        match t.to {
-            Some(ShardState::Owned { .. }) => {
-                let reuse = matches!(t.from, Some(ShardState::Owned { .. }))
-                    && snap.gates.get(&t.shard).is_some_and(|g| !g.is_closed());
-                if !reuse {
-                    if let Some(old) = snap.gates.get(&t.shard) {
-                        old.close();
-                    }
-                    snap.gates.insert(t.shard, Arc::new(Gate::default()));
-                }
-                snap.drains.remove(&t.shard);
+    fn update_gates(&self, snap: &mut Snapshot, t: &ShardTransition, drains: &mut Vec<Drain>) {
+        let gates = snap.gates.entry(t.shard).or_default();
+        // a closed gate admits nothing again: an Owned shard whose gate was closed starts a new holding
+        let from = match t.from {
+            Some(ShardState::Owned { .. }) if gates.current().is_some_and(|g| g.is_closed()) => {
+                None
             }
+            from => from,
+        };
+        if let Some(retired) = gates.follow(from, t.to, || Arc::new(Gate::default())) {
+            retired.close();
+        }
+        match t.to {
             Some(ShardState::Outgoing { move_id, .. }) => {
-                let gate = snap
-                    .gates
-                    .entry(t.shard)
-                    .or_insert_with(|| Arc::new(Gate::default()))
-                    .clone();
-                gate.close();
+                let gates = gates.clone();
+                if let Some(current) = gates.current() {
+                    current.close();
+                }
                 let deadline = match snap.drains.get(&t.shard) {
                     Some(d) => *d,
                     None => {
@@ -535,50 +556,54 @@ impl Ownership {
                         d
                     }
                 };
-                drains.push((t.shard, move_id, gate, deadline));
+                drains.push(Drain {
+                    shard: t.shard,
+                    move_id,
+                    gates,
+                    deadline,
+                });
             }
             _ => {
-                if let Some(old) = snap.gates.remove(&t.shard) {
-                    old.close();
-                }
                 snap.drains.remove(&t.shard);
             }
         }
     }
 
-    /// Wait until the shard's gate drains, or until both the drain deadline and the latest `valid_until` of
-    /// the fences issued on the gate have passed; then release it.
+    /// Wait until every gate of the shard drains — the one it is drained under and every retired gate kept
+    /// (requests admitted under an earlier holding, before a re-grant or a cancel-back, may still be in
+    /// flight) — or until both the drain deadline and the latest `valid_until` of the fences issued on any
+    /// of them have passed; then release it.
     ///
     /// The second bound matters when a fence issued while Owned outlives the drain deadline
     /// (`drain_timeout < renew_deadline − fence_margin`, which `GroupConfig::validate` refuses): a fenced
-    /// request sent with it may still be in flight, and releasing would let the next owner act meanwhile
-    /// (review finding F4).
-    fn spawn_drain(&self, shard: u32, move_id: u64, gate: Arc<Gate>, deadline: Deadline) {
+    /// request sent with it may still be in flight, and releasing would let the next owner act meanwhile.
+    fn spawn_drain(&self, drain: Drain) {
+        let Drain {
+            shard,
+            move_id,
+            gates,
+            deadline,
+        } = drain;
+        let Some(gate) = gates.current().cloned() else {
+            return;
+        };
+        let all: Vec<Arc<Gate>> = gates.drain_set().cloned().collect();
+        if !gates.retired().is_empty() {
+            debug!(
+                shard,
+                move_id,
+                retired = gates.retired().len(),
+                "the drain also waits for requests admitted under retired gates of the shard"
+            );
+        }
         let this = self.clone();
         #[cfg(feature = "planted-bugs")]
         let planted_skip = super::planted::on(super::planted::Bug::SkipDrainWait);
         #[cfg(not(feature = "planted-bugs"))]
         let planted_skip = false;
         let fut = async move {
-            if planted_skip {
-                this.finish_drain(shard, move_id, &gate);
-                return;
-            }
-            let left = deadline.remaining(this.inner.clock.now());
-            if tokio::time::timeout(left, gate.drained()).await.is_err() {
-                if let Some(until) = gate.latest_valid_until() {
-                    if tokio::time::timeout_at(until, gate.drained()).await.is_ok() {
-                        debug!(
-                            shard,
-                            move_id,
-                            "drained after the drain deadline, before the last fence ended"
-                        );
-                    }
-                }
-                warn!(
-                    shard,
-                    move_id, "drain deadline passed: every fence for the shard has expired"
-                );
+            if !planted_skip {
+                wait_drained(&this.inner.clock, shard, move_id, &all, deadline).await;
             }
             this.finish_drain(shard, move_id, &gate);
         };
@@ -594,12 +619,7 @@ impl Ownership {
     }
 
     fn finish_drain(&self, shard: u32, move_id: u64, gate: &Arc<Gate>) {
-        let still = self
-            .inner
-            .snapshot()
-            .gate(shard)
-            .is_some_and(|g| Arc::ptr_eq(&g, gate));
-        if still {
+        if self.inner.snapshot().is_current_gate(shard, gate) {
             self.apply_event(Event::Drained { shard, move_id });
         }
     }
@@ -609,6 +629,59 @@ impl Ownership {
     pub fn requeue_delay(&self) -> Duration {
         super::jitter(self.inner.config.not_admitted_requeue)
     }
+}
+
+/// A drain to start once the snapshot is published: the shard's gates as the drain found them.
+struct Drain {
+    shard: u32,
+    move_id: u64,
+    gates: ShardGates<Arc<Gate>>,
+    deadline: Deadline,
+}
+
+/// Wait until nothing is in flight on any of `gates`, or until both `deadline` and the latest
+/// `valid_until` of the fences issued on them have passed.
+async fn wait_drained(
+    clock: &Clock,
+    shard: u32,
+    move_id: u64,
+    gates: &[Arc<Gate>],
+    deadline: Deadline,
+) {
+    let left = deadline.remaining(clock.now());
+    if tokio::time::timeout(left, all_drained(gates)).await.is_ok() {
+        return;
+    }
+    if let Some(until) = gates.iter().filter_map(|g| g.latest_valid_until()).max() {
+        if tokio::time::timeout_at(until, all_drained(gates))
+            .await
+            .is_ok()
+        {
+            debug!(
+                shard,
+                move_id, "drained after the drain deadline, before the last fence ended"
+            );
+            return;
+        }
+    }
+    warn!(
+        shard,
+        move_id, "drain deadline passed: every fence for the shard has expired"
+    );
+}
+
+/// Close every gate and wait until nothing is in flight on any. Zero is final on a closed gate: only a
+/// live permit or fence enters it again.
+async fn all_drained(gates: &[Arc<Gate>]) {
+    for g in gates {
+        g.drained().await;
+    }
+}
+
+/// A retired gate that can hold no drain back: nothing in flight on it, and its last fence's validity
+/// (if it issued any) passed.
+fn settled(gate: &Gate, now: tokio::time::Instant) -> bool {
+    gate.in_flight() == 0 && gate.latest_valid_until().is_none_or(|u| u <= now)
 }
 
 /// The stream of [`ShardTransition`]s from [`Ownership::transitions`].

@@ -251,6 +251,182 @@ async fn drain_releases_at_the_deadline_and_old_fences_are_dead() {
     assert!(matches!(permit.fence(), Err(FenceError::NotHeld { .. })));
 }
 
+// === drains across holdings: a re-grant or a cancel-back retires the shard's gate ===
+
+/// Renew 2 s, margin 0.2 s, drain 2 s: a fence lasts 1.8 s, within the drain.
+fn regrant_config() -> OwnershipConfig {
+    OwnershipConfig {
+        renew_deadline: Duration::from_secs(2),
+        fence_margin: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(2),
+        ..OwnershipConfig::default()
+    }
+}
+
+/// A member owning shard 0 at epoch 10 (generation 10) under [`regrant_config`], renewed now.
+fn owning_at_epoch_10() -> (Ownership, TestDriver) {
+    let (clock, _) = manual_clock();
+    let (own, drv) = testing::driver_with_clock(regrant_config(), me(), clock);
+    drv.renew();
+    drv.apply(&owned_view(10, 10));
+    drv.activate(0, 10);
+    (own, drv)
+}
+
+/// Shard 0 owned by `me` at `epoch`, Stable, in generation `generation`.
+fn owned_view(generation: u64, epoch: u64) -> AssignmentView {
+    AssignmentView::new(generation).with(0, ShardAssignment::owned(me(), epoch))
+}
+
+/// Shard 0 owned by `me` at `epoch`, Draining under move `id` to `to`, in generation `generation`.
+fn draining_to(generation: u64, epoch: u64, id: MoveId, to: &str) -> AssignmentView {
+    AssignmentView::new(generation).with(
+        0,
+        ShardAssignment::owned(me(), epoch).with_handoff(Handoff::Draining {
+            id,
+            to: MemberId::new(to, "1"),
+        }),
+    )
+}
+
+/// A fenced request admitted under one holding (epoch 10) is still in flight when the shard is re-granted
+/// (epoch 20) and moved away again: the second drain must wait for it, although it was admitted under a
+/// gate that the re-grant retired.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_requests_admitted_under_a_retired_gate() {
+    let (own, drv) = owning_at_epoch_10();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap(); // stands in for a fenced write in flight
+    drop(permit);
+    drv.apply(&draining_to(11, 10, 1, "b"));
+    drv.apply(&owned_view(20, 20)); // re-granted at epoch 20 while the first drain waits
+    drv.apply(&draining_to(21, 20, 2, "c"));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    settle_tasks().await;
+    assert!(
+        matches!(
+            own.shard_state(0),
+            Some(ShardState::Outgoing {
+                epoch: 20,
+                move_id: 2
+            })
+        ),
+        "released under move 2 while a fence of epoch 10 lives: {:?}",
+        own.shard_state(0)
+    );
+    assert!(
+        own.snapshot().state().acks().is_empty(),
+        "no released ack yet"
+    );
+    drop(fence); // the request admitted under epoch 10 ends
+    settle_tasks().await;
+    assert_eq!(own.shard_state(0), None);
+    assert_eq!(
+        own.snapshot().state().acks(),
+        vec![Ack::Released {
+            shard: 0,
+            move_id: 2
+        }]
+    );
+}
+
+/// With nothing in flight, a retired gate holds nothing back: the second drain releases at once.
+#[tokio::test(start_paused = true)]
+async fn a_retired_gate_with_nothing_in_flight_does_not_delay_a_drain() {
+    let (own, drv) = owning_at_epoch_10();
+    drv.apply(&draining_to(11, 10, 1, "b"));
+    drv.apply(&owned_view(20, 20));
+    drv.apply(&draining_to(21, 20, 2, "c"));
+    settle_tasks().await;
+    assert_eq!(own.shard_state(0), None);
+}
+
+/// A retired gate whose fence never ends on the client (a leaked fence) holds a later drain only until
+/// that fence's validity has passed, as a drain of its own gate would.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_a_retired_gate_only_until_its_fences_expire() {
+    let (own, drv) = owning_at_epoch_10();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    drop(permit);
+    drv.apply(&draining_to(11, 10, 1, "b"));
+    drv.apply(&owned_view(20, 20));
+    drv.apply(&draining_to(21, 20, 2, "c"));
+    tokio::time::advance(Duration::from_millis(1_790)).await;
+    settle_tasks().await;
+    assert!(matches!(
+        own.shard_state(0),
+        Some(ShardState::Outgoing { .. })
+    ));
+    // the drain deadline (2 s) and the fence's validity (1.8 s) both passed
+    tokio::time::advance(Duration::from_millis(300)).await;
+    settle_tasks().await;
+    assert_eq!(own.shard_state(0), None);
+    drop(fence);
+}
+
+/// After a cancel-back at the same epoch the shard is admitted under a new gate; a permit admitted before
+/// the drain began belongs to the old one and can no longer mint fences, nor can its fences pass a check.
+#[tokio::test(start_paused = true)]
+async fn an_old_permit_mints_no_fence_after_a_cancel_back() {
+    let (own, drv) = owning_at_epoch_10();
+    let permit = own.admit_shard(0).unwrap();
+    let early = permit.fence().unwrap();
+    drv.apply(&draining_to(11, 10, 1, "b"));
+    assert!(
+        permit.fence().is_ok(),
+        "still Outgoing at its epoch: fences until the deadline"
+    );
+    drv.apply(&owned_view(12, 10)); // cancel-back: Owned at epoch 10 again, on a new gate
+    assert_eq!(own.shard_state(0), Some(ShardState::Owned { epoch: 10 }));
+    assert_eq!(
+        permit.fence().map(|f| f.token()),
+        Err(FenceError::NotHeld {
+            shard: 0,
+            epoch: 10
+        })
+    );
+    assert_eq!(
+        early.check(),
+        Err(FenceError::NotHeld {
+            shard: 0,
+            epoch: 10
+        })
+    );
+    // a permit admitted now fences as usual
+    let fresh = own.admit_shard(0).unwrap();
+    assert!(fresh.fence().is_ok());
+}
+
+/// A retired gate is kept only while it can hold a drain back: once nothing is in flight on it and its
+/// last fence's validity has passed, the next step forgets it.
+#[tokio::test(start_paused = true)]
+async fn a_retired_gate_is_forgotten_once_nothing_is_in_flight_and_its_fences_expired() {
+    let (own, drv) = owning_at_epoch_10();
+    let permit = own.admit_shard(0).unwrap();
+    let fence = permit.fence().unwrap();
+    drv.apply(&draining_to(11, 10, 1, "b"));
+    drv.apply(&owned_view(20, 20));
+    assert_eq!(own.snapshot().retired_gates(0), 1);
+    drop((fence, permit));
+    drv.renew();
+    assert_eq!(
+        own.snapshot().retired_gates(0),
+        1,
+        "its fence is still valid"
+    );
+    tokio::time::advance(Duration::from_millis(1_800)).await;
+    drv.renew();
+    drv.activate(0, 20);
+    assert_eq!(own.snapshot().retired_gates(0), 0);
+}
+
+async fn settle_tasks() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// The gate itself: once a drain has seen zero in flight, no entry ever succeeds (real threads).
 #[test]
 fn gate_never_admits_after_a_drain_saw_zero() {

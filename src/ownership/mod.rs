@@ -9,8 +9,8 @@
 //!   [`Transitions`] stream (re-enqueue signals).
 //! - `readers`: the member's registered read streams; a shard is warm (activated) only once every one of
 //!   them synced it (passed its activation barrier).
-//! - [`admission`]: [`Permit`]s, in-flight counts, drains. [`fence`]: [`Fence`]s checked on both
-//!   [`clock`]s.
+//! - [`admission`]: [`Permit`]s, in-flight counts, drains; `gates`: a shard's gates across holdings
+//!   (a drain waits for every one still in flight). [`fence`]: [`Fence`]s checked on both [`clock`]s.
 //! - [`reconcile`]: the wrapper for `Controller::run`. [`fenced_write`]: uid/resourceVersion-preconditioned,
 //!   fence-stamped writes. [`static_mode`]: member *i* of *n*, no membership.
 //!
@@ -21,6 +21,11 @@ pub mod admission;
 pub mod clock;
 pub mod fence;
 pub mod fenced_write;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod gates;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod gates;
 pub mod handle;
 pub mod observe;
 #[cfg(feature = "planted-bugs")]

@@ -1,5 +1,6 @@
-//! Planted bugs (feature `planted-bugs`, never on by default): switches the fault simulator (`chaos/`) turns
-//! on, one at a time, to show that its oracle catches each bug. Every switch is per thread (a simulated
+//! Planted bugs (feature `planted-bugs`, never on by default): switches the fault simulator (`chaos/`) and
+//! the handoff model (`tests/it/model_handoff.rs`) turn on, one at a time, to show that their oracles catch
+//! each bug. Every switch is per thread (a simulated
 //! seed runs on one thread), and off until [`set`] turns it on.
 
 use std::cell::Cell;
@@ -15,15 +16,19 @@ pub enum Bug {
     UnobservedIsGone,
     /// A member follows an assignment whose epoch for a shard is lower than the one it holds.
     AcceptLowerEpoch,
+    /// A shard forgets the gate a re-grant, cancel-back or release retires: a later drain waits only for
+    /// the current gate, not for requests still in flight under the retired one.
+    ForgetRetiredGates,
 }
 
 impl Bug {
     /// Every bug, with its name (`--plant NAME`).
-    pub const ALL: [(&'static str, Bug); 4] = [
+    pub const ALL: [(&'static str, Bug); 5] = [
         ("skip-drain-wait", Bug::SkipDrainWait),
         ("skip-activation-barrier", Bug::SkipActivationBarrier),
         ("unobserved-is-gone", Bug::UnobservedIsGone),
         ("accept-lower-epoch", Bug::AcceptLowerEpoch),
+        ("forget-retired-gates", Bug::ForgetRetiredGates),
     ];
 
     fn bit(self) -> u8 {

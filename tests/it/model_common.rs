@@ -63,6 +63,59 @@ where
     unique
 }
 
+/// Breadth-first search on the calling thread (stateright's checker runs on its own threads, where a
+/// per-thread planted bug is off) for the shallowest state that breaks an `always` property. Returns the
+/// property's name and the path to it.
+#[cfg(feature = "planted-bugs")]
+pub fn first_violation<M>(
+    model: &M,
+    canon: fn(&M::State) -> M::State,
+) -> Option<(&'static str, Vec<M::Action>)>
+where
+    M: Model,
+    M::State: Hash + Clone,
+    M::Action: Clone,
+{
+    let fp = |s: &M::State| {
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    let always: Vec<_> = model
+        .properties()
+        .into_iter()
+        .filter(|p| matches!(p.expectation, stateright::Expectation::Always))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut queue: VecDeque<(M::State, Vec<M::Action>)> = VecDeque::new();
+    for s in model.init_states() {
+        let s = canon(&s);
+        if seen.insert(fp(&s)) {
+            queue.push_back((s, Vec::new()));
+        }
+    }
+    let mut actions = Vec::new();
+    while let Some((st, path)) = queue.pop_front() {
+        if let Some(p) = always.iter().find(|p| !(p.condition)(model, &st)) {
+            return Some((p.name, path));
+        }
+        actions.clear();
+        model.actions(&st, &mut actions);
+        for a in actions.drain(..) {
+            let Some(next) = model.next_state(&st, a.clone()) else {
+                continue;
+            };
+            let next = canon(&next);
+            if seen.insert(fp(&next)) {
+                let mut p = path.clone();
+                p.push(a);
+                queue.push_back((next, p));
+            }
+        }
+    }
+    None
+}
+
 /// The outcome of [`check_liveness`].
 #[derive(Debug)]
 pub struct Liveness<S, A> {

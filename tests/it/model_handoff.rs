@@ -9,13 +9,16 @@
 //! (a lease's acks are facts that only accumulate: any stale read sees a subset), the activation barrier,
 //! cancel from Moving and from Draining, delayed and stale views (a member applies the current assignment or
 //! the one before it, any time later; older ones are ignored by generation), fenced writes on shard 0 with
-//! resourceVersion preconditions whose commits are delayed past the client's timeout, and object events on
+//! resourceVersion preconditions whose commits are delayed past the client's timeout, gate identity (a write
+//! belongs to the gate it was admitted under; a re-grant, cancel-back or release retires that gate, and a
+//! drain waits for the gates the library's [`ShardGates`] keeps for the shard), and object events on
 //! shard 0 arriving at any time. Symmetry: swapping the two members (both initial placements are initial
 //! states). Counterexample paths are printed on symmetry representatives, so member labels may swap between
 //! steps.
 //!
-//! Checked: at most one member can fence a shard at any time; fence epochs per shard never decrease; commits
-//! land in fence order; from every reachable state, once faults (new moves, cancels, new work, new writes,
+//! Checked: at most one member can fence a shard at any time; no member can fence a shard while another
+//! member's fenced request on it is in flight; fence epochs per shard never decrease; commits land in fence
+//! order; from every reachable state, once faults (new moves, cancels, new work, new writes,
 //! timeouts) stop, a path leads to every shard Owned by exactly one member with no work lost.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,12 +28,15 @@ use kube_shard::group::assignment::Assignment;
 use kube_shard::group::coordinator::{self, Observed, StepInput};
 use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::{
+    gates::ShardGates,
     state::{Event, Input},
     Ack, AssignmentView, Handoff, MemberId, MemberState, ShardAssignment, ShardState,
 };
 use kube_shard::{ShardCount, ShardKey};
 use stateright::{Model, Property};
 
+#[cfg(feature = "planted-bugs")]
+use crate::model_common::first_violation;
 use crate::model_common::{check_liveness, check_safety, deep, representative};
 
 const S: usize = 2;
@@ -61,7 +67,13 @@ struct Mem {
     /// Acks published in the member's lease: facts that only accumulate.
     published: BTreeSet<Ack>,
     queued: [bool; S],
+    /// Per shard, the gates the library keeps (current and retired), numbered canonically by
+    /// [`normalize`]: their order in the drain set.
+    gates: [ShardGates<u8>; S],
 }
+
+/// The gate of a write whose gate the shard no longer keeps (or a write no longer in flight).
+const NO_GATE: u8 = u8::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Write {
@@ -71,6 +83,8 @@ struct Write {
     rv: u8,
     /// The client still waits for it (a drain waits for it); `false`: timed out, the server may still commit.
     waiting: bool,
+    /// The gate it was admitted under, in its member's numbering for the shard (while waiting).
+    gate: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -182,6 +196,9 @@ impl Handoff2 {
             if t.is_reenqueue() {
                 mem.queued[t.shard as usize] = true;
             }
+            let gates = &mut mem.gates[t.shard as usize];
+            let fresh = gates.drain_set().max().map_or(0, |g| g + 1);
+            gates.follow(t.from, t.to, || fresh);
         }
         // acks are published with the next renewal; a delay is the coordinator not acting yet
         let acks = mem.st.acks();
@@ -202,6 +219,7 @@ impl Model for Handoff2 {
                     st,
                     published: BTreeSet::new(),
                     queued: [false; S],
+                    gates: std::array::from_fn(|_| ShardGates::default()),
                 }
             })
             .collect();
@@ -256,12 +274,7 @@ impl Model for Handoff2 {
                 match mem.st.shard(u32::from(s)) {
                     Some(ShardState::Incoming { warm: false, .. }) => out.push(Act::Warm(m, s)),
                     Some(ShardState::Activating { .. }) => out.push(Act::Activate(m, s)),
-                    Some(ShardState::Outgoing { .. })
-                        if !st
-                            .writes
-                            .iter()
-                            .any(|w| w.member == m && w.shard == s && w.waiting) =>
-                    {
+                    Some(ShardState::Outgoing { .. }) if drained(st, m, s) => {
                         out.push(Act::Drain(m, s))
                     }
                     _ => {}
@@ -438,6 +451,7 @@ impl Model for Handoff2 {
             }
             Act::StartWrite(m, s) => {
                 let epoch = fenceable(&st.members[m as usize].st, s)?;
+                let gate = *st.members[m as usize].gates[s as usize].current()?;
                 if epoch < st.max_fence[s as usize] {
                     st.violation = Some("fence epoch decreased");
                 }
@@ -448,8 +462,8 @@ impl Model for Handoff2 {
                     epoch,
                     rv: st.obj_rv[s as usize],
                     waiting: true,
+                    gate,
                 });
-                st.writes.sort();
             }
             Act::TimeOut(i) => st.writes[i].waiting = false,
             Act::Commit(i) => {
@@ -488,6 +502,7 @@ impl Model for Handoff2 {
                 }
             }
         }
+        normalize(&mut st);
         Some(st)
     }
 
@@ -502,6 +517,10 @@ impl Model for Handoff2 {
                         <= 1
                 })
             }),
+            Property::always(
+                "no member fences while another member's fenced request is in flight",
+                |_, st: &St| (0..S as u8).all(|s| in_flight_or_fenceable(st, s) <= 1),
+            ),
             Property::always(
                 "fence epochs only increase and commits follow them",
                 |_, st: &St| st.violation.is_none(),
@@ -526,6 +545,58 @@ impl Model for Handoff2 {
             }),
         ]
     }
+}
+
+/// The members that can fence shard `s` or have a fenced request on it in flight.
+fn in_flight_or_fenceable(st: &St, s: u8) -> usize {
+    (0..st.members.len() as u8)
+        .filter(|&m| {
+            fenceable(&st.members[m as usize].st, s).is_some()
+                || st
+                    .writes
+                    .iter()
+                    .any(|w| w.member == m && w.shard == s && w.waiting)
+        })
+        .count()
+}
+
+/// The library's drain guard: member `m` may release shard `s` once no fenced request is in flight on any
+/// gate its [`ShardGates`] keeps for `s` (the one it drains and every retired one).
+fn drained(st: &St, m: u8, s: u8) -> bool {
+    let gates = &st.members[m as usize].gates[s as usize];
+    !st.writes.iter().any(|w| {
+        w.member == m && w.shard == s && w.waiting && gates.drain_set().any(|g| *g == w.gate)
+    })
+}
+
+/// Forget the retired gates with no request in flight (the library forgets them once nothing is in flight
+/// and their fences expired: a write that timed out did so with its fence), and renumber every member's
+/// gates by their order in the drain set, so that equal situations are equal states.
+fn normalize(st: &mut St) {
+    for (m, mem) in st.members.iter_mut().enumerate() {
+        for (s, gates) in mem.gates.iter_mut().enumerate() {
+            let in_flight = |g: &u8| {
+                st.writes.iter().any(|w| {
+                    w.member as usize == m && w.shard as usize == s && w.waiting && w.gate == *g
+                })
+            };
+            gates.prune(|g| !in_flight(g));
+            let order: Vec<u8> = gates.drain_set().copied().collect();
+            let number = |g: &u8| {
+                order
+                    .iter()
+                    .position(|x| x == g)
+                    .map_or(NO_GATE, |i| i as u8)
+            };
+            for w in &mut st.writes {
+                if w.member as usize == m && w.shard as usize == s {
+                    w.gate = if w.waiting { number(&w.gate) } else { NO_GATE };
+                }
+            }
+            *gates = gates.map(number);
+        }
+    }
+    st.writes.sort();
 }
 
 impl Handoff2 {
@@ -679,6 +750,7 @@ fn swapped(st: &St) -> St {
             st: m.st.relabeled(pid, ps),
             published: m.published.iter().map(ack).collect(),
             queued: m.queued,
+            gates: m.gates.clone(),
         })
         .collect();
     members.swap(0, 1);
@@ -734,7 +806,7 @@ fn model(rule: CancelRule) -> Handoff2 {
 
 #[test]
 fn handoff_model_safety() {
-    // default run: 1 457 104 unique states (stateright's count): the floor catches a shrinking model
+    // default run: 1 457 344 unique states (stateright's count): the floor catches a shrinking model
     let floor = 1_300_000;
     check_safety("handoff", model(CancelRule::NewEpoch), canon, floor);
 }
@@ -749,7 +821,7 @@ fn handoff_model_liveness_and_no_lost_work() {
         start.elapsed()
     );
     assert!(
-        live.states >= 650_000, // default run: 728 552 states after symmetry reduction
+        live.states >= 650_000, // default run: 728 672 states after symmetry reduction
         "the model shrank: {} states",
         live.states
     );
@@ -783,4 +855,35 @@ fn regression_cancel_racing_release_loses_the_shard() {
         .members
         .iter()
         .any(|m| m.st.released(0).is_some() || m.st.released(1).is_some()));
+}
+
+/// The library's drain guard with the old forgetting planted back (`forget-retired-gates`: a re-grant drops
+/// the shard's gate with the requests in flight under it): a re-granted source drains only its new gate,
+/// releases while its write of the old holding waits, and the target fences. Runs with
+/// `--features planted-bugs` (the switch is per thread, so the search runs on the test thread).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_forget_retired_gates_is_caught() {
+    use kube_shard::ownership::planted::{set, Bug};
+    let small = Handoff2 {
+        n: 2,
+        write_shards: 1,
+        work_shards: 0,
+        max_moves: 2,
+        max_rv: 1,
+        rule: CancelRule::NewEpoch,
+    };
+    assert!(
+        first_violation(&small, canon).is_none(),
+        "fails without the bug"
+    );
+    set(Bug::ForgetRetiredGates, true);
+    let found = first_violation(&small, canon);
+    set(Bug::ForgetRetiredGates, false);
+    let (name, path) = found.expect("the planted bug must be caught");
+    eprintln!("[handoff] counterexample (retired gates forgotten): {name}: {path:?}");
+    assert_eq!(
+        name,
+        "no member fences while another member's fenced request is in flight"
+    );
 }
