@@ -91,6 +91,9 @@ fn main() {
             }
         }
     }
+    if kinds.is_empty() {
+        kinds = kube_shard_chaos::fault::default_kinds().to_vec();
+    }
     let opts = Options {
         kinds: Vec::leak(kinds),
         max_faults: args.max_faults as usize,

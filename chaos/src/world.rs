@@ -109,6 +109,9 @@ pub struct World {
     /// An assignment no member decodes was written (nothing moves until the heal deletes it): the faults
     /// that judge liveness while they last do not judge.
     pub undecodable: bool,
+    /// Fence-parameter keys an admin set far ahead and has not corrected yet: (shard, value set, value
+    /// before). The heal puts each back if it still holds the value set.
+    pub skewed_keys: Vec<(u32, u64, u64)>,
     /// The members keep the per-shard fence parameters ([`FENCE_PARAMS`]) and the policy refuses writes
     /// below them ([`World::fence_policy_on`]).
     pub fence_params: bool,
@@ -154,6 +157,7 @@ impl World {
             hook_rng: Arc::new(Mutex::new((seed ^ 0xA5A5, Default::default()))),
             findings: Vec::new(),
             undecodable: false,
+            skewed_keys: Vec::new(),
             fence_params: false,
             next_name: 0,
         }

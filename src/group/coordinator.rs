@@ -298,22 +298,30 @@ fn stale_floor(input: &StepInput<'_>) -> u64 {
         .iter()
         .filter(|m| m.live())
         .filter_map(|m| m.report.as_ref())
-        .filter(|r| !r.stale.is_empty() && reachable(cur, r.seen_generation))
+        .filter(|r| !r.stale.is_empty() && reachable(cur, r.seen_generation, input.now_ms))
         .map(|r| r.seen_generation)
         .fold(cur, u64::max)
 }
 
-/// The generation one step writes above `floor`: capped at `cur + MAX_GENERATION_STEP` overall.
-fn step_generation(cur: u64, floor: u64, now_ms: u64) -> u64 {
-    let cap = cur.saturating_add(MAX_GENERATION_STEP);
-    Assignment::next_generation(floor, now_ms)
-        .min(cap)
+/// The highest generation a step from `cur` may write: at most [`MAX_GENERATION_STEP`] above `cur` *and*
+/// above the wall clock — a member that just started accepts no more than its clock plus that step, so
+/// steps that each stayed within a day of the last must not add up to more — and never below `cur + 1`.
+pub(crate) fn generation_cap(cur: u64, now_ms: u64) -> u64 {
+    cur.saturating_add(MAX_GENERATION_STEP)
+        .min(now_ms.saturating_add(MAX_GENERATION_STEP))
         .max(cur.saturating_add(1))
 }
 
-/// A generation one step above `cur` can still exceed.
-pub(crate) fn reachable(cur: u64, seen: u64) -> bool {
-    seen < cur.saturating_add(MAX_GENERATION_STEP)
+/// The generation one step writes above `floor`, within [`generation_cap`].
+fn step_generation(cur: u64, floor: u64, now_ms: u64) -> u64 {
+    Assignment::next_generation(floor, now_ms)
+        .min(generation_cap(cur, now_ms))
+        .max(cur.saturating_add(1))
+}
+
+/// A generation one step from `cur` can still exceed (see [`generation_cap`]).
+pub(crate) fn reachable(cur: u64, seen: u64, now_ms: u64) -> bool {
+    seen < generation_cap(cur, now_ms)
 }
 
 /// Who holds a shard against its entry: members that report it `kept` (they hold it at an epoch at or

@@ -112,6 +112,14 @@ impl Runtime {
             return;
         }
         let absent = self.assignment_missing || self.assignment_cm.is_none();
+        // re-created from a last view older than a generation a member reports: a rollback like a
+        // restored backup, handled the same way (members keep what they hold; nothing planned until
+        // every live member applied the re-creation)
+        let lagging = absent
+            && self
+                .assignment
+                .as_ref()
+                .is_some_and(|l| l.view.generation < self.reported_generation(now));
         let current = match (&self.assignment, absent) {
             (Some(a), false) => a.clone(),
             (last, true) => {
@@ -152,7 +160,7 @@ impl Runtime {
         }
         let settled = now.duration_since(self.last_membership_change) >= self.cfg.settle;
         let enough = self.cfg.expected_replicas.is_some_and(|n| live >= n);
-        let rebuilding = self.rebuild_holds(&members, now);
+        let rebuilding = self.rebuild_holds(&members, now) || lagging;
         let ready_to_plan = (has_owners || settled || enough) && !blind && !rebuilding;
         // takeover budget: at most max(1, ceil(N/2) - 1) per lease period
         while self
@@ -220,7 +228,7 @@ impl Runtime {
         let rewrite = absent || self.stored_behind.is_some();
         if let Some(next) = out.assignment.or_else(|| rewrite.then_some(current)) {
             let generation = next.view.generation;
-            if self.write_assignment(next).await && blind {
+            if self.write_assignment(next).await && (blind || lagging) {
                 self.rebuild = Some(Rebuild {
                     generation,
                     all_applied_at: None,
@@ -477,30 +485,23 @@ impl Runtime {
     /// generation any member reports. Owners come from our last good view, or else from what the members
     /// publish as admitted — never from the planner, which would take shards from members that hold them.
     /// Without an epoch per shard in the reports, a rebuilt owner is re-granted at the new generation.
-    fn recreated(&mut self, last: Option<&Assignment>, now: Instant) -> Assignment {
+    fn recreated(&self, last: Option<&Assignment>, now: Instant) -> Assignment {
         let reported = self.reported_generation(now);
         let mut fresh = Assignment::empty(self.cfg.shards, self.cfg.key);
         let above = reported.max(self.seen_generation);
         // one generation never carries two contents: a re-creation is always a new generation
         let gen = Assignment::next_generation(above, self.clock().wall_ms());
         fresh.view.generation = gen;
-        // our last good view, only if it is at least every generation reported: a lagging one would name
-        // owners that have moved on since
-        if let Some(last) = last.filter(|l| l.view.generation >= reported) {
-            // keep who owns what: members hold it already
+        // our last good view: members hold what it names. One older than a generation a member reports
+        // names owners that may have moved on since — a rollback, which `coordinate` treats as one (the
+        // members keep what they hold at higher epochs, and nothing is planned until they all applied it)
+        if let Some(last) = last {
             fresh.view.shards = last.view.shards.clone();
             fresh.next_move_id = last.next_move_id;
             fresh.pins = last.pins.clone();
             fresh.paused = last.paused;
             fresh.drained = last.drained.clone();
             return fresh;
-        }
-        if last.is_some() {
-            warn!(
-                reported,
-                "re-creating the assignment: our last view is older than a generation a member reports; rebuilding from what the members hold"
-            );
-            self.assignment = None;
         }
         // above every generation reported, so every member applies it and drops what it does not name
         for m in self.members(now).iter().filter(|m| !m.gone) {

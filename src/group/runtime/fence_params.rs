@@ -87,6 +87,7 @@ pub(super) fn mark_overshoot(
     current: &AssignmentView,
     floors: &BTreeMap<u32, u64>,
     members: &mut [Observed],
+    now_ms: u64,
 ) -> (Vec<u32>, Vec<(u32, u64)>) {
     let mut marked = Vec::new();
     let mut out_of_reach = Vec::new();
@@ -97,7 +98,7 @@ pub(super) fn mark_overshoot(
         if floor <= a.epoch || a.handoff != Handoff::Stable {
             continue;
         }
-        if !crate::group::coordinator::reachable(current.generation, floor) {
+        if !crate::group::coordinator::reachable(current.generation, floor, now_ms) {
             out_of_reach.push((*shard, floor));
             continue;
         }
@@ -186,7 +187,9 @@ impl Runtime {
                 Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
         }
-        let (marked, out_of_reach) = mark_overshoot(current, &self.fence_floors.by_shard, members);
+        let now_ms = self.clock().wall_ms();
+        let (marked, out_of_reach) =
+            mark_overshoot(current, &self.fence_floors.by_shard, members, now_ms);
         if !marked.is_empty() {
             warn!(
                 shards = ?marked,
@@ -196,7 +199,7 @@ impl Runtime {
         for (shard, key) in out_of_reach {
             if self.fence_floors.alarmed.insert((shard, key)) {
                 let text = format!(
-                    "fence parameter key \"{shard}\" = {key} in ConfigMap {name} is more than a day above the assignment's generation {}: no re-grant can reach it, so the owner's fenced writes to shard {shard} are refused until the key is corrected (keys never decrease on their own; an edit or a copy from another group put it there)",
+                    "fence parameter key \"{shard}\" = {key} in ConfigMap {name} is more than a day above the assignment's generation {} or the wall clock: no re-grant can reach it, so the owner's fenced writes to shard {shard} are refused until the key is corrected (keys never decrease on their own; an edit or a copy from another group put it there)",
                     current.generation
                 );
                 error!(shard, key, "ALARM: {text}");
@@ -287,7 +290,10 @@ mod tests {
             .with(3, ShardAssignment::owned(n, 10)); // n is not live
         let floors: BTreeMap<u32, u64> = [(0, 20), (1, 20), (2, 20), (3, 20)].into();
         let mut members = vec![observed("m", true), observed("n", false)];
-        assert_eq!(mark_overshoot(&current, &floors, &mut members).0, vec![0]);
+        assert_eq!(
+            mark_overshoot(&current, &floors, &mut members, 0).0,
+            vec![0]
+        );
         let r = members[0].report.as_ref().unwrap();
         assert!(r.stale.contains(0) && !r.stale.contains(1));
         assert_eq!((r.applied_generation, r.seen_generation), (10, 20));
