@@ -682,8 +682,8 @@ async fn fence_key_skew(w: &mut World, shard: u32, hours: u64) {
     if r.is_err() {
         return;
     }
-    // three lease periods, up to six when the group is busy with other faults (a coordinator change)
-    for _ in 0..6 {
+    // three lease periods, up to ten when the group is busy with other faults (a coordinator change)
+    for _ in 0..10 {
         tokio::time::sleep(crate::world::LEASE).await;
         if epoch_now(admin.clone()).await >= value || out_of_reach_alarmed(w, shard, value).await {
             break;
@@ -713,6 +713,18 @@ async fn fence_key_skew(w: &mut World, shard: u32, hours: u64) {
         w.note(format!(
             "fence key {shard}: re-granted at {epoch}, above the key"
         ));
+        return;
+    }
+    let coordinated = w
+        .live()
+        .into_iter()
+        .any(|i| w.members[i].handle.status().coordinator);
+    if !coordinated && !out_of_reach_alarmed(w, shard, value).await {
+        // other faults left the group without a coordinator meanwhile: nobody could read the key
+        w.note(format!(
+            "fence key {shard}: no coordinator to judge it; the heal puts it back"
+        ));
+        w.skewed_keys.push((shard, value, epoch.max(key)));
         return;
     }
     if !out_of_reach_alarmed(w, shard, value).await {
