@@ -289,8 +289,9 @@ impl Pass {
 /// The generation to write above: the current one, or, when a live owner reports a shard named to it at
 /// an epoch it is past, that owner's highest seen generation — its held epoch is at most that, and the
 /// re-grant must be above it. Never more than [`MAX_GENERATION_STEP`] above the current generation
-/// (members refuse more, F13): a report whose seen generation the step cannot pass is not followed
-/// ([`reachable`]), so one hostile report cannot push generations out of reach.
+/// (members refuse a generation further than that above what they accepted): a report whose seen
+/// generation the step cannot pass is not followed ([`reachable`]), so one hostile report cannot push
+/// generations out of reach.
 fn stale_floor(input: &StepInput<'_>) -> u64 {
     let cur = input.current.view.generation;
     input
