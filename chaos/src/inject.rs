@@ -494,24 +494,7 @@ async fn applied_by_live(w: &World, stored: u64) -> Option<(String, u64)> {
         .await
         .ok()?;
     let now = i64::try_from(w.wall_ms()).unwrap_or(i64::MAX);
-    let live: Vec<(String, kube_shard::group::report::MemberReport)> = list
-        .items
-        .into_iter()
-        .filter_map(|l| {
-            let spec = l.spec.clone().unwrap_or_default();
-            let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
-            let renewed = spec
-                .renew_time
-                .is_some_and(|t| now - t.0.as_millisecond() <= duration_ms);
-            let report = l
-                .metadata
-                .annotations
-                .as_ref()?
-                .get(kube_shard::group::report::REPORT)
-                .and_then(|t| kube_shard::group::report::MemberReport::decode(t, shards()).ok())?;
-            renewed.then(|| (l.metadata.name.unwrap_or_default(), report))
-        })
-        .collect();
+    let live = kube_shard::group::report::live_reports(&list.items, now, shards());
     kube_shard::group::report::applied_above(
         stored,
         live.iter().map(|(n, r)| (n.as_str(), r)),
@@ -812,10 +795,16 @@ pub async fn heal(w: &World) {
     for &(shard, set, before) in w.skewed_keys.iter().rev() {
         if read_key(&cms, shard).await == Some(set) {
             let patch = serde_json::json!({"data": {shard.to_string(): before.to_string()}});
-            let _ = cms
+            let r = cms
                 .patch(FENCE_PARAMS, &PatchParams::default(), &Patch::Merge(&patch))
                 .await;
-            w.note(format!("heal: fence key {shard} back to {before}"));
+            w.note(format!(
+                "heal: fence key {shard} back to {before}: {}",
+                match r {
+                    Ok(_) => "written".to_owned(),
+                    Err(e) => format!("not written ({e})"),
+                }
+            ));
         }
     }
     w.note("heal");

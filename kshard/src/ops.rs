@@ -664,27 +664,7 @@ async fn refuse_rolled_back(
         .await
         .map_err(|e| CliError::failed(format!("listing the group's Leases: {e}")))?;
     let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    let mut live: Vec<(String, MemberReport)> = Vec::new();
-    for l in list.items {
-        let labels = l.metadata.labels.clone().unwrap_or_default();
-        if labels.get(ROLE_LABEL).is_none_or(|r| r != "member") {
-            continue;
-        }
-        let spec = l.spec.clone().unwrap_or_default();
-        let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
-        let renewed = spec
-            .renew_time
-            .is_some_and(|t| now - t.0.as_millisecond() <= duration_ms);
-        let report = l
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REPORT))
-            .and_then(|t| MemberReport::decode(t, s).ok());
-        if let (true, Some(r)) = (renewed, report) {
-            live.push((l.metadata.name.unwrap_or_default(), r));
-        }
-    }
+    let live = kube_shard::group::report::live_reports(&list.items, now, s);
     let now_ms = u64::try_from(now).unwrap_or(0);
     let found = kube_shard::group::report::applied_above(
         a.view.generation,

@@ -259,6 +259,35 @@ pub fn applied_above<'a>(
         .map(|(name, r)| (name.to_owned(), r.applied_generation))
 }
 
+/// The reports of the member Leases among `leases` (the group's, as listed) whose `renewTime` is within their
+/// `leaseDurationSeconds` (15 s when unset) of `now_ms`, by Lease name: what a writer outside the group —
+/// the CLI — counts as live for [`applied_above`]. Undecodable reports are left out.
+#[must_use]
+pub fn live_reports(
+    leases: &[k8s_openapi::api::coordination::v1::Lease],
+    now_ms: i64,
+    shards: ShardCount,
+) -> Vec<(String, MemberReport)> {
+    leases
+        .iter()
+        .filter_map(|l| {
+            let meta = &l.metadata;
+            if meta.labels.as_ref()?.get(ROLE_LABEL)? != "member" {
+                return None;
+            }
+            let spec = l.spec.as_ref()?;
+            let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
+            let renewed = spec.renew_time.as_ref()?.0.as_millisecond();
+            if now_ms.saturating_sub(renewed) > duration_ms {
+                return None;
+            }
+            let report =
+                MemberReport::decode(meta.annotations.as_ref()?.get(REPORT)?, shards).ok()?;
+            Some((meta.name.clone().unwrap_or_default(), report))
+        })
+        .collect()
+}
+
 type AckSets = BTreeMap<MoveId, ShardSet>;
 
 /// Decode one kind of acks, bounded: at most `S` move ids, each naming at least one shard, no shard under
@@ -355,6 +384,45 @@ impl ReportError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_reports_are_the_member_leases_renewed_within_their_duration() {
+        use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let report = MemberReport {
+            applied_generation: 7,
+            ..MemberReport::default()
+        }
+        .encode();
+        let lease = |name: &str, role: &str, renewed_ms: i64, text: &str| Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([(ROLE_LABEL.to_owned(), role.to_owned())].into()),
+                annotations: Some([(REPORT.to_owned(), text.to_owned())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::from_millisecond(renewed_ms).unwrap(),
+                )),
+                ..Default::default()
+            }),
+        };
+        let now = 1_000_000;
+        let leases = [
+            lease("g-a", "member", now - 1_000, &report),
+            lease("g-old", "member", now - 16_000, &report),
+            lease("g-coordinator", "coordinator", now, &report),
+            lease("g-bad", "member", now, "{not a report"),
+        ];
+        let live = live_reports(&leases, now, s());
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert_eq!(
+            (live[0].0.as_str(), live[0].1.applied_generation),
+            ("g-a", 7)
+        );
+    }
 
     #[test]
     fn an_assignment_below_a_live_members_applied_generation_is_named_with_that_member() {

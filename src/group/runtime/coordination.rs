@@ -62,7 +62,7 @@ impl Runtime {
             self.ownership.apply_view(&a.view);
             self.assignment = Some(a);
             self.assignment_cm = Some(cm);
-            self.stored_behind = None;
+            self.stored_behind = false;
         } else {
             // an older assignment written over ours (a restore, a re-applied manifest): members ignore it;
             // we keep our view, and hold the stored object's resourceVersion so our view goes back over it
@@ -72,7 +72,7 @@ impl Runtime {
                 ours = ours.unwrap_or_default(),
                 "ALARM: an older assignment was written over the current one; every member ignores it, and the coordinator writes the current view back over it"
             );
-            self.stored_behind = Some(a.view.generation);
+            self.stored_behind = true;
             self.assignment_cm = Some(cm);
             self.assignment_missing = false;
         }
@@ -129,10 +129,10 @@ impl Runtime {
             // a ConfigMap we never decoded: `may_coordinate` refused it
             (None, false) => return,
         };
-        if !absent && self.rolled_back(&current, now).await {
+        let mut members = self.step_members(now, &current);
+        if !absent && self.rolled_back(&current, &members).await {
             return;
         }
-        let mut members = self.step_members(now, &current);
         self.repair_fence_overshoot(&current.view, &mut members, now)
             .await;
         // a re-creation without a view of the assignment before it (not a cold start: someone saw one)
@@ -225,7 +225,7 @@ impl Runtime {
             return;
         }
         // our view goes back over an older one written over it, unchanged if nothing else changes
-        let rewrite = absent || self.stored_behind.is_some();
+        let rewrite = absent || self.stored_behind;
         if let Some(next) = out.assignment.or_else(|| rewrite.then_some(current)) {
             let generation = next.view.generation;
             if self.write_assignment(next).await && (blind || lagging) {
@@ -237,17 +237,22 @@ impl Runtime {
         }
     }
 
-    /// The highest generation a live member reports applied, among reports a member could have made: a
-    /// report more than [`MAX_GENERATION_STEP`] above both our clock and every generation we saw is
-    /// refused (with an alarm naming the member), so one hostile report cannot stop planning.
-    fn applied_by_live(&mut self, now: Instant) -> u64 {
-        let limit = self
-            .clock()
+    /// The highest generation a report may carry and still be followed: [`MAX_GENERATION_STEP`] above both
+    /// our clock and every generation we saw. A member cannot have applied or seen more.
+    fn report_limit(&self) -> u64 {
+        self.clock()
             .wall_ms()
             .max(self.seen_generation)
-            .saturating_add(MAX_GENERATION_STEP);
+            .saturating_add(MAX_GENERATION_STEP)
+    }
+
+    /// The highest generation a live member reports applied, among reports within
+    /// [`report_limit`](Self::report_limit); a report above it is refused with an alarm naming the member, so one hostile
+    /// report cannot stop planning.
+    fn applied_by_live(&mut self, members: &[Observed]) -> u64 {
+        let limit = self.report_limit();
         let mut highest = 0;
-        for m in self.members(now).into_iter().filter(|m| m.live()) {
+        for m in members.iter().filter(|m| m.live()) {
             let Some(r) = &m.report else { continue };
             let g = r.applied_generation.max(r.seen_generation);
             if g > limit {
@@ -277,8 +282,8 @@ impl Runtime {
     /// above every generation reported — members keep what they hold at higher epochs (`kept`), never
     /// activate a grant at or below a generation they applied (`stale`), and planning waits until every
     /// live member applied the rebuild (`rebuild_holds`). Whether this pass stops here.
-    async fn rolled_back(&mut self, current: &Assignment, now: Instant) -> bool {
-        let applied = self.applied_by_live(now);
+    async fn rolled_back(&mut self, current: &Assignment, members: &[Observed]) -> bool {
+        let applied = self.applied_by_live(members);
         if current.view.generation >= applied {
             if self.rebuild.is_none() {
                 self.health.set_assignment_rollback(None);
@@ -516,13 +521,9 @@ impl Runtime {
     }
 
     /// The highest generation any member not gone reports (applied or seen), among reports within reach
-    /// (see [`Runtime::applied_by_live`]).
+    /// ([`Runtime::report_limit`]).
     fn reported_generation(&self, now: Instant) -> u64 {
-        let limit = self
-            .clock()
-            .wall_ms()
-            .max(self.seen_generation)
-            .saturating_add(MAX_GENERATION_STEP);
+        let limit = self.report_limit();
         self.members(now)
             .iter()
             .filter_map(|m| m.report.as_ref())

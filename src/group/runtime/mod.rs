@@ -101,7 +101,7 @@ pub(crate) struct Runtime {
     /// can no longer be valid (see `coordination.rs`, `rebuild_holds`).
     rebuild: Option<Rebuild>,
     /// The stored assignment is older than our view (written back over it): our view goes back over it.
-    stored_behind: Option<u64>,
+    stored_behind: bool,
     /// Times we found a rolled-back assignment (metric).
     rollbacks: u64,
     /// Members whose reported generations were refused as out of reach (alarmed once each).
@@ -261,7 +261,7 @@ impl Runtime {
             assignment_cm: None,
             assignment_missing: false,
             rebuild: None,
-            stored_behind: None,
+            stored_behind: false,
             rollbacks: 0,
             reports_refused: BTreeSet::new(),
             seen_generation: 0,
@@ -289,19 +289,24 @@ impl Runtime {
         MicroTime(t)
     }
 
+    /// The shortest bound any request gets: `max(retry_period, 1 s)`.
+    fn request_floor(&self) -> Duration {
+        self.cfg.retry_period.max(Duration::from_secs(1))
+    }
+
     /// How long one control-plane request (other than a renewal) may take: as long as a renewal that
     /// started a retry period earlier can still have its answer within the fence it yields
-    /// (`renew_deadline − fence_margin − retry_period`), at least `max(retry_period, 1 s)`. A slow API
-    /// whose answers come within that keeps a coordinator: a shorter bound timed out the coordinator
-    /// Lease write on every round and left the group without one, and renewals go between a pass's
-    /// requests ([`Runtime::renew_between`]), so one such request never delays a renewal past its deadline.
+    /// (`renew_deadline − fence_margin − retry_period`), at least [`request_floor`](Self::request_floor).
+    /// The bound `max(retry_period, 1 s)` alone timed out the coordinator Lease write on every round when
+    /// answers took 2–9 s (default timings). Renewals go between a pass's requests
+    /// ([`Runtime::renew_between`]) but share this task with them: answers slower than about a third of
+    /// the fence life still lapse fences between renewals (`docs/protocol.md`, "A slow API, partly").
     fn timeout(&self) -> Duration {
-        let floor = self.cfg.retry_period.max(Duration::from_secs(1));
         self.cfg
             .renew_deadline
             .saturating_sub(self.cfg.fence_margin)
             .saturating_sub(self.cfg.retry_period)
-            .max(floor)
+            .max(self.request_floor())
     }
 
     /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
@@ -309,11 +314,10 @@ impl Runtime {
     /// A fixed 1–2 s bound left a member whose writes commit just above it renewing (so never taken over)
     /// but never recording a renewal.
     fn renewal_timeout(&self) -> Duration {
-        let floor = self.cfg.retry_period.max(Duration::from_secs(1));
         self.cfg
             .renew_deadline
             .saturating_sub(self.cfg.fence_margin)
-            .max(floor)
+            .max(self.request_floor())
     }
 
     /// A retry period has passed since the last successful renewal started (or there was none).
