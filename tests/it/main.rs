@@ -26,5 +26,6 @@ mod safety_group;
 mod safety_read;
 mod safety_scenarios;
 mod seeds;
+mod slow_api;
 mod support;
 mod watcher;

@@ -17,11 +17,31 @@ use crate::group::{
 };
 
 /// `RUST_LOG=kube_shard=info` shows the group's logs (with `--nocapture`).
-fn logs() {
+pub(crate) fn logs() {
     let _ = tracing_subscriber::fmt()
+        .with_timer(Virtual)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+}
+
+/// Log lines stamped with the test's (paused, virtual) clock: seconds since the first line.
+struct Virtual;
+
+impl tracing_subscriber::fmt::time::FormatTime for Virtual {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return write!(w, "-");
+        }
+        let now = tokio::time::Instant::now();
+        let start = *START.get_or_init(|| now);
+        write!(
+            w,
+            "{:>9.3}s",
+            now.saturating_duration_since(start).as_secs_f64()
+        )
+    }
 }
 
 fn assignment_api(server: &TestServer) -> Api<ConfigMap> {

@@ -73,7 +73,11 @@ impl Runtime {
                 .get_or_insert_with(Default::default)
                 .insert(ASSIGNMENT_HINT.into(), generation.to_string());
             match self
-                .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+                .bounded(
+                    self.leases
+                        .clone()
+                        .replace(&name, &PostParams::default(), &lease),
+                )
                 .await
             {
                 Ok(l) => {
@@ -82,7 +86,7 @@ impl Runtime {
                     return;
                 }
                 Err(err) if attempt == 0 && is_conflict(&err) => {
-                    match self.bounded(self.leases.get_opt(&name)).await {
+                    match self.bounded(self.leases.clone().get_opt(&name)).await {
                         Ok(Some(l)) => lease = l,
                         _ => return,
                     }
@@ -111,7 +115,7 @@ impl Runtime {
         };
         let name = self.cfg.assignment_name();
         // a failed read is tried again at the next renewal: only a read marks the hint followed
-        match self.bounded(self.cms.get_opt(&name)).await {
+        match self.bounded(self.cms.clone().get_opt(&name)).await {
             Ok(Some(cm)) => {
                 self.hint_followed = hint;
                 warn!(

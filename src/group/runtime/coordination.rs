@@ -107,6 +107,10 @@ impl Runtime {
     }
 
     pub(super) async fn coordinate(&mut self) {
+        // judge on everything the watches delivered, however long the requests before this took
+        if !self.apply_delivered() {
+            return;
+        }
         let now = Instant::now();
         if !self.may_coordinate(now) {
             return;
@@ -292,7 +296,7 @@ impl Runtime {
         }
         // our watch may only lag behind another coordinator's writes: read the stored one directly
         match self
-            .bounded(self.cms.get_opt(&self.cfg.assignment_name()))
+            .bounded(self.cms.clone().get_opt(&self.cfg.assignment_name()))
             .await
         {
             Ok(Some(cm)) => self.assignment_seen(cm),
@@ -450,7 +454,7 @@ impl Runtime {
             }),
             ..DeleteParams::default()
         };
-        match self.bounded(self.leases.delete(&name, &dp)).await {
+        match self.bounded(self.leases.clone().delete(&name, &dp)).await {
             Ok(_) => {
                 info!(member = %id, lease = %name, "deleted the Lease of a member long gone");
                 if let Some(o) = self.observed.get_mut(&name) {
@@ -550,7 +554,11 @@ impl Runtime {
             .get_or_insert_with(Default::default)
             .insert(TAKEN_OVER.into(), victim.incarnation.to_string());
         match self
-            .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
+            .bounded(
+                self.leases
+                    .clone()
+                    .replace(&name, &PostParams::default(), &lease),
+            )
             .await
         {
             Ok(l) => {
@@ -632,11 +640,11 @@ impl Runtime {
             return false;
         }
         let result = if self.assignment_cm.is_some() {
-            self.bounded(self.cms.replace(&name, &PostParams::default(), &cm))
+            self.bounded(self.cms.clone().replace(&name, &PostParams::default(), &cm))
                 .await
         } else {
             cm.metadata.resource_version = None;
-            self.bounded(self.cms.create(&PostParams::default(), &cm))
+            self.bounded(self.cms.clone().create(&PostParams::default(), &cm))
                 .await
         };
         match result {
@@ -659,7 +667,7 @@ impl Runtime {
                 if !self.renew_between().await {
                     return false;
                 }
-                match self.bounded(self.cms.get_opt(&name)).await {
+                match self.bounded(self.cms.clone().get_opt(&name)).await {
                     Ok(Some(cm)) => self.assignment_seen(cm),
                     Ok(None) => self.assignment_deleted(),
                     Err(err) => debug!(error = %err, "cannot re-read the assignment"),

@@ -1,5 +1,8 @@
 //! The coordinator Lease: acquire, renew, release, and the term published to singleton work.
 
+use futures::future::BoxFuture;
+
+use super::beside::{limited, Beside};
 use super::*;
 
 impl Runtime {
@@ -38,7 +41,31 @@ impl Runtime {
         }
     }
 
+    /// Acquire the coordinator Lease (or step down), and wait for the answer; while we hold it, its
+    /// renewals run beside the pass when due and are not waited for.
     pub(super) async fn elect(&mut self) {
+        if self.leader && self.own.is_some() && !self.leaving {
+            self.start_due(Instant::now());
+            return;
+        }
+        self.wait_beside(false, true).await;
+        self.start_coordinator_renewal();
+        self.wait_beside(false, true).await;
+    }
+
+    /// Send the coordinator Lease write that is due, to be answered beside whatever we await
+    /// (`beside.rs`); or step down (and hand the Lease back when leaving) when we may not hold it.
+    pub(super) fn start_coordinator_renewal(&mut self) {
+        if self.elect_in_flight {
+            return;
+        }
+        if let Some(fut) = self.coordinator_request() {
+            self.elect_in_flight = true;
+            self.beside.push(fut);
+        }
+    }
+
+    fn coordinator_request(&mut self) -> Option<BoxFuture<'static, Beside>> {
         let name = self.cfg.coordinator_lease();
         let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
         let now = Instant::now();
@@ -50,16 +77,16 @@ impl Runtime {
             let was_leader = self.leader;
             self.step_down();
             if was_leader && held_by_me {
-                self.release_coordinator(current).await;
+                return Some(self.release_request(current?));
             }
-            return;
+            return None;
         }
         let expired = observed.is_none_or(|o| {
             o.holder.is_none() || now.duration_since(o.last_change) >= self.cfg.lease_duration
         });
         if !(held_by_me || expired) {
             self.step_down();
-            return;
+            return None;
         }
         let prev_term = current
             .as_ref()
@@ -106,23 +133,60 @@ impl Runtime {
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
             spec.acquire_time = Some(stamp.clone());
         }
-        spec.holder_identity = Some(holder_me.clone());
+        spec.holder_identity = Some(holder_me);
         spec.lease_duration_seconds = Some(self.cfg.lease_duration.as_secs().max(1) as i32);
         spec.renew_time = Some(stamp);
         // both clocks, read before the request: a suspend while it is in flight counts against the term
         let start = self.clock().now();
-        let result = match current {
-            None => {
-                self.bounded(self.leases.create(&PostParams::default(), &lease))
-                    .await
+        self.elected_at = Some(now);
+        let (api, limit) = (self.leases.clone(), self.timeout());
+        let incarnation = self.me.incarnation.to_string();
+        Some(Box::pin(async move {
+            let pp = PostParams::default();
+            let result = match current {
+                None => limited(limit, api.create(&pp, &lease)).await,
+                Some(_) => limited(limit, api.replace(&name, &pp, &lease)).await,
+            };
+            Beside::Coordinator(CoordinatorWrite {
+                incarnation,
+                what: Written::Elect {
+                    term,
+                    renewing,
+                    start,
+                    now,
+                },
+                result,
+            })
+        }))
+    }
+
+    /// Apply the answer to a coordinator Lease write.
+    pub(super) fn coordinator_written(&mut self, w: CoordinatorWrite) {
+        let name = self.cfg.coordinator_lease();
+        let ours = w.incarnation == *self.me.incarnation;
+        match (w.what, w.result) {
+            (Written::Release, Ok(l)) => {
+                info!("released the coordinator lease");
+                self.wrote_coordinator_lease(&l);
+                self.observe_lease(l);
             }
-            Some(_) => {
-                self.bounded(self.leases.replace(&name, &PostParams::default(), &lease))
-                    .await
+            (Written::Release, Err(err)) => {
+                debug!(error = %err, "could not release the coordinator lease");
             }
-        };
-        match result {
-            Ok(l) => {
+            (Written::Elect { .. }, Ok(l)) if !ours || self.own.is_none() || self.leaving => {
+                // taken over (or leaving) while it was in flight: not ours to hold; it expires
+                self.wrote_coordinator_lease(&l);
+                self.observe_lease(l);
+            }
+            (
+                Written::Elect {
+                    term,
+                    renewing,
+                    start,
+                    ..
+                },
+                Ok(l),
+            ) => {
                 if !self.leader {
                     info!(term, "became the coordinator");
                     self.events.emit(
@@ -146,36 +210,56 @@ impl Runtime {
                 self.wrote_coordinator_lease(&l);
                 self.observe_lease(l);
             }
-            Err(err) => {
+            (Written::Elect { now, .. }, Err(err)) => {
                 debug!(error = %err, "coordinator lease not acquired");
                 if is_not_found(&err) {
                     if let Some(o) = self.observed.get_mut(&name) {
                         o.deleted_at.get_or_insert(now);
                     }
                 }
-                self.step_down();
+                if ours {
+                    self.step_down();
+                }
             }
         }
     }
 
     /// A leaving coordinator hands the Lease back (holder cleared, conditional on what we last saw), so the
     /// next coordinator need not wait for it to expire.
-    pub(super) async fn release_coordinator(&mut self, current: Option<Lease>) {
-        let Some(mut lease) = current else { return };
+    fn release_request(&mut self, mut lease: Lease) -> BoxFuture<'static, Beside> {
         let name = self.cfg.coordinator_lease();
         if let Some(spec) = lease.spec.as_mut() {
             spec.holder_identity = None;
         }
-        match self
-            .bounded(self.leases.replace(&name, &PostParams::default(), &lease))
-            .await
-        {
-            Ok(l) => {
-                info!("released the coordinator lease");
-                self.wrote_coordinator_lease(&l);
-                self.observe_lease(l);
-            }
-            Err(err) => debug!(error = %err, "could not release the coordinator lease"),
-        }
+        let (api, limit) = (self.leases.clone(), self.timeout());
+        let incarnation = self.me.incarnation.to_string();
+        Box::pin(async move {
+            let result = limited(limit, api.replace(&name, &PostParams::default(), &lease)).await;
+            Beside::Coordinator(CoordinatorWrite {
+                incarnation,
+                what: Written::Release,
+                result,
+            })
+        })
     }
+}
+
+/// The answer to a write of the coordinator Lease, with what it needs to be applied.
+pub(super) struct CoordinatorWrite {
+    /// The incarnation that wrote it.
+    incarnation: String,
+    what: Written,
+    result: Result<Lease, kube::Error>,
+}
+
+enum Written {
+    /// An acquisition or renewal for `term`, sent at `start` (`now` on our monotonic clock).
+    Elect {
+        term: u64,
+        renewing: bool,
+        start: crate::ownership::clock::Now,
+        now: Instant,
+    },
+    /// The Lease handed back.
+    Release,
 }

@@ -125,7 +125,7 @@ impl Runtime {
         };
         let span = info_span!("fence_params", configmap = %name, generation = next.generation);
         async {
-            let current = match self.bounded(self.cms.get_opt(&name)).await {
+            let current = match self.bounded(self.cms.clone().get_opt(&name)).await {
                 Ok(c) => c,
                 Err(err) => {
                     warn!(error = %err, "cannot read the fence parameter ConfigMap: the assignment waits");
@@ -178,7 +178,7 @@ impl Runtime {
             .read_at
             .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration);
         if due {
-            match self.bounded(self.cms.get_opt(&name)).await {
+            match self.bounded(self.cms.clone().get_opt(&name)).await {
                 Ok(c) => {
                     self.fence_floors.read_at = Some(now);
                     self.fence_floors
@@ -215,7 +215,7 @@ impl Runtime {
 
     /// Replace (conditional on the resourceVersion read) or create the ConfigMap.
     async fn write_params(
-        &self,
+        &mut self,
         name: &str,
         current: Option<ConfigMap>,
         data: BTreeMap<String, String>,
@@ -224,10 +224,10 @@ impl Runtime {
         let mut cm = self.group_configmap(name, current);
         cm.data = Some(data);
         if exists {
-            self.bounded(self.cms.replace(name, &PostParams::default(), &cm))
+            self.bounded(self.cms.clone().replace(name, &PostParams::default(), &cm))
                 .await?;
         } else {
-            self.bounded(self.cms.create(&PostParams::default(), &cm))
+            self.bounded(self.cms.clone().create(&PostParams::default(), &cm))
                 .await?;
         }
         Ok(())

@@ -2,14 +2,6 @@
 
 use super::*;
 
-/// What one renewal attempt left to do.
-#[derive(PartialEq, Eq)]
-enum Renewal {
-    Done,
-    /// Our Lease was written by another (not a takeover): renew again with what we read back.
-    Retry,
-}
-
 impl Runtime {
     pub(super) fn report(&self) -> MemberReport {
         let snap = self.ownership.snapshot();
@@ -97,7 +89,10 @@ impl Runtime {
     /// renewed for `lease_duration + grace` (two live processes with one name never ping-pong).
     pub(super) async fn join(&mut self) {
         let name = self.cfg.member_lease();
-        let existing = match self.bounded(self.leases.get_opt(&name)).await {
+        let existing = match self
+            .bounded(self.leases.clone().clone().get_opt(&name))
+            .await
+        {
             Ok(l) => l,
             Err(err) => {
                 debug!(error = %err, "cannot read own lease yet");
@@ -109,8 +104,13 @@ impl Runtime {
         let result = match existing {
             None => {
                 let body = self.lease_body(None);
-                self.bounded(self.leases.create(&PostParams::default(), &body))
-                    .await
+                self.bounded(
+                    self.leases
+                        .clone()
+                        .clone()
+                        .create(&PostParams::default(), &body),
+                )
+                .await
             }
             Some(l) => {
                 let theirs = l
@@ -171,8 +171,12 @@ impl Runtime {
                     _ => l,
                 };
                 let body = self.lease_body(Some(&base));
-                self.bounded(self.leases.replace(&name, &PostParams::default(), &body))
-                    .await
+                self.bounded(self.leases.clone().clone().replace(
+                    &name,
+                    &PostParams::default(),
+                    &body,
+                ))
+                .await
             }
         };
         match result {
@@ -219,90 +223,62 @@ impl Runtime {
         self.health.set_fenced_since(None);
     }
 
-    /// Renew our Lease. A conflict that is not a takeover (the coordinator wrote an assignment hint into
-    /// it) is retried at once with what we read back, so it costs the renewal no retry period.
-    pub(super) async fn renew(&mut self) {
-        if self.renew_once().await == Renewal::Retry {
-            self.renew_once().await;
-        }
-    }
-
-    /// Between two requests of a longer sequence (a coordinator pass): renew first if a renewal is due,
-    /// so no sequence of bounded requests outlasts our fence (F8). Returns whether we still hold our
-    /// Lease and, as before, the coordinator role.
+    /// Between two requests of a longer sequence (a coordinator pass): start the renewals that are due
+    /// (they run beside the pass, `beside.rs`). Returns whether we still hold our Lease and, as before, the
+    /// coordinator role.
     pub(super) async fn renew_between(&mut self) -> bool {
         let leader = self.leader;
-        if self.own.is_some() && self.renewal_due(Instant::now()) {
-            self.renew().await;
-        }
+        self.start_due(Instant::now());
         self.own.is_some() && self.leader == leader
     }
 
-    async fn renew_once(&mut self) -> Renewal {
-        let Some(own) = self.own.clone() else {
-            return Renewal::Done;
-        };
-        let start = self.ownership.inner.clock.now();
-        let t0 = Instant::now();
-        let body = self.lease_body(Some(&own));
+    /// Apply the answer to a renewal of our Lease. A conflict that is not a takeover (the coordinator wrote
+    /// an assignment hint into it) is renewed again at once with what we read back, so it costs the
+    /// renewal no retry period.
+    pub(super) fn renewal_answered(&mut self, r: super::beside::MemberRenewal) {
+        use super::beside::MemberAnswer;
+        if r.incarnation != *self.me.incarnation || self.own.is_none() {
+            // an answer for an incarnation taken over meanwhile, or a Lease we deleted
+            return;
+        }
         let name = self.cfg.member_lease();
-        let report = body
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REPORT).cloned())
-            .unwrap_or_default();
-        match self
-            .bounded_by(
-                self.renewal_timeout(),
-                self.leases.replace(&name, &PostParams::default(), &body),
-            )
-            .await
-        {
-            Ok(l) => {
+        match r.answer {
+            MemberAnswer::Written(l) => {
+                debug!(took = ?r.t0.elapsed(), "renewed");
                 self.own = Some(l);
-                self.published = report;
-                self.renewed(start, t0);
-                self.follow_hint().await;
-                Renewal::Done
+                self.published = r.report;
+                self.renewed(r.start, r.t0);
+                self.hint_due = true;
             }
-            Err(err) if is_conflict(&err) => {
-                // someone else wrote our lease: re-read and see whether we were taken over
-                match self.bounded(self.leases.get_opt(&name)).await {
-                    Ok(Some(l)) => {
-                        let ann = l.metadata.annotations.clone().unwrap_or_default();
-                        let taken = ann
-                            .get(TAKEN_OVER)
-                            .is_some_and(|i| i == &*self.me.incarnation)
-                            || ann
-                                .get(INCARNATION)
-                                .is_some_and(|i| i != &*self.me.incarnation);
-                        if taken {
-                            self.taken_over("our lease was taken over");
-                            return Renewal::Done;
-                        }
-                        self.own = Some(l);
-                        self.follow_hint().await;
-                        Renewal::Retry
-                    }
-                    Ok(None) => {
-                        self.taken_over("our lease was deleted");
-                        Renewal::Done
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "cannot re-read own lease");
-                        Renewal::Done
-                    }
+            MemberAnswer::Conflict(Ok(Some(l))) => {
+                let ann = l.metadata.annotations.clone().unwrap_or_default();
+                let taken = ann
+                    .get(TAKEN_OVER)
+                    .is_some_and(|i| i == &*self.me.incarnation)
+                    || ann
+                        .get(INCARNATION)
+                        .is_some_and(|i| i != &*self.me.incarnation);
+                if taken {
+                    self.taken_over("our lease was taken over");
+                    return;
+                }
+                self.own = Some(l);
+                self.hint_due = true;
+                if r.retry {
+                    self.renewal_started = None;
+                    self.start_renewal(false);
                 }
             }
-            Err(err) if is_not_found(&err) => {
-                self.taken_over("our lease was deleted");
-                Renewal::Done
+            MemberAnswer::Conflict(Ok(None)) => self.taken_over("our lease was deleted"),
+            MemberAnswer::Conflict(Err(e)) => {
+                debug!(lease = %name, error = %e, "cannot re-read own lease");
             }
-            Err(err) => {
+            MemberAnswer::Failed(err) if is_not_found(&err) => {
+                self.taken_over("our lease was deleted");
+            }
+            MemberAnswer::Failed(err) => {
                 debug!(error = %err, "renewal failed");
-                self.missed_renewal(t0);
-                Renewal::Done
+                self.missed_renewal(Instant::now());
             }
         }
     }
@@ -391,6 +367,8 @@ impl Runtime {
     }
 
     pub(super) async fn delete_own_lease(&mut self) {
+        // a renewal in flight would change the resourceVersion the delete is conditional on
+        self.settle_renewal().await;
         let name = self.cfg.member_lease();
         let rv = self
             .own
@@ -403,7 +381,10 @@ impl Runtime {
             }),
             ..DeleteParams::default()
         };
-        if let Err(err) = self.bounded(self.leases.delete(&name, &dp)).await {
+        if let Err(err) = self
+            .bounded(self.leases.clone().clone().delete(&name, &dp))
+            .await
+        {
             debug!(error = %err, "could not delete own lease (it will expire)");
         }
         self.own = None;

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -39,6 +39,7 @@ use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
+mod beside;
 mod channel;
 mod coordination;
 mod election;
@@ -168,10 +169,60 @@ pub(crate) struct Runtime {
     lag_since: BTreeMap<MemberId, Instant>,
     /// Coordinator: when we last told each lagging member through its Lease.
     nudged: BTreeMap<MemberId, Instant>,
+    /// Something the lease watch delivered asks the coordinator to look again.
+    coordinate_soon: bool,
+    /// A watch stream ended (the member task stops).
+    watch_ended: bool,
+    /// Leaving for good: no renewal starts any more.
+    exiting: bool,
     /// Member: the highest assignment hint we followed (read the assignment directly for).
     hint_followed: u64,
     /// Joining over another incarnation's Lease: the resourceVersion we read, and when we first read it.
     claim_seen: Option<(String, Instant)>,
+    /// The renewals in flight, answered beside whatever this task awaits (`beside.rs`).
+    beside: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, beside::Beside>>,
+    /// A renewal of our Lease is in flight.
+    renewal_in_flight: bool,
+    /// When the last renewal of our Lease was sent (on our clock).
+    renewal_started: Option<Instant>,
+    /// A write of the coordinator Lease is in flight.
+    elect_in_flight: bool,
+    /// When our last write of the coordinator Lease was sent.
+    elected_at: Option<Instant>,
+    /// Our Lease was written or read back since we last looked for an assignment hint in it.
+    hint_due: bool,
+    /// What the lease watch delivered, with when it arrived (the watch is read by a task of its own, so a
+    /// slow pass never makes it look silent).
+    lease_rx: Feed<Lease>,
+    /// What the assignment watch delivered.
+    cm_rx: Feed<ConfigMap>,
+    spawner: crate::ownership::spawn::Spawner,
+}
+
+/// A watch read by a task of its own: each item with its arrival time on our clock (`None`: it ended).
+type Feed<K> = tokio::sync::mpsc::UnboundedReceiver<(Instant, Option<watcher::Result<Event<K>>>)>;
+
+/// Read `stream` on a task of its own until the receiver is dropped.
+fn feed<K: Send + 'static>(
+    spawner: &crate::ownership::spawn::Spawner,
+    mut stream: futures::stream::BoxStream<'static, watcher::Result<Event<K>>>,
+) -> Feed<K> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    spawner.spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                ev = stream.next() => {
+                    let end = ev.is_none();
+                    if tx.send((Instant::now(), ev)).is_err() || end {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
@@ -215,9 +266,12 @@ impl Runtime {
             &cfg.namespace,
             &cfg.member_lease(),
             &cfg.member,
-            spawner,
+            spawner.clone(),
             ownership.inner.clock.clone(),
         );
+        // the watches start reading when `run` starts them; until then, empty feeds
+        let (_, lease_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (_, cm_rx) = tokio::sync::mpsc::unbounded_channel();
         Runtime {
             metrics,
             events,
@@ -246,7 +300,19 @@ impl Runtime {
             lag_since: BTreeMap::new(),
             nudged: BTreeMap::new(),
             hint_followed: 0,
+            coordinate_soon: false,
+            watch_ended: false,
+            exiting: false,
             claim_seen: None,
+            beside: Default::default(),
+            renewal_in_flight: false,
+            renewal_started: None,
+            elect_in_flight: false,
+            elected_at: None,
+            hint_due: false,
+            lease_rx,
+            cm_rx,
+            spawner,
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             cms: Api::namespaced(client, &cfg.namespace),
             cfg,
@@ -298,9 +364,8 @@ impl Runtime {
     /// started a retry period earlier can still have its answer within the fence it yields
     /// (`renew_deadline − fence_margin − retry_period`), at least [`request_floor`](Self::request_floor).
     /// The bound `max(retry_period, 1 s)` alone timed out the coordinator Lease write on every round when
-    /// answers took 2–9 s (default timings). Renewals go between a pass's requests
-    /// ([`Runtime::renew_between`]) but share this task with them: answers slower than about a third of
-    /// the fence life still lapse fences between renewals (`docs/protocol.md`, "A slow API, partly").
+    /// answers took 2–9 s (default timings). Renewals run beside every request (`beside.rs`), so a long
+    /// chain of them never outlasts a fence.
     fn timeout(&self) -> Duration {
         self.cfg
             .renew_deadline
@@ -320,30 +385,6 @@ impl Runtime {
             .max(self.request_floor())
     }
 
-    /// A retry period has passed since the last successful renewal started (or there was none).
-    fn renewal_due(&self, now: Instant) -> bool {
-        self.last_renew_ok
-            .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
-    }
-
-    async fn bounded<T>(
-        &self,
-        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, kube::Error> {
-        self.bounded_by(self.timeout(), fut).await
-    }
-
-    async fn bounded_by<T>(
-        &self,
-        limit: Duration,
-        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, kube::Error> {
-        match tokio::time::timeout(limit, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(kube::Error::Service("request timed out".into())),
-        }
-    }
-
     pub(crate) async fn run(mut self, mut leave: oneshot::Receiver<()>) -> Result<(), GroupError> {
         let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member);
         async move {
@@ -353,21 +394,28 @@ impl Runtime {
             // fail closed: held until a successful read shows no live legacy holder
             self.legacy_live = self.cfg.legacy_leader_lease.is_some();
             self.update_hold();
-            // the streams back off by themselves: a failing watch never blocks renewals in this loop
-            let mut lease_events = self.lease_watch();
+            // the streams back off by themselves, each read by a task of its own: a failing watch never
+            // blocks renewals, and a slow pass never leaves the watches unread
+            self.lease_rx = feed(&self.spawner, self.lease_watch());
             let mut lease_watch_started = Instant::now();
             let cm_cfg = watcher::Config::default()
                 .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
                 .timeout(30);
-            let mut cm_events =
-                std::pin::pin!(watcher::watcher(self.cms.clone(), cm_cfg).default_backoff());
+            self.cm_rx = feed(
+                &self.spawner,
+                watcher::watcher(self.cms.clone(), cm_cfg)
+                    .default_backoff()
+                    .boxed(),
+            );
             let mut changed = self.ownership.changed();
             let mut tick = tokio::time::interval(self.cfg.retry_period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut leave_armed = true;
             let mut dirty = true;
-            let mut coordinate_soon = false;
             loop {
+                // a renewal starts the moment it falls due, whatever else waits
+                self.start_due(Instant::now());
+                let next_due = self.next_due();
                 // biased: a fixed branch order (tokio's random one cannot be seeded), rarest first so a
                 // busy watch never starves the tick or the leave; the watches are drained below anyway
                 tokio::select! {
@@ -386,11 +434,15 @@ impl Runtime {
                         let now = Instant::now();
                         if self.lease_watch_stuck(now, lease_watch_started) {
                             warn!("the lease watch delivered nothing for a lease period: restarting it");
-                            lease_events = self.lease_watch();
+                            self.lease_rx = feed(&self.spawner, self.lease_watch());
                             lease_watch_started = now;
                             self.reset_observations();
                         }
                     }
+                    Some(done) = self.beside.next(), if !self.beside.is_empty() => {
+                        self.beside_done(done);
+                    }
+                    _ = tokio::time::sleep_until(next_due) => {}
                     r = changed.changed() => {
                         if r.is_err() { return Ok(()); }
                         self.vacuous_progress();
@@ -400,61 +452,48 @@ impl Runtime {
                             dirty = true;
                         }
                     }
-                    ev = lease_events.next() => match self.lease_item(ev) {
-                        Some(soon) => coordinate_soon |= soon,
+                    Some(ev) = self.lease_rx.recv() => match self.lease_item(ev) {
+                        Some(soon) => self.coordinate_soon |= soon,
                         None => return Ok(()),
                     },
-                    ev = cm_events.next() => if !self.assignment_item(ev) {
+                    Some(ev) = self.cm_rx.recv() => if !self.assignment_item(ev) {
                         return Ok(());
                     },
                 }
-                // apply everything the watches have delivered already before acting: one event per
-                // iteration would let slow passes starve the watches (F8)
-                for _ in 0..MAX_DRAINED {
-                    let mut any = false;
-                    if let Some(ev) = lease_events.next().now_or_never() {
-                        any = true;
-                        match self.lease_item(ev) {
-                            Some(soon) => coordinate_soon |= soon,
-                            None => return Ok(()),
-                        }
-                    }
-                    if let Some(ev) = cm_events.next().now_or_never() {
-                        any = true;
-                        if !self.assignment_item(ev) {
-                            return Ok(());
-                        }
-                    }
-                    if !any {
-                        break;
-                    }
+                // apply everything the watches have delivered already before acting
+                if !self.apply_delivered() {
+                    return Ok(());
                 }
-                // F8: a renewal that is due goes first; a coordinator pass between ticks never delays it
-                if coordinate_soon && !dirty && self.renewal_due(Instant::now()) {
-                    dirty = true;
+                if self.hint_due {
+                    self.hint_due = false;
+                    self.follow_hint().await;
                 }
-                if coordinate_soon && !dirty && self.leader {
-                    coordinate_soon = false;
-                    self.renew_between().await;
+                if self.coordinate_soon && !dirty && self.leader {
+                    self.coordinate_soon = false;
+                    self.start_due(Instant::now());
                     self.coordinate().await;
                     self.publish_status();
                 }
                 if dirty {
                     dirty = false;
-                    coordinate_soon = false;
+                    self.coordinate_soon = false;
                     if self.own.is_none() {
                         self.join().await;
                     } else {
-                        self.renew().await;
+                        // an early renewal when the report changed; else whatever is due
+                        self.start_renewal(true);
                     }
                     self.check_legacy_leader().await;
-                    self.renew_between().await;
                     self.elect().await;
                     if self.leader && self.renew_between().await {
                         self.coordinate().await;
                     }
                     self.publish_status();
                     if self.leaving && (self.done_leaving() || self.nobody_stays()) {
+                        // no renewal starts from here, and the one in flight answers first: a renewal
+                        // answered after the fence below would lift it
+                        self.exiting = true;
+                        self.settle_renewal().await;
                         if !self.done_leaving() {
                             warn!("leaving while holding shards: no live member stays to take them (the last member, or all leave at once); self-fenced, they are reassigned once this member's lease has expired");
                             self.ownership.mark_self_fenced();
@@ -485,11 +524,14 @@ const MAX_DRAINED: usize = 10_000;
 impl Runtime {
     /// One item of the lease watch: `None` when the stream ended, else whether the coordinator should
     /// look again now.
-    fn lease_item(&mut self, ev: Option<watcher::Result<Event<Lease>>>) -> Option<bool> {
+    fn lease_item(
+        &mut self,
+        (arrived, ev): (Instant, Option<watcher::Result<Event<Lease>>>),
+    ) -> Option<bool> {
         match ev? {
             Ok(ev) => {
-                self.lease_watch_delivered(Instant::now());
-                Some(self.on_lease_event(ev))
+                self.lease_watch_delivered(arrived);
+                Some(self.on_lease_event(ev, arrived))
             }
             Err(err) => {
                 debug!(error = %err, "lease watch failed: resetting observation clocks");
@@ -500,13 +542,44 @@ impl Runtime {
     }
 
     /// One item of the assignment watch: false when the stream ended.
-    fn assignment_item(&mut self, ev: Option<watcher::Result<Event<ConfigMap>>>) -> bool {
+    fn assignment_item(
+        &mut self,
+        (_, ev): (Instant, Option<watcher::Result<Event<ConfigMap>>>),
+    ) -> bool {
         match ev {
             Some(Ok(ev)) => self.on_assignment_event(ev),
             Some(Err(err)) => debug!(error = %err, "assignment watch failed"),
             None => return false,
         }
         true
+    }
+
+    /// Apply everything the watches delivered so far (before judging anyone, and between rounds): false
+    /// when a watch ended.
+    pub(super) fn apply_delivered(&mut self) -> bool {
+        for _ in 0..MAX_DRAINED {
+            if self.watch_ended {
+                break;
+            }
+            let mut any = false;
+            if let Ok(ev) = self.lease_rx.try_recv() {
+                any = true;
+                match self.lease_item(ev) {
+                    Some(soon) => self.coordinate_soon |= soon,
+                    None => self.watch_ended = true,
+                }
+            }
+            if let Ok(ev) = self.cm_rx.try_recv() {
+                any = true;
+                if !self.assignment_item(ev) {
+                    self.watch_ended = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        !self.watch_ended
     }
 
     /// The group's Lease watch (members renew every retry period, so it is never quiet for long).

@@ -62,10 +62,17 @@ impl Runtime {
     /// Record a Lease; returns whether anything the coordinator acts on changed (a report, a takeover, a
     /// new member or incarnation).
     pub(super) fn observe_lease(&mut self, l: Lease) -> bool {
+        self.observe_lease_at(l, Instant::now())
+    }
+
+    /// [`observe_lease`](Self::observe_lease) for a Lease that arrived at `arrived` on our clock (a watch
+    /// event applied after a slow request): a change counts from when it could first be seen, never later
+    /// than the observation clocks already stand.
+    pub(super) fn observe_lease_at(&mut self, l: Lease, arrived: Instant) -> bool {
         let Some(name) = l.metadata.name.clone() else {
             return false;
         };
-        let now = Instant::now();
+        let now = arrived;
         let ann = l.metadata.annotations.clone().unwrap_or_default();
         let labels = l.metadata.labels.clone().unwrap_or_default();
         let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
@@ -106,13 +113,13 @@ impl Runtime {
                     }
                     o.id = new_id;
                     o.first_seen = now;
-                    o.last_change = now;
-                    self.last_membership_change = now;
+                    o.last_change = o.last_change.max(now);
+                    self.last_membership_change = self.last_membership_change.max(now);
                     relevant = true;
                 }
                 if o.renew_time != renew_time {
                     o.renew_time = renew_time;
-                    o.last_change = now;
+                    o.last_change = o.last_change.max(now);
                 }
                 o.rv = rv;
                 o.report = report;
@@ -123,7 +130,7 @@ impl Runtime {
                 relevant
             }
             None => {
-                self.last_membership_change = now;
+                self.last_membership_change = self.last_membership_change.max(now);
                 self.observed.insert(
                     name,
                     Obs {
@@ -194,7 +201,7 @@ impl Runtime {
     }
 
     /// Returns whether the coordinator should look again now.
-    pub(super) fn on_lease_event(&mut self, ev: Event<Lease>) -> bool {
+    pub(super) fn on_lease_event(&mut self, ev: Event<Lease>, arrived: Instant) -> bool {
         match ev {
             Event::Apply(l) | Event::InitApply(l) => {
                 if let (Some(seen), Some(n)) = (self.leases_relisted.as_mut(), &l.metadata.name) {
@@ -206,7 +213,7 @@ impl Runtime {
                     // the watch is behind our own later write, which we observed from its response
                     return false;
                 }
-                self.observe_lease(l) && !ours
+                self.observe_lease_at(l, arrived) && !ours
             }
             Event::Delete(l) => {
                 if let Some(n) = &l.metadata.name {

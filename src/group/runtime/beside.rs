@@ -1,0 +1,220 @@
+//! Renewals run beside everything else this task awaits.
+//!
+//! A coordinator pass is a chain of requests (a takeover, hints, the fence parameters, the assignment),
+//! each answered as late as the API answers. The renewals of our own Lease and of the coordinator Lease
+//! must not wait for that chain: a fence lasts `renew_deadline − fence_margin` from its renewal's start,
+//! and the others judge us by our renewals. So each renewal is a request future of its own, built from a
+//! copy of what it writes and owning everything it uses, kept in [`Runtime::beside`] and polled wherever
+//! the task waits — the main loop's `select!` and every request of a pass ([`Runtime::bounded`]). Its
+//! answer is applied to the runtime's state synchronously the moment it arrives.
+//!
+//! A renewal falls due a retry period after the previous attempt started; one of each kind is in flight
+//! at a time. With answers taking `L`, renewals start every `max(retry_period, L)`, so the fence never
+//! lapses while `2·L < renew_deadline − fence_margin` (4.5 s with the defaults), whatever a pass does.
+
+use futures::future::BoxFuture;
+
+use super::*;
+
+/// One answered renewal, with what it needs to be applied.
+pub(super) enum Beside {
+    /// Our member Lease.
+    Member(MemberRenewal),
+    /// The coordinator Lease (an acquisition or a renewal of ours).
+    Coordinator(super::election::CoordinatorWrite),
+}
+
+/// The answer to a renewal of our own Lease.
+pub(super) struct MemberRenewal {
+    /// The incarnation that wrote it: an answer for an earlier one is dropped.
+    pub(super) incarnation: String,
+    /// Both clocks, read before the request was sent.
+    pub(super) start: crate::ownership::clock::Now,
+    pub(super) t0: Instant,
+    /// The report the write carried.
+    pub(super) report: String,
+    /// Whether a conflict that is not a takeover may be retried at once.
+    pub(super) retry: bool,
+    pub(super) answer: MemberAnswer,
+}
+
+pub(super) enum MemberAnswer {
+    Written(Lease),
+    /// Someone else wrote our Lease: what a GET read back.
+    Conflict(Result<Option<Lease>, kube::Error>),
+    Failed(kube::Error),
+}
+
+/// A request's answer within `limit`, or a timeout error.
+pub(super) async fn limited<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service("request timed out".into())),
+    }
+}
+
+impl Runtime {
+    /// One request of a longer sequence, bounded by [`timeout`](Self::timeout), with the renewals that
+    /// fall due meanwhile running beside it. If our Lease or the coordinator role was lost while it was in
+    /// flight, its answer is replaced by an error: the caller treats it as unknown and stops.
+    pub(super) async fn bounded<T>(
+        &mut self,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let (had_lease, was_leader) = (self.own.is_some(), self.leader);
+        let out = self.drive(limited(self.timeout(), fut)).await;
+        if (had_lease && self.own.is_none()) || (was_leader && !self.leader) {
+            return Err(kube::Error::Service(
+                "our Lease or the coordinator role was lost while the request was in flight".into(),
+            ));
+        }
+        out
+    }
+
+    /// Await `fut` while the renewals that fall due run beside it.
+    pub(super) async fn drive<F: std::future::Future>(&mut self, fut: F) -> F::Output {
+        tokio::pin!(fut);
+        loop {
+            self.start_due(Instant::now());
+            let next = self.next_due();
+            tokio::select! {
+                biased;
+                out = &mut fut => return out,
+                Some(done) = self.beside.next(), if !self.beside.is_empty() => self.beside_done(done),
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+
+    /// Wait until no renewal of our own Lease is in flight (before deleting it, say), applying answers.
+    pub(super) async fn settle_renewal(&mut self) {
+        self.wait_beside(true, false).await;
+    }
+
+    /// Wait until no write of the kinds named is in flight, applying answers (and starting what falls due).
+    pub(super) async fn wait_beside(&mut self, member: bool, coordinator: bool) {
+        loop {
+            let busy = (member && self.renewal_in_flight) || (coordinator && self.elect_in_flight);
+            if !busy {
+                return;
+            }
+            self.start_due(Instant::now());
+            let next = self.next_due();
+            tokio::select! {
+                biased;
+                done = self.beside.next() => match done {
+                    Some(done) => self.beside_done(done),
+                    None => {
+                        self.renewal_in_flight = false;
+                        self.elect_in_flight = false;
+                    }
+                },
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+
+    /// Start the renewals that are due and not in flight.
+    pub(super) fn start_due(&mut self, now: Instant) {
+        if self.member_renewal_due(now) {
+            self.start_renewal(true);
+        }
+        if self.coordinator_renewal_due(now) {
+            self.start_coordinator_renewal();
+        }
+    }
+
+    fn member_renewal_due(&self, now: Instant) -> bool {
+        self.own.is_some()
+            && !self.exiting
+            && !self.renewal_in_flight
+            && self
+                .renewal_started
+                .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
+    }
+
+    fn coordinator_renewal_due(&self, now: Instant) -> bool {
+        self.leader
+            && self.own.is_some()
+            && !self.leaving
+            && !self.elect_in_flight
+            && self
+                .elected_at
+                .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
+    }
+
+    /// When the next renewal falls due (far ahead if none can).
+    pub(super) fn next_due(&self) -> Instant {
+        let far = Instant::now() + self.cfg.lease_duration;
+        let member = (self.own.is_some() && !self.renewal_in_flight && !self.exiting)
+            .then(|| self.renewal_started.map(|t| t + self.cfg.retry_period))
+            .flatten();
+        let coordinator = (self.leader && !self.elect_in_flight)
+            .then(|| self.elected_at.map(|t| t + self.cfg.retry_period))
+            .flatten();
+        [member, coordinator]
+            .into_iter()
+            .flatten()
+            .fold(far, Instant::min)
+    }
+
+    /// Send a renewal of our Lease (if none is in flight). `retry`: a conflict that is not a takeover is
+    /// tried again at once with what we read back.
+    pub(super) fn start_renewal(&mut self, retry: bool) {
+        let Some(own) = self.own.clone() else { return };
+        if self.renewal_in_flight || self.exiting {
+            return;
+        }
+        let start = self.ownership.inner.clock.now();
+        let t0 = Instant::now();
+        let body = self.lease_body(Some(&own));
+        let report = body
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPORT).cloned())
+            .unwrap_or_default();
+        let api = self.leases.clone();
+        let name = self.cfg.member_lease();
+        let (write_limit, read_limit) = (self.renewal_timeout(), self.timeout());
+        let incarnation = self.me.incarnation.to_string();
+        self.renewal_in_flight = true;
+        self.renewal_started = Some(t0);
+        let fut: BoxFuture<'static, Beside> = Box::pin(async move {
+            let pp = PostParams::default();
+            let answer = match limited(write_limit, api.replace(&name, &pp, &body)).await {
+                Ok(l) => MemberAnswer::Written(l),
+                Err(err) if is_conflict(&err) => {
+                    MemberAnswer::Conflict(limited(read_limit, api.get_opt(&name)).await)
+                }
+                Err(err) => MemberAnswer::Failed(err),
+            };
+            Beside::Member(MemberRenewal {
+                incarnation,
+                start,
+                t0,
+                report,
+                retry,
+                answer,
+            })
+        });
+        self.beside.push(fut);
+    }
+
+    /// Apply an answer that arrived beside.
+    pub(super) fn beside_done(&mut self, done: Beside) {
+        match done {
+            Beside::Member(r) => {
+                self.renewal_in_flight = false;
+                self.renewal_answered(r);
+            }
+            Beside::Coordinator(w) => {
+                self.elect_in_flight = false;
+                self.coordinator_written(w);
+            }
+        }
+    }
+}
