@@ -564,8 +564,11 @@ async fn slow_api(w: &mut World, ms: u64, secs: u64, member: Option<usize>, comm
         faults.latency(target.clone(), delay);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // the victim: another member than the slow one, when only one is slow
-    let victim = pick(w, member.map_or(secs as usize, |m| m + 1));
+    // the victim: another member than the slow one, when only one is slow; never the last one alive
+    // (with nobody left, nothing can be owned again)
+    let victim = (w.live().len() >= 2)
+        .then(|| pick(w, member.map_or(secs as usize, |m| m + 1)))
+        .flatten();
     let name = victim.map(|i| w.members[i].name.clone());
     kill(w, victim);
     tokio::time::sleep(Duration::from_secs(secs.saturating_sub(1))).await;

@@ -360,18 +360,13 @@ impl Runtime {
         self.cfg.retry_period.max(Duration::from_secs(1))
     }
 
-    /// How long one control-plane request (other than a renewal) may take: as long as a renewal that
-    /// started a retry period earlier can still have its answer within the fence it yields
-    /// (`renew_deadline − fence_margin − retry_period`), at least [`request_floor`](Self::request_floor).
-    /// The bound `max(retry_period, 1 s)` alone timed out the coordinator Lease write on every round when
-    /// answers took 2–9 s (default timings). Renewals run beside every request (`beside.rs`), so a long
-    /// chain of them never outlasts a fence.
+    /// How long one control-plane request may take: as long as a renewal ([`renewal_timeout`](Self::renewal_timeout)),
+    /// the life of the fence an answer can still be worth something within. The renewals run beside every
+    /// request (`beside.rs`), so no request needs a shorter bound to leave room for them; a shorter one timed
+    /// out the coordinator Lease write on every round when answers took most of a fence's life (the
+    /// group kept no coordinator).
     fn timeout(&self) -> Duration {
-        self.cfg
-            .renew_deadline
-            .saturating_sub(self.cfg.fence_margin)
-            .saturating_sub(self.cfg.retry_period)
-            .max(self.request_floor())
+        self.renewal_timeout()
     }
 
     /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
@@ -591,10 +586,16 @@ impl Runtime {
             .boxed()
     }
 
-    /// The lease watch has delivered nothing for a lease period, neither since it was (re)started: its LIST
-    /// or watch start hangs. Every member, this one included, renews every retry period.
+    /// The lease watch has delivered nothing for a lease period (at least two requests' time limits and a
+    /// retry period), neither since it was (re)started: its LIST or watch start hangs. Every member, this
+    /// one included, renews every retry period, or as soon as its last renewal is answered.
     fn lease_watch_stuck(&self, now: Instant, started: Instant) -> bool {
-        let period = self.cfg.lease_duration;
+        // a (re)start is a LIST and a watch start, each answered as late as the API answers (up to a
+        // request's time limit): restarting sooner would restart a slow but working watch forever
+        let period = self
+            .cfg
+            .lease_duration
+            .max(self.timeout() * 2 + self.cfg.retry_period);
         now.duration_since(started) >= period
             && self
                 .last_lease_event

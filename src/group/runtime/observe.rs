@@ -18,10 +18,20 @@ impl Runtime {
         }
     }
 
-    /// How long the lease watch may stay silent: every member renews every `retry_period`, so a longer
-    /// silence is a gap in our view (a backoff pause, a silent watch restart, a frozen connection).
+    /// How long the lease watch may stay silent: every member renews every `retry_period`, or as soon as
+    /// its last renewal is answered when answers take longer (up to `renew_deadline − fence_margin`, the
+    /// longest a renewal may take), so a longer silence is a gap in our view (a backoff pause, a silent
+    /// watch restart, a frozen connection). A shorter bound reset every observation clock over and over
+    /// under a slow API, and nobody was ever taken over.
     fn lease_gap(&self) -> Duration {
-        (self.cfg.lease_duration / 2).max(self.cfg.retry_period * 2)
+        let slowest_renewal = self
+            .cfg
+            .renew_deadline
+            .saturating_sub(self.cfg.fence_margin)
+            + self.cfg.retry_period;
+        (self.cfg.lease_duration / 2)
+            .max(self.cfg.retry_period * 2)
+            .max(slowest_renewal)
     }
 
     /// The lease watch delivered something: after a silence, restart the observation clocks first.
