@@ -31,6 +31,12 @@ use crate::shard::{ShardCount, ShardSet};
 /// The data key of the ConfigMap that holds the JSON.
 pub const DATA_KEY: &str = "assignment";
 
+/// The assignment ConfigMap's annotation naming the generation of a rebuild (a rolled-back assignment
+/// written again, or a re-creation without a view of the last one): whichever coordinator finds that
+/// generation stored plans nothing until every live member applied it and their fences from before can
+/// no longer be valid — a coordinator process that did not write it included.
+pub const REBUILT_ANNOTATION: &str = "kube-shard.io/rebuilt-generation";
+
 /// How far (ms) a generation may lead both the reader's wall clock and the highest generation it accepted
 /// (one day). Generations are wall-clock ms; a larger one is refused as hostile or broken (F13).
 pub const MAX_GENERATION_STEP: u64 = 24 * 60 * 60 * 1000;

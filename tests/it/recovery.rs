@@ -185,3 +185,81 @@ async fn a_fence_key_days_ahead_is_alarmed_and_never_freezes_the_group() {
     );
     check_fences(&log);
 }
+
+/// A rebuild (an assignment written again above a rolled-back one, or re-created without a view of the
+/// last) is marked as one in the stored assignment, so a coordinator that did not write it — its writer
+/// replaced right after the write — holds planning as the writer would have: until every live member
+/// applied it and the fences they held before can no longer be valid. Here one member's watches are
+/// frozen, so it applies the marked generation only once the coordinator tells it through its Lease, a
+/// lease period later; a new member joins meanwhile. While the member is behind, nothing is planned (the
+/// stored assignment stays the rebuild); then the newcomer gets its share. Before the mark was read, the
+/// coordinator planned the newcomer's share at once: "planned at generation …, above the rebuild …,
+/// while b had applied only …".
+#[tokio::test(start_paused = true)]
+async fn a_rebuild_written_by_another_coordinator_holds_planning_until_every_member_applied_it() {
+    use kube_shard::group::assignment::{Assignment, REBUILT_ANNOTATION};
+    let (server, log) = crate::support::group_server().await;
+    crate::oracle_support::record_group(&server);
+    let mut ms = settled(&server, &["a", "b"], &log).await;
+    tokio::time::sleep(LEASE * 2).await;
+    let lead = coordinator(&ms).expect("a coordinator");
+    let behind = 1 - lead;
+    server.faults().freeze_watches(
+        kube_shard_testserver::Scope::identity(ms[behind].name.as_str()),
+        true,
+    );
+    // the rebuild, as the replaced coordinator wrote it: the same owners, a higher generation, marked
+    let mut rebuilt = Assignment::decode(
+        &assignment_text(&server).await,
+        crate::group::s(),
+        kube_shard::ShardKey::Uid,
+    )
+    .unwrap();
+    let generation = rebuilt.view.generation + 1_000;
+    rebuilt.view.generation = generation;
+    let name = format!("{GROUP}-assignment");
+    let api = assignment_api(&server);
+    let mut cm = api.get(&name).await.unwrap();
+    cm.data
+        .as_mut()
+        .unwrap()
+        .insert(DATA_KEY.into(), rebuilt.encode());
+    cm.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(REBUILT_ANNOTATION.into(), generation.to_string());
+    api.replace(&name, &PostParams::default(), &cm)
+        .await
+        .unwrap();
+    ms.push(spawn(&server, "c", &log));
+    // until the frozen member applied the rebuild, the stored assignment stays the rebuild
+    let start = tokio::time::Instant::now();
+    while ms[behind].handle.status().generation < generation {
+        assert!(
+            start.elapsed() < LEASE * 10,
+            "the frozen member never applied the rebuild"
+        );
+        let stored = assignment(&server).await.expect("an assignment");
+        assert_eq!(
+            stored.view.generation,
+            generation,
+            "planned at generation {}, above the rebuild {generation}, while {} had applied only {}",
+            stored.view.generation,
+            ms[behind].name,
+            ms[behind].handle.status().generation
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.faults().freeze_watches(
+        kube_shard_testserver::Scope::identity(ms[behind].name.as_str()),
+        false,
+    );
+    until(
+        Duration::from_secs(60),
+        "the newcomer owns its share",
+        || owned_count(&ms[2]) > 0 && each_shard_owned_once(&ms.iter().collect::<Vec<_>>()),
+    )
+    .await;
+    check_fences(&log);
+    crate::oracle_support::check_ownership_history(&server);
+}

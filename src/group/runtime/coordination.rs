@@ -137,6 +137,9 @@ impl Runtime {
         if !absent && self.rolled_back(&current, &members).await {
             return;
         }
+        if !absent {
+            self.adopt_rebuild(&current);
+        }
         self.repair_fence_overshoot(&current.view, &mut members, now)
             .await;
         // a re-creation without a view of the assignment before it (not a cold start: someone saw one)
@@ -232,7 +235,7 @@ impl Runtime {
         let rewrite = absent || self.stored_behind;
         if let Some(next) = out.assignment.or_else(|| rewrite.then_some(current)) {
             let generation = next.view.generation;
-            if self.write_assignment(next).await && (blind || lagging) {
+            if self.write_assignment(next, blind || lagging).await && (blind || lagging) {
                 self.rebuild = Some(Rebuild {
                     generation,
                     all_applied_at: None,
@@ -327,7 +330,7 @@ impl Runtime {
         next.view.generation =
             Assignment::next_generation(applied.max(self.seen_generation), self.clock().wall_ms());
         let generation = next.view.generation;
-        if self.renew_between().await && self.write_assignment(next).await {
+        if self.renew_between().await && self.write_assignment(next, true).await {
             self.rollbacks += 1;
             self.rebuild = Some(Rebuild {
                 generation,
@@ -366,9 +369,39 @@ impl Runtime {
         if now.duration_since(since) < fence_life {
             return true;
         }
+        self.rebuild_served = hold.generation;
         self.rebuild = None;
         self.health.set_assignment_rollback(None);
         false
+    }
+
+    /// The stored assignment is a rebuild (marked so by the coordinator that wrote it) whose hold we have
+    /// not served: a coordinator process that did not write it — its writer was replaced right after —
+    /// waits as the writer would have (`rebuild_holds`), from scratch on its own clock.
+    fn adopt_rebuild(&mut self, current: &Assignment) {
+        use crate::group::assignment::REBUILT_ANNOTATION;
+        let generation = current.view.generation;
+        if self.rebuild.is_some() || self.rebuild_served == generation {
+            return;
+        }
+        let marked = self.assignment_cm.as_ref().and_then(|cm| {
+            cm.metadata
+                .annotations
+                .as_ref()?
+                .get(REBUILT_ANNOTATION)?
+                .parse::<u64>()
+                .ok()
+        });
+        if marked == Some(generation) {
+            info!(
+                generation,
+                "the stored assignment is a rebuild: nothing is planned until every live member applied it and the fences they held before can no longer be valid"
+            );
+            self.rebuild = Some(Rebuild {
+                generation,
+                all_applied_at: None,
+            });
+        }
     }
 
     /// The age of each move in flight in its current phase, on our clock: from when we first saw it
@@ -606,9 +639,18 @@ impl Runtime {
     }
 
     /// Write `next` (conditional on the resourceVersion we hold, or a create); whether it was written.
-    pub(super) async fn write_assignment(&mut self, next: Assignment) -> bool {
+    /// `rebuilt`: it is a rebuild, marked as one for whichever coordinator finds it stored
+    /// ([`REBUILT_ANNOTATION`](crate::group::assignment::REBUILT_ANNOTATION)).
+    pub(super) async fn write_assignment(&mut self, next: Assignment, rebuilt: bool) -> bool {
+        use crate::group::assignment::REBUILT_ANNOTATION;
         let name = self.cfg.assignment_name();
         let mut cm = self.group_configmap(&name, self.assignment_cm.clone());
+        let ann = cm.metadata.annotations.get_or_insert_with(Default::default);
+        if rebuilt {
+            ann.insert(REBUILT_ANNOTATION.into(), next.view.generation.to_string());
+        } else {
+            ann.remove(REBUILT_ANNOTATION);
+        }
         let text = next.encode();
         // never a write the apiserver would refuse for size, nor one our readers would refuse
         if text.len() > crate::group::assignment::MAX_TEXT {

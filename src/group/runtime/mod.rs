@@ -101,6 +101,8 @@ pub(crate) struct Runtime {
     /// rolled-back one): no planning until every live member applied it and the fences they held before
     /// can no longer be valid (see `coordination.rs`, `rebuild_holds`).
     rebuild: Option<Rebuild>,
+    /// The generation of the last rebuild whose hold we served (or saw end): not held again.
+    rebuild_served: u64,
     /// The stored assignment is older than our view (written back over it): our view goes back over it.
     stored_behind: bool,
     /// Times we found a rolled-back assignment (metric).
@@ -327,6 +329,7 @@ impl Runtime {
             assignment_cm: None,
             assignment_missing: false,
             rebuild: None,
+            rebuild_served: 0,
             stored_behind: false,
             rollbacks: 0,
             reports_refused: BTreeSet::new(),
