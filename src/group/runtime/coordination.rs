@@ -211,7 +211,21 @@ impl Runtime {
         }
         // F8: a renewal that falls due goes between the pass's requests; a pass that lost the
         // coordinator Lease or our own Lease meanwhile stops
-        for victim in out.takeovers {
+        // a blind re-creation waits until every member that stopped renewing is gone; one the (unknown)
+        // assignment may name is only known by its expired Lease, so it is taken over too — else a dead
+        // member that joined while the assignment could not be read would hold the re-creation forever
+        let mut takeovers = out.takeovers;
+        if hold_write && may_take_over {
+            for m in members.iter().filter(|m| m.expired && !m.gone) {
+                if takeovers.len() >= budget {
+                    break;
+                }
+                if !takeovers.contains(&m.id) {
+                    takeovers.push(m.id.clone());
+                }
+            }
+        }
+        for victim in takeovers {
             if !self.renew_between().await {
                 return;
             }
