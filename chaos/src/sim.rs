@@ -436,6 +436,67 @@ fn log_debug(w: &World) {
                 c.object.pointer("/spec").cloned().unwrap_or_default()
             ));
         }
+        // every committed assignment version in full: who wrote it (the restorer's too), its generation, and
+        // per shard the owner's incarnation, epoch and handoff
+        for c in
+            w.server.history().of(
+                &kube_shard_testserver::ResourceFilter::resource("configmaps")
+                    .namespace(crate::world::CP_NS)
+                    .name(format!("{}-assignment", crate::world::GROUP)),
+            )
+        {
+            let text = c
+                .object
+                .pointer(&format!(
+                    "/data/{}",
+                    kube_shard::group::assignment::DATA_KEY
+                ))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned);
+            let decoded = text.as_deref().map(|t| {
+                kube_shard::group::assignment::Assignment::decode(
+                    t,
+                    crate::world::shards(),
+                    kube_shard::ShardKey::Uid,
+                )
+            });
+            let body = match decoded {
+                None => "(no text)".to_owned(),
+                Some(Err(e)) => format!("(undecodable: {e})"),
+                Some(Ok(a)) => {
+                    let shards: Vec<String> = a
+                        .view
+                        .shards
+                        .iter()
+                        .map(|(s, e)| {
+                            let h = match &e.handoff {
+                                kube_shard::ownership::Handoff::Stable => String::new(),
+                                kube_shard::ownership::Handoff::Moving { id, to } => {
+                                    format!(" moving#{id}->{to}")
+                                }
+                                kube_shard::ownership::Handoff::Draining { id, to } => {
+                                    format!(" draining#{id}->{to}")
+                                }
+                                other => format!(" {other:?}"),
+                            };
+                            format!("{s}:{}@{}{h}", e.owner, e.epoch)
+                        })
+                        .collect();
+                    format!("gen={} {}", a.view.generation, shards.join(","))
+                }
+            };
+            w.note(format!(
+                "assignment version rv={} by {} {:?} {}",
+                c.resource_version,
+                c.identity,
+                c.change,
+                if c.deleted() {
+                    "(deleted)".to_owned()
+                } else {
+                    body
+                }
+            ));
+        }
         for l in check::ownership_history(&w.server).leases {
             w.note(format!(
                 "lease rv={} {}/{} released={:?} taken_over={:?}",

@@ -51,6 +51,21 @@ pub const FENCE_PARAMS: &str = "chaos-fence";
 /// host's clock.
 const EPOCH_SECS: u64 = 1_767_225_600;
 
+thread_local! {
+    /// Simulated time 0 of the seed running on this thread (each seed runs on a fresh thread), for
+    /// [`sim_ms`].
+    static SIM_START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Simulated ms since the start of the seed running on this thread (`None` off a seed's thread): the
+/// stamp `chaos` puts on the library's tracing lines, so they read beside the event log.
+#[must_use]
+pub fn sim_ms() -> Option<u64> {
+    SIM_START
+        .with(std::cell::Cell::get)
+        .map(|s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The number of shards.
 #[must_use]
 pub fn shards() -> ShardCount {
@@ -147,6 +162,7 @@ impl World {
         let _ = example::widget::install_crd(admin, Duration::from_secs(5)).await;
         let start = Instant::now();
         let _ = started.set(start);
+        SIM_START.with(|c| c.set(Some(start)));
         World {
             server,
             members: Vec::new(),
