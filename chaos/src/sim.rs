@@ -145,6 +145,16 @@ pub fn replay() -> Replay {
             let _ = entropy::seed_thread(PROCESS_KEYS);
             let _ = ahash::RandomState::new();
             kube_shard_testserver::init_process_tables();
+            // the CEL parser's process-wide caches: a fence-key-skew seed posts these policies, and the
+            // first parse of an expression in a process creates hash maps on the parsing thread (moving its
+            // hash keys on) that later parses do not — so a seed that parsed them first in its process
+            // would order held reconciles differently from the same seed run after it
+            let policies: Vec<serde_json::Value> = crate::world::fence_policy_set()
+                .policies
+                .iter()
+                .filter_map(|p| serde_json::to_value(p).ok())
+                .collect();
+            kube_shard_testserver::warm_admission(&policies);
         })
         .join()
         .is_ok();

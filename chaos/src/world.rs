@@ -195,13 +195,7 @@ impl World {
     /// [`FENCE_PARAMS`] created empty, both fence policies for ConfigMaps (the children) posted, and
     /// every member started from now on publishing each shard's epoch there before it activates.
     pub async fn fence_policy_on(&mut self) {
-        let params = format!("{CP_NS}/{FENCE_PARAMS}")
-            .parse()
-            .expect("a valid parameter reference");
-        let set = FencePolicyConfig::new(vec!["configmaps".parse().expect("a resource")])
-            .params(params)
-            .generate()
-            .expect("a valid fence policy");
+        let set = fence_policy_set();
         let admin = self.server.client("admin");
         if let Some(cm) = &set.params {
             // the per-shard binding refuses every covered write while its parameters are missing
@@ -396,6 +390,19 @@ fn tap(
 #[must_use]
 pub fn is_request_line(line: &str) -> bool {
     matches!(line.split_whitespace().nth(1), Some(">" | "<"))
+}
+
+/// The fence policies (and parameter ConfigMap and bindings) a seed that skews a fence key runs with: both
+/// fence policies for ConfigMaps (the children), with the per-shard parameters in [`FENCE_PARAMS`].
+#[must_use]
+pub fn fence_policy_set() -> kube_shard::fence_policy::PolicySet {
+    let params = format!("{CP_NS}/{FENCE_PARAMS}")
+        .parse()
+        .expect("a valid parameter reference");
+    FencePolicyConfig::new(vec!["configmaps".parse().expect("a resource")])
+        .params(params)
+        .generate()
+        .expect("a valid fence policy")
 }
 
 /// A member's clocks: the boot clock is simulated time (it keeps counting while the member is paused, like
