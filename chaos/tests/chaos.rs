@@ -471,3 +471,26 @@ fn a_blind_re_creation_of_the_assignment_drops_no_shard_without_evidence() {
         assert!(o.findings.is_empty(), "hash salt {salt}: {:?}", o.findings);
     }
 }
+
+/// Operator regression (blackhole-read seeds 55, 56 and 79 of 100; this is seed 55): a member's Widget
+/// LISTs and watch starts are black-holed for 8 s while another member dies. The black-holed member was
+/// the coordinator, so it ran the orphan collector, whose pass sent its Widget LIST into the hole: never
+/// answered, and kube's client sets no read timeout, so the pass — and with it the collector, for the rest
+/// of the term — waited for good. Orphaned children of deleted Widgets were never collected again, and a
+/// Widget re-created under a deleted one's name had its child's create refused (AlreadyExists) by the
+/// orphan until the end: "latest generation 2 never reconciled by its owner m2", by an owner that was not
+/// the black-holed one. Every request of a pass is now time-limited (`gc::REQUEST_LIMIT`); fails without.
+#[test]
+fn a_black_holed_widget_list_does_not_stop_the_orphan_collector() {
+    const KINDS: [&str; 1] = ["blackhole-read"];
+    let opts = Options {
+        kinds: &KINDS,
+        ..Options::default()
+    };
+    let o = run_seed(55, &opts, None);
+    assert!(
+        o.log.iter().any(|l| l.contains("fault BlackholeRead")),
+        "seed 55 black-holes a member's reads"
+    );
+    assert!(o.findings.is_empty(), "{:?}", o.findings);
+}
