@@ -494,3 +494,25 @@ fn a_black_holed_widget_list_does_not_stop_the_orphan_collector() {
     );
     assert!(o.findings.is_empty(), "{:?}", o.findings);
 }
+
+/// Operator regression (seed 47 of the default draw): the writer deletes Widget w-11 and re-creates it
+/// under the same name; the new uid lands in shard 6 (m1's), the old one was in shard 13 (m2's, leaving
+/// with slow-handoff's late, unanswered writes in flight). The child ConfigMap's name comes from the
+/// Widget's name, so the old child — placed in shard 13 by its controller ownerReference, and in m1's
+/// cache as the target of shard 13's move — was replaced by m1 under shard 6's fence while m2's replace of
+/// it under shard 13's fence was still in flight: "uid …: overlapping fence windows m2 … 13/… and m1 …
+/// 6/…". A Widget's owner now never writes a child another Widget controls; it waits for the orphan
+/// collector to delete it. Fails without that.
+#[test]
+fn a_re_created_widget_never_writes_its_deleted_namesakes_child() {
+    let opts = Options {
+        kinds: default_kinds(),
+        ..Options::default()
+    };
+    let o = run_seed(47, &opts, None);
+    assert!(
+        o.log.iter().any(|l| l.contains("fault SlowHandoff")),
+        "seed 47 draws a slow handoff"
+    );
+    assert!(o.findings.is_empty(), "{:?}", o.findings);
+}
