@@ -507,6 +507,34 @@ fn log_debug(w: &World) {
                 }
             ));
         }
+        // every member Lease version's report: what each member said it applied, saw and held
+        for c in w
+            .server
+            .history()
+            .of(&kube_shard_testserver::ResourceFilter::resource("leases")
+                .namespace(crate::world::CP_NS))
+        {
+            let ann = c.object.pointer("/metadata/annotations");
+            let text = |k: &str| ann.and_then(|a| a.get(k)).and_then(|v| v.as_str());
+            let Some(report) = text(kube_shard::group::report::REPORT).and_then(|t| {
+                kube_shard::group::report::MemberReport::decode(t, crate::world::shards()).ok()
+            }) else {
+                continue;
+            };
+            w.note(format!(
+                "report rv={} {}/{} applied={} seen={} admitted={} serving={} kept={} stale={} leaving={}",
+                c.resource_version,
+                c.name,
+                text(kube_shard::group::report::INCARNATION).unwrap_or_default(),
+                report.applied_generation,
+                report.seen_generation,
+                report.admitted,
+                report.serving,
+                report.kept,
+                report.stale,
+                report.leaving
+            ));
+        }
         for l in check::ownership_history(&w.server).leases {
             w.note(format!(
                 "lease rv={} {}/{} released={:?} taken_over={:?}",
