@@ -775,12 +775,19 @@ fn leave(w: &mut World, i: Option<usize>) {
     }
 }
 
-/// Undo every lasting fault: the faults switched off, every member resumed, wall clocks back in step,
-/// and an assignment no member decodes deleted. That last one is the admin's repair: by design no
-/// coordinator writes over an assignment it cannot decode (it could be a newer format), so until someone
-/// repairs it nothing moves — a member that was leaving stays, and its name's successor waits for it.
+/// Undo every lasting fault: the faults switched off, a member configured with another `S` (another-s)
+/// stopped, every member resumed, wall clocks back in step, and an assignment no member decodes deleted.
+/// That last one is the admin's repair: by design no coordinator writes over an assignment it cannot
+/// decode (it could be a newer format), so until someone repairs it nothing moves — a member that was
+/// leaving stays, and its name's successor waits for it. The misconfigured member goes first: left
+/// running, it could be the only member when the assignment is deleted, and would re-create it for its
+/// own `S`, which the group's members refuse for good (nothing tells it the group's `S`).
 pub async fn heal(w: &World) {
     w.server.faults().clear();
+    for m in w.members.iter().filter(|m| m.foreign && m.alive()) {
+        w.note(format!("heal: stop {} (another S)", m.name));
+        m.switch.kill();
+    }
     let cms: Api<ConfigMap> = Api::namespaced(w.server.client("admin"), CP_NS);
     let name = format!("{GROUP}-assignment");
     if let Ok(Some(cm)) = cms.get_opt(&name).await {

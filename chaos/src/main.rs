@@ -53,12 +53,17 @@ struct Args {
     /// Draw only these fault kinds (comma-separated, as the summary names them).
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
+    /// Run each seed this many times in this one process, one after the other, and print where a run's
+    /// trace first differs from the seed's first run (exact replay inside one process).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    repeat: u64,
 }
 
 fn main() {
     let args = Args::parse();
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
+            .with_timer(SimTime)
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .init();
@@ -104,6 +109,29 @@ fn main() {
         ..Options::default()
     };
     let started = Instant::now();
+    if args.repeat > 1 {
+        let mut differ = false;
+        for seed in args.seed_start..args.seed_start + args.seeds {
+            let first = run_seed(seed, &opts, None);
+            for n in 2..=args.repeat {
+                let again = run_seed(seed, &opts, None);
+                match first_difference(&first.log, &again.log) {
+                    None => println!(
+                        "seed {seed}: run {n} traces as run 1 ({})",
+                        again.trace_digest
+                    ),
+                    Some(d) => {
+                        differ = true;
+                        println!(
+                            "seed {seed}: run {n} ({}) differs from run 1 ({}): {d}",
+                            again.trace_digest, first.trace_digest
+                        );
+                    }
+                }
+            }
+        }
+        std::process::exit(i32::from(differ));
+    }
     if let Some(text) = &args.faults {
         let faults: Vec<Timed> = match serde_json::from_str(text) {
             Ok(f) => f,
@@ -189,6 +217,18 @@ fn main() {
     std::process::exit(i32::from(!failed.is_empty()));
 }
 
+/// Tracing lines stamped with the seed's simulated ms (as the event log is), not the host's clock.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match world::sim_ms() {
+            Some(ms) => write!(w, "{ms:>9}"),
+            None => write!(w, "{:>9}", "-"),
+        }
+    }
+}
+
 fn print_outcome(o: &Outcome, opts: &Options, args: &Args) {
     if o.findings.is_empty() {
         println!(
@@ -221,6 +261,25 @@ fn print_log(o: &Outcome, args: &Args) {
         }
     }
     eprint!("{out}");
+}
+
+/// Where two traces first differ (`None`: equal).
+fn first_difference(a: &[String], b: &[String]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let i = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    Some(format!(
+        "line {i} of {}/{}:\n  {:?}\n  {:?}",
+        a.len(),
+        b.len(),
+        a.get(i),
+        b.get(i)
+    ))
 }
 
 fn seed_json(o: &Outcome) -> serde_json::Value {

@@ -145,6 +145,16 @@ pub fn replay() -> Replay {
             let _ = entropy::seed_thread(PROCESS_KEYS);
             let _ = ahash::RandomState::new();
             kube_shard_testserver::init_process_tables();
+            // the CEL parser's process-wide caches: a fence-key-skew seed posts these policies, and the
+            // first parse of an expression in a process creates hash maps on the parsing thread (moving its
+            // hash keys on) that later parses do not — so a seed that parsed them first in its process
+            // would order held reconciles differently from the same seed run after it
+            let policies: Vec<serde_json::Value> = crate::world::fence_policy_set()
+                .policies
+                .iter()
+                .filter_map(|p| serde_json::to_value(p).ok())
+                .collect();
+            kube_shard_testserver::warm_admission(&policies);
         })
         .join()
         .is_ok();
@@ -434,6 +444,95 @@ fn log_debug(w: &World) {
                 c.identity,
                 c.change,
                 c.object.pointer("/spec").cloned().unwrap_or_default()
+            ));
+        }
+        // every committed assignment version in full: who wrote it (the restorer's too), its generation, and
+        // per shard the owner's incarnation, epoch and handoff
+        for c in
+            w.server.history().of(
+                &kube_shard_testserver::ResourceFilter::resource("configmaps")
+                    .namespace(crate::world::CP_NS)
+                    .name(format!("{}-assignment", crate::world::GROUP)),
+            )
+        {
+            let text = c
+                .object
+                .pointer(&format!(
+                    "/data/{}",
+                    kube_shard::group::assignment::DATA_KEY
+                ))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned);
+            let decoded = text.as_deref().map(|t| {
+                kube_shard::group::assignment::Assignment::decode(
+                    t,
+                    crate::world::shards(),
+                    kube_shard::ShardKey::Uid,
+                )
+            });
+            let body = match decoded {
+                None => "(no text)".to_owned(),
+                Some(Err(e)) => format!("(undecodable: {e})"),
+                Some(Ok(a)) => {
+                    let shards: Vec<String> = a
+                        .view
+                        .shards
+                        .iter()
+                        .map(|(s, e)| {
+                            let h = match &e.handoff {
+                                kube_shard::ownership::Handoff::Stable => String::new(),
+                                kube_shard::ownership::Handoff::Moving { id, to } => {
+                                    format!(" moving#{id}->{to}")
+                                }
+                                kube_shard::ownership::Handoff::Draining { id, to } => {
+                                    format!(" draining#{id}->{to}")
+                                }
+                                other => format!(" {other:?}"),
+                            };
+                            format!("{s}:{}@{}{h}", e.owner, e.epoch)
+                        })
+                        .collect();
+                    format!("gen={} {}", a.view.generation, shards.join(","))
+                }
+            };
+            w.note(format!(
+                "assignment version rv={} by {} {:?} {}",
+                c.resource_version,
+                c.identity,
+                c.change,
+                if c.deleted() {
+                    "(deleted)".to_owned()
+                } else {
+                    body
+                }
+            ));
+        }
+        // every member Lease version's report: what each member said it applied, saw and held
+        for c in w
+            .server
+            .history()
+            .of(&kube_shard_testserver::ResourceFilter::resource("leases")
+                .namespace(crate::world::CP_NS))
+        {
+            let ann = c.object.pointer("/metadata/annotations");
+            let text = |k: &str| ann.and_then(|a| a.get(k)).and_then(|v| v.as_str());
+            let Some(report) = text(kube_shard::group::report::REPORT).and_then(|t| {
+                kube_shard::group::report::MemberReport::decode(t, crate::world::shards()).ok()
+            }) else {
+                continue;
+            };
+            w.note(format!(
+                "report rv={} {}/{} applied={} seen={} admitted={} serving={} kept={} stale={} leaving={}",
+                c.resource_version,
+                c.name,
+                text(kube_shard::group::report::INCARNATION).unwrap_or_default(),
+                report.applied_generation,
+                report.seen_generation,
+                report.admitted,
+                report.serving,
+                report.kept,
+                report.stale,
+                report.leaving
             ));
         }
         for l in check::ownership_history(&w.server).leases {

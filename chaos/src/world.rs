@@ -51,6 +51,21 @@ pub const FENCE_PARAMS: &str = "chaos-fence";
 /// host's clock.
 const EPOCH_SECS: u64 = 1_767_225_600;
 
+thread_local! {
+    /// Simulated time 0 of the seed running on this thread (each seed runs on a fresh thread), for
+    /// [`sim_ms`].
+    static SIM_START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Simulated ms since the start of the seed running on this thread (`None` off a seed's thread): the
+/// stamp `chaos` puts on the library's tracing lines, so they read beside the event log.
+#[must_use]
+pub fn sim_ms() -> Option<u64> {
+    SIM_START
+        .with(std::cell::Cell::get)
+        .map(|s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The number of shards.
 #[must_use]
 pub fn shards() -> ShardCount {
@@ -147,6 +162,7 @@ impl World {
         let _ = example::widget::install_crd(admin, Duration::from_secs(5)).await;
         let start = Instant::now();
         let _ = started.set(start);
+        SIM_START.with(|c| c.set(Some(start)));
         World {
             server,
             members: Vec::new(),
@@ -179,13 +195,7 @@ impl World {
     /// [`FENCE_PARAMS`] created empty, both fence policies for ConfigMaps (the children) posted, and
     /// every member started from now on publishing each shard's epoch there before it activates.
     pub async fn fence_policy_on(&mut self) {
-        let params = format!("{CP_NS}/{FENCE_PARAMS}")
-            .parse()
-            .expect("a valid parameter reference");
-        let set = FencePolicyConfig::new(vec!["configmaps".parse().expect("a resource")])
-            .params(params)
-            .generate()
-            .expect("a valid fence policy");
+        let set = fence_policy_set();
         let admin = self.server.client("admin");
         if let Some(cm) = &set.params {
             // the per-shard binding refuses every covered write while its parameters are missing
@@ -380,6 +390,19 @@ fn tap(
 #[must_use]
 pub fn is_request_line(line: &str) -> bool {
     matches!(line.split_whitespace().nth(1), Some(">" | "<"))
+}
+
+/// The fence policies (and parameter ConfigMap and bindings) a seed that skews a fence key runs with: both
+/// fence policies for ConfigMaps (the children), with the per-shard parameters in [`FENCE_PARAMS`].
+#[must_use]
+pub fn fence_policy_set() -> kube_shard::fence_policy::PolicySet {
+    let params = format!("{CP_NS}/{FENCE_PARAMS}")
+        .parse()
+        .expect("a valid parameter reference");
+    FencePolicyConfig::new(vec!["configmaps".parse().expect("a resource")])
+        .params(params)
+        .generate()
+        .expect("a valid fence policy")
 }
 
 /// A member's clocks: the boot clock is simulated time (it keeps counting while the member is paused, like

@@ -9,6 +9,10 @@
 //! Order matters: children are listed **before** Widgets. A child in the first list was created before the
 //! Widget list was taken, and its Widget before the child, so a Widget missing from the second list was
 //! really deleted (never "created after the list").
+//!
+//! Every request of a pass is time-limited ([`REQUEST_LIMIT`]): kube's client sets no read timeout, so a
+//! request on a black-holed connection would hold the pass — and every pass after it in this term — until
+//! TCP gives up. A pass that times out fails and the next one starts after the interval.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -23,6 +27,32 @@ use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
 use crate::widget::{Widget, CHILD_LABEL};
+
+/// How long one request of a collection pass (a LIST page, a delete) may wait for its answer: the read
+/// path's bound (`docs/read-path.md`, "Time limits"). A healthy apiserver answers in well under a second.
+pub const REQUEST_LIMIT: Duration = Duration::from_secs(35);
+
+/// Why a collection pass failed.
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    /// The apiserver answered with an error.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// No answer within [`REQUEST_LIMIT`].
+    #[error("{what} got no answer within {REQUEST_LIMIT:?}")]
+    TimedOut { what: &'static str },
+}
+
+/// `request` within [`REQUEST_LIMIT`] (dropped on expiry).
+async fn bounded<T>(
+    what: &'static str,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, PassError> {
+    match tokio::time::timeout(REQUEST_LIMIT, request).await {
+        Ok(r) => r.map_err(PassError::from),
+        Err(_) => Err(PassError::TimedOut { what }),
+    }
+}
 
 /// Metrics of the singleton.
 #[derive(Clone, Default)]
@@ -82,13 +112,18 @@ async fn pass(
     widgets: &Api<Widget>,
     guard: &SingletonGuard,
     metrics: &GcMetrics,
-) -> Result<usize, kube::Error> {
-    let kids = children
-        .list_metadata(&ListParams::default().labels(CHILD_LABEL))
-        .await?;
-    let live: BTreeSet<String> = widgets
-        .list_metadata(&ListParams::default())
-        .await?
+) -> Result<usize, PassError> {
+    let kids = bounded(
+        "the child LIST",
+        children.list_metadata(&ListParams::default().labels(CHILD_LABEL)),
+    )
+    .await?;
+    let listed = bounded(
+        "the Widget LIST",
+        widgets.list_metadata(&ListParams::default()),
+    )
+    .await?;
+    let live: BTreeSet<String> = listed
         .items
         .into_iter()
         .filter_map(|w| w.metadata.uid)
@@ -109,12 +144,12 @@ async fn pass(
             }),
             ..DeleteParams::default()
         };
-        match api.delete(&name, &dp).await {
+        match bounded("a child's delete", api.delete(&name, &dp)).await {
             Ok(_) => {
                 collected += 1;
                 metrics.collected.inc();
             }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(PassError::Api(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(e),
         }
     }

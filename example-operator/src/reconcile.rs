@@ -169,6 +169,16 @@ async fn child(
                 Err(e) => return Err(e),
             }
         }
+        // another Widget's child: a deleted namesake's (a delete + re-create under one name gives the new
+        // Widget another uid, so most likely another shard and owner). Its writes belong to that uid's
+        // shard — its owner's fenced writes may still be in flight — so this Widget's owner never writes
+        // it: it waits until the orphan collector (or the cluster's garbage collector) deletes it, then
+        // creates its own
+        Some(c) if controlled_by_another(&c, m.uid) => {
+            return Ok(Some(Action::requeue(kube_shard::ownership::jitter(
+                Duration::from_secs(1),
+            ))));
+        }
         Some(c) if c.data.as_ref() != Some(&data) => {
             let mut c = (*c).clone();
             c.data = Some(data);
@@ -178,6 +188,16 @@ async fn child(
         Some(_) => {}
     }
     Ok(None)
+}
+
+/// `child`'s controller is a Widget other than the one with uid `uid`.
+fn controlled_by_another(child: &ConfigMap, uid: &str) -> bool {
+    child
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "Widget" && o.uid != uid)
 }
 
 /// A write the apiserver's fence policy refused is a lost shard, like a lost fence: requeue (counted in

@@ -316,6 +316,31 @@ thread_local! {
 /// Compiled programs kept per thread at most (then the cache starts over).
 const PROGRAM_CACHE: usize = 512;
 
+/// Compile every CEL expression `policies` (ValidatingAdmissionPolicy objects or their specs) would run —
+/// `variables`, `validations` and their `messageExpression`s — and drop the programs. What it leaves behind
+/// is the CEL parser's process-wide state (the ANTLR parser's lazily built ATN and its DFA and
+/// prediction-context caches, `lazy_static`s of the `cel` crate): parsing an expression the first time in
+/// a process walks the ATN and creates std `HashMap`s and `HashSet`s on the calling thread, each of which
+/// moves that thread's hash keys on; parsing it again walks the cached DFA and creates none. See
+/// [`crate::warm_admission`].
+pub(crate) fn warm(policies: &[Value]) {
+    for p in policies {
+        let spec = if p["spec"].is_object() { &p["spec"] } else { p };
+        let variables = spec["variables"].as_array().into_iter().flatten();
+        let validations = spec["validations"].as_array().into_iter().flatten();
+        let exprs = variables
+            .filter_map(|v| v["expression"].as_str())
+            .chain(validations.flat_map(|v| {
+                [v["expression"].as_str(), v["messageExpression"].as_str()]
+                    .into_iter()
+                    .flatten()
+            }));
+        for e in exprs {
+            let _ = cel::Program::compile(e);
+        }
+    }
+}
+
 fn run(ctx: &cel::Context<'_>, expr: &str) -> Result<cel::Value, String> {
     PROGRAMS.with(|cache| {
         let mut cache = cache.borrow_mut();

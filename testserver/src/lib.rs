@@ -323,3 +323,14 @@ pub fn init_process_tables() {
     let _ = schema::Schemas::builtin();
     let _ = protobuf::table();
 }
+
+/// Parse, now and on this thread, every CEL expression the admission policies `policies`
+/// (ValidatingAdmissionPolicy objects as JSON) would evaluate. The CEL parser keeps process-wide caches
+/// (its ANTLR DFA): the first parse of an expression in a process creates std hash maps on the parsing
+/// thread — moving that thread's hash keys on — and later parses of the same text create none. So a thread
+/// that evaluates a policy first in its process hashes differently afterwards from one that evaluates it
+/// second; a caller that must know exactly what each of its threads does (the fault simulator's exact
+/// replay) parses the policies it will post once first, like [`init_process_tables`].
+pub fn warm_admission(policies: &[serde_json::Value]) {
+    admission::warm(policies);
+}
