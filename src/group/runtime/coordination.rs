@@ -231,30 +231,31 @@ impl Runtime {
             }
             self.take_over(&victim, now).await;
         }
+        if !self.renew_between().await {
+            return;
+        }
+        // the assignment first: under a slow API every request costs seconds, and housekeeping (dead
+        // Leases, hints to lagging members) must not delay the write that gives orphaned shards an owner
+        if hold_write {
+            debug!("re-creating the assignment without a view of the last one: waiting until every member that stopped renewing is taken over");
+        } else {
+            // our view goes back over an older one written over it, unchanged if nothing else changes
+            let rewrite = absent || self.stored_behind;
+            if let Some(next) = out.assignment.or_else(|| rewrite.then(|| current.clone())) {
+                let generation = next.view.generation;
+                if self.write_assignment(next, blind || lagging).await && (blind || lagging) {
+                    self.rebuild = Some(Rebuild {
+                        generation,
+                        all_applied_at: None,
+                    });
+                }
+            }
+        }
         if may_take_over && self.renew_between().await {
             self.collect_dead_lease(now).await;
         }
-        if !self.renew_between().await {
-            return;
-        }
-        self.nudge_lagging_members(&current, now).await;
-        if !self.renew_between().await {
-            return;
-        }
-        if hold_write {
-            debug!("re-creating the assignment without a view of the last one: waiting until every member that stopped renewing is taken over");
-            return;
-        }
-        // our view goes back over an older one written over it, unchanged if nothing else changes
-        let rewrite = absent || self.stored_behind;
-        if let Some(next) = out.assignment.or_else(|| rewrite.then_some(current)) {
-            let generation = next.view.generation;
-            if self.write_assignment(next, blind || lagging).await && (blind || lagging) {
-                self.rebuild = Some(Rebuild {
-                    generation,
-                    all_applied_at: None,
-                });
-            }
+        if self.renew_between().await {
+            self.nudge_lagging_members(&current, now).await;
         }
     }
 
