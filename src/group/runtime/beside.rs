@@ -81,7 +81,7 @@ impl Runtime {
             self.start_due(Instant::now());
             let next = self.next_due();
             tokio::select! {
-                biased;
+                biased; // the request's answer first, then renewal answers, then the timer
                 out = &mut fut => return out,
                 Some(done) = self.beside.next(), if !self.beside.is_empty() => self.beside_done(done),
                 _ = tokio::time::sleep_until(next) => {}
@@ -104,7 +104,7 @@ impl Runtime {
             self.start_due(Instant::now());
             let next = self.next_due();
             tokio::select! {
-                biased;
+                biased; // an answer before the timer that would only start the next renewal
                 done = self.beside.next() => match done {
                     Some(done) => self.beside_done(done),
                     None => {

@@ -213,7 +213,7 @@ fn feed<K: Send + 'static>(
     spawner.spawn(async move {
         loop {
             tokio::select! {
-                biased;
+                biased; // the receiver gone first: a dropped feed stops reading at once
                 _ = tx.closed() => return,
                 ev = stream.next() => {
                     let end = ev.is_none();
