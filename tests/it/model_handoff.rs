@@ -1148,7 +1148,7 @@ fn planted_forget_retired_gates_is_caught() {
 
 #[test]
 fn an_older_view_rewritten_higher_never_overlaps() {
-    // default run: 92 632 and 355 276 unique states: the floors catch a shrinking model
+    // default run: 92 632 and 355 468 unique states: the floors catch a shrinking model
     check_safety("handoff+rewrite", rewrite_model(false, true), canon, 85_000);
     check_safety(
         "handoff+rewrite twice",
