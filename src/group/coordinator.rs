@@ -338,6 +338,11 @@ enum Claim<'a> {
 }
 
 fn holder_against<'a>(ctx: &Ctx<'a>, shard: u32, a: &ShardAssignment) -> Claim<'a> {
+    // planted: `kept` reports are ignored, so a held shard is granted on as if nobody held it
+    #[cfg(feature = "planted-bugs")]
+    if crate::ownership::planted::on(crate::ownership::planted::Bug::GrantOverKeptHolder) {
+        return Claim::None;
+    }
     let mut claims = ctx.input.members.iter().filter(|m| {
         !m.gone
             && m.id != a.owner

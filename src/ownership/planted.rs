@@ -1,6 +1,6 @@
 //! Planted bugs (feature `planted-bugs`, never on by default): switches the fault simulator (`chaos/`) and
-//! the handoff model (`tests/it/model_handoff.rs`) turn on, one at a time, to show that their oracles catch
-//! each bug. Every switch is per thread (a simulated
+//! the models (`tests/it/model_handoff.rs`, `tests/it/model_takeover.rs`) turn on, one at a time, to show
+//! that their oracles catch each bug. Every switch is per thread (a simulated
 //! seed runs on one thread), and off until [`set`] turns it on.
 
 use std::cell::Cell;
@@ -19,16 +19,24 @@ pub enum Bug {
     /// A shard forgets the gate a re-grant, cancel-back or release retires: a later drain waits only for
     /// the current gate, not for requests still in flight under the retired one.
     ForgetRetiredGates,
+    /// The coordinator ignores `kept` reports: it grants a shard another live member holds at a higher epoch
+    /// (after a rolled-back assignment) without first naming that holder.
+    GrantOverKeptHolder,
+    /// A member activates a grant at or below a generation it applied before that view (a grant only a
+    /// rolled-back assignment can make), instead of reporting it `stale`.
+    ActivateRolledBackGrant,
 }
 
 impl Bug {
     /// Every bug, with its name (`--plant NAME`).
-    pub const ALL: [(&'static str, Bug); 5] = [
+    pub const ALL: [(&'static str, Bug); 7] = [
         ("skip-drain-wait", Bug::SkipDrainWait),
         ("skip-activation-barrier", Bug::SkipActivationBarrier),
         ("unobserved-is-gone", Bug::UnobservedIsGone),
         ("accept-lower-epoch", Bug::AcceptLowerEpoch),
         ("forget-retired-gates", Bug::ForgetRetiredGates),
+        ("grant-over-kept-holder", Bug::GrantOverKeptHolder),
+        ("activate-rolled-back-grant", Bug::ActivateRolledBackGrant),
     ];
 
     fn bit(self) -> u8 {

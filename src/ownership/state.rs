@@ -559,7 +559,12 @@ impl MemberState {
         let same_epoch = held == Some(a.epoch);
         // A grant we do not hold, at or below a generation we applied before: a rolled-back assignment
         // (a restored backup). Never activated: the shard may be held by its real owner at a higher epoch.
-        if !same_epoch && before > 0 && a.epoch <= before && !planted_lower_epoch() {
+        if !same_epoch
+            && before > 0
+            && a.epoch <= before
+            && !planted_lower_epoch()
+            && !planted_rolled_back_grant()
+        {
             let keep = from.filter(|st| st.epoch().is_some());
             return (keep, Verdict::Stale);
         }
@@ -732,6 +737,15 @@ enum Verdict {
 fn planted_lower_epoch() -> bool {
     #[cfg(feature = "planted-bugs")]
     return crate::ownership::planted::on(crate::ownership::planted::Bug::AcceptLowerEpoch);
+    #[cfg(not(feature = "planted-bugs"))]
+    false
+}
+
+/// The planted bug "a grant at or below a generation applied before is activated" (feature
+/// `planted-bugs`): the models must catch it.
+fn planted_rolled_back_grant() -> bool {
+    #[cfg(feature = "planted-bugs")]
+    return crate::ownership::planted::on(crate::ownership::planted::Bug::ActivateRolledBackGrant);
     #[cfg(not(feature = "planted-bugs"))]
     false
 }

@@ -10,6 +10,61 @@ use std::{
 
 use stateright::{Checker, Model};
 
+/// A planted bug a model switches on (feature `planted-bugs`) wherever it steps the library: the switch is
+/// per thread, and stateright's checker steps the model on threads of its own.
+#[cfg(feature = "planted-bugs")]
+pub type Plant = Option<kube_shard::ownership::planted::Bug>;
+/// Without the feature nothing can be planted.
+#[cfg(not(feature = "planted-bugs"))]
+pub type Plant = Option<std::convert::Infallible>;
+
+/// Switch `plant` on for the calling thread (a model calls this before stepping the library).
+pub fn plant(plant: Plant) {
+    #[cfg(feature = "planted-bugs")]
+    if let Some(bug) = plant {
+        kube_shard::ownership::planted::set(bug, true);
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    let _ = plant;
+}
+
+/// Run stateright's BFS checker until an `always` property fails; returns the property and the path to it.
+/// The search runs on the checker's threads: a model that plants a bug does so itself ([`plant`]).
+pub fn find_violation<M>(
+    name: &str,
+    model: M,
+    symmetry: fn(&M::State) -> M::State,
+) -> Option<(&'static str, Vec<M::Action>)>
+where
+    M: Model + Send + Sync + 'static,
+    M::State: Hash + Debug + Clone + Send + Sync + PartialEq,
+    M::Action: Debug + Clone + Send + Sync + PartialEq,
+{
+    let start = Instant::now();
+    let always: Vec<&'static str> = model
+        .properties()
+        .into_iter()
+        .filter(|p| matches!(p.expectation, stateright::Expectation::Always))
+        .map(|p| p.name)
+        .collect();
+    let checker = model
+        .checker()
+        .threads(2)
+        .symmetry_fn(symmetry)
+        .finish_when(stateright::HasDiscoveries::AnyFailures)
+        .spawn_bfs()
+        .join();
+    eprintln!(
+        "[{name}] stateright: {} states, {} unique, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        start.elapsed()
+    );
+    always
+        .into_iter()
+        .find_map(|p| checker.discovery(p).map(|path| (p, path.into_actions())))
+}
+
 /// Whether the deeper configurations (N = 3) run: `KSHARD_MODEL_DEEP=1`.
 pub fn deep() -> bool {
     std::env::var("KSHARD_MODEL_DEEP").is_ok_and(|v| v == "1")

@@ -11,10 +11,12 @@
 //! the one before it, any time later; older ones are ignored by generation), fenced writes on shard 0 with
 //! resourceVersion preconditions whose commits are delayed past the client's timeout, gate identity (a write
 //! belongs to the gate it was admitted under; a re-grant, cancel-back or release retires that gate, and a
-//! drain waits for the gates the library's [`ShardGates`] keeps for the shard), and object events on
-//! shard 0 arriving at any time. Symmetry: swapping the two members (both initial placements are initial
-//! states). Counterexample paths are printed on symmetry representatives, so member labels may swap between
-//! steps.
+//! drain waits for the gates the library's [`ShardGates`] keeps for the shard), object events on
+//! shard 0 arriving at any time, and, in the rewrite configurations ([`rewrite_model`]), older assignments
+//! written back at their old generation and written again above by a fresh coordinator, whose step then
+//! also reads the members' applied generation and `kept` and `stale` shards. Symmetry: swapping the two
+//! members (both initial placements are initial states). Counterexample paths are printed on symmetry
+//! representatives, so member labels may swap between steps.
 //!
 //! Checked: at most one member can fence a shard at any time; no member can fence a shard while another
 //! member's fenced request on it is in flight; fence epochs per shard never decrease; commits land in fence
@@ -32,12 +34,14 @@ use kube_shard::ownership::{
     state::{Event, Input},
     Ack, AssignmentView, Handoff, MemberId, MemberState, ShardAssignment, ShardState,
 };
-use kube_shard::{ShardCount, ShardKey};
+use kube_shard::{ShardCount, ShardKey, ShardSet};
 use stateright::{Model, Property};
 
 #[cfg(feature = "planted-bugs")]
 use crate::model_common::first_violation;
-use crate::model_common::{check_liveness, check_safety, deep, representative};
+use crate::model_common::{
+    check_liveness, check_safety, deep, find_violation, plant, representative, Plant,
+};
 
 const S: usize = 2;
 
@@ -70,6 +74,35 @@ struct Mem {
     /// Per shard, the gates the library keeps (current and retired), numbered canonically by
     /// [`normalize`]: their order in the drain set.
     gates: [ShardGates<u8>; S],
+    /// The rest of its report as last published (only outside a calm rewrite configuration: published by
+    /// `Renew`, so the coordinator may act on an older one).
+    rep: Rep,
+}
+
+/// A member's report besides its acks: the generation it applied, and the shards it reports `kept` (it
+/// holds them; the view names another owner at or below its epoch) and `stale` (the view names it at an
+/// epoch it is past).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Rep {
+    applied: u64,
+    kept: [bool; S],
+    stale: [bool; S],
+}
+
+impl Rep {
+    fn of(st: &MemberState) -> Rep {
+        let mut r = Rep {
+            applied: st.generation(),
+            ..Rep::default()
+        };
+        for s in st.kept() {
+            r.kept[s as usize] = true;
+        }
+        for s in st.stale() {
+            r.stale[s as usize] = true;
+        }
+        r
+    }
 }
 
 /// The gate of a write whose gate the shard no longer keeps (or a write no longer in flight).
@@ -101,6 +134,18 @@ pub struct St {
     max_fence: [u64; S],
     /// Set when a fence was issued below an earlier one, or a commit landed out of fence order.
     violation: Option<&'static str>,
+    /// Assignments saved earlier (a backup, a manifest in git): what a rewrite writes again.
+    backups: Vec<Asg>,
+    /// Older views written again so far.
+    rewrites: u8,
+    /// The highest generation ever written: a coordinator writes above it (generations follow the wall
+    /// clock), only an older view written back at its old generation is below.
+    top: u64,
+    /// An older view was written back at its old generation and no coordinator has read it yet.
+    restored: bool,
+    /// A coordinator wrote a rolled-back view again above every generation a member applied (the runtime's
+    /// `rolled_back`): nothing is planned and no handoff advances until every member reports it applied.
+    rebuild: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +171,17 @@ pub enum Act {
     Commit(usize),
     NewWork(u8),
     Reconcile(u8, u8),
+    /// The environment saves the current assignment (a backup, a manifest committed to git).
+    Backup,
+    /// The environment writes saved assignment `k` again: above every generation written (`true`: a restore
+    /// that bumps the generation, a re-applied manifest) or at its old generation (`false`).
+    Rewrite(u8, bool),
+    /// A fresh coordinator reads an older view written back at its old generation (the runtime's
+    /// `rolled_back`): below a generation a member reports applied, it writes the same content again above
+    /// every generation written and holds (`St::rebuild`); else it plans from it.
+    Recover,
+    /// Member `m` renews: its report (applied generation, kept, stale) is published.
+    Renew(u8),
 }
 
 /// The protocol variant under test.
@@ -150,6 +206,17 @@ pub struct Handoff2 {
     max_moves: u64,
     max_rv: u8,
     rule: CancelRule,
+    /// Older views written again at most (0: the action is off, and reports carry acks only).
+    rewrites: u8,
+    /// Assignments saved for rewriting at most.
+    backups: u8,
+    /// Older views are written back under the conditions the library's rules are made for (see
+    /// [`rewrite_model`]); else the environment may also write one above every generation, the coordinator
+    /// may judge a member not live, a view a write-back overwrote may still reach a member, and reports are
+    /// published late.
+    calm: bool,
+    /// A planted bug, switched on wherever the model steps the library.
+    plant: Plant,
 }
 
 fn id(m: u8) -> MemberId {
@@ -220,6 +287,7 @@ impl Model for Handoff2 {
                     published: BTreeSet::new(),
                     queued: [false; S],
                     gates: std::array::from_fn(|_| ShardGates::default()),
+                    rep: Rep::default(),
                 }
             })
             .collect();
@@ -250,6 +318,11 @@ impl Model for Handoff2 {
                 dirty: [false; S],
                 max_fence: [0; S],
                 violation: None,
+                backups: Vec::new(),
+                rewrites: 0,
+                top: 1,
+                restored: false,
+                rebuild: None,
             })
             .to_vec()
     }
@@ -291,9 +364,23 @@ impl Model for Handoff2 {
                 }
             }
         }
+        // a fresh coordinator reads an older view written back first; a rebuild plans nothing
+        let planning = !st.restored && st.rebuild.is_none();
         for s in 0..S as u8 {
             let sh = st.asg.shards[s as usize];
             match sh.h {
+                _ if st.restored => {}
+                H::Stable if self.rewrites > 0 => {
+                    // a kept or stale report may make the coordinator write any shard
+                    out.push(Act::Coordinate(s, true));
+                    if planning && st.moves < self.max_moves {
+                        for to in 0..self.n {
+                            if to != sh.owner {
+                                out.push(Act::StartMove(s, to));
+                            }
+                        }
+                    }
+                }
                 H::Stable if st.moves < self.max_moves => {
                     for to in 0..self.n {
                         if to != sh.owner {
@@ -303,7 +390,9 @@ impl Model for Handoff2 {
                 }
                 H::Moving(..) | H::Draining(..) if self.rule == CancelRule::NewEpoch => {
                     out.push(Act::Coordinate(s, true));
-                    out.push(Act::Coordinate(s, false));
+                    if self.rewrites == 0 || !self.calm {
+                        out.push(Act::Coordinate(s, false));
+                    }
                 }
                 H::Moving(..) => {
                     out.push(Act::Advance(s));
@@ -326,9 +415,36 @@ impl Model for Handoff2 {
                 out.push(Act::TimeOut(i));
             }
         }
+        if self.rewrites > 0 && !self.calm {
+            for m in 0..self.n {
+                let mem = &st.members[m as usize];
+                if mem.rep != Rep::of(&mem.st) {
+                    out.push(Act::Renew(m));
+                }
+            }
+        }
+        if self.rewrites > 0 {
+            if st.rewrites < self.rewrites && st.backups.len() < usize::from(self.backups) {
+                out.push(Act::Backup);
+            }
+            if st.rewrites < self.rewrites {
+                for (k, b) in st.backups.iter().enumerate() {
+                    if !self.calm {
+                        out.push(Act::Rewrite(k as u8, true));
+                    }
+                    if b.gen < st.asg.gen {
+                        out.push(Act::Rewrite(k as u8, false));
+                    }
+                }
+            }
+            if st.restored {
+                out.push(Act::Recover);
+            }
+        }
     }
 
     fn next_state(&self, st: &St, a: Act) -> Option<St> {
+        plant(self.plant);
         let mut st = st.clone();
         match a {
             Act::Apply(m, stale) => {
@@ -423,9 +539,12 @@ impl Model for Handoff2 {
                 });
             }
             Act::Coordinate(s, target_live) => {
-                let next = real_step(&st, s, target_live)?;
+                let reps = (self.rewrites > 0).then(|| self.reports(&st));
+                let next = real_step(&st, s, target_live, reps.as_deref())?;
+                assert!(next.gen > st.top, "the step writes above every generation");
                 st.prev = Some(st.asg.clone());
                 st.asg.gen = next.gen;
+                st.top = next.gen;
                 st.asg.shards[s as usize] = next.shards[s as usize];
             }
             Act::CancelMoving(s) => self.write(&mut st, s, |sh, _| sh.h = H::Stable),
@@ -501,13 +620,50 @@ impl Model for Handoff2 {
                     mem.queued[s as usize] = false; // await_change: left to the owner
                 }
             }
+            Act::Backup => st.backups.push(st.asg.clone()),
+            Act::Rewrite(k, higher) => {
+                let old = st.backups.get(usize::from(k))?.clone();
+                st.rewrites += 1;
+                // calm: the view written over never reaches a member any more (its watch jumps to the newest)
+                st.prev = (!self.calm).then(|| st.asg.clone());
+                if higher {
+                    st.top += 1;
+                    st.asg = Asg { gen: st.top, ..old };
+                } else {
+                    st.asg = old;
+                    st.restored = true;
+                }
+            }
+            Act::Recover => {
+                // a fresh process: no hold of an earlier coordinator's rewrite (the runtime keeps it in
+                // the process that wrote it)
+                st.restored = false;
+                st.rebuild = None;
+                let applied = self.reports(&st).iter().map(|r| r.applied).max();
+                if applied.is_some_and(|g| st.asg.gen < g) {
+                    st.prev = Some(st.asg.clone());
+                    st.top += 1;
+                    st.asg.gen = st.top;
+                    st.rebuild = Some(st.top);
+                }
+            }
+            Act::Renew(m) => {
+                let mem = &mut st.members[m as usize];
+                mem.rep = Rep::of(&mem.st);
+            }
+        }
+        if st
+            .rebuild
+            .is_some_and(|g| self.reports(&st).iter().all(|r| r.applied >= g))
+        {
+            st.rebuild = None;
         }
         normalize(&mut st);
         Some(st)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut props = vec![
             Property::always("exclusive fences", |_, st: &St| {
                 (0..S as u8).all(|s| {
                     st.members
@@ -543,7 +699,25 @@ impl Model for Handoff2 {
                             .is_some_and(|x| matches!(x, ShardState::Owned { .. }))
                 })
             }),
-        ]
+        ];
+        if self.rewrites > 0 {
+            // the rewrite reaches both verdicts, and the coordinator's rewrite over a view written back
+            props.extend([
+                Property::sometimes(
+                    "a member keeps a shard a rewritten view names another owner of",
+                    |_, st: &St| st.members.iter().any(|m| m.st.kept().next().is_some()),
+                ),
+                Property::sometimes(
+                    "a rewritten view names a member at an epoch it is past",
+                    |_, st: &St| st.members.iter().any(|m| m.st.stale().next().is_some()),
+                ),
+                Property::sometimes(
+                    "a view written back at its old generation is written again above",
+                    |_, st: &St| st.rebuild.is_some(),
+                ),
+            ]);
+        }
+        props
     }
 }
 
@@ -602,20 +776,35 @@ fn normalize(st: &mut St) {
 impl Handoff2 {
     fn write(&self, st: &mut St, s: u8, f: impl FnOnce(&mut Sh, u64)) {
         st.prev = Some(st.asg.clone());
-        st.asg.gen += 1;
+        st.top += 1;
+        st.asg.gen = st.top;
         let gen = st.asg.gen;
         f(&mut st.asg.shards[s as usize], gen);
     }
 }
 
+impl Handoff2 {
+    /// Every member's report as the coordinator reads it.
+    fn reports(&self, st: &St) -> Vec<Rep> {
+        st.members
+            .iter()
+            .map(|m| if self.calm { Rep::of(&m.st) } else { m.rep })
+            .collect()
+    }
+}
+
 /// The real coordinator's decision for shard `s` (`kube_shard::group::coordinator::step`), from the current
-/// assignment and the members' published acks, with the move's target observed live or not (every other
-/// member live, nobody gone, no planning: moves are the model's `StartMove`). Only shard `s`'s entry is
-/// taken, so one write still changes one shard (a coordinator whose reads of the other shard's acks lag, or
-/// two coordinators interleaving). `None` when the step leaves shard `s` as it is.
-fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
-    let (H::Moving(_, to) | H::Draining(_, to)) = st.asg.shards[s as usize].h else {
-        return None;
+/// assignment and the members' published acks (and, with `reports`, their published applied generation,
+/// `kept` and `stale` shards), with the move's target observed live or not (every other member live,
+/// nobody gone, no planning: moves are the model's `StartMove`). Only shard `s`'s entry is taken, so one
+/// write still changes one shard (a coordinator whose reads of the other shard's acks lag, or two
+/// coordinators interleaving). It writes above every generation written (`now_ms`: generations follow the
+/// wall clock). `None` when the step leaves shard `s` as it is.
+fn real_step(st: &St, s: u8, target_live: bool, reports: Option<&[Rep]>) -> Option<Asg> {
+    let to = match st.asg.shards[s as usize].h {
+        H::Moving(_, to) | H::Draining(_, to) => Some(to),
+        H::Stable if reports.is_some() => None,
+        H::Stable => return None,
     };
     let mut cur = Assignment::empty(ShardCount::new(S as u32).unwrap(), ShardKey::Uid);
     cur.view = view(&st.asg);
@@ -628,9 +817,15 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
             let mut report = MemberReport::default();
             report.weight = 1;
             report.acks = mem.published.iter().cloned().collect();
+            if let Some(r) = reports.map(|r| r[m]) {
+                report.applied_generation = r.applied;
+                report.seen_generation = r.applied;
+                report.kept = shard_set(&r.kept);
+                report.stale = shard_set(&r.stale);
+            }
             Observed {
                 id: id(m as u8),
-                alive: m as u8 != to || target_live,
+                alive: Some(m as u8) != to || target_live,
                 expired: false,
                 gone: false,
                 report: Some(report),
@@ -643,7 +838,7 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
     let out = coordinator::step(&StepInput {
         current: &cur,
         members: &members,
-        now_ms: 0,
+        now_ms: st.top + 1,
         ready_to_plan: false,
         may_take_over: false,
         takeover_budget: 0,
@@ -651,7 +846,12 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
         move_timeout: Duration::from_secs(60),
         drain_stall_timeout: Duration::from_secs(60),
         max_concurrent_moves: 64,
-        rebuilding: false,
+        // the runtime's hold counts the members it observes live
+        rebuilding: st.rebuild.is_some_and(|g| {
+            members
+                .iter()
+                .any(|o| o.live() && o.report.as_ref().is_some_and(|r| r.applied_generation < g))
+        }),
     });
     let next = out.assignment?;
     let e = next.view.shards.get(&u32::from(s))?;
@@ -674,10 +874,20 @@ fn real_step(st: &St, s: u8, target_live: bool) -> Option<Asg> {
     Some(asg)
 }
 
+fn shard_set(flags: &[bool; S]) -> ShardSet {
+    let mut set = ShardSet::new();
+    for (s, _) in flags.iter().enumerate().filter(|(_, f)| **f) {
+        set.insert(s as u32);
+    }
+    set
+}
+
 fn is_fault(a: &Act) -> bool {
     matches!(
         a,
-        Act::StartMove(..)
+        Act::Backup
+            | Act::Rewrite(..)
+            | Act::StartMove(..)
             | Act::CancelMoving(_)
             | Act::CancelDraining(_)
             | Act::CancelDrainingStale(_)
@@ -751,6 +961,7 @@ fn swapped(st: &St) -> St {
             published: m.published.iter().map(ack).collect(),
             queued: m.queued,
             gates: m.gates.clone(),
+            rep: m.rep,
         })
         .collect();
     members.swap(0, 1);
@@ -774,6 +985,11 @@ fn swapped(st: &St) -> St {
         dirty: st.dirty,
         max_fence: st.max_fence,
         violation: st.violation,
+        backups: st.backups.iter().map(asg).collect(),
+        rewrites: st.rewrites,
+        top: st.top,
+        restored: st.restored,
+        rebuild: st.rebuild,
     }
 }
 
@@ -791,6 +1007,10 @@ fn model(rule: CancelRule) -> Handoff2 {
             max_moves: 2,
             max_rv: 0,
             rule,
+            rewrites: 0,
+            backups: 0,
+            calm: true,
+            plant: None,
         }
     } else {
         Handoff2 {
@@ -800,7 +1020,37 @@ fn model(rule: CancelRule) -> Handoff2 {
             max_moves: 2,
             max_rv: 2,
             rule,
+            rewrites: 0,
+            backups: 0,
+            calm: true,
+            plant: None,
         }
+    }
+}
+
+/// The rewrite configurations. The environment saves the assignment at any time (`Backup`) and writes a
+/// saved one back at its old generation (`Rewrite(k, false)`: a restore, a GitOps re-apply), also while
+/// the last write is still reaching the members; a fresh coordinator reads it (`Recover`) and, below a
+/// generation a member reports applied, writes it again above every generation and holds until every
+/// member reports that applied. Members apply it with the library's rules (they keep what they hold,
+/// `kept`; refuse grants at or below a generation applied before, `stale`) and the real step names
+/// holders again and re-grants stale shards. Calm, as those rules need: every member is observed live, a
+/// view a write-back overwrote never reaches a member any more (its watch jumps to the newest), and the
+/// coordinator reads each member's report as of its pass (without these, see
+/// `an_older_view_written_back_anyhow_never_overlaps`). One move; `twice`: two saved assignments written
+/// back, else one; `writes`: fenced writes and work on shard 0.
+fn rewrite_model(twice: bool, writes: bool) -> Handoff2 {
+    Handoff2 {
+        n: 2,
+        write_shards: u8::from(writes),
+        work_shards: u8::from(writes),
+        max_moves: 1,
+        max_rv: u8::from(writes),
+        rule: CancelRule::NewEpoch,
+        rewrites: if twice { 2 } else { 1 },
+        backups: if twice { 2 } else { 1 },
+        calm: true,
+        plant: None,
     }
 }
 
@@ -842,6 +1092,10 @@ fn regression_cancel_racing_release_loses_the_shard() {
         max_moves: 1,
         max_rv: 0,
         rule: CancelRule::AsDesigned,
+        rewrites: 0,
+        backups: 0,
+        calm: true,
+        plant: None,
     };
     let live = check_liveness(&small, canon, is_fault, settled);
     let (path, st) = live.stuck.expect("the old cancel rule must be caught");
@@ -872,6 +1126,10 @@ fn planted_forget_retired_gates_is_caught() {
         max_moves: 2,
         max_rv: 1,
         rule: CancelRule::NewEpoch,
+        rewrites: 0,
+        backups: 0,
+        calm: true,
+        plant: None,
     };
     assert!(
         first_violation(&small, canon).is_none(),
@@ -885,5 +1143,126 @@ fn planted_forget_retired_gates_is_caught() {
     assert_eq!(
         name,
         "no member fences while another member's fenced request is in flight"
+    );
+}
+
+#[test]
+fn an_older_view_rewritten_higher_never_overlaps() {
+    // default run: 92 632 and 355 468 unique states: the floors catch a shrinking model
+    check_safety("handoff+rewrite", rewrite_model(false, true), canon, 85_000);
+    check_safety(
+        "handoff+rewrite twice",
+        rewrite_model(true, false),
+        canon,
+        320_000,
+    );
+    if deep() {
+        // both: 3 545 372 unique states
+        check_safety(
+            "handoff+rewrite twice, writes",
+            rewrite_model(true, true),
+            canon,
+            3_000_000,
+        );
+    }
+}
+
+#[test]
+fn an_older_view_rewritten_higher_settles() {
+    for twice in [false, true] {
+        let start = std::time::Instant::now();
+        let live = check_liveness(&rewrite_model(twice, !twice), canon, is_fault, settled);
+        eprintln!(
+            "[handoff+rewrite{}] liveness: {} states, {:.1?}",
+            if twice { " twice" } else { "" },
+            live.states,
+            start.elapsed()
+        );
+        if let Some((path, st)) = live.stuck {
+            panic!("stuck after faults stop: {path:?}\n{st:#?}");
+        }
+    }
+}
+
+/// Open: the rules above do not cover an older view written back without the calm of [`rewrite_model`].
+/// Each of these lets the coordinator act on an older view's entry before the member that holds the
+/// shard has applied it and reported it `kept`, so the shard is granted over it: a writer other than the
+/// coordinator writes it above every generation (nothing holds: the step completes an old `Draining` on
+/// its release ack); the coordinator judges the holder not live (a lease watch lagging); a view the
+/// write-back overwrote reaches a member after the coordinator planned (its check saw nobody past the
+/// older view); a report published late. Prints a shortest counterexample.
+#[test]
+#[ignore = "open: an older view written back without calm overlaps (see the doc comment)"]
+fn an_older_view_written_back_anyhow_never_overlaps() {
+    let anyhow = Handoff2 {
+        calm: false,
+        ..rewrite_model(false, false)
+    };
+    if let Some((name, path)) = find_violation("handoff+rewrite anyhow", anyhow, canon) {
+        panic!("{name}, {} steps: {path:?}", path.len());
+    }
+}
+
+/// A violation the model finds with `bug` planted (breadth first, so among the shortest), after checking
+/// that it finds none without it (else the catch proves nothing).
+#[cfg(feature = "planted-bugs")]
+fn caught_with(
+    name: &str,
+    model: Handoff2,
+    bug: kube_shard::ownership::planted::Bug,
+) -> (&'static str, Vec<Act>) {
+    if let Some((p, path)) = find_violation(name, model.clone(), canon) {
+        panic!("fails without the bug: {p}: {path:?}");
+    }
+    let planted = Handoff2 {
+        plant: Some(bug),
+        ..model
+    };
+    find_violation(name, planted, canon).expect("the planted bug must be caught")
+}
+
+/// The coordinator with its check of `kept` reports removed (`grant-over-kept-holder`): an older view
+/// written back names the shard's former owner, which released it; the current holder keeps it and
+/// reports it `kept`, the former owner reports it `stale`, and the coordinator re-grants it to the former
+/// owner, which activates while the holder still has it.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_grant_over_a_kept_holder_is_caught() {
+    let (name, path) = caught_with(
+        "handoff: grant-over-kept-holder",
+        rewrite_model(true, false),
+        kube_shard::ownership::planted::Bug::GrantOverKeptHolder,
+    );
+    eprintln!(
+        "[handoff] counterexample (kept holder ignored), {} steps: {name}: {path:?}",
+        path.len()
+    );
+    assert_eq!(name, "exclusive fences");
+    assert!(
+        path.iter().any(|a| matches!(a, Act::Rewrite(..))),
+        "{path:?}"
+    );
+}
+
+/// A member with its refusal of rolled-back grants removed (`activate-rolled-back-grant`): an older view
+/// written back overtakes the view granting a member a shard (it never holds it, nor releases it); a
+/// second older view names it the owner at that grant's epoch, below a generation it applied, and it
+/// activates while the shard's holder has it at a higher epoch.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_activate_a_rolled_back_grant_is_caught() {
+    let (name, path) = caught_with(
+        "handoff: activate-rolled-back-grant",
+        rewrite_model(true, false),
+        kube_shard::ownership::planted::Bug::ActivateRolledBackGrant,
+    );
+    eprintln!(
+        "[handoff] counterexample (rolled-back grant activated), {} steps: {name}: {path:?}",
+        path.len()
+    );
+    assert_eq!(name, "exclusive fences");
+    assert!(
+        path.iter().any(|a| matches!(a, Act::Rewrite(..))),
+        "{path:?}"
     );
 }

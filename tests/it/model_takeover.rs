@@ -7,7 +7,9 @@
 //! takeover by a conditional write with the last observed resourceVersion; crashes; a restart under the same
 //! name as a new incarnation that claims the lease only once the holder's renewals stopped; pauses past the
 //! renew deadline; delayed views; fenced writes whose commits are delayed arbitrarily (resourceVersion
-//! preconditions).
+//! preconditions); and, in the rewrite configuration ([`rewrite_model`]), an older assignment written
+//! back at its old generation and written again above by a fresh coordinator, the coordinator's passes
+//! then observing every lease holder and its report.
 //!
 //! Time is the inequalities between renewal start `t_s`, renew deadline `RD'` (= renew_deadline − margin),
 //! observation `o` and lease duration `LD > RD'` (stalls are bounded by `LD − RD'`):
@@ -33,10 +35,10 @@ use kube_shard::ownership::{
     state::{Event, Input},
     AssignmentView, MemberId, MemberState, ShardAssignment, ShardState,
 };
-use kube_shard::{ShardCount, ShardKey};
+use kube_shard::{ShardCount, ShardKey, ShardSet};
 use stateright::{Model, Property};
 
-use crate::model_common::{check_liveness, check_safety, deep};
+use crate::model_common::{check_liveness, check_safety, deep, find_violation, plant, Plant};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
@@ -60,6 +62,26 @@ struct Proc {
     /// A renewal request in flight: the lease resourceVersion it read.
     renewing: Option<u8>,
     queued: bool,
+}
+
+/// A process's report besides liveness (read by the coordinator as of its pass): the generation it
+/// applied, and whether it reports the shard `kept` (it holds it; the view names another owner at or below
+/// its epoch) or `stale` (the view names it at an epoch it is past).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Rep {
+    applied: u64,
+    kept: bool,
+    stale: bool,
+}
+
+impl Rep {
+    fn of(st: &MemberState) -> Rep {
+        Rep {
+            applied: st.generation(),
+            kept: st.kept().next().is_some(),
+            stale: st.stale().next().is_some(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,6 +118,18 @@ pub struct St {
     max_fence: u64,
     faults: u8,
     violation: Option<&'static str>,
+    /// Assignments saved earlier (a backup, a manifest in git): what a rewrite writes again.
+    backups: Vec<Asg>,
+    /// Older views written again so far.
+    rewrites: u8,
+    /// The highest generation ever written: a coordinator writes above it (generations follow the wall
+    /// clock), only an older view written back at its old generation is below.
+    top: u64,
+    /// An older view was written back at its old generation and no coordinator has read it yet.
+    restored: bool,
+    /// A coordinator wrote a rolled-back view again above every generation a member applied (the runtime's
+    /// `rolled_back`): nothing is planned until every live member reports it applied.
+    rebuild: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,6 +152,15 @@ pub enum Act {
     Commit(usize),
     NewWork,
     Reconcile(u8),
+    /// The environment saves the current assignment (a backup, a manifest committed to git).
+    Backup,
+    /// The environment writes saved assignment `k` again: above every generation written (`true`) or at
+    /// its old generation (`false`).
+    Rewrite(u8, bool),
+    /// A fresh coordinator reads an older view written back at its old generation (the runtime's
+    /// `rolled_back`): below a generation a live member reports applied, it writes the same content again
+    /// above every generation written and holds (`St::rebuild`); else it plans from it.
+    Recover,
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +168,17 @@ pub struct Takeover {
     names: u8,
     max_faults: u8,
     max_rv: u8,
+    /// Older views written again at most (0: the action is off; `Reassign` observes only the gone owner
+    /// and its successor, without reports).
+    rewrites: u8,
+    /// Assignments saved for rewriting at most.
+    backups: u8,
+    /// Older views are written back under the conditions the library's rules are made for (see
+    /// [`rewrite_model`]); else the environment may also write one above every generation, into a group
+    /// still taking up the last write, and faults and lagging observations go on after it.
+    calm: bool,
+    /// A planted bug, switched on wherever the model steps the library.
+    plant: Plant,
 }
 
 fn id(name: u8, inc: u8) -> MemberId {
@@ -177,6 +231,115 @@ fn real_reassign(asg: &Asg, to: (u8, u8)) -> Option<Asg> {
     (e.owner == id(to.0, to.1)).then_some(Asg {
         gen: next.view.generation,
         owner: to,
+        epoch: e.epoch,
+    })
+}
+
+/// The members the coordinator observes: the process holding each name's lease (live unless its lease is
+/// taken over or the coordinator judged it stale; gone once taken over), with its report as of the pass,
+/// and the assignment's owner, gone when another incarnation holds its name's lease.
+fn observed(st: &St, planned: u8) -> Vec<Observed> {
+    let mut members: Vec<Observed> = (0..st.leases.len() as u8)
+        .filter_map(|n| {
+            let p = &st.procs[st.holder(n)?];
+            let l = st.leases[n as usize];
+            let rep = Rep::of(&p.st);
+            let mut report = MemberReport::default();
+            report.weight = 1;
+            report.applied_generation = rep.applied;
+            report.seen_generation = rep.applied;
+            let mut one = ShardSet::new();
+            one.insert(0);
+            if rep.kept {
+                report.kept = one.clone();
+            }
+            if rep.stale {
+                report.stale = one;
+            }
+            Some(Observed {
+                id: id(n, p.inc),
+                alive: !l.taken && !st.obs[n as usize].stale,
+                expired: false,
+                gone: l.taken,
+                report: Some(report),
+                joined: u64::from(n),
+                // only `planned` is a candidate for an orphan: the model lets the coordinator pick anyone
+                joining: n != planned,
+            })
+        })
+        .collect();
+    let owner = id(st.asg.owner.0, st.asg.owner.1);
+    if !members.iter().any(|m| m.id == owner) {
+        members.push(Observed {
+            id: owner,
+            alive: false,
+            expired: false,
+            gone: true,
+            report: None,
+            joined: u64::from(st.asg.owner.0),
+            joining: false,
+        });
+    }
+    members
+}
+
+/// Calm: every process holding its name's lease is renewing (fresh) and has applied the current
+/// assignment, and the coordinator's observation of its lease is current.
+fn calm(st: &St) -> bool {
+    (0..st.leases.len() as u8).all(|n| {
+        st.holder(n).is_none_or(|i| {
+            let p = &st.procs[i];
+            p.alive
+                && p.fresh
+                && p.st.generation() == st.asg.gen
+                && st.obs[n as usize].rv == st.leases[n as usize].rv
+                && !st.obs[n as usize].stale
+        })
+    })
+}
+
+/// A rebuild holds: some live member has not reported the coordinator's rewrite of a rolled-back view
+/// applied.
+fn rebuilding(st: &St) -> bool {
+    st.rebuild.is_some_and(|g| {
+        observed(st, 0)
+            .iter()
+            .filter(|m| m.live())
+            .any(|m| m.report.as_ref().is_none_or(|r| r.applied_generation < g))
+    })
+}
+
+/// The real coordinator's pass (`kube_shard::group::coordinator::step`) over every member it observes
+/// ([`observed`]), with `planned` the candidate for an orphan, writing above every generation written
+/// (`now_ms`: generations follow the wall clock). `None` if the step leaves the shard as it is.
+fn real_coordinate(st: &St, planned: u8) -> Option<Asg> {
+    let mut cur = Assignment::empty(ShardCount::new(1).unwrap(), ShardKey::Uid);
+    cur.view = AssignmentView::new(st.asg.gen).with(
+        0,
+        ShardAssignment::owned(id(st.asg.owner.0, st.asg.owner.1), st.asg.epoch),
+    );
+    let members = observed(st, planned);
+    let ages = BTreeMap::new();
+    let out = coordinator::step(&StepInput {
+        current: &cur,
+        members: &members,
+        now_ms: st.top + 1,
+        ready_to_plan: true,
+        may_take_over: false,
+        takeover_budget: 0,
+        move_ages: &ages,
+        move_timeout: Duration::from_secs(60),
+        drain_stall_timeout: Duration::from_secs(60),
+        max_concurrent_moves: 64,
+        rebuilding: rebuilding(st),
+    });
+    let next = out.assignment?;
+    let e = next.view.shards.get(&0)?;
+    let name = NAMES.iter().position(|n| **n == *e.owner.name)? as u8;
+    let inc: u8 = e.owner.incarnation.parse().ok()?;
+    Some(Asg {
+        gen: next.view.generation,
+        owner: (name, inc),
         epoch: e.epoch,
     })
 }
@@ -280,6 +443,11 @@ impl Model for Takeover {
             max_fence: 0,
             faults: 0,
             violation: None,
+            backups: Vec::new(),
+            rewrites: 0,
+            top: 1,
+            restored: false,
+            rebuild: None,
         }]
     }
 
@@ -287,7 +455,7 @@ impl Model for Takeover {
         if st.violation.is_some() {
             return;
         }
-        let can_fault = st.faults < self.max_faults;
+        let can_fault = st.faults < self.max_faults && !(self.calm && st.rewrites > 0);
         for (i, p) in st.procs.iter().enumerate() {
             let i = i as u8;
             let lease = st.leases[p.name as usize];
@@ -356,7 +524,9 @@ impl Model for Takeover {
             }
             let holder_fresh = st.holder(n).is_some_and(|p| st.procs[p].fresh);
             // now ≥ o + LD > t_s + RD′: only if the holder is not fresh or has renewed since the observation
-            let holder_may_be_fresh = l.rv == o.rv && holder_fresh;
+            // (calm after a write-back: the coordinator's observations are current, so only if not fresh)
+            let current = l.rv == o.rv || (self.calm && st.rewrites > 0);
+            let holder_may_be_fresh = current && holder_fresh;
             if !o.stale && !l.taken && !holder_may_be_fresh {
                 out.push(Act::ObserveStale(n));
             }
@@ -366,7 +536,19 @@ impl Model for Takeover {
         }
         let (on, oi) = st.asg.owner;
         let owner_lease = st.leases[on as usize];
-        if owner_lease.taken || owner_lease.holder != oi {
+        if self.rewrites > 0 {
+            // the coordinator's pass may write whatever the reports call for (a kept holder, a stale owner)
+            if !st.restored {
+                for n in 0..self.names {
+                    if !st.leases[n as usize].taken
+                        && !st.obs[n as usize].stale
+                        && st.holder(n).is_some()
+                    {
+                        out.push(Act::Reassign(n));
+                    }
+                }
+            }
+        } else if owner_lease.taken || owner_lease.holder != oi {
             for n in 0..self.names {
                 let l = st.leases[n as usize];
                 if !l.taken
@@ -384,9 +566,28 @@ impl Model for Takeover {
         if !st.dirty {
             out.push(Act::NewWork);
         }
+        if self.rewrites > 0 {
+            if st.rewrites < self.rewrites && st.backups.len() < usize::from(self.backups) {
+                out.push(Act::Backup);
+            }
+            if st.rewrites < self.rewrites && (!self.calm || calm(st)) {
+                for (k, b) in st.backups.iter().enumerate() {
+                    if !self.calm {
+                        out.push(Act::Rewrite(k as u8, true));
+                    }
+                    if b.gen < st.asg.gen {
+                        out.push(Act::Rewrite(k as u8, false));
+                    }
+                }
+            }
+            if st.restored {
+                out.push(Act::Recover);
+            }
+        }
     }
 
     fn next_state(&self, st: &St, a: Act) -> Option<St> {
+        plant(self.plant);
         let mut st = st.clone();
         match a {
             Act::RenewStart(i) => {
@@ -472,10 +673,18 @@ impl Model for Takeover {
                     stale: false,
                 };
             }
+            Act::Reassign(n) if self.rewrites > 0 => {
+                let next = real_coordinate(&st, n)?;
+                assert!(next.gen > st.top, "the step writes above every generation");
+                st.prev = Some(st.asg);
+                st.asg = next;
+                st.top = next.gen;
+            }
             Act::Reassign(n) => {
                 let holder = st.leases[n as usize].holder;
                 st.prev = Some(st.asg);
                 st.asg = real_reassign(&st.asg, (n, holder))?;
+                st.top = st.asg.gen;
             }
             Act::Apply(i, stale) => {
                 let v = if stale { st.prev? } else { st.asg };
@@ -536,12 +745,45 @@ impl Model for Takeover {
                     p.queued = false;
                 }
             }
+            Act::Backup => st.backups.push(st.asg),
+            Act::Rewrite(k, higher) => {
+                let old = *st.backups.get(usize::from(k))?;
+                st.rewrites += 1;
+                st.prev = Some(st.asg);
+                if higher {
+                    st.top += 1;
+                    st.asg = Asg { gen: st.top, ..old };
+                } else {
+                    st.asg = old;
+                    st.restored = true;
+                }
+            }
+            Act::Recover => {
+                // a fresh process: no hold of an earlier coordinator's rewrite (the runtime keeps it in
+                // the process that wrote it)
+                st.restored = false;
+                st.rebuild = None;
+                let applied = observed(&st, 0)
+                    .iter()
+                    .filter(|m| m.live())
+                    .filter_map(|m| m.report.as_ref().map(|r| r.applied_generation))
+                    .max();
+                if applied.is_some_and(|g| st.asg.gen < g) {
+                    st.prev = Some(st.asg);
+                    st.top += 1;
+                    st.asg.gen = st.top;
+                    st.rebuild = Some(st.top);
+                }
+            }
+        }
+        if !rebuilding(&st) {
+            st.rebuild = None;
         }
         Some(st)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut props = vec![
             Property::always("exclusive fences", |_, st: &St| {
                 st.procs.iter().filter(|p| fenceable(p).is_some()).count() <= 1
             }),
@@ -558,14 +800,33 @@ impl Model for Takeover {
             Property::sometimes("a self-fenced owner un-fences", |_, st: &St| {
                 st.procs[0].st.is_admitted(0) && st.leases[0].rv > 1 && st.asg.gen == 1
             }),
-        ]
+        ];
+        if self.rewrites > 0 {
+            props.extend([
+                Property::sometimes(
+                    "a member keeps the shard a rewritten view names another owner of",
+                    |_, st: &St| st.procs.iter().any(|p| p.st.kept().next().is_some()),
+                ),
+                Property::sometimes(
+                    "a view written back at its old generation is written again above",
+                    |_, st: &St| st.rebuild.is_some(),
+                ),
+            ]);
+        }
+        props
     }
 }
 
 fn is_fault(a: &Act) -> bool {
     matches!(
         a,
-        Act::Expire(_) | Act::Crash(_) | Act::StartTwin(_) | Act::NewWork | Act::StartWrite(_)
+        Act::Expire(_)
+            | Act::Crash(_)
+            | Act::StartTwin(_)
+            | Act::NewWork
+            | Act::StartWrite(_)
+            | Act::Backup
+            | Act::Rewrite(..)
     )
 }
 
@@ -602,12 +863,20 @@ fn model() -> Takeover {
             names: 3,
             max_faults: 2,
             max_rv: 5,
+            rewrites: 0,
+            backups: 0,
+            calm: false,
+            plant: None,
         }
     } else {
         Takeover {
             names: 2,
             max_faults: 2,
             max_rv: 5,
+            rewrites: 0,
+            backups: 0,
+            calm: false,
+            plant: None,
         }
     }
 }
@@ -636,4 +905,95 @@ fn takeover_model_liveness_and_no_lost_work() {
     if let Some((path, st)) = live.stuck {
         panic!("stuck after faults stop: {path:?}\n{st:#?}");
     }
+}
+
+/// The rewrite configuration. The environment saves the assignment at any time (`Backup`) and writes the
+/// saved one back at its old generation (`Rewrite(k, false)`: a restore, a GitOps re-apply); a fresh
+/// coordinator reads it (`Recover`) and, below a generation a live member reports applied, writes it again
+/// above every generation and holds until every live member reports that applied. Members apply it with
+/// the library's rules and the real step (`Reassign`, now a whole pass over every lease holder and its
+/// report) names holders again, re-grants stale shards and grants orphans. Calm, as those rules need: the
+/// write-back finds every lease holder renewing with the current assignment applied and its lease
+/// observed as it is, and no fault or lagging observation follows it (without these, see
+/// `an_older_view_written_back_anyhow_never_overlaps`). One fault before it (`deep`: two).
+fn rewrite_model() -> Takeover {
+    Takeover {
+        names: 2,
+        max_faults: if deep() { 2 } else { 1 },
+        max_rv: 5,
+        rewrites: 1,
+        backups: 1,
+        calm: true,
+        plant: None,
+    }
+}
+
+#[test]
+fn an_older_view_rewritten_higher_never_overlaps() {
+    // default run: 62 067 unique states (deep: 1 807 399): the floor catches a shrinking model
+    check_safety("takeover+rewrite", rewrite_model(), identity, 55_000);
+}
+
+#[test]
+fn an_older_view_rewritten_higher_settles() {
+    let start = std::time::Instant::now();
+    let live = check_liveness(&rewrite_model(), identity, is_fault, settled);
+    eprintln!(
+        "[takeover+rewrite] liveness: {} states, {:.1?}",
+        live.states,
+        start.elapsed()
+    );
+    if let Some((path, st)) = live.stuck {
+        panic!("stuck after faults stop: {path:?}\n{st:#?}");
+    }
+}
+
+/// Open: the rules do not cover an older view written back without the calm of [`rewrite_model`]. Each
+/// of these lets the coordinator act on an older view's entry before the process holding the shard has
+/// applied it and reported it `kept`, and grant the orphaned shard of a gone incarnation the older view
+/// names to another member: a writer other than the coordinator writes it above every generation (nothing
+/// holds); the write-back overwrites an assignment not every member has applied yet (its check sees nobody
+/// past the older view, then a member applies the overwritten one); the coordinator judges the holder not
+/// live (a paused holder that renews later, a lease watch lagging: its hold and its check count live
+/// members only). Prints a shortest counterexample.
+#[test]
+#[ignore = "open: an older view written back without calm overlaps (see the doc comment)"]
+fn an_older_view_written_back_anyhow_never_overlaps() {
+    let anyhow = Takeover {
+        max_faults: 2,
+        calm: false,
+        ..rewrite_model()
+    };
+    if let Some((name, path)) = find_violation("takeover+rewrite anyhow", anyhow, identity) {
+        panic!("{name}, {} steps: {path:?}", path.len());
+    }
+}
+
+/// The coordinator with its check of `kept` reports removed (`grant-over-kept-holder`): the owner's
+/// process is replaced and its shard reassigned; an older view written back names the old incarnation,
+/// gone, so once every live member applied the coordinator's rewrite of it the shard is an orphan again, and
+/// the coordinator grants it to another member while the holder keeps it.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_grant_over_a_kept_holder_is_caught() {
+    use kube_shard::ownership::planted::Bug;
+    let model = rewrite_model();
+    if let Some((name, path)) = find_violation("takeover: baseline", model.clone(), identity) {
+        panic!("fails without the bug: {name}: {path:?}");
+    }
+    let planted = Takeover {
+        plant: Some(Bug::GrantOverKeptHolder),
+        ..model
+    };
+    let (name, path) = find_violation("takeover: grant-over-kept-holder", planted, identity)
+        .expect("the planted bug must be caught");
+    eprintln!(
+        "[takeover] counterexample (kept holder ignored), {} steps: {name}: {path:?}",
+        path.len()
+    );
+    assert_eq!(name, "exclusive fences");
+    assert!(
+        path.iter().any(|a| matches!(a, Act::Rewrite(..))),
+        "{path:?}"
+    );
 }
