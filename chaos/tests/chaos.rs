@@ -516,3 +516,39 @@ fn a_re_created_widget_never_writes_its_deleted_namesakes_child() {
     );
     assert!(o.findings.is_empty(), "{:?}", o.findings);
 }
+
+/// Library regression (seeds 114, 116, 180, 230 and 241 of the six recovery-path kinds, 300 seeds; this is
+/// seed 230 shrunk): a restored assignment, then every request 1.4 s late while a member dies, with fence
+/// parameters on. A coordinator pass (read the parameters, raise them, write the assignment, renewals
+/// between) outlasted the lease watch's silence limit; the watch's events of those seconds waited in their
+/// queue, but the silence check ran before they were applied, so the watch was restarted — dropping them
+/// — and every observation clock was reset, pass after pass: the dead member was never judged expired
+/// ("34 s after m2 died … shards [6] owned by no live member"). Queued events are now applied before the
+/// check (`runtime/mod.rs`, the tick); fails without that.
+#[test]
+fn a_pass_longer_than_the_lease_watch_silence_limit_does_not_restart_the_watch() {
+    const KINDS: [&str; 6] = [
+        "restore-assignment",
+        "reapply-assignment",
+        "cli-edit-after-restore",
+        "slow-api",
+        "blackhole-read",
+        "fence-key-skew",
+    ];
+    let faults = serde_json::from_str(
+        r#"[{"at_ms":24034,"fault":{"kill":true,"kind":"restore-assignment","member":3}},{"at_ms":24225,"fault":{"commits":false,"kind":"slow-api","member":null,"ms":1439,"secs":35}},{"at_ms":94959,"fault":{"hours":14,"kind":"fence-key-skew","shard":11}}]"#,
+    )
+    .unwrap();
+    let opts = Options {
+        kinds: &KINDS,
+        ..Options::default()
+    };
+    let o = run_seed(230, &opts, Some(faults));
+    assert!(
+        o.log
+            .iter()
+            .any(|l| l.contains("fence parameters and policy on")),
+        "the seed runs with fence parameters"
+    );
+    assert!(o.findings.is_empty(), "{:?}", o.findings);
+}

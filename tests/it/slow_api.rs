@@ -70,6 +70,21 @@ fn sample(ms: &[&Member], seen: &mut Seen) {
 /// `lease + grace + k·(retry + latency)` — `k` rounds of the member state machine, each a retry period
 /// and one slow write — still coordinated and unfenced throughout, and no fences overlap.
 async fn keeps_a_coordinator_and_takes_over(t: Timings, latency: Duration) {
+    takes_over_under(t, latency, Slow::Writes).await
+}
+
+/// Which requests are slow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slow {
+    /// Every write, handled late.
+    Writes,
+    /// Every request, reads and watch starts included, handled late; with fence parameters published,
+    /// so a coordinator pass is a chain of slow requests longer than a lease period.
+    EveryRequestWithFenceParams,
+}
+
+async fn takes_over_under(t: Timings, latency: Duration, slow: Slow) {
+    crate::recovery::logs();
     let (server, log) = group_server().await;
     let ms: Vec<Member> = ["a", "b", "c"]
         .iter()
@@ -80,15 +95,23 @@ async fn keeps_a_coordinator_and_takes_over(t: Timings, latency: Duration) {
                 .fence_margin(t.margin)
                 .drain_timeout(t.renew - t.margin)
                 .settle(t.retry * 2, t.retry);
+            let b = if slow == Slow::EveryRequestWithFenceParams {
+                b.fence_params("slow-api-fence")
+            } else {
+                b
+            };
             spawn_with(b, n, &log)
         })
         .collect();
     let refs: Vec<&Member> = ms.iter().collect();
     until(t.lease * 8, "settled", || each_shard_owned_once(&refs)).await;
     tokio::time::sleep(t.lease).await;
-    server
-        .faults()
-        .latency(Scope::All.verb(Verb::Update), Some(latency));
+    match slow {
+        Slow::Writes => server
+            .faults()
+            .latency(Scope::All.verb(Verb::Update), Some(latency)),
+        Slow::EveryRequestWithFenceParams => server.faults().latency(Scope::All, Some(latency)),
+    }
     let mut seen = Seen::default();
     let start = Instant::now();
     while start.elapsed() < t.lease * 2 {
@@ -151,4 +174,19 @@ async fn writes_answered_late_with_the_suite_timings_keep_a_coordinator_and_fail
 #[tokio::test(start_paused = true)]
 async fn writes_answered_late_with_the_default_timings_keep_a_coordinator_and_fail_over() {
     keeps_a_coordinator_and_takes_over(Timings::defaults(), Duration::from_secs(4)).await;
+}
+
+/// Every request 1.7 s late — reads, LISTs and watch starts too — with fence parameters on: the
+/// takeover pass is a chain of slow requests (read the parameters, raise them, write the assignment, each
+/// after a renewal) longer than the lease watch's silence limit, and the failover bound still holds. (The
+/// chaos suite's `a_pass_longer_than_the_lease_watch_silence_limit_does_not_restart_the_watch` is the
+/// regression for passes like it arriving over and over.)
+#[tokio::test(start_paused = true)]
+async fn every_request_late_and_passes_longer_than_a_lease_still_fail_over() {
+    takes_over_under(
+        Timings::suite(),
+        Duration::from_millis(1_700),
+        Slow::EveryRequestWithFenceParams,
+    )
+    .await;
 }

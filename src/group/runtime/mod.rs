@@ -167,8 +167,9 @@ pub(crate) struct Runtime {
     foreign_formats: BTreeMap<String, String>,
     /// The admission hold this runtime set (see [`Runtime::update_hold`]).
     hold: Option<Hold>,
-    /// Coordinator: since when each live member's applied generation is behind the assignment.
-    lag_since: BTreeMap<MemberId, Instant>,
+    /// Coordinator: since when each live member is behind the assignment, and the generation (then the
+    /// newest) it has to apply to stop the clock.
+    lag_since: BTreeMap<MemberId, (Instant, u64)>,
     /// Coordinator: when we last told each lagging member through its Lease.
     nudged: BTreeMap<MemberId, Instant>,
     /// Something the lease watch delivered asks the coordinator to look again.
@@ -427,7 +428,12 @@ impl Runtime {
                     }
                     _ = tick.tick() => {
                         dirty = true;
-                        // F9: a LIST or watch start that never answers (a black-holed connection) is not
+                        // events that arrived while a long pass ran wait in the feed: apply them before
+                        // judging the watch silent (a restart would drop them and reset every clock)
+                        if !self.apply_delivered() {
+                            return Ok(());
+                        }
+                        // a LIST or watch start that never answers (a black-holed connection) is not
                         // bounded by kube's watcher; a lease watch silent for a lease period is restarted
                         let now = Instant::now();
                         if self.lease_watch_stuck(now, lease_watch_started) {
