@@ -10,29 +10,40 @@ use super::*;
 use crate::group::report::ASSIGNMENT_HINT;
 
 impl Runtime {
-    /// Coordinator: for every live member whose applied generation has been behind the assignment for a
-    /// lease period on our clock, write the current generation into its Lease (at most once per lease
-    /// period per member; conditional on the resourceVersion last observed, never over a renewal).
+    /// Coordinator: for every live member that has not applied a generation we wrote a lease period ago
+    /// (on our clock), write the current generation into its Lease (at most once per lease period per
+    /// member; conditional on the resourceVersion last observed, never over a renewal). The clock runs
+    /// from the first generation it was seen behind on, not the newest: a coordinator writing every few
+    /// seconds on a slow API would otherwise find every member behind the latest write, always.
     pub(super) async fn nudge_lagging_members(&mut self, current: &Assignment, now: Instant) {
         let generation = current.view.generation;
         let members = self.members(now);
-        let lagging: BTreeSet<MemberId> = members
+        let behind: BTreeMap<MemberId, u64> = members
             .iter()
             .filter(|m| m.id != self.me && m.live())
-            .filter(|m| {
-                m.report
-                    .as_ref()
-                    .is_some_and(|r| r.applied_generation < generation)
+            .filter_map(|m| {
+                let applied = m.report.as_ref()?.applied_generation;
+                (applied < generation).then(|| (m.id.clone(), applied))
             })
-            .map(|m| m.id.clone())
             .collect();
-        self.lag_since.retain(|id, _| lagging.contains(id));
+        // a member that caught up with the generation it was behind on starts a new clock
+        self.lag_since
+            .retain(|id, (_, on)| behind.get(id).is_some_and(|applied| applied < on));
+        // a report, and a hint's effect, take two answers and a renewal to show (a request's time limit
+        // each): a lease period, or longer on a slow API
+        let patience = self
+            .cfg
+            .lease_duration
+            .max(self.timeout() * 2 + self.cfg.retry_period);
         let mut due = Vec::new();
-        for id in lagging {
-            let since = *self.lag_since.entry(id.clone()).or_insert(now);
+        for id in behind.into_keys() {
+            let (since, _) = *self
+                .lag_since
+                .entry(id.clone())
+                .or_insert((now, generation));
             let last = self.nudged.get(&id).copied();
-            if now.duration_since(since) >= self.cfg.lease_duration
-                && last.is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration)
+            if now.duration_since(since) >= patience
+                && last.is_none_or(|t| now.duration_since(t) >= patience)
             {
                 due.push(id);
             }
