@@ -37,6 +37,9 @@ pub(super) struct Floors {
     read_at: Option<Instant>,
     /// Keys out of reach of any re-grant, alarmed once each: (shard, key).
     alarmed: BTreeSet<(u32, u64)>,
+    /// The object this pass's repair read, for the publish of the same pass: one read fewer on the path
+    /// to the assignment write. Safe however old: the write is conditional on its resourceVersion.
+    this_pass: Option<Option<ConfigMap>>,
 }
 
 impl Floors {
@@ -125,7 +128,11 @@ impl Runtime {
         };
         let span = info_span!("fence_params", configmap = %name, generation = next.generation);
         async {
-            let current = match self.bounded(self.cms.clone().get_opt(&name)).await {
+            let read = match self.fence_floors.this_pass.take() {
+                Some(c) => Ok(c),
+                None => self.bounded(self.cms.clone().get_opt(&name)).await,
+            };
+            let current = match read {
                 Ok(c) => c,
                 Err(err) => {
                     warn!(error = %err, "cannot read the fence parameter ConfigMap: the assignment waits");
@@ -177,12 +184,14 @@ impl Runtime {
             .fence_floors
             .read_at
             .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration);
+        self.fence_floors.this_pass = None;
         if due {
             match self.bounded(self.cms.clone().get_opt(&name)).await {
                 Ok(c) => {
                     self.fence_floors.read_at = Some(now);
                     self.fence_floors
-                        .read(&c.and_then(|c| c.data).unwrap_or_default());
+                        .read(&c.as_ref().and_then(|c| c.data.clone()).unwrap_or_default());
+                    self.fence_floors.this_pass = Some(c);
                 }
                 Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
