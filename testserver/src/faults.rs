@@ -439,6 +439,11 @@ impl Faults {
         self.st().edit(|s| s.rules.push((target, rule)));
     }
 
+    /// Whether failures set by [`fail_next`](Self::fail_next) are still waiting for requests to fail.
+    pub fn failing(&self) -> bool {
+        self.st().read(|s| !s.rules.is_empty())
+    }
+
     /// Delay every request of `target` by `delay` before it is handled (`None` removes the delay set
     /// for exactly that target). Where several targets cover a request, the longest delay applies.
     pub fn latency(&self, target: impl Into<Target>, delay: Option<Duration>) {
