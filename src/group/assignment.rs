@@ -505,7 +505,7 @@ mod tests {
     /// F13: one forward-skewed clock moves a generation by at most the bound per write (members refuse
     /// only what is further ahead), and the first generation is the wall clock.
     #[test]
-    fn f13_a_skewed_clock_moves_generations_by_at_most_the_bound() {
+    fn a_skewed_clock_moves_generations_by_at_most_the_bound() {
         let now = 1_700_000_000_000u64;
         let skewed = now + 365 * MAX_GENERATION_STEP;
         assert_eq!(

@@ -246,7 +246,7 @@ mod tests {
     /// sent with it runs that long; a drain that may release earlier lets the next owner act while it is in
     /// flight. Such configurations are refused; the boundary is accepted.
     #[test]
-    fn f04_a_drain_shorter_than_a_fence_is_refused() {
+    fn a_drain_shorter_than_a_fence_is_refused() {
         let mut c = ok();
         c.renew_deadline = Duration::from_secs(2);
         c.lease_duration = Duration::from_secs(3);

@@ -1169,7 +1169,7 @@ mod tests {
     /// the target is live and warm. Before the fix the move stayed `Draining` forever. After
     /// `drain_stall_timeout` in that phase it is cancelled: the source re-granted at a new epoch.
     #[test]
-    fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
+    fn a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
         let cur = settled(&["a", "b"]);
         let mut draining = cur.clone();
         let shard = draining.owned_by(&id("a")).iter().next().unwrap();
@@ -1204,7 +1204,7 @@ mod tests {
     /// F2: an owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and
     /// nothing is planned around it.
     #[test]
-    fn f02_an_unobserved_owner_keeps_its_shards() {
+    fn an_unobserved_owner_keeps_its_shards() {
         let cur = settled(&["a", "b"]);
         let members = vec![obs("a")];
         let ages = BTreeMap::new();
@@ -1225,7 +1225,7 @@ mod tests {
     /// F17: move ids come from the generation, so an assignment re-created from scratch (next id 1) never
     /// reuses the id of an earlier move.
     #[test]
-    fn f17_move_ids_are_never_reused_after_a_fresh_assignment() {
+    fn move_ids_are_never_reused_after_a_fresh_assignment() {
         let cur = settled(&["a"]);
         let members = vec![obs("a"), obs("b")];
         let ages = BTreeMap::new();

@@ -1092,7 +1092,7 @@ fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
 /// against their join order, so neither the id order nor the listing order can pick the same member by
 /// chance. (The runtime's half — first-seen time, not an age — is `safety_group::f17_*`.)
 #[test]
-fn f17_successor_and_pins_follow_join_order_whatever_the_listing_order() {
+fn successor_and_pins_follow_join_order_whatever_the_listing_order() {
     let s = sc(16);
     let (leaver, keeper) = (id(0), id(1));
     let early = MemberId::new("m09", "a");

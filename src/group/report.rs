@@ -568,7 +568,7 @@ mod tests {
     /// (~1 GB). Refused now; an honest report at the limit (every shard warm and released once, 2·S move
     /// ids) keeps every entry.
     #[test]
-    fn f11_hostile_ack_sets_are_refused_and_honest_ones_kept() {
+    fn hostile_ack_sets_are_refused_and_honest_ones_kept() {
         let big = ShardCount::new(4096).unwrap();
         for kind in ["warm", "released"] {
             let text = hostile(kind, "0-4095");

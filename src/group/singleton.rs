@@ -408,7 +408,7 @@ mod tests {
     /// request was in flight shortens it. Before, the term was built after the answer
     /// (`LeaderTerm::new(term, t0 + life)`) and its boot deadline counted from then.
     #[tokio::test(start_paused = true)]
-    async fn f17_a_suspend_during_the_renewal_request_counts_against_the_term() {
+    async fn a_suspend_during_the_renewal_request_counts_against_the_term() {
         let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
         let b = boot.clone();
         let clock = Clock::with_boot(move || Duration::from_millis(b.load(Ordering::SeqCst)));
@@ -430,7 +430,7 @@ mod tests {
     /// F17 "singleton terms use the runtime clock only": a suspend that only the boot clock sees (the
     /// runtime clock stops while the machine sleeps) must end the term, as it expires fences.
     #[tokio::test(start_paused = true)]
-    async fn f17_singleton_term_ends_on_a_suspend_only_the_boot_clock_saw() {
+    async fn singleton_term_ends_on_a_suspend_only_the_boot_clock_saw() {
         let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
         let b = boot.clone();
         let clock = Clock::with_boot(move || Duration::from_millis(b.load(Ordering::SeqCst)));

@@ -123,7 +123,7 @@ fn an_incarnation_change_is_another_member() {
     assert_eq!(check(&h).len(), 1);
 }
 
-/// Recorded from `f04_handoff_history` at commit 886ae0b + the observer, before the F4 fix: `a`'s drain
+/// Recorded from `handoff_history` at commit 886ae0b + the observer, before the F4 fix: `a`'s drain
 /// released shard 0 at its 1 s deadline while `a`'s write of `u1` (sent while Owned, timeout 1.8 s) was
 /// still in flight; `b` fenced shard 0 and wrote `u1` meanwhile.
 const F04_BEFORE_FIX: &str = include_str!("fixtures/f04_before_fix.json");
@@ -148,7 +148,7 @@ fn the_oracle_flags_the_f04_history_recorded_before_the_fix() {
 
 #[tokio::test(start_paused = true)]
 async fn the_f04_scenario_is_clean_after_the_fix() {
-    let h = crate::ownership::handle_tests::fenced::f04_handoff_history().await;
+    let h = crate::ownership::handle_tests::fenced::handoff_history().await;
     assert_eq!(h.fences.len(), 2, "{h:?}");
     assert_eq!(h.requests.len(), 2, "{h:?}");
     assert_eq!(check(&h), vec![]);
@@ -157,6 +157,6 @@ async fn the_f04_scenario_is_clean_after_the_fix() {
 #[tokio::test(start_paused = true)]
 #[ignore = "prints the F4 history as JSON: run by hand to re-record the fixture"]
 async fn print_the_f04_history() {
-    let h = crate::ownership::handle_tests::fenced::f04_handoff_history().await;
+    let h = crate::ownership::handle_tests::fenced::handoff_history().await;
     println!("{}", serde_json::to_string_pretty(&h).unwrap());
 }

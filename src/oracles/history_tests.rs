@@ -143,7 +143,7 @@ fn a_takeover_mark_of_another_incarnation_does_not_count() {
 /// F2 (review): the coordinator has not observed b's Lease yet, counts b as gone and gives its shard to c
 /// with no release and no takeover.
 #[test]
-fn f02_an_unobserved_owner_given_away_is_flagged() {
+fn an_unobserved_owner_given_away_is_flagged() {
     let (b, c) = (h("b", "1"), h("c", "1"));
     let hist = OwnershipHistory {
         assignments: vec![
@@ -177,7 +177,7 @@ fn f02_an_unobserved_owner_given_away_is_flagged() {
 /// F1 (review): the assignment is deleted (or cannot be decoded); a coordinator re-plans from scratch: the
 /// shards' previous owner is still the last known one through the deletion.
 #[test]
-fn f01_a_replan_from_scratch_after_a_deletion_is_flagged() {
+fn a_replan_from_scratch_after_a_deletion_is_flagged() {
     let (a, b) = (h("a", "1"), h("b", "1"));
     let hist = OwnershipHistory {
         assignments: vec![

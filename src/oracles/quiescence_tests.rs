@@ -28,7 +28,7 @@ fn epochs_that_only_go_up_per_uid_pass_even_across_shard_counts() {
 /// The F1 report, as the review's interleaving: the old generation's member (epoch 10) kept writing
 /// a Widget after a member of the new group had committed epoch 11 for it.
 #[test]
-fn f01_a_lower_epoch_committed_after_a_higher_one_is_flagged() {
+fn a_lower_epoch_committed_after_a_higher_one_is_flagged() {
     let commits = [
         commit(7, "w1", Some("3/10")),
         commit(8, "w1", Some("7/11")),

@@ -62,8 +62,8 @@ fn owning_with(config: OwnershipConfig, who: MemberId) -> (Ownership, TestDriver
     (own, drv, boot)
 }
 
-/// F4's timings: a fence lasts `renew − margin` = 1.8 s, longer than the 1 s drain.
-fn f04_config() -> OwnershipConfig {
+/// A fence lasts `renew − margin` = 1.8 s, longer than the 1 s drain.
+fn fence_outlives_drain() -> OwnershipConfig {
     OwnershipConfig {
         renew_deadline: Duration::from_secs(2),
         fence_margin: Duration::from_millis(200),
@@ -627,7 +627,7 @@ async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
 /// leader) or by self-fencing is not requeued every 2 s: lifting the hold and un-fencing re-enqueue every
 /// Owned shard through the transitions stream, so the wrapper waits for that.
 #[tokio::test(start_paused = true)]
-async fn f17_held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue() {
+async fn held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue() {
     let (own, drv, _) = owning();
     let mine = cm(&uid_in(&own, 0));
     let mut tr = own.transitions();
@@ -837,8 +837,8 @@ pub(crate) mod fenced {
     /// F4: a fenced request sent while Owned runs until its fence's validity (1.8 s here); a drain whose
     /// deadline (1 s) comes first must not release the shard while that request is in flight.
     #[tokio::test(start_paused = true)]
-    async fn f04_drain_waits_for_a_fenced_request_sent_while_owned() {
-        let (own, drv, _) = owning_with(f04_config(), me());
+    async fn drain_waits_for_a_fenced_request_sent_while_owned() {
+        let (own, drv, _) = owning_with(fence_outlives_drain(), me());
         let permit = own.admit_shard(0).unwrap();
         let fence = permit.fence().unwrap();
         let (api, handle) = api();
@@ -879,12 +879,12 @@ pub(crate) mod fenced {
     /// The F4 handoff with two members recorded by the fence oracle: `a` sends a fenced write of `u1` while
     /// Owned that is never answered, shard 0 moves to `b`, which fences and writes `u1` as soon as `a` has
     /// released. Returns what the recorder saw once `a`'s request has ended.
-    pub(crate) async fn f04_handoff_history() -> crate::oracles::fences::FenceHistory {
+    pub(crate) async fn handoff_history() -> crate::oracles::fences::FenceHistory {
         let recorder = crate::oracles::fences::FenceRecorder::new();
-        let (a, drv_a, _) = owning_with(f04_config(), me());
+        let (a, drv_a, _) = owning_with(fence_outlives_drain(), me());
         a.observe_fences(recorder.clone());
         let (clock, _) = manual_clock();
-        let (b, drv_b) = testing::driver_with_clock(f04_config(), other(), clock);
+        let (b, drv_b) = testing::driver_with_clock(fence_outlives_drain(), other(), clock);
         b.observe_fences(recorder.clone());
         drv_b.renew();
 

@@ -1009,7 +1009,7 @@ mod tests {
     /// F14: a relist at rv 20 means a not-held object of its ranges at rv ≤ 20 was deleted by then: a
     /// sub-watch still behind that relist replays its create, which must not be applied.
     #[test]
-    fn f14_replayed_creates_below_a_relist_floor_are_ignored() {
+    fn replayed_creates_below_a_relist_floor_are_ignored() {
         let s = ShardCount::new(1).unwrap();
         let mut ix = Index::new(ShardKey::Uid, s);
         ix.set_projected([0]);

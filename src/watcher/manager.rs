@@ -1341,7 +1341,7 @@ mod tests {
 
     /// F17 (a): an unknown barrier version is settled by a consistent read, never `resourceVersion=0`.
     #[test]
-    fn f17_unparseable_barrier_version_lists_consistently() {
+    fn unparseable_barrier_version_lists_consistently() {
         assert_eq!(barrier_list_from([u64::MAX]), ListFrom::Consistent);
         assert_eq!(barrier_list_from([7, u64::MAX, 9]), ListFrom::Consistent);
         assert_eq!(

@@ -155,7 +155,7 @@ mod tests {
 
     /// F17 (b): after an invalid-selector alarm, no re-probe brings the refused selectors back.
     #[tokio::test(start_paused = true)]
-    async fn f17_invalid_selector_stops_reprobes() {
+    async fn invalid_selector_stops_reprobes() {
         let base = Duration::from_secs(60);
         let mut d = ModeDetector::new(base, Duration::from_secs(1800));
         let t0 = Instant::now();

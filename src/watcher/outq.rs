@@ -153,7 +153,7 @@ mod tests {
 
     /// F17 (d): many writes of few objects while nobody polls queue one event per object.
     #[test]
-    fn f17_unpolled_queue_is_bounded_by_the_names() {
+    fn unpolled_queue_is_bounded_by_the_names() {
         let mut q = OutQueue::default();
         q.push(Out::Event(Event::Init));
         q.push(Out::Event(Event::InitApply(cm("a", 1))));

@@ -171,7 +171,7 @@ async fn move_ends(server: &TestServer, shard: u32, limit: Duration) -> Duration
 /// coordinator tells the source through its own Lease (read at every renewal), the source reads the
 /// assignment directly, drains and releases: the move completes although the watch stays frozen.
 #[tokio::test(start_paused = true)]
-async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
+async fn a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
     let (server, log) = group_server().await;
     let (ms, frozen, shard) = stalled_move(&server, &log, false).await;
     until(
@@ -200,7 +200,7 @@ async fn f09_a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() 
 /// 120s waiting for the move to end". After the stall timeout the coordinator cancels it and re-grants the
 /// source at a new epoch; the source keeps admitting the shard throughout.
 #[tokio::test(start_paused = true)]
-async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
+async fn a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
     let (server, log) = group_server().await;
     let (ms, frozen, shard) = stalled_move(&server, &log, true).await;
     let before = assignment(&server).await.unwrap().view.shards[&shard].epoch;
@@ -238,7 +238,7 @@ async fn f09_a_draining_move_without_release_is_cancelled_after_the_stall_timeou
 /// member never got shards ("timed out after 60s waiting for c owns shards"). Now a lease watch silent for
 /// a lease period is restarted, and the new LIST answers.
 #[tokio::test(start_paused = true)]
-async fn f09_a_hung_lease_list_is_restarted() {
+async fn a_hung_lease_list_is_restarted() {
     let (server, log, mut ms) = settled_group(&["a", "b"]).await;
     let lead = usize::from(ms[1].handle.status().coordinator);
     assert!(ms[lead].handle.status().coordinator, "a coordinator");
@@ -283,7 +283,7 @@ async fn f09_a_hung_lease_list_is_restarted() {
 /// shards 6 times during slow passes"). Now every delivered event is applied before acting, and a renewal
 /// that falls due goes between the pass's requests.
 #[tokio::test(start_paused = true)]
-async fn f08b_a_slow_coordinator_pass_never_fences_the_coordinator() {
+async fn a_slow_coordinator_pass_never_fences_the_coordinator() {
     let (server, log, ms) = settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms

@@ -58,7 +58,7 @@ pub(crate) fn renew_lease_forever(
 /// admits nothing. Before the fix the S = 32 coordinator planned from scratch and replaced the ConfigMap
 /// while `a` kept admitting its S = 16 shards ("the S = 16 assignment was overwritten").
 #[tokio::test(start_paused = true)]
-async fn f01_a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
+async fn a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
     let (server, log, ms) = crate::support::settled_group(&["a"]).await;
     let a = &ms[0];
     let before = assignment(&server).await.expect("an S = 16 assignment");
@@ -102,7 +102,7 @@ async fn f01_a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
 /// F1 (b): a ConfigMap deleted while the coordinator changes is re-created from the members' published
 /// admitted sets, not planned from scratch: a fresh coordinator keeps every owner.
 #[tokio::test(start_paused = true)]
-async fn f01_a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_sets() {
+async fn a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_sets() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     let before = assignment(&server).await.unwrap();
     // the coordinator dies; the assignment is deleted before anyone else leads
@@ -157,7 +157,7 @@ async fn f01_a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitte
 /// observed as gone. Before the fix `d` removed every shard from the assignment in one write ("shard 0
 /// lost its owner").
 #[tokio::test(start_paused = true)]
-async fn f02_an_unobserved_owner_is_never_gone() {
+async fn an_unobserved_owner_is_never_gone() {
     let (server, log, _ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let before = assignment(&server).await.unwrap();
@@ -196,7 +196,7 @@ async fn f02_an_unobserved_owner_is_never_gone() {
 /// `b`, the earlier joiner. With the fix planted away (`joined` = the age, as at 886ae0b) it went to `c`:
 /// "a's set must go whole to b, the earlier joiner (b, c, x owned); left: (0, 8, 8), right: (8, 0, 8)".
 #[tokio::test(start_paused = true)]
-async fn f17_a_leavers_set_goes_to_the_earliest_joined_member() {
+async fn a_leavers_set_goes_to_the_earliest_joined_member() {
     let (server, log) = crate::support::group_server().await;
     let slow =
         |n: &str| builder(&server, n).settle(Duration::from_secs(1), Duration::from_secs(30));
@@ -234,7 +234,7 @@ async fn f17_a_leavers_set_goes_to_the_earliest_joined_member() {
 /// F7: a deleted coordinator Lease is re-created by the members that had observed it, and takeovers
 /// resume. Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
 #[tokio::test(start_paused = true)]
-async fn f07_a_deleted_coordinator_lease_is_recreated() {
+async fn a_deleted_coordinator_lease_is_recreated() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
@@ -259,7 +259,7 @@ async fn f07_a_deleted_coordinator_lease_is_recreated() {
 /// reads of the legacy Lease failed (a 403) kept admitting beside a legacy leader that acquired it
 /// ("timed out after 5s waiting for held on read errors").
 #[tokio::test(start_paused = true)]
-async fn f05_the_legacy_gate_holds_on_read_errors() {
+async fn the_legacy_gate_holds_on_read_errors() {
     let (server, log) = crate::support::group_server().await;
     let a = spawn_with(
         builder(&server, "a").legacy_leader_lease("old-leader"),
@@ -324,7 +324,7 @@ async fn f05_the_legacy_gate_holds_on_read_errors() {
 /// `<group>-<holder>`) is ignored: the coordinator never writes an assignment members cannot decode. Before
 /// the fix the planner moved shards to the empty identity ("the assignment no longer decodes").
 #[tokio::test(start_paused = true)]
-async fn f12_invalid_member_identities_are_ignored() {
+async fn invalid_member_identities_are_ignored() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let evil = |name: &str, holder: &str| crate::support::group_lease(name, holder, None);
@@ -350,7 +350,7 @@ async fn f12_invalid_member_identities_are_ignored() {
 /// goes on. Before the fix members applied it and every later generation saturated: the re-created
 /// assignment was never applied ("timed out after 30s waiting for c to own shards").
 #[tokio::test(start_paused = true)]
-async fn f13_an_absurd_generation_is_refused_and_cannot_freeze_the_group() {
+async fn an_absurd_generation_is_refused_and_cannot_freeze_the_group() {
     let (server, log, mut ms) = crate::support::settled_group(&["a", "b"]).await;
     let gen = ms[0].handle.status().generation;
     edit_assignment(&server, |a| a.view.generation = u64::MAX - 1).await;
@@ -392,7 +392,7 @@ async fn lease_incarnation(server: &TestServer, member: &str) -> Option<String> 
 /// Lease while its holder renews. Before the fix the claim was judged on the frozen watch and written with a
 /// fresh read's resourceVersion, so it succeeded ("b2 claimed b's Lease while b renews").
 #[tokio::test(start_paused = true)]
-async fn f03_a_same_name_claim_never_displaces_a_renewing_holder() {
+async fn a_same_name_claim_never_displaces_a_renewing_holder() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     let b_inc = lease_incarnation(&server, "b").await.unwrap();
     server.faults().freeze_watches(Scope::identity("b2"), true);
@@ -413,7 +413,7 @@ async fn f03_a_same_name_claim_never_displaces_a_renewing_holder() {
 /// relist, which sends no `Delete` event) must not leave its owner in limbo forever. Before the fix the victim's shards were never
 /// reassigned ("timed out after 30s waiting for the victim's shards to move").
 #[tokio::test(start_paused = true)]
-async fn f10_a_lease_deleted_during_a_relist_is_seen_deleted() {
+async fn a_lease_deleted_during_a_relist_is_seen_deleted() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms
@@ -455,7 +455,7 @@ async fn f10_a_lease_deleted_during_a_relist_is_seen_deleted() {
 /// move is cancelled for a target that renews. Before the fix every move to the new member was cancelled
 /// "target not live" after a lease period of silence ("move to d cancelled while d renews").
 #[tokio::test(start_paused = true)]
-async fn f06_a_silent_lease_watch_cancels_no_move() {
+async fn a_silent_lease_watch_cancels_no_move() {
     let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
     tokio::time::sleep(LEASE).await;
     let lead = ms
@@ -519,7 +519,7 @@ async fn f06_a_silent_lease_watch_cancels_no_move() {
 /// takeover instead (b's renewals answered late, its Lease stalled between conflicts): before the fix
 /// "b was taken over although its writes commit".
 #[tokio::test(start_paused = true)]
-async fn f08_a_slow_apiserver_leaves_no_member_renewing_but_fenced() {
+async fn a_slow_apiserver_leaves_no_member_renewing_but_fenced() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
     tokio::time::sleep(LEASE).await;
     // b's writes commit at once and are answered 1.2 s later; its reads are quick, so after each

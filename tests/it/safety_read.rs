@@ -170,7 +170,7 @@ fn owned_all(o: &Ownership, shards: impl IntoIterator<Item = u32>) -> bool {
 /// F14: a narrowing re-watches from what the sub-watch processed, not from its first LIST: an object
 /// created and deleted since is never applied again.
 #[tokio::test(start_paused = true)]
-async fn f14_narrowing_replays_no_deleted_object() {
+async fn narrowing_replays_no_deleted_object() {
     let (server, all) = crate::support::seeded(true, 100).await;
     let admin = server.client("admin");
     let (me, o, d) = member("f14");
@@ -206,7 +206,7 @@ async fn f14_narrowing_replays_no_deleted_object() {
 /// F14: after the server's history window has moved past the sub-watch's LIST, a narrowing still needs
 /// no LIST (bookmarks carried the sub-watch forward).
 #[tokio::test(start_paused = true)]
-async fn f14_narrowing_after_the_history_window_lists_nothing() {
+async fn narrowing_after_the_history_window_lists_nothing() {
     let server = TestServer::builder()
         .shard_selector(true)
         .history(30)
@@ -250,7 +250,7 @@ async fn f14_narrowing_after_the_history_window_lists_nothing() {
 /// F14: a targeted barrier LIST settles a shard while its sub-watch is behind; the sub-watch's later
 /// replay of an object created and deleted before that LIST must not apply it.
 #[tokio::test(start_paused = true)]
-async fn f14_barrier_relist_floor_ignores_replayed_creates() {
+async fn barrier_relist_floor_ignores_replayed_creates() {
     let (server, all) = crate::support::seeded(true, 100).await;
     let admin = server.client("admin");
     let (me, o, d) = member("f14b");
@@ -312,7 +312,7 @@ async fn f14_barrier_relist_floor_ignores_replayed_creates() {
 /// F14: back to server mode narrows the full watch from what it processed: an object created and deleted
 /// during fallback is not applied again.
 #[tokio::test(start_paused = true)]
-async fn f14_back_to_server_replays_no_deleted_object() {
+async fn back_to_server_replays_no_deleted_object() {
     let (server, all) = crate::support::seeded(false, 100).await;
     let admin = server.client("admin");
     let (me, o, d) = member("f14s");
@@ -346,7 +346,7 @@ async fn f14_back_to_server_replays_no_deleted_object() {
 /// F16: in fallback mode, the barriers of a takeover of 8 shards that time out together cost one LIST of
 /// the collection, not one per shard.
 #[tokio::test(start_paused = true)]
-async fn f16_fallback_barriers_cost_one_full_list() {
+async fn fallback_barriers_cost_one_full_list() {
     const N: usize = 10_000;
     let (server, all) = crate::support::seeded(false, N).await;
     let (me, o, d) = member("f16");
@@ -397,7 +397,7 @@ async fn f16_fallback_barriers_cost_one_full_list() {
 /// F15 (manager side): a shard activated before its objects were read keeps its re-enqueue marker until
 /// they are: every object of the shard is re-enqueued.
 #[tokio::test(start_paused = true)]
-async fn f15_reenqueue_marker_waits_for_the_shards_objects() {
+async fn reenqueue_marker_waits_for_the_shards_objects() {
     let (server, all) = crate::support::seeded(true, 300).await;
     let (me, o, d) = member("f15");
     d.apply(&grant(AssignmentView::new(1), &me, 0..4, 1));
@@ -438,7 +438,7 @@ async fn f15_reenqueue_marker_waits_for_the_shards_objects() {
 /// F17 (a): a barrier whose version cannot be parsed is settled by a consistent LIST, never by
 /// `resourceVersion=0` (any cached state).
 #[tokio::test(start_paused = true)]
-async fn f17_unparseable_barrier_version_lists_consistently() {
+async fn unparseable_barrier_version_lists_consistently() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
@@ -500,7 +500,7 @@ async fn f17_unparseable_barrier_version_lists_consistently() {
 /// F17 (b): after an `invalid shard selector` 500, a successful re-probe does not send the refused
 /// selectors again every quiet period.
 #[tokio::test(start_paused = true)]
-async fn f17_invalid_selector_is_not_retried_after_a_probe() {
+async fn invalid_selector_is_not_retried_after_a_probe() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
@@ -551,7 +551,7 @@ async fn f17_invalid_selector_is_not_retried_after_a_probe() {
 /// F17 (c): a move cancelled while Draining re-grants the shard to its owner: the store keeps its
 /// objects (no Delete-then-Apply of the whole shard), and the activation re-enqueues them.
 #[tokio::test(start_paused = true)]
-async fn f17_cancel_from_draining_regrant_keeps_the_store() {
+async fn cancel_from_draining_regrant_keeps_the_store() {
     let (server, all) = crate::support::seeded(true, 200).await;
     let (me, o, d) = member("f17c");
     let b = MemberId::new("b", "i1");
@@ -627,7 +627,7 @@ async fn f17_cancel_from_draining_regrant_keeps_the_store() {
 /// F17 (d): a consumer that stops polling does not make the manager queue every event: queued events
 /// are coalesced per object, so the backlog is bounded by the objects, not by the writes.
 #[tokio::test(start_paused = true)]
-async fn f17_unpolled_consumer_backlog_is_bounded_by_objects() {
+async fn unpolled_consumer_backlog_is_bounded_by_objects() {
     const OBJECTS: usize = 20;
     const ROUNDS: usize = 100;
     let (server, all) = crate::support::seeded(true, OBJECTS).await;
