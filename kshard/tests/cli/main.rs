@@ -6,5 +6,6 @@ mod demo_ha;
 mod fence_policy;
 mod ha;
 mod hash_selector;
+mod rolled_back;
 mod status;
 mod testserver;

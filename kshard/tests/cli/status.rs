@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-struct Running(Child);
+pub(crate) struct Running(Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -100,7 +100,7 @@ fn http_get(addr: &str, path: &str) -> String {
 }
 
 /// `kshard testserver` (gate on) writing its kubeconfig to `<dir>/kubeconfig`.
-fn testserver() -> (tempfile::TempDir, Running) {
+pub(crate) fn testserver() -> (tempfile::TempDir, Running) {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args([
@@ -119,7 +119,7 @@ fn testserver() -> (tempfile::TempDir, Running) {
 }
 
 /// A runtime and a client from a kubeconfig.
-fn client_for(kc: &Path) -> (tokio::runtime::Runtime, kube::Client) {
+pub(crate) fn client_for(kc: &Path) -> (tokio::runtime::Runtime, kube::Client) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
