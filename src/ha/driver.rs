@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::config::{HaConfig, HaMode};
 use super::elector::{
@@ -102,6 +102,7 @@ enum Command {
     Token(TokenTakeover, oneshot::Sender<Result<Epoch, ForceError>>),
     Status(oneshot::Sender<HaStatus>),
     MirrorConfirmed(Duration),
+    PeerIsThisCluster,
 }
 
 /// Commands to a running driver (`kshard ha promote --force`, `kshard ha status`). Cheap to clone.
@@ -197,7 +198,7 @@ pub fn spawn_with_flaws(
     metrics: HaMetrics,
     flaws: crate::ha::elector::Flaws,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
-    spawn_elector(cfg, clients, clock, metrics, |e| e.with_flaws(flaws))
+    spawn_elector(cfg, clients, clock, metrics, move |e| e.with_flaws(flaws))
 }
 
 fn spawn_elector(
@@ -205,7 +206,7 @@ fn spawn_elector(
     clients: HaClients,
     clock: LocalClock,
     metrics: HaMetrics,
-    adjust: impl FnOnce(Elector) -> Elector,
+    adjust: impl FnOnce(Elector) -> Elector + Send + 'static,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
     let (tx, rx) = mpsc::channel(8);
     if cfg.mode == HaMode::Standalone {
@@ -223,6 +224,7 @@ fn spawn_elector(
     .bootstrap_active(cfg.mode == HaMode::Active)
     .follow(true);
     let lease = cfg.lease_name();
+    let (uid_local, uid_peer) = (clients.local.clone(), clients.peer.clone());
     let apis = [
         Some(Api::namespaced(clients.local.clone(), &cfg.namespace)),
         Some(Api::namespaced(clients.peer, &cfg.namespace)),
@@ -235,8 +237,9 @@ fn spawn_elector(
         cfg.namespace.clone(),
         cfg.witness_namespace.clone(),
     ];
-    let driver = Driver {
-        elector: adjust(Elector::new(ecfg, clock())),
+    let mut driver = Driver {
+        // replaced once this cluster's identity is read, before the first request
+        elector: Elector::new(ecfg.clone(), clock()),
         apis,
         namespaces,
         lease: lease.clone(),
@@ -256,7 +259,18 @@ fn spawn_elector(
     let follower = witness.then(|| {
         super::min_epoch::follow_promotions(handle.clone(), min_local, min_peer, cfg.clone())
     });
+    let (retry, limit) = (cfg.timings.retry_period, cfg.timings.request_timeout);
+    let peer_check = tx.clone();
     let task = tokio::spawn(async move {
+        // every record carries this cluster's identity, and every record read is checked against it
+        let uid = read_uid(&uid_local, "this", retry, limit).await;
+        driver.elector = adjust(Elector::new(ecfg.uid(uid.clone()), (driver.clock)()));
+        tokio::spawn(async move {
+            if read_uid(&uid_peer, "the peer", retry, limit).await == uid {
+                error!(%uid, "HA: the peer client reaches this very cluster (one kube-system uid): nothing is admitted until the peer kubeconfig points at the other cluster");
+                let _ = peer_check.send(Command::PeerIsThisCluster).await;
+            }
+        });
         match follower {
             Some(f) => {
                 tokio::select! {
@@ -333,6 +347,10 @@ impl Driver {
                         let _ = reply.send(out);
                     }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
+                    Some(Command::PeerIsThisCluster) => {
+                        let trans = self.elector.peer_is_this_cluster();
+                        self.on_transitions(&trans);
+                    }
                     Some(Command::MirrorConfirmed(at)) => {
                         self.confirmed = Some(self.confirmed.map_or(at, |c| c.max(at)));
                     }
@@ -576,6 +594,27 @@ async fn request(
             renewed(&l),
         ),
         Err(e) => (classify(&e), None),
+    }
+}
+
+/// The uid of `client`'s cluster's `kube-system` namespace, read again every retry period until it answers.
+async fn read_uid(client: &Client, which: &str, retry: Duration, limit: Duration) -> String {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    loop {
+        match tokio::time::timeout(limit, api.get("kube-system")).await {
+            Ok(Ok(ns)) => match ns.metadata.uid {
+                Some(uid) => return uid,
+                None => warn!(cluster = which, "HA: namespace kube-system has no uid"),
+            },
+            Ok(Err(e)) => {
+                warn!(cluster = which, error = %e, "HA: cannot read namespace kube-system (the cluster's identity)")
+            }
+            Err(_) => warn!(
+                cluster = which,
+                "HA: reading namespace kube-system timed out"
+            ),
+        }
+        tokio::time::sleep(retry).await;
     }
 }
 

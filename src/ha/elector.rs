@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use super::config::Timings;
 use super::epoch::Epoch;
-use super::record::{HaState, Published, Record};
+use super::record::{HaState, Origin, Published, Record};
 
 /// One of the Leases the elector reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,6 +123,16 @@ pub enum Alarm {
     Undecodable(Slot),
     /// At start the peer's Lease could not be read: Standby until it can, or a human promotes.
     PeerUnreadableAtStart,
+    /// A record in this slot names this cluster's id but was written from another cluster (another
+    /// `kube-system` uid): both clusters were given one id. Nothing is admitted, the record is never resumed
+    /// or followed, and it lasts while any Lease shows such a record.
+    IdentityConflict(Slot),
+    /// A record in this slot was written by the other cluster configured with this cluster's rank: equal
+    /// ranks make equal epochs under a partition, and neither side would step down. Nothing is admitted and
+    /// nothing promoted while any Lease shows such a record.
+    EqualRank(Slot),
+    /// The peer client reaches this very cluster (one `kube-system` uid): nothing is ever admitted.
+    PeerIsThisCluster,
 }
 
 /// Why a leader stopped leading.
@@ -168,6 +178,10 @@ pub enum ForceError {
     /// A Lease does not decode: a human must look first.
     #[error("a HA Lease does not decode")]
     Undecodable,
+    /// The two sides' configuration conflicts (one cluster id, one rank, or a peer client reaching this
+    /// cluster): a human must fix it first.
+    #[error("the HA configuration conflicts with the peer's: {0:?}")]
+    Misconfigured(Alarm),
     /// The epoch space is exhausted.
     #[error("no higher epoch can be written")]
     Exhausted,
@@ -309,6 +323,9 @@ pub struct ElectorConfig {
     /// changed since this process last stepped down). Each process still dates the term from its own
     /// writes, so following never extends anyone's hold.
     pub follow: bool,
+    /// The uid of this cluster's `kube-system` namespace: stamped with the rank into every record written
+    /// ([`Origin`]) and compared with the records read. `None`: no identity is written or checked.
+    pub uid: Option<String>,
 }
 
 impl ElectorConfig {
@@ -322,7 +339,15 @@ impl ElectorConfig {
             bootstrap_active: false,
             timings,
             follow: false,
+            uid: None,
         }
+    }
+
+    /// This cluster's `kube-system` uid (see [`ElectorConfig::uid`]).
+    #[must_use]
+    pub fn uid(mut self, uid: impl Into<String>) -> Self {
+        self.uid = Some(uid.into());
+        self
     }
 
     /// One of several processes of this cluster (see [`ElectorConfig::follow`]).
@@ -478,7 +503,42 @@ impl Elector {
             epoch,
             timings: self.published(),
             state: self.state.clone(),
+            origin: self.cfg.uid.as_ref().map(|uid| Origin {
+                uid: uid.clone(),
+                rank: self.cfg.rank,
+            }),
         }
+    }
+
+    /// What `r` says of the configuration, when it conflicts with ours: our cluster id written from another
+    /// cluster, or the other cluster at our rank. A record without an identity (an older build) is never one.
+    fn misconfigured(&self, r: &Record, slot: Slot) -> Option<Alarm> {
+        let (o, uid) = (r.origin.as_ref()?, self.cfg.uid.as_ref()?);
+        if r.cluster == self.cfg.cluster {
+            (o.uid != *uid).then_some(Alarm::IdentityConflict(slot))
+        } else {
+            (o.uid != *uid && o.rank == self.cfg.rank).then_some(Alarm::EqualRank(slot))
+        }
+    }
+
+    /// The first slot whose record conflicts with our configuration.
+    fn misconfiguration(&self) -> Option<Alarm> {
+        self.slots().iter().find_map(|&s| match &self.view(s).seen {
+            Seen::Present {
+                record: Some(r), ..
+            } => self.misconfigured(r, s),
+            _ => None,
+        })
+    }
+
+    /// The peer client reaches this very cluster: raise the alarm for good (the driver's start check).
+    pub fn peer_is_this_cluster(&mut self) -> Vec<Transition> {
+        let mut out = Vec::new();
+        if self.alarm != Some(Alarm::PeerIsThisCluster) {
+            self.alarm = Some(Alarm::PeerIsThisCluster);
+            out.push(Transition::Alarmed(Alarm::PeerIsThisCluster));
+        }
+        out
     }
 
     /// The switchover state of the term led (`demoting`: nothing is admitted).
@@ -520,7 +580,16 @@ impl Elector {
     }
 
     fn is_mine(&self, r: &Record, epoch: Epoch) -> bool {
-        r.cluster == self.cfg.cluster && r.epoch == epoch
+        self.names_us(r) && r.epoch == epoch
+    }
+
+    /// `r` names this cluster: its id, and (when both sides publish one) its `kube-system` uid.
+    fn names_us(&self, r: &Record) -> bool {
+        r.cluster == self.cfg.cluster
+            && match (&r.origin, &self.cfg.uid) {
+                (Some(o), Some(uid)) => o.uid == *uid,
+                _ => true,
+            }
     }
 
     fn mine(&self, s: Slot, epoch: Epoch) -> bool {
@@ -645,6 +714,12 @@ impl Elector {
         if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
             return Err(ForceError::Undecodable);
         }
+        if let Some(
+            a @ (Alarm::IdentityConflict(_) | Alarm::EqualRank(_) | Alarm::PeerIsThisCluster),
+        ) = self.alarm
+        {
+            return Err(ForceError::Misconfigured(a));
+        }
         if !self.armed(now) {
             return Err(ForceError::NotArmed);
         }
@@ -673,6 +748,12 @@ impl Elector {
         }
         if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
             return Err(ForceError::Undecodable);
+        }
+        if let Some(
+            a @ (Alarm::IdentityConflict(_) | Alarm::EqualRank(_) | Alarm::PeerIsThisCluster),
+        ) = self.alarm
+        {
+            return Err(ForceError::Misconfigured(a));
         }
         if t.epoch != self.max_seen {
             return Err(ForceError::TokenStale {
@@ -863,6 +944,21 @@ impl Elector {
             }
             self.alarm = None;
         }
+        // a conflicting configuration holds everything while any Lease shows it (a fixed side rewrites them)
+        if self.alarm != Some(Alarm::PeerIsThisCluster) {
+            let found = self.misconfiguration();
+            if let Some(a) = found.filter(|_| found != self.alarm) {
+                out.push(Transition::Alarmed(a));
+            }
+            if found.is_some()
+                || matches!(
+                    self.alarm,
+                    Some(Alarm::IdentityConflict(_) | Alarm::EqualRank(_))
+                )
+            {
+                self.alarm = found;
+            }
+        }
         if !self.decided {
             self.decide_start(out);
         }
@@ -935,7 +1031,7 @@ impl Elector {
             record: Some(r), ..
         } = &self.view(resume_slot).seen
         {
-            if r.cluster == self.cfg.cluster && r.epoch == self.max_seen {
+            if self.names_us(r) && r.epoch == self.max_seen && self.alarm.is_none() {
                 let (e, r) = (r.epoch, r.clone());
                 self.lead(e, false);
                 self.adopt(&r);
@@ -968,7 +1064,7 @@ impl Elector {
             return;
         };
         let fresh = self.stepped_down_at.is_none_or(|t| *since > t);
-        if r.cluster == self.cfg.cluster && r.epoch == self.max_seen && fresh {
+        if self.names_us(r) && r.epoch == self.max_seen && fresh {
             let (e, r) = (r.epoch, r.clone());
             self.lead(e, false);
             self.adopt(&r);

@@ -158,6 +158,7 @@ fn heal(lose_first_renewal_answer: bool) {
             request_timeout: Duration::from_millis(2500),
         },
         state: HaState::default(),
+        origin: None,
     };
     w.stores[1].write(&b);
     // the heal, before the no-term step-down (lease_duration after the lapse); peer reads take 2 s

@@ -28,7 +28,8 @@ pub struct HaSnapshot {
     pub peer_lease_age_ms: u64,
     /// The same for the witness Lease.
     pub witness_lease_age_ms: u64,
-    /// 1 while an alarm is raised (undecodable Lease, peer unreadable at start).
+    /// 1 while an alarm is raised (undecodable Lease, peer unreadable at start, a configuration conflicting
+    /// with the peer's: one cluster id, one rank, or a peer client reaching this cluster).
     pub alarm: bool,
     /// Candidacies started (promotions), including forced ones.
     pub promotions: u64,

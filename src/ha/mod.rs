@@ -43,4 +43,4 @@ pub use metrics::{HaMetrics, HaSnapshot};
 pub use config::{ConfigError, HaConfig, HaConfigBuilder, HaMode, Timings};
 pub use elector::{Elector, ElectorConfig, Role, Slot, TokenTakeover};
 pub use epoch::Epoch;
-pub use record::{HaState, Record};
+pub use record::{HaState, Origin, Record};

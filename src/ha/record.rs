@@ -18,6 +18,43 @@ pub const TIMINGS_ANNOTATION: &str = "kube-shard.io/ha-timings";
 pub const HA_LABEL: &str = "kube-shard.io/ha";
 /// The annotation holding the holder's switchover state (format version 1); absent means "active, seq 0".
 pub const STATE_ANNOTATION: &str = "kube-shard.io/ha-state";
+/// The annotation holding the writer's identity (format version 1): the uid of its cluster's `kube-system`
+/// namespace and its configured rank. Absent on records of older builds.
+pub const IDENTITY_ANNOTATION: &str = "kube-shard.io/ha-identity";
+
+/// Who wrote a record, beyond its cluster id: two clusters given one id (shared Helm values) differ here, and
+/// two sides given one rank are seen before their epochs tie.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// The uid of the writer's `kube-system` namespace (its cluster, whatever id it was given).
+    pub uid: String,
+    /// The writer's configured rank (`--ha-rank`) when it wrote.
+    pub rank: u16,
+}
+
+impl Origin {
+    fn text(&self) -> String {
+        format!("v1 uid={} rank={}", self.uid, self.rank)
+    }
+
+    fn parse(s: &str) -> Option<Origin> {
+        let rest = s.strip_prefix("v1 ")?;
+        let (mut uid, mut rank) = (None, None);
+        for part in rest.split_whitespace() {
+            let (k, v) = part.split_once('=')?;
+            match k {
+                "uid" if !v.is_empty() && v.len() <= 64 => uid = Some(v.to_string()),
+                "rank" => rank = Some(v.parse().ok()?),
+                "uid" => return None,
+                _ => {} // later versions may add keys
+            }
+        }
+        Some(Origin {
+            uid: uid?,
+            rank: rank?,
+        })
+    }
+}
 
 /// The holder's planned-switchover state at its epoch (HA.md contract 2). `seq` only rises within an
 /// epoch: every command that changes the state (`demote`, the token, `demote --cancel`) writes `seq + 1`,
@@ -96,6 +133,8 @@ pub struct Record {
     pub timings: Published,
     /// The planned-switchover state.
     pub state: HaState,
+    /// The writer's identity (`None`: written by an older build, which publishes none).
+    pub origin: Option<Origin>,
 }
 
 /// Why a Lease does not decode.
@@ -122,6 +161,9 @@ pub enum DecodeError {
     /// The state annotation is not version 1.
     #[error("state annotation {0:?} of an unknown format")]
     State(String),
+    /// The identity annotation is not version 1 with a uid and a rank.
+    #[error("identity annotation {0:?} of an unknown format")]
+    Identity(String),
 }
 
 impl Record {
@@ -186,6 +228,12 @@ pub fn encode(record: &Record, name: &str, namespace: &str, ha_name: &str) -> Le
                         .text()
                         .map(|t| (STATE_ANNOTATION.to_string(), t)),
                 )
+                .chain(
+                    record
+                        .origin
+                        .as_ref()
+                        .map(|o| (IDENTITY_ANNOTATION.to_string(), o.text())),
+                )
                 .collect(),
             ),
             ..ObjectMeta::default()
@@ -239,6 +287,15 @@ pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
         None => HaState::default(),
         Some(s) => HaState::parse(s).ok_or_else(|| DecodeError::State(s.clone()))?,
     };
+    let origin = match lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(IDENTITY_ANNOTATION))
+    {
+        None => None,
+        Some(s) => Some(Origin::parse(s).ok_or_else(|| DecodeError::Identity(s.clone()))?),
+    };
     Ok(Record {
         cluster: cluster.to_string(),
         epoch,
@@ -248,6 +305,7 @@ pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
             request_timeout: to,
         },
         state,
+        origin,
     })
 }
 
@@ -265,6 +323,33 @@ mod tests {
                 request_timeout: Duration::from_millis(2500),
             },
             state: HaState::default(),
+            origin: None,
+        }
+    }
+
+    #[test]
+    fn the_identity_round_trips_a_record_without_one_decodes_and_a_bad_one_is_undecodable() {
+        let mut r = rec();
+        assert_eq!(decode(&encode(&r, "n", "ns", "op")).unwrap().origin, None);
+        r.origin = Some(Origin {
+            uid: "0b6c2d1e-5b4f-4b7e-9a43-2f0d5d6c1a77".into(),
+            rank: 2,
+        });
+        assert_eq!(decode(&encode(&r, "n", "ns", "op")).unwrap(), r);
+        for bad in [
+            "v2 uid=x rank=1",
+            "v1 uid=x",
+            "v1 rank=1",
+            "v1 uid= rank=1",
+            "v1 uid=x rank=-1",
+        ] {
+            let mut l = encode(&r, "n", "ns", "op");
+            l.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(IDENTITY_ANNOTATION.into(), bad.into());
+            assert!(matches!(decode(&l), Err(DecodeError::Identity(_))), "{bad}");
         }
     }
 

@@ -90,7 +90,34 @@ pub(crate) fn start_with(
     (timings, flaws): (Timings, Flaws),
     clock: ha::LocalClock,
 ) -> Op {
-    let who = format!("{id}-op");
+    start_labelled(
+        id,
+        id,
+        rank,
+        mode,
+        [own, peer],
+        witness,
+        overlap,
+        (timings, flaws),
+        clock,
+    )
+}
+
+/// [`start_with`] with the overlap checker told `label` for this side (two sides given one cluster id
+/// must still be told apart).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_labelled(
+    label: &str,
+    id: &str,
+    rank: u64,
+    mode: HaMode,
+    [own, peer]: [&TestServer; 2],
+    witness: Option<&TestServer>,
+    overlap: &HaOverlap,
+    (timings, flaws): (Timings, Flaws),
+    clock: ha::LocalClock,
+) -> Op {
+    let who = format!("{label}-op");
     let cfg = HaConfig::builder("widgets")
         .mode(mode)
         .cluster(id, rank)
@@ -115,7 +142,7 @@ pub(crate) fn start_with(
         handle.clone(),
         overlap.clone(),
         admitted.clone(),
-        id.to_string(),
+        label.to_string(),
     );
     let worker = tokio::spawn(async move {
         loop {

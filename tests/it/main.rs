@@ -10,6 +10,7 @@ mod ha_elector;
 mod ha_elector_faults;
 mod ha_group;
 mod ha_group_t8;
+mod ha_identity;
 mod ha_lag;
 mod ha_min_epoch;
 mod ha_mirror;

@@ -199,6 +199,7 @@ impl Ha {
                 request_timeout: self.timings.request_timeout,
             },
             state: Default::default(),
+            origin: None,
         }
     }
 
