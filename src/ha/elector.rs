@@ -302,6 +302,9 @@ pub struct Flaws {
     /// member trusting a term someone else's renewal (or an old, unchanged version) gave it, instead of
     /// dating it from its own writes (H5 a).
     pub hold_from_reads: bool,
+    /// Judge records by cluster id alone, ignoring the writer's identity (two clusters given one id each
+    /// take the other's record for their own term).
+    pub ignore_identity: bool,
 }
 
 /// The elector's fixed settings.
@@ -513,6 +516,9 @@ impl Elector {
     /// What `r` says of the configuration, when it conflicts with ours: our cluster id written from another
     /// cluster, or the other cluster at our rank. A record without an identity (an older build) is never one.
     fn misconfigured(&self, r: &Record, slot: Slot) -> Option<Alarm> {
+        if self.flaws().ignore_identity {
+            return None;
+        }
         let (o, uid) = (r.origin.as_ref()?, self.cfg.uid.as_ref()?);
         if r.cluster == self.cfg.cluster {
             (o.uid != *uid).then_some(Alarm::IdentityConflict(slot))
@@ -587,7 +593,7 @@ impl Elector {
     fn names_us(&self, r: &Record) -> bool {
         r.cluster == self.cfg.cluster
             && match (&r.origin, &self.cfg.uid) {
-                (Some(o), Some(uid)) => o.uid == *uid,
+                (Some(o), Some(uid)) => o.uid == *uid || self.flaws().ignore_identity,
                 _ => true,
             }
     }

@@ -29,7 +29,7 @@
 use std::time::Duration;
 
 use kube_shard::ha::elector::{Answer, ElectorConfig, Flaws, Op, Slot};
-use kube_shard::ha::record::{HaState, Published, Record};
+use kube_shard::ha::record::{HaState, Origin, Published, Record};
 use kube_shard::ha::{Elector, Epoch, Timings, TokenTakeover};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -146,6 +146,9 @@ pub struct Ha {
     switchover: bool,
     /// Planted: the token is taken without waiting for the drain (review-ha.md H10).
     token_before_drain: bool,
+    /// Both clusters were given one cluster id (`a`); each process still knows its own `kube-system` uid,
+    /// and follows a term its cluster id leads (as the driver does).
+    twin_ids: bool,
     flaws: Flaws,
 }
 
@@ -167,13 +170,15 @@ impl Ha {
     }
 
     fn elector(&self, p: u8, now: u8) -> Elector {
-        let cfg = ElectorConfig::new(
-            CLUSTERS[p as usize],
-            p as u16 + 1,
-            self.witness,
-            self.timings,
-        )
-        .bootstrap_active(p == 0);
+        let id = if self.twin_ids {
+            CLUSTERS[0]
+        } else {
+            CLUSTERS[p as usize]
+        };
+        let cfg = ElectorConfig::new(id, p as u16 + 1, self.witness, self.timings)
+            .bootstrap_active(p == 0)
+            .follow(self.twin_ids)
+            .uid(["uid-a", "uid-b"][p as usize]);
         Elector::new(cfg, secs(now.into())).with_flaws(self.flaws)
     }
 
@@ -199,7 +204,10 @@ impl Ha {
                 request_timeout: self.timings.request_timeout,
             },
             state: Default::default(),
-            origin: None,
+            origin: Some(Origin {
+                uid: "uid-a".into(),
+                rank: 1,
+            }),
         }
     }
 
@@ -718,6 +726,7 @@ fn base(witness: bool) -> Ha {
         fault_b: false,
         switchover: false,
         token_before_drain: false,
+        twin_ids: false,
         flaws: Flaws::default(),
     }
 }
@@ -946,4 +955,35 @@ fn ha_model_switchover_witness() {
 #[test]
 fn ha_model_switchover_no_witness() {
     switchover("ha-switchover-no-witness", false);
+}
+
+/// Both clusters given one cluster id: with the identity check, B never takes A's record for its own term
+/// (no overlap in the capped run, and A admits); with the check removed (`Flaws::ignore_identity`), B follows
+/// A's term as its own and the checker finds the two sides admitting at one epoch.
+#[test]
+fn ha_model_one_cluster_id_on_both_sides_never_overlaps_and_without_the_identity_check_does() {
+    let mut m = base(false);
+    m.twin_ids = true;
+    m.max_faults = 0;
+    let c = m
+        .clone()
+        .checker()
+        .threads(2)
+        .target_state_count(DEFAULT_STATES)
+        .spawn_bfs()
+        .join();
+    eprintln!(
+        "[ha-twin-ids] {} states, {} unique",
+        c.state_count(),
+        c.unique_state_count()
+    );
+    if let Some(path) = c.discovery("no two (cluster, epoch) intervals overlap; epochs rise") {
+        panic!("[ha-twin-ids] counterexample: {:#?}", path.into_actions());
+    }
+    assert!(c.discovery("A admits").is_some(), "A never admitted");
+    m.flaws.ignore_identity = true;
+    assert!(
+        find_violation(m).is_some(),
+        "no overlap found without the identity check"
+    );
 }
