@@ -127,9 +127,10 @@ struct Pair {
     /// The operator's namespace (where the HA Lease lives in each cluster).
     #[arg(short = 'n', long)]
     namespace: String,
-    /// The witness Lease's namespace in the witness cluster.
-    #[arg(long = "witness-namespace", default_value = "kube-shard-ha")]
-    witness_namespace: String,
+    /// The witness Lease's namespace in the witness cluster (default: `--namespace`, as the operator
+    /// and the library use).
+    #[arg(long = "witness-namespace")]
+    witness_namespace: Option<String>,
     /// The HA name: the Leases are `<name>-ha`.
     #[arg(long)]
     name: String,
@@ -240,7 +241,7 @@ impl Pair {
             .mode(HaMode::Standby)
             .cluster(&self.cluster_id, self.rank)
             .namespace(&self.namespace)
-            .witness_namespace(&self.witness_namespace)
+            .witness_namespace(self.witness_namespace.as_deref().unwrap_or(&self.namespace))
             .kubeconfigs(
                 self.kubeconfig.clone(),
                 Some(self.peer_kubeconfig.clone()),
@@ -344,7 +345,12 @@ fn switch(
         .mode(HaMode::Standby)
         .cluster(&a.peer_cluster_id, a.peer_rank)
         .namespace(&a.pair.namespace)
-        .witness_namespace(&a.pair.witness_namespace)
+        .witness_namespace(
+            a.pair
+                .witness_namespace
+                .as_deref()
+                .unwrap_or(&a.pair.namespace),
+        )
         .kubeconfigs(
             Some(a.pair.peer_kubeconfig.clone()),
             Some(a.pair.kubeconfig.clone().unwrap_or_default()),

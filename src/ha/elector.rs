@@ -1229,6 +1229,7 @@ struct FlawsOff {
     create_missing_at_once: bool,
     ignore_published_timings: bool,
     hold_from_reads: bool,
+    ignore_identity: bool,
 }
 
 #[cfg(test)]

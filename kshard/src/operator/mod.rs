@@ -105,9 +105,10 @@ pub(crate) struct OperatorArgs {
     /// This cluster's stable id (HA).
     #[arg(long, default_value = "", value_name = "ID")]
     ha_cluster_id: String,
-    /// This cluster's rank, distinct per cluster, below 1000 (HA).
-    #[arg(long, default_value = "0")]
-    ha_rank: u64,
+    /// This cluster's rank, below 1000 (HA; required with `--ha-mode active|standby`): the two clusters
+    /// must differ, or two promotions during a partition take equal epochs and neither steps down.
+    #[arg(long, value_name = "RANK")]
+    ha_rank: Option<u64>,
     /// Kubeconfig of the peer cluster (HA; required with a mode).
     #[arg(long, value_name = "PATH")]
     ha_remote_kubeconfig: Option<PathBuf>,
@@ -170,9 +171,16 @@ async fn ha_setup(
     args: &OperatorArgs,
     local: &Client,
 ) -> Result<Option<(HaConfig, HaClients)>, CliError> {
+    let standalone = matches!(args.ha_mode.as_str(), "" | "standalone");
+    if !standalone && args.ha_rank.is_none() {
+        return Err(CliError::Usage(
+            "HA: --ha-rank is required with --ha-mode: give the two clusters different ranks (say 1 and 2)"
+                .into(),
+        ));
+    }
     let ha = HaConfig::builder(&args.group)
         .mode_word(&args.ha_mode)
-        .cluster(&args.ha_cluster_id, args.ha_rank)
+        .cluster(&args.ha_cluster_id, args.ha_rank.unwrap_or(0))
         .kubeconfigs(
             args.kubeconfig.clone(),
             args.ha_remote_kubeconfig.clone(),

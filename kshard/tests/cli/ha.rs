@@ -265,7 +265,8 @@ fn until(limit: std::time::Duration, what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// `kshard operator --ha-*`: the Active cluster's operator bootstraps epoch 1001 and reconciles, the
-/// Standby's reconciles nothing; an unknown `--ha-mode` is a start-up error naming the accepted words.
+/// Standby's reconciles nothing; an unknown `--ha-mode`, and an HA mode without `--ha-rank`, are start-up
+/// errors.
 #[test]
 fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -299,6 +300,19 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
     let with_mirror = [&lag[..], &["--ha-mirror", "--ha-peer-cluster-id", "b"]].concat();
     let err = refused("active", &with_mirror);
     assert!(err.contains("--ha-witness-kubeconfig"), "{err}");
+    // the rank is required in an HA mode: a default shared by both sides makes equal epochs
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("operator")
+        .arg("--kubeconfig")
+        .arg(&a)
+        .args(["--ha-mode", "standby", "--ha-cluster-id", "a"])
+        .arg("--ha-remote-kubeconfig")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ha-rank is required"), "{err}");
 
     let _oa = ha_operator(&a, &b, "a-0", "active", "a", "1");
     let _ob = ha_operator(&b, &a, "b-0", "standby", "b", "2");
