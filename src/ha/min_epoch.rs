@@ -205,7 +205,17 @@ async fn write_param(
         let Some(mut cm) = api.get_opt(name).await.map_err(err)? else {
             return Ok(false);
         };
-        cm.data = Some(data(cm.data.take().unwrap_or_default(), epoch, role));
+        let Some(next) = data(cm.data.clone().unwrap_or_default(), epoch, role) else {
+            // a later term already set its own minimum and role: a write of this older one would turn the
+            // current Active's cluster to `standby` (or a deposed one's back to `active`)
+            tracing::warn!(
+                configmap = name,
+                epoch = %epoch,
+                "the min-epoch parameter names a higher epoch already: left as it is"
+            );
+            return Ok(true);
+        };
+        cm.data = Some(next);
         match api.replace(name, &PostParams::default(), &cm).await {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -215,19 +225,23 @@ async fn write_param(
     Err(MinEpochError::Conflicts(name.to_owned()))
 }
 
-/// The parameter's data with the new minimum (never lowered) and role.
+/// The parameter's data with the minimum raised to `epoch` and the role its term sets; `None` when the
+/// stored minimum is above `epoch` (a later term wrote it: neither field is this term's to change).
 fn data(
     mut d: BTreeMap<String, String>,
     epoch: Epoch,
     role: ParamRole,
-) -> BTreeMap<String, String> {
+) -> Option<BTreeMap<String, String>> {
     let old = d
         .get(MIN_EPOCH_KEY)
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    d.insert(MIN_EPOCH_KEY.into(), old.max(epoch.wire()).to_string());
+    if old > epoch.wire() {
+        return None;
+    }
+    d.insert(MIN_EPOCH_KEY.into(), epoch.wire().to_string());
     d.insert(ROLE_KEY.into(), role.as_str().into());
-    d
+    Some(d)
 }
 
 /// The probe's token: a mirror token just below `epoch` (refused under the new minimum, accepted under
@@ -289,12 +303,24 @@ mod tests {
     #[test]
     fn the_minimum_never_goes_down_and_the_probe_is_just_below() {
         let e = Epoch::new(3, 2).unwrap();
-        let d = data(BTreeMap::new(), e, ParamRole::Standby);
+        let d = data(BTreeMap::new(), e, ParamRole::Standby).unwrap();
         assert_eq!(d[MIN_EPOCH_KEY], "3002");
         assert_eq!(d[ROLE_KEY], "standby");
-        let higher = BTreeMap::from([(MIN_EPOCH_KEY.to_owned(), "9000".to_owned())]);
-        assert_eq!(data(higher, e, ParamRole::Active)[MIN_EPOCH_KEY], "9000");
+        // the same term sets its role again
+        assert_eq!(data(d, e, ParamRole::Active).unwrap()[ROLE_KEY], "active");
         assert_eq!(probe_token(e), "3001:mirror");
+    }
+
+    /// A write for an older term (a delayed or retried write of a deposed promotion's parameter) changes
+    /// neither the minimum nor the role a later term set.
+    #[test]
+    fn an_older_terms_write_changes_neither_the_minimum_nor_the_role() {
+        let later = BTreeMap::from([
+            (MIN_EPOCH_KEY.to_owned(), "3001".to_owned()),
+            (ROLE_KEY.to_owned(), "active".to_owned()),
+        ]);
+        let older = Epoch::new(2, 2).unwrap();
+        assert_eq!(data(later, older, ParamRole::Standby), None);
         assert_eq!(probe_token(Epoch::default()), "0:mirror");
     }
 }

@@ -39,8 +39,8 @@
 //!
 //! **Cancel** ([`cancel`]): refused once any Lease shows a higher epoch (the peer promoted); else the
 //! Lease a token promotion writes first (the witness, or without one the Active's own) is set back to
-//! `active` first, so a cancel and a token promotion serialise on one conditional write; then the
-//! freeze is lifted and the own Lease set `active`.
+//! `active` first, so a cancel and a token promotion serialise on one conditional write; then the own
+//! Lease is set `active`, and only then the freeze lifted (a failed write leaves the freeze).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -976,7 +976,10 @@ pub async fn promote_with_token(
 }
 
 /// `kshard ha demote --cancel` on the demoting Active: refused once the peer promoted; else the Lease a
-/// token promotion writes first is set back first, then the freeze lifted, then the own Lease.
+/// token promotion writes first is set back first (the witness, else the own Lease: the write that
+/// serialises with a token promotion), and only then the freeze lifted. If that write fails — the peer
+/// promoted meanwhile — the freeze stays: users' writes to the covered kinds stay refused on this cluster,
+/// never accepted by a cluster that is no longer Active.
 pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchError> {
     let (epoch, state) = my_epoch(cfg, clients)
         .await
@@ -1011,8 +1014,14 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
             r.holder()
         )));
     }
+    set_state(&own, &name, &cfg.cluster_id, epoch, back)
+        .await
+        .map_err(|e| {
+            SwitchError::Cancel(format!(
+                "{e} (the peer may have promoted): the freeze stays on this cluster"
+            ))
+        })?;
     unfreeze(&clients.local, cfg).await?;
-    set_state(&own, &name, &cfg.cluster_id, epoch, back).await?;
     let peer = lease_api(&clients.peer, &cfg.namespace);
     // the peer's copy only speeds its view up; this cluster's Lease, written above, is what counts
     if let Err(err) = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await {

@@ -349,6 +349,44 @@ async fn ha_switchover_demote_cancel_restores_the_active() {
     p.kill();
 }
 
+/// `demote --cancel` racing a token promotion: the cancel has read its own Lease (still demoting) when the
+/// promotion takes that Lease over, and the cancel's own write is answered late. The cancel's write is the
+/// serialisation point, so the freeze is lifted only after it: the promotion wins, the cancel fails, and the
+/// freeze stays on A — users' writes to the covered kinds are never accepted by a cluster that is no longer
+/// Active. (Before, the cancel lifted the freeze first: B Active and A taking writes its failback loses.)
+#[tokio::test(start_paused = true)]
+async fn ha_switchover_a_cancel_losing_to_the_promotion_leaves_the_freeze() {
+    use kube_shard_testserver::{Scope, Verb};
+    let p = pair().await;
+    let token = p.demote(&demote_opts()).await.unwrap();
+    // the cancel's Lease writes (identity kshard-a on A) are handled 2 s late
+    p.sa.faults().latency(
+        Scope::identity("kshard-a")
+            .verb(Verb::Update)
+            .resource("leases"),
+        Some(Duration::from_secs(2)),
+    );
+    let (cfg, clients) = cmd("a", 1, &p.sa, &p.sb);
+    let cancel = tokio::spawn(async move { switchover::cancel(&cfg, &clients).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let promoted = p.promote(&token, Duration::from_secs(30)).await;
+    let cancelled = cancel.await.unwrap();
+    assert!(promoted.is_ok(), "{promoted:?}");
+    assert!(
+        cancelled.is_err(),
+        "the cancel lost the race: {cancelled:?}"
+    );
+    // A is frozen still: the writer's Secrets are refused
+    let ok = p.writer.ok.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        p.writer.ok.load(Ordering::SeqCst),
+        ok,
+        "A took writes after B's promotion: the freeze was lifted"
+    );
+    p.kill();
+}
+
 /// A member whose reconcile holds its permit (and a request under the old term) for `hold`.
 fn stalled(s: &Side, o: &HaOverlap, hold: Duration) -> tokio::task::JoinHandle<()> {
     let own = s.ownership();
