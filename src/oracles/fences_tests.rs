@@ -1,5 +1,5 @@
-//! The fence oracle on hand-written histories, on a violation recorded before the F4 fix, and on the same
-//! scenario after it.
+//! The fence oracle on hand-written histories, on a violation recorded before drains waited for in-flight
+//! fenced requests, and on the same scenario after.
 
 use super::fences::*;
 
@@ -123,14 +123,15 @@ fn an_incarnation_change_is_another_member() {
     assert_eq!(check(&h).len(), 1);
 }
 
-/// Recorded from `handoff_history` at commit 886ae0b + the observer, before the F4 fix: `a`'s drain
+/// Recorded from `handoff_history` at commit 886ae0b + the observer, before a drain waited for the fenced
+/// requests in flight: `a`'s drain
 /// released shard 0 at its 1 s deadline while `a`'s write of `u1` (sent while Owned, timeout 1.8 s) was
 /// still in flight; `b` fenced shard 0 and wrote `u1` meanwhile.
-const F04_BEFORE_FIX: &str = include_str!("fixtures/f04_before_fix.json");
+const DRAIN_WITHOUT_WAIT: &str = include_str!("fixtures/f04_before_fix.json");
 
 #[test]
 fn the_oracle_flags_the_f04_history_recorded_before_the_fix() {
-    let h: FenceHistory = serde_json::from_str(F04_BEFORE_FIX).unwrap();
+    let h: FenceHistory = serde_json::from_str(DRAIN_WITHOUT_WAIT).unwrap();
     let v = check(&h);
     assert!(
         v.iter().any(|v| matches!(v, Violation::ShardOverlap { shard: 0, a, b } if a.member == "a/1" && b.member == "b/1")),
@@ -155,7 +156,7 @@ async fn the_f04_scenario_is_clean_after_the_fix() {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "prints the F4 history as JSON: run by hand to re-record the fixture"]
+#[ignore = "prints the drain-without-wait history as JSON: run by hand to re-record the fixture"]
 async fn print_the_f04_history() {
     let h = crate::ownership::handle_tests::fenced::handoff_history().await;
     println!("{}", serde_json::to_string_pretty(&h).unwrap());
