@@ -527,20 +527,12 @@ fn a_re_created_widget_never_writes_its_deleted_namesakes_child() {
 /// check (`runtime/mod.rs`, the tick); fails without that.
 #[test]
 fn a_pass_longer_than_the_lease_watch_silence_limit_does_not_restart_the_watch() {
-    const KINDS: [&str; 6] = [
-        "restore-assignment",
-        "reapply-assignment",
-        "cli-edit-after-restore",
-        "slow-api",
-        "blackhole-read",
-        "fence-key-skew",
-    ];
     let faults = serde_json::from_str(
         r#"[{"at_ms":24034,"fault":{"kill":true,"kind":"restore-assignment","member":3}},{"at_ms":24225,"fault":{"commits":false,"kind":"slow-api","member":null,"ms":1439,"secs":35}},{"at_ms":94959,"fault":{"hours":14,"kind":"fence-key-skew","shard":11}}]"#,
     )
     .unwrap();
     let opts = Options {
-        kinds: &KINDS,
+        kinds: &RECOVERY_PATH_KINDS,
         ..Options::default()
     };
     let o = run_seed(230, &opts, Some(faults));

@@ -265,21 +265,27 @@ fn spawn_elector(
         // every record carries this cluster's identity, and every record read is checked against it
         let uid = read_uid(&uid_local, "this", retry, limit).await;
         driver.elector = adjust(Elector::new(ecfg.uid(uid.clone()), (driver.clock)()));
-        tokio::spawn(async move {
+        // ends only by the task's end, so it never outlives an aborted driver
+        let peer_is_us = async move {
             if read_uid(&uid_peer, "the peer", retry, limit).await == uid {
                 error!(%uid, "HA: the peer client reaches this very cluster (one kube-system uid): nothing is admitted until the peer kubeconfig points at the other cluster");
                 let _ = peer_check.send(Command::PeerIsThisCluster).await;
             }
-        });
-        match follower {
-            Some(f) => {
-                tokio::select! {
-                    biased; // the driver is the task's life; the follower only waits for its promotions
-                    () = driver.run(rx) => {}
-                    () = f => {}
-                }
+            std::future::pending::<()>().await;
+        };
+        let follower = async move {
+            match follower {
+                Some(f) => f.await,
+                None => std::future::pending().await,
             }
-            None => driver.run(rx).await,
+        };
+        tokio::select! {
+            // the driver is the task's life; the others only wait (for the peer's identity, for the
+            // follower's promotions), so their order is immaterial
+            biased;
+            () = driver.run(rx) => {}
+            () = peer_is_us => {}
+            () = follower => {}
         }
     });
     (handle, HaControl { tx }, Some(task))

@@ -171,13 +171,6 @@ async fn ha_setup(
     args: &OperatorArgs,
     local: &Client,
 ) -> Result<Option<(HaConfig, HaClients)>, CliError> {
-    let standalone = matches!(args.ha_mode.as_str(), "" | "standalone");
-    if !standalone && args.ha_rank.is_none() {
-        return Err(CliError::Usage(
-            "HA: --ha-rank is required with --ha-mode: give the two clusters different ranks (say 1 and 2)"
-                .into(),
-        ));
-    }
     let ha = HaConfig::builder(&args.group)
         .mode_word(&args.ha_mode)
         .cluster(&args.ha_cluster_id, args.ha_rank.unwrap_or(0))
@@ -209,6 +202,12 @@ async fn ha_setup(
     .map_err(|e| CliError::Usage(format!("HA: {e}")))?;
     if ha.mode == HaMode::Standalone {
         return Ok(None);
+    }
+    if args.ha_rank.is_none() {
+        return Err(CliError::Usage(
+            "HA: --ha-rank is required with --ha-mode: give the two clusters different ranks (say 1 and 2)"
+                .into(),
+        ));
     }
     let peer = client_from(ha.remote_kubeconfig.as_deref()).await?;
     let witness = match &ha.witness_kubeconfig {
