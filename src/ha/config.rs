@@ -183,6 +183,9 @@ pub struct HaConfig {
     /// its watermark has passed, for every kind: [`crate::ha::HaControl::mirror_confirmed`]) is below
     /// this. `None`: no lag gate. With a gate and no confirmation yet, nothing is promoted automatically.
     pub max_auto_promote_lag: Option<Duration>,
+    /// Kinds whose objects carry fence stamps: a start reads a sample of their stamps so that new epochs
+    /// start above every surviving one ([`crate::ha::floor`]). Empty: only the ConfigMaps are read.
+    pub stamped_kinds: Vec<crate::ha::switchover::Kind>,
 }
 
 impl HaConfig {
@@ -224,6 +227,7 @@ pub struct HaConfigBuilder {
     timings: Timings,
     env_namespace: Option<String>,
     max_auto_promote_lag: Option<Duration>,
+    stamped_kinds: Vec<crate::ha::switchover::Kind>,
 }
 
 impl HaConfigBuilder {
@@ -279,6 +283,17 @@ impl HaConfigBuilder {
         self
     }
 
+    /// The kinds whose objects carry fence stamps (the operator's fenced kinds, the mirrored kinds): a
+    /// start reads a sample of their stamps, so a pair whose Leases were lost never takes an epoch below
+    /// them ([`crate::ha::floor`]).
+    pub fn stamped_kinds(
+        mut self,
+        kinds: impl IntoIterator<Item = crate::ha::switchover::Kind>,
+    ) -> Self {
+        self.stamped_kinds = kinds.into_iter().collect();
+        self
+    }
+
     /// The timings.
     pub fn timings(mut self, t: Timings) -> Self {
         self.timings = t;
@@ -325,6 +340,7 @@ impl HaConfigBuilder {
                 witness_kubeconfig: None,
                 timings: self.timings,
                 max_auto_promote_lag: None,
+                stamped_kinds: Vec::new(),
             });
         }
         check_cluster_id(&self.cluster_id)?;
@@ -358,6 +374,7 @@ impl HaConfigBuilder {
             witness_kubeconfig: self.witness,
             timings: self.timings,
             max_auto_promote_lag: self.max_auto_promote_lag,
+            stamped_kinds: self.stamped_kinds,
         })
     }
 }

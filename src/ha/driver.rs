@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::config::{HaConfig, HaMode};
 use super::elector::{
@@ -26,8 +26,9 @@ use super::elector::{
 use super::epoch::Epoch;
 use super::events::{reason, HaEvents};
 use super::handle::{HaHandle, LocalClock, Term};
+use super::identity::{self, Identity};
 use super::metrics::HaMetrics;
-use super::record::{self, Record};
+use super::record::{self, Origin, Record};
 
 /// The clients of the three clusters.
 #[derive(Clone)]
@@ -103,6 +104,7 @@ enum Command {
     Status(oneshot::Sender<HaStatus>),
     MirrorConfirmed(Duration),
     PeerIsThisCluster,
+    PeerIdentity(Option<(String, Origin)>),
 }
 
 /// Commands to a running driver (`kshard ha promote --force`, `kshard ha status`). Cheap to clone.
@@ -261,17 +263,28 @@ fn spawn_elector(
     });
     let (retry, limit) = (cfg.timings.retry_period, cfg.timings.request_timeout);
     let peer_check = tx.clone();
+    let floor_cfg = cfg.clone();
     let task = tokio::spawn(async move {
         // every record carries this cluster's identity, and every record read is checked against it
         let uid = read_uid(&uid_local, "this", retry, limit).await;
-        driver.elector = adjust(Elector::new(ecfg.uid(uid.clone()), (driver.clock)()));
+        let floor = super::floor::read(
+            &floor_cfg,
+            &[("this", &uid_local), ("the peer", &uid_peer)],
+            limit,
+        )
+        .await;
+        let ecfg = ecfg.uid(uid.clone()).floor(floor.epoch);
+        driver.elector = adjust(Elector::new(ecfg, (driver.clock)()));
         // ends only by the task's end, so it never outlives an aborted driver
-        let peer_is_us = async move {
+        let identities = async move {
+            let me = Identity::of(&floor_cfg, uid.clone());
+            publish_identity(&uid_local, &floor_cfg, &me, limit).await;
             if read_uid(&uid_peer, "the peer", retry, limit).await == uid {
                 error!(%uid, "HA: the peer client reaches this very cluster (one kube-system uid): nothing is admitted until the peer kubeconfig points at the other cluster");
                 let _ = peer_check.send(Command::PeerIsThisCluster).await;
+                std::future::pending::<()>().await;
             }
-            std::future::pending::<()>().await;
+            watch_peer_identity(&uid_local, &uid_peer, &floor_cfg, &me, peer_check).await;
         };
         let follower = async move {
             match follower {
@@ -284,7 +297,7 @@ fn spawn_elector(
             // follower's promotions), so their order is immaterial
             biased;
             () = driver.run(rx) => {}
-            () = peer_is_us => {}
+            () = identities => {}
             () = follower => {}
         }
     });
@@ -353,6 +366,7 @@ impl Driver {
                         let _ = reply.send(out);
                     }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
+                    Some(Command::PeerIdentity(id)) => self.elector.on_peer_identity(id),
                     Some(Command::PeerIsThisCluster) => {
                         let trans = self.elector.peer_is_this_cluster();
                         self.on_transitions(&trans);
@@ -604,6 +618,64 @@ async fn request(
 }
 
 /// The uid of `client`'s cluster's `kube-system` namespace, read again every retry period until it answers.
+/// Publish this side's identity, retried until written (then at every peer read, if it changed).
+async fn publish_identity(local: &Client, cfg: &HaConfig, me: &Identity, limit: Duration) -> bool {
+    match tokio::time::timeout(limit, identity::publish(local, cfg, me)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            warn!(error = %e, "HA: cannot publish this side's identity (ConfigMap `<name>-ha-identity`; RBAC?)");
+            false
+        }
+        Err(_) => {
+            warn!("HA: publishing this side's identity timed out");
+            false
+        }
+    }
+}
+
+/// Every lease duration: read the identity the peer published and hand it to the elector (an
+/// unreadable one keeps the last; a malformed one is none, with a warning); keep ours published.
+async fn watch_peer_identity(
+    local: &Client,
+    peer: &Client,
+    cfg: &HaConfig,
+    me: &Identity,
+    tx: mpsc::Sender<Command>,
+) {
+    let limit = cfg.timings.request_timeout;
+    let mut published = false;
+    loop {
+        if !published {
+            published = publish_identity(local, cfg, me, limit).await;
+        }
+        let seen = match tokio::time::timeout(limit, identity::read(peer, cfg)).await {
+            Ok(Ok(Some(Ok(p)))) => Some(Some((
+                p.cluster,
+                Origin {
+                    uid: p.uid,
+                    rank: p.rank,
+                },
+            ))),
+            Ok(Ok(Some(Err(e)))) => {
+                warn!(error = %e, "HA: the peer's published identity is malformed: ignored");
+                Some(None)
+            }
+            Ok(Ok(None)) => Some(None),
+            Ok(Err(e)) => {
+                debug!(error = %e, "HA: cannot read the peer's identity");
+                None
+            }
+            Err(_) => None,
+        };
+        if let Some(seen) = seen {
+            if tx.send(Command::PeerIdentity(seen)).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(cfg.timings.lease_duration).await;
+    }
+}
+
 async fn read_uid(client: &Client, which: &str, retry: Duration, limit: Duration) -> String {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     loop {

@@ -329,6 +329,11 @@ pub struct ElectorConfig {
     /// The uid of this cluster's `kube-system` namespace: stamped with the rank into every record written
     /// ([`Origin`]) and compared with the records read. `None`: no identity is written or checked.
     pub uid: Option<String>,
+    /// The highest epoch that survives outside the Leases (the minimum-epoch parameters, the checkpoint's
+    /// `was-active` mark, fence stamps on objects), read before the elector starts: every epoch this
+    /// process takes is above it, so a pair whose Leases were lost (operator reinstalled, HA namespace
+    /// recreated) never starts again below the stamps the fence policies compare with.
+    pub floor: Epoch,
 }
 
 impl ElectorConfig {
@@ -343,7 +348,15 @@ impl ElectorConfig {
             timings,
             follow: false,
             uid: None,
+            floor: Epoch::default(),
         }
+    }
+
+    /// The highest epoch surviving outside the Leases (see [`ElectorConfig::floor`]).
+    #[must_use]
+    pub fn floor(mut self, floor: Epoch) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// This cluster's `kube-system` uid (see [`ElectorConfig::uid`]).
@@ -395,6 +408,9 @@ pub struct Elector {
     /// Standby may have been promoted meanwhile, so without a witness the term is not regained before a
     /// read of the peer's Lease that started after this.
     lapsed_at: Option<Duration>,
+    /// The identity the peer cluster published (its cluster id, and its `kube-system` uid and rank):
+    /// a Standby writes no record, so this is how the Active sees the Standby's settings.
+    peer_identity: Option<(String, Origin)>,
     #[cfg(any(test, feature = "test-util"))]
     flaws: Flaws,
 }
@@ -417,6 +433,7 @@ impl Elector {
             state: HaState::default(),
             token: None,
             lapsed_at: None,
+            peer_identity: None,
             #[cfg(any(test, feature = "test-util"))]
             flaws: Flaws::default(),
         }
@@ -516,25 +533,49 @@ impl Elector {
     /// What `r` says of the configuration, when it conflicts with ours: our cluster id written from another
     /// cluster, or the other cluster at our rank. A record without an identity (an older build) is never one.
     fn misconfigured(&self, r: &Record, slot: Slot) -> Option<Alarm> {
+        self.conflicts(&r.cluster, r.origin.as_ref()?, slot)
+    }
+
+    /// What the identity `(cluster, o)` of another writer says of our configuration (see
+    /// [`Elector::misconfigured`]).
+    fn conflicts(&self, cluster: &str, o: &Origin, slot: Slot) -> Option<Alarm> {
         if self.flaws().ignore_identity {
             return None;
         }
-        let (o, uid) = (r.origin.as_ref()?, self.cfg.uid.as_ref()?);
-        if r.cluster == self.cfg.cluster {
+        let uid = self.cfg.uid.as_ref()?;
+        if cluster == self.cfg.cluster {
             (o.uid != *uid).then_some(Alarm::IdentityConflict(slot))
         } else {
             (o.uid != *uid && o.rank == self.cfg.rank).then_some(Alarm::EqualRank(slot))
         }
     }
 
-    /// The first slot whose record conflicts with our configuration.
+    /// The first slot whose record conflicts with our configuration, else the peer's published identity
+    /// if it does.
     fn misconfiguration(&self) -> Option<Alarm> {
-        self.slots().iter().find_map(|&s| match &self.view(s).seen {
-            Seen::Present {
-                record: Some(r), ..
-            } => self.misconfigured(r, s),
-            _ => None,
-        })
+        self.slots()
+            .iter()
+            .find_map(|&s| match &self.view(s).seen {
+                Seen::Present {
+                    record: Some(r), ..
+                } => self.misconfigured(r, s),
+                _ => None,
+            })
+            .or_else(|| {
+                let (cluster, o) = self.peer_identity.as_ref()?;
+                self.conflicts(cluster, o, Slot::Peer)
+            })
+    }
+
+    /// The identity the peer cluster published (`None`: none, or unreadable). A conflicting one holds
+    /// this side, alarmed, at the next step, and clears when the peer publishes a fixed one.
+    pub fn on_peer_identity(&mut self, identity: Option<(String, Origin)>) {
+        self.peer_identity = identity;
+    }
+
+    /// The epoch every new one is taken above: the highest seen in a record or surviving elsewhere.
+    fn above(&self) -> Epoch {
+        self.max_seen.max(self.cfg.floor)
     }
 
     /// The peer client reaches this very cluster: raise the alarm for good (the driver's start check).
@@ -730,7 +771,7 @@ impl Elector {
             return Err(ForceError::NotArmed);
         }
         let epoch = self
-            .max_seen
+            .above()
             .next(self.cfg.rank)
             .map_err(|_| ForceError::Exhausted)?;
         self.alarm = None;
@@ -768,7 +809,7 @@ impl Elector {
             });
         }
         let epoch = self
-            .max_seen
+            .above()
             .next(self.cfg.rank)
             .map_err(|_| ForceError::Exhausted)?;
         self.alarm = None;
@@ -1017,7 +1058,7 @@ impl Elector {
             let every_missing = self.slots().iter().all(|&s| missing(s));
             self.decided = true;
             if self.cfg.bootstrap_active && every_missing {
-                if let Ok(e) = Epoch::new(1, self.cfg.rank) {
+                if let Ok(e) = self.above().next(self.cfg.rank) {
                     self.lead(e, !self.cfg.witness);
                     out.push(Transition::Bootstrapped(e));
                 }
@@ -1092,7 +1133,7 @@ impl Elector {
             } if !r.state.demoting
         );
         if witness_record && self.stale(Slot::Witness, now) && self.stale(Slot::Own, now) {
-            if let Ok(e) = self.max_seen.next(self.cfg.rank) {
+            if let Ok(e) = self.above().next(self.cfg.rank) {
                 self.lead(e, false);
                 out.push(Transition::Promoted(e));
             }

@@ -14,6 +14,8 @@
 //!   `require_adoption`, a new epoch admits only once `adopted`): the seam a
 //!   shard group's HA gate will consult.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+//! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
+//! - [`floor`]: the highest epoch surviving outside the Leases, read before the elector starts.
 //! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.
 //! - [`ops`]: the engine of `kshard ha status` and `kshard ha promote --force`.
 //! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
@@ -24,7 +26,9 @@ pub mod driver;
 pub mod elector;
 pub mod epoch;
 mod events;
+pub mod floor;
 pub mod handle;
+pub mod identity;
 pub mod metrics;
 pub mod min_epoch;
 pub mod mirror;

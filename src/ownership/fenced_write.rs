@@ -94,6 +94,22 @@ impl Error {
                 && s.message.contains("ValidatingAdmissionPolicy '")
                 && s.message.contains(crate::fence_policy::messages::MARK))
     }
+
+    /// The fence policy refused the write for its failover epoch: below the stored object's, or below the
+    /// cluster's minimum. Returns the apiserver's message, which names the object. This cluster was
+    /// deposed, or its HA pair took an epoch below the ones its objects carry.
+    #[must_use]
+    pub fn failover_refusal(&self) -> Option<&str> {
+        use crate::fence_policy::messages::{FAILOVER_STALE, MIN_EPOCH_STALE};
+        match self {
+            Error::Api(kube::Error::Api(s))
+                if s.message.contains(FAILOVER_STALE) || s.message.contains(MIN_EPOCH_STALE) =>
+            {
+                Some(&s.message)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The result of a fenced delete.

@@ -206,7 +206,10 @@ where
                 .and_then(FencedWriteFailure::fenced_write_error)
             {
                 Some(e) if e.is_fence_refused() => {
-                    debug!(error = %e, "the apiserver refused a stale fence: shard lost, requeue");
+                    match e.failover_refusal() {
+                        Some(m) => warn!(refusal = m, "the apiserver refused a write for its failover epoch: this cluster was deposed, or its HA pair runs below the epoch this object carries (see `kshard ha check`)"),
+                        None => debug!(error = %e, "the apiserver refused a stale fence: shard lost, requeue"),
+                    }
                     metrics.refused.inc();
                     Ok(Action::requeue(ownership.requeue_delay()))
                 }

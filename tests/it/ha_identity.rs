@@ -10,7 +10,7 @@ use kube_shard::ha::elector::Flaws;
 use kube_shard::ha::{self, HaMode, Timings};
 use kube_shard::oracles::ha_overlap::HaOverlap;
 
-use crate::ha_elector::{no_overlap, server, start, start_labelled, until, Op};
+use crate::ha_elector::{no_overlap, server, start, start_labelled, Op};
 
 fn side(
     label: &str,
@@ -36,18 +36,17 @@ fn side(
 /// Both clusters were given `--ha-cluster-id prod` (shared Helm values), A active at rank 1, B standby at
 /// rank 2. B's own Lease then names "prod" at the highest epoch, which B took for its own term and resumed
 /// (both admitted at epoch 1001 for good). Now the record's `kube-system` uid is not B's: B holds, alarmed,
-/// and admits nothing; A, whose records are its own, stays Active.
+/// and admits nothing; and A, reading the identity B published, holds alarmed too (a pair that can never
+/// fail over is not left running silently).
 #[tokio::test(start_paused = true)]
 async fn ha_two_clusters_given_one_id_never_both_admit() {
     let (sa, sb) = (server().await, server().await);
     let o = HaOverlap::default();
     let a = side("site-a", "prod", 1, HaMode::Active, [&sa, &sb], &o);
     let b = side("site-b", "prod", 2, HaMode::Standby, [&sb, &sa], &o);
-    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     no_overlap(&o);
     assert_eq!(b.admitted.load(Ordering::SeqCst), 0, "B admitted");
-    assert!(a.handle.is_active());
     let st = b.control.status().await.unwrap();
     assert_eq!(st.role, "standby");
     assert!(
@@ -56,12 +55,22 @@ async fn ha_two_clusters_given_one_id_never_both_admit() {
             .is_some_and(|a| a.starts_with("IdentityConflict")),
         "{st:?}"
     );
+    // A reads the identity B published (a Standby writes no record): A holds too, alarmed
+    let st = a.control.status().await.unwrap();
+    assert!(
+        st.alarm
+            .as_deref()
+            .is_some_and(|a| a.starts_with("IdentityConflict")),
+        "the Active never saw the Standby's identity: {st:?}"
+    );
+    assert!(!a.handle.is_active(), "A still admits");
     a.stop();
     b.stop();
 }
 
 /// Both clusters were given the same rank. A standby that reads the Active's record at its own rank holds,
-/// alarmed, and refuses a forced promotion (equal ranks make equal epochs, and neither side of a healed
+/// alarmed, the Active that reads the Standby's published identity at its own rank holds too, and the
+/// Standby refuses a forced promotion (equal ranks make equal epochs, and neither side of a healed
 /// partition would step down).
 #[tokio::test(start_paused = true)]
 async fn ha_a_peer_at_our_rank_is_alarmed_and_never_promoted() {
@@ -69,7 +78,6 @@ async fn ha_a_peer_at_our_rank_is_alarmed_and_never_promoted() {
     let o = HaOverlap::default();
     let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
     let b = start("b", 1, HaMode::Standby, &sb, &sa, None, &o);
-    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     let mut st = b.control.status().await.unwrap();
     for _ in 0..100 {
         if st.alarm.is_some() {
@@ -83,6 +91,15 @@ async fn ha_a_peer_at_our_rank_is_alarmed_and_never_promoted() {
             .as_deref()
             .is_some_and(|a| a.starts_with("EqualRank")),
         "{st:?}"
+    );
+    // the Active reads the rank the Standby published: both sides hold
+    assert!(!a.handle.is_active(), "A admits");
+    let st_a = a.control.status().await.unwrap();
+    assert!(
+        st_a.alarm
+            .as_deref()
+            .is_some_and(|a| a.starts_with("EqualRank")),
+        "{st_a:?}"
     );
     // A stops: B is armed after the wait, but a forced promotion is refused while the conflict stands
     a.stop();

@@ -238,3 +238,96 @@ async fn ha_automatic_promotion_sets_the_minimum_epoch_too() {
     );
     b.stop();
 }
+
+/// The pair is reinstalled after failovers (its Leases and parameters gone, the objects and their stamps
+/// kept): the new bootstrap reads the surviving stamps and takes an epoch above them, so the fence policies
+/// accept the new Active's writes (a bootstrap at n = 1 would be refused on every object it ever wrote).
+#[tokio::test(start_paused = true)]
+async fn ha_a_reinstalled_pair_starts_above_every_surviving_stamp() {
+    let (sa, sb) = (server().await, server().await);
+    install(&sa).await;
+    install(&sb).await;
+    let o = HaOverlap::default();
+    let a = start("a", 1, HaMode::Active, &sa, &sb, None, &o);
+    until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
+    let on_a: Api<ConfigMap> = Api::namespaced(sa.client(A_OPERATOR), NS);
+    let post = PostParams::default();
+    on_a.create(&post, &fenced("w", "1001:3/5")).await.unwrap();
+    // a failover: A stops, B is promoted, and B's mirror stamps its copy in A's cluster with its epoch
+    a.stop();
+    let (cfg, clients) = b_cmd(&sa, &sb);
+    let epoch = ops::force_promote(
+        &cfg,
+        clients,
+        ha::handle::tokio_clock(),
+        Duration::from_secs(600),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(epoch.wire(), 2002);
+    let admin_a: Api<ConfigMap> = Api::namespaced(sa.client("admin"), NS);
+    let mut w = admin_a.get("w").await.unwrap();
+    w.metadata.annotations = Some([(FENCE_ANNOTATION.to_owned(), "2002:mirror".to_owned())].into());
+    admin_a.replace("w", &post, &w).await.unwrap();
+
+    // reinstalled: the HA namespace's Leases and parameters are gone, the parameters come back as
+    // generated (minimum 0, active)
+    for s in [&sa, &sb] {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(s.client("admin"), NS);
+        let _ = leases.delete("widgets-ha", &DeleteParams::default()).await;
+        let cms: Api<ConfigMap> = Api::namespaced(s.client("admin"), NS);
+        cms.delete("widgets-ha-min-epoch", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    install_params(&sa).await;
+    install_params(&sb).await;
+
+    let cfg = HaConfig::builder("widgets")
+        .mode(HaMode::Active)
+        .cluster("a", 1)
+        .namespace(NS)
+        .kubeconfigs(None, Some("/peer".into()), None)
+        .stamped_kinds(["configmaps/v1".parse().unwrap()])
+        .build()
+        .unwrap();
+    let clients = HaClients::new(sa.client(A_OPERATOR), sb.client(A_OPERATOR), None);
+    let (handle, _control, task) = ha::spawn(
+        &cfg,
+        clients,
+        ha::handle::tokio_clock(),
+        ha::HaMetrics::default(),
+    );
+    until(Duration::from_secs(30), "A active again", || {
+        handle.is_active()
+    })
+    .await;
+    let now = handle.active_epoch().unwrap();
+    assert_eq!(now.wire(), 3001, "the first epoch above the surviving 2002");
+    let mut w = on_a.get("w").await.unwrap();
+    w.metadata.annotations = Some([(FENCE_ANNOTATION.to_owned(), format!("{now}:3/6"))].into());
+    on_a.replace("w", &post, &w)
+        .await
+        .expect("the new Active's write over an object stamped by the previous installation");
+    task.unwrap().abort();
+}
+
+/// Only the parameter ConfigMap, as generated (minimum 0, role active).
+async fn install_params(s: &TestServer) {
+    let set = FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
+        .min_epoch(MinEpoch::new(
+            format!("{NS}/widgets-ha-min-epoch").parse().unwrap(),
+            vec![A_OPERATOR.into()],
+        ))
+        .generate()
+        .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client("admin"), NS);
+    api.create(
+        &PostParams::default(),
+        set.min_epoch_params.as_ref().unwrap(),
+    )
+    .await
+    .unwrap();
+}
