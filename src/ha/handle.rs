@@ -5,6 +5,9 @@
 //! clock *now*: a term ends at its deadline even if the driver is stalled (self-fencing at the renew
 //! deadline needs no task to run). [`HaHandle::await_change`] resolves when the role or epoch changes, so a
 //! Standby's reconciler waits instead of requeueing every 2 s.
+//!
+//! Writes go under an [`HaPermit`] ([`HaHandle::permit`]), checked before each: [`HaHandle::admit`] is the
+//! decision to reconcile now, and a reconcile admitted late in a term would otherwise write after it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +19,7 @@ use tokio::sync::watch;
 
 use super::epoch::Epoch;
 use super::metrics::HaMetrics;
+use super::permit::HaPermit;
 
 /// The local monotonic clock the elector and the guard read (injectable: tests give each cluster its own
 /// offset and rate).
@@ -47,6 +51,9 @@ struct Shared {
     clock: LocalClock,
     term: ArcSwap<Option<Term>>,
     changes: watch::Sender<u64>,
+    /// How many times the live term changed (a new epoch, a step-down, a lapse, a lapsed term regained):
+    /// a permit holds only while this count is the one it was taken at.
+    terms: AtomicU64,
     /// The epoch this cluster leads in the state `demoting`, as this process's elector read it.
     demoting: watch::Sender<Option<Epoch>>,
     refused: AtomicU64,
@@ -80,6 +87,7 @@ impl HaHandle {
                 clock,
                 term: ArcSwap::from_pointee(None),
                 changes: watch::channel(0).0,
+                terms: AtomicU64::new(0),
                 demoting: watch::channel(None).0,
                 refused: AtomicU64::new(0),
                 metrics,
@@ -101,11 +109,14 @@ impl HaHandle {
     /// [`adopted`](Self::adopted).
     #[must_use]
     pub fn active_epoch(&self) -> Option<Epoch> {
-        let e = self.leading_epoch()?;
-        if self.shared.standalone || !self.shared.adoption_required.load(Ordering::Acquire) {
-            return Some(e);
-        }
-        (self.shared.adopted.load(Ordering::Acquire) >= e.wire()).then_some(e)
+        self.leading_epoch().filter(|e| self.admits_at(*e))
+    }
+
+    /// Whether admission at `e` is open as far as adoption goes.
+    fn admits_at(&self, e: Epoch) -> bool {
+        self.shared.standalone
+            || !self.shared.adoption_required.load(Ordering::Acquire)
+            || self.shared.adopted.load(Ordering::Acquire) >= e.wire()
     }
 
     /// The epoch of the term this cluster holds now, whether or not admission is open (adoption runs
@@ -156,14 +167,51 @@ impl HaHandle {
         self.active_epoch().is_some()
     }
 
-    /// The admission guard: the epoch to record in the permit, or [`NotActive`] (counted in
+    /// The admission decision: the epoch this cluster acts under now, or [`NotActive`] (counted in
     /// `kube_shard_ha_refused_admissions`).
+    ///
+    /// For the decision only: the epoch says nothing about later. A reconcile that writes takes a
+    /// [`permit`](Self::permit) instead and checks it before each write; otherwise a reconcile admitted
+    /// late in a term keeps writing after the term ended, while the other cluster acts.
     pub fn admit(&self) -> Result<Epoch, NotActive> {
         self.active_epoch().ok_or_else(|| {
             let n = self.shared.refused.fetch_add(1, Ordering::Relaxed) + 1;
             self.shared.metrics.update_refused(n);
             NotActive
         })
+    }
+
+    /// A permit for the term this cluster acts in now, or [`NotActive`] (counted like
+    /// [`admit`](Self::admit)). Take it once per reconcile and [`check`](HaPermit::check) it before each
+    /// write, or send each write through [`HaPermit::send`] (checked, and cut at the term's end): it
+    /// fails for good once that term has ended.
+    pub fn permit(&self) -> Result<HaPermit, NotActive> {
+        // the count first: a change between the two reads ends the permit at its first check
+        let seq = self.shared.terms.load(Ordering::Acquire);
+        let epoch = self.admit()?;
+        let deadline = if self.shared.standalone {
+            Duration::MAX
+        } else {
+            self.term()
+                .filter(|t| t.epoch == epoch)
+                .map_or(Duration::ZERO, |t| t.deadline)
+        };
+        Ok(HaPermit::new(self.clone(), epoch, seq, deadline))
+    }
+
+    /// The time left in the live term at `epoch`, if the term is still the one counted `seq` (standalone:
+    /// `Duration::MAX`).
+    pub(super) fn left_in_term(&self, epoch: Epoch, seq: u64) -> Option<Duration> {
+        if self.shared.standalone {
+            return Some(Duration::MAX);
+        }
+        let term = (**self.shared.term.load())?;
+        let left = term.deadline.saturating_sub((self.shared.clock)());
+        // the term before the count: a change published in between is seen in the count
+        let same = term.epoch == epoch
+            && self.shared.terms.load(Ordering::Acquire) == seq
+            && self.admits_at(epoch);
+        (same && !left.is_zero()).then_some(left)
     }
 
     /// The published term, whether or not its deadline has passed.
@@ -234,6 +282,7 @@ impl HaHandle {
         let now = (self.shared.clock)();
         let live = |t: Option<Term>| t.filter(|t| now < t.deadline).map(|t| t.epoch);
         if live(old) != live(term) {
+            self.shared.terms.fetch_add(1, Ordering::AcqRel);
             self.shared.changes.send_modify(|n| *n += 1);
         }
     }

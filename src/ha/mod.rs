@@ -10,9 +10,11 @@
 //!
 //! - [`driver`]: the I/O driver on `kube::Api<Lease>` ([`spawn`]), its [`HaControl`] commands and
 //!   [`HaStatus`].
-//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `await_change`; with
+//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `permit`, `await_change`; with
 //!   `require_adoption`, a new epoch admits only once `adopted`): the seam a
 //!   shard group's HA gate will consult.
+//! - [`permit`]: [`HaPermit`] ([`HaHandle::permit`]), what a reconcile without a shard group writes
+//!   under: checked before each write, it fails once the term it was taken in has ended.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
 //! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
 //! - [`floor`]: the highest epoch surviving outside the Leases, read before the elector starts.
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod min_epoch;
 pub mod mirror;
 pub mod ops;
+pub mod permit;
 pub mod record;
 pub mod switchover;
 mod switchover_types;
@@ -43,6 +46,7 @@ pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
 pub use handle::{HaHandle, LocalClock, NotActive};
 pub use metrics::{HaMetrics, HaSnapshot};
+pub use permit::{HaPermit, SendError, TermEnded};
 
 pub use config::{ConfigError, HaConfig, HaConfigBuilder, HaMode, Timings};
 pub use elector::{Elector, ElectorConfig, Role, Slot, TokenTakeover};

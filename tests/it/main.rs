@@ -14,6 +14,7 @@ mod ha_identity;
 mod ha_lag;
 mod ha_min_epoch;
 mod ha_mirror;
+mod ha_permit;
 mod ha_switchover;
 mod model_common;
 mod model_ha;
