@@ -34,6 +34,9 @@ enum HaCommand {
     /// Planned switchover with both sides reachable: `demote` on this cluster (the Active), then
     /// `promote --token` on the peer.
     Switchover(SwitchoverArgs),
+    /// Both clusters' (and the witness's) HA settings compared: one cluster id or one rank on both
+    /// sides, an identity from another cluster, witness, timings and mirrored kinds; exit 1 on any.
+    Check(crate::ha_check::CheckArgs),
 }
 
 /// What a demotion covers and waits for.
@@ -299,6 +302,7 @@ pub(crate) fn run(args: &HaArgs, out: &mut impl Write) -> Result<(), CliError> {
         HaCommand::Promote(a) => promote(&rt, a, out),
         HaCommand::Demote(a) => demote(&rt, a, out),
         HaCommand::Switchover(a) => switch(&rt, a, out),
+        HaCommand::Check(a) => crate::ha_check::run(a, out),
     }
 }
 

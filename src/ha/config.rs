@@ -186,6 +186,9 @@ pub struct HaConfig {
     /// Kinds whose objects carry fence stamps: a start reads a sample of their stamps so that new epochs
     /// start above every surviving one ([`crate::ha::floor`]). Empty: only the ConfigMaps are read.
     pub stamped_kinds: Vec<crate::ha::switchover::Kind>,
+    /// The kinds this side's mirror covers (`None`: no mirror runs here), published in this side's
+    /// identity so the other side and `kshard ha check` compare them.
+    pub mirrored_kinds: Option<Vec<crate::ha::switchover::Kind>>,
 }
 
 impl HaConfig {
@@ -228,6 +231,7 @@ pub struct HaConfigBuilder {
     env_namespace: Option<String>,
     max_auto_promote_lag: Option<Duration>,
     stamped_kinds: Vec<crate::ha::switchover::Kind>,
+    mirrored_kinds: Option<Vec<crate::ha::switchover::Kind>>,
 }
 
 impl HaConfigBuilder {
@@ -294,6 +298,16 @@ impl HaConfigBuilder {
         self
     }
 
+    /// The kinds this side's mirror covers: published in this side's identity, where the other side and
+    /// `kshard ha check` compare them (a switchover carries only the kinds both mirrors cover).
+    pub fn mirrored_kinds(
+        mut self,
+        kinds: impl IntoIterator<Item = crate::ha::switchover::Kind>,
+    ) -> Self {
+        self.mirrored_kinds = Some(kinds.into_iter().collect());
+        self
+    }
+
     /// The timings.
     pub fn timings(mut self, t: Timings) -> Self {
         self.timings = t;
@@ -341,6 +355,7 @@ impl HaConfigBuilder {
                 timings: self.timings,
                 max_auto_promote_lag: None,
                 stamped_kinds: Vec::new(),
+                mirrored_kinds: None,
             });
         }
         check_cluster_id(&self.cluster_id)?;
@@ -375,6 +390,7 @@ impl HaConfigBuilder {
             timings: self.timings,
             max_auto_promote_lag: self.max_auto_promote_lag,
             stamped_kinds: self.stamped_kinds,
+            mirrored_kinds: self.mirrored_kinds,
         })
     }
 }

@@ -8,7 +8,7 @@
 //! sides; `kshard ha check` ([`super::check`]) compares everything, both sides and the witness, in one
 //! table. The codec is pure; a malformed object is a [`IdentityError`], never a panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -35,6 +35,8 @@ pub struct Identity {
     pub witness: Option<String>,
     /// The elector's lease duration, renew deadline and request timeout, in milliseconds.
     pub timings_ms: [u64; 3],
+    /// The kinds this side's mirror covers (`<plural>.<group>`; `None`: no mirror here).
+    pub kinds: Option<BTreeSet<String>>,
 }
 
 /// A malformed identity ConfigMap.
@@ -79,6 +81,10 @@ impl Identity {
                 ms(t.renew_deadline),
                 ms(t.request_timeout),
             ],
+            kinds: cfg
+                .mirrored_kinds
+                .as_ref()
+                .map(|k| k.iter().map(super::switchover::Kind::key).collect()),
         }
     }
 
@@ -101,6 +107,12 @@ impl Identity {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(self.kinds.as_ref().map(|k| {
+            (
+                "mirroredKinds".to_string(),
+                k.iter().cloned().collect::<Vec<_>>().join(","),
+            )
+        }))
         .collect()
     }
 
@@ -141,6 +153,12 @@ impl Identity {
                 num("renewDeadlineMs")?,
                 num("requestTimeoutMs")?,
             ],
+            kinds: data.get("mirroredKinds").map(|k| {
+                k.split(',')
+                    .filter(|k| !k.is_empty())
+                    .map(String::from)
+                    .collect()
+            }),
         })
     }
 }
@@ -198,6 +216,7 @@ mod tests {
             rank: 2,
             witness: Some("ha".into()),
             timings_ms: [15_000, 10_000, 5_000],
+            kinds: Some(["widgets.example.com".to_string()].into()),
         }
     }
 
@@ -205,7 +224,11 @@ mod tests {
     fn an_identity_survives_its_encoding() {
         let i = id();
         assert_eq!(Identity::decode(&i.encode()), Ok(i.clone()));
-        let no_witness = Identity { witness: None, ..i };
+        let no_witness = Identity {
+            witness: None,
+            kinds: None,
+            ..i
+        };
         assert_eq!(
             Identity::decode(&no_witness.encode()),
             Ok(no_witness.clone())

@@ -16,6 +16,7 @@
 //! - [`permit`]: [`HaPermit`] ([`HaHandle::permit`]), what a reconcile without a shard group writes
 //!   under: checked before each write, it fails once the term it was taken in has ended.
 //! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+//! - [`check`]: `kshard ha check`, both sides' settings compared in one table.
 //! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
 //! - [`floor`]: the highest epoch surviving outside the Leases, read before the elector starts.
 //! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.
@@ -23,6 +24,7 @@
 //! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
 //!   the freeze, the demotion token), `promote --token` (the token table), `demote --cancel`.
 
+pub mod check;
 pub mod config;
 pub mod driver;
 pub mod elector;

@@ -180,6 +180,15 @@ async fn ha_setup(
             args.ha_witness_kubeconfig.clone(),
         )
         .max_auto_promote_lag(args.ha_max_auto_promote_lag)
+        // the fenced kind: a start reads its stamps, so a reinstalled pair starts above them
+        .stamped_kinds([widgets_kind()]);
+    // the identity publishes what this side's mirror covers (compared by the peer and `kshard ha check`)
+    let ha = if args.ha_mirror {
+        ha.mirrored_kinds([widgets_kind()])
+    } else {
+        ha
+    };
+    let ha = ha
         // the pod's namespace (downward API, else the service account's), else the group's namespace
         .pod_namespace(
             std::env::var("POD_NAMESPACE")
@@ -217,6 +226,15 @@ async fn ha_setup(
     Ok(Some((ha, HaClients::new(local.clone(), peer, witness))))
 }
 
+/// The operator's kind, Widgets.
+fn widgets_kind() -> Kind {
+    Kind {
+        plural: "widgets".into(),
+        group: "example.kube-shard.io".into(),
+        version: "v1".into(),
+    }
+}
+
 /// The mirror duty of `--ha-mirror`: Widgets mirrored (in `--watch-namespace` if given), their child
 /// ConfigMaps derived (the reconcile recreates them).
 fn mirror_duty(
@@ -230,10 +248,7 @@ fn mirror_duty(
         k.parse::<Kind>()
             .map_err(|e| CliError::failed(e.to_string()))
     };
-    let (widgets, cms) = (
-        kind("widgets.example.kube-shard.io/v1")?,
-        kind("configmaps/v1")?,
-    );
+    let (widgets, cms) = (widgets_kind(), kind("configmaps/v1")?);
     let set = KindSet::builder()
         .mirrored(widgets.clone())
         .derived(cms.clone())

@@ -757,3 +757,66 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
         "{st}"
     );
 }
+
+/// Publish the identity of a side (what a running operator writes at start) in the cluster of `kc`.
+fn publish_identity(rt: &tokio::runtime::Runtime, kc: &Path, id: &str, rank: u64, mirrored: bool) {
+    use kube_shard::ha::identity::{publish, Identity};
+    rt.block_on(async {
+        let c = client(kc).await;
+        let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
+        let uid = ns.get("kube-system").await.unwrap().metadata.uid.unwrap();
+        let mut b = kube_shard::ha::HaConfig::builder("widgets")
+            .mode(kube_shard::ha::HaMode::Standby)
+            .cluster(id, rank)
+            .namespace("default")
+            .kubeconfigs(None, Some("/peer".into()), None);
+        if mirrored {
+            b = b.mirrored_kinds(["widgets.example.kube-shard.io/v1".parse().unwrap()]);
+        }
+        let cfg = b.build().unwrap();
+        publish(&c, &cfg, &Identity::of(&cfg, uid)).await.unwrap();
+    });
+}
+
+fn check(a: &Path, b: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["ha", "check", "--kubeconfig"])
+        .arg(a)
+        .arg("--peer-kubeconfig")
+        .arg(b)
+        .args(["-n", "default", "--name", "widgets"])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `kshard ha check` lists each mismatch of the two published identities and exits non-zero; a
+/// consistent pair passes.
+#[test]
+fn ha_check_names_each_mismatch_and_passes_a_consistent_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ka, _sa) = testserver(dir.path(), "a");
+    let (kb, _sb) = testserver(dir.path(), "b");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (ok, out) = check(&ka, &kb);
+    assert!(!ok && out.contains("no identity published"), "{out}");
+    publish_identity(&rt, &ka, "site-a", 1, true);
+    publish_identity(&rt, &kb, "site-b", 2, true);
+    let (ok, out) = check(&ka, &kb);
+    assert!(ok && out.contains("consistent"), "{out}");
+    for (id, rank, mirrored, want) in [
+        ("site-b", 1, true, "MISMATCH rank"),
+        ("site-a", 2, true, "MISMATCH cluster id"),
+        ("site-b", 2, false, "MISMATCH mirrored kinds"),
+    ] {
+        publish_identity(&rt, &kb, id, rank, mirrored);
+        let (ok, out) = check(&ka, &kb);
+        assert!(!ok && out.contains(want), "{id} {rank}: {out}");
+    }
+    // both kubeconfigs at one cluster
+    let (ok, out) = check(&ka, &ka);
+    assert!(!ok && out.contains("MISMATCH two clusters"), "{out}");
+}
