@@ -254,6 +254,7 @@ fn spawn_elector(
         clock,
         was_active: false,
         stamps: [None; 3],
+        unidentified: [false; 3],
         max_lag: cfg.max_auto_promote_lag,
         confirmed: None,
     };
@@ -321,6 +322,8 @@ struct Driver {
     /// it, so every renewal changes the Lease (a no-op update keeps the resourceVersion, and an observer
     /// would take a renewed Lease for a stale one).
     stamps: [Option<Timestamp>; 3],
+    /// Per slot, whether a record without its writer's identity (an older build) was reported.
+    unidentified: [bool; 3],
     /// `--max-auto-promote-lag`.
     max_lag: Option<Duration>,
     /// The mirror's latest confirmation (local clock).
@@ -331,6 +334,22 @@ type Flight =
     std::pin::Pin<Box<dyn std::future::Future<Output = (Slot, Answer, Option<Timestamp>)> + Send>>;
 
 impl Driver {
+    /// A record without its writer's identity (a build before identities) is never a conflict, so it
+    /// is only reported, once per slot until a record with one is read.
+    fn warn_unidentified(&mut self, slot: Slot, answer: &Answer) {
+        let Answer::Found {
+            record: Some(r), ..
+        } = answer
+        else {
+            return;
+        };
+        let seen = &mut self.unidentified[slot as usize];
+        if r.origin.is_none() && !*seen {
+            warn!(?slot, cluster = %r.cluster, "HA: a Lease record carries no writer identity (an older build): its cluster id and rank cannot be checked until that side is upgraded");
+        }
+        *seen = r.origin.is_none();
+    }
+
     async fn run(mut self, mut cmds: mpsc::Receiver<Command>) {
         let mut inflight: FuturesUnordered<Flight> = FuturesUnordered::new();
         // every `HaControl` dropped: no more commands (a closed channel answers at once, and polling it
@@ -351,6 +370,7 @@ impl Driver {
                 Some((slot, answer, stamp)) = inflight.next(), if !inflight.is_empty() => {
                     let last = &mut self.stamps[slot as usize];
                     *last = (*last).max(stamp);
+                    self.warn_unidentified(slot, &answer);
                     let trans = self.elector.on_answer(slot, answer, (self.clock)());
                     self.on_transitions(&trans);
                 }
