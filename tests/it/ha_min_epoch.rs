@@ -24,21 +24,18 @@ const A_OPERATOR: &str = "a-op";
 
 /// The min-epoch policy for ConfigMaps, judging `A_OPERATOR`, and its parameter (as generated: active, 0).
 async fn install(s: &TestServer) {
-    let set = FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
+    post_policies(s, &policy_set()).await;
+    install_params(s).await;
+}
+
+fn policy_set() -> kube_shard::fence_policy::PolicySet {
+    FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
         .min_epoch(MinEpoch::new(
             format!("{NS}/widgets-ha-min-epoch").parse().unwrap(),
             vec![A_OPERATOR.into()],
         ))
         .generate()
-        .unwrap();
-    post_policies(s, &set).await;
-    let api: Api<ConfigMap> = Api::namespaced(s.client("admin"), NS);
-    api.create(
-        &PostParams::default(),
-        set.min_epoch_params.as_ref().unwrap(),
-    )
-    .await
-    .unwrap();
+        .unwrap()
 }
 
 fn fenced(name: &str, token: &str) -> ConfigMap {
@@ -316,13 +313,7 @@ async fn ha_a_reinstalled_pair_starts_above_every_surviving_stamp() {
 
 /// Only the parameter ConfigMap, as generated (minimum 0, role active).
 async fn install_params(s: &TestServer) {
-    let set = FencePolicyConfig::new(vec!["configmaps".parse().unwrap()])
-        .min_epoch(MinEpoch::new(
-            format!("{NS}/widgets-ha-min-epoch").parse().unwrap(),
-            vec![A_OPERATOR.into()],
-        ))
-        .generate()
-        .unwrap();
+    let set = policy_set();
     let api: Api<ConfigMap> = Api::namespaced(s.client("admin"), NS);
     api.create(
         &PostParams::default(),
