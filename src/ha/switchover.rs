@@ -560,7 +560,10 @@ pub async fn write_position(
     rv: u64,
 ) -> Result<(), SwitchError> {
     edit_checkpoint(client, cfg, |data| {
-        data.insert(kind.to_string(), format!("v1 source={source} rv={rv}"));
+        data.insert(
+            kind.to_string(),
+            crate::ha::mirror::checkpoint::position_text(source, rv),
+        );
     })
     .await
 }

@@ -671,11 +671,17 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
 
 /// The real mirror (`kube_shard::ha::mirror`) of A's Secrets into B, as B's operator would run it.
 async fn real_mirror(p: &Pair) -> kube_shard::ha::mirror::Mirror {
+    real_mirror_of(p, &kinds()).await
+}
+
+/// The real mirror of A's objects of `mirrored` into B.
+async fn real_mirror_of(p: &Pair, mirrored: &[Kind]) -> kube_shard::ha::mirror::Mirror {
     use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
-    let set = KindSet::builder()
-        .mirrored(kinds()[0].clone())
+    let set = mirrored
+        .iter()
+        .fold(KindSet::builder(), |b, k| b.mirrored(k.clone()))
         .allow_secrets(true)
-        .build(&kinds())
+        .build(mirrored)
         .unwrap();
     let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
         .namespaces([CP_NS])
@@ -945,4 +951,59 @@ async fn ha_forced_promotion_holds_the_mirror_before_the_takeover() {
 async fn ha_forced_promotion_without_the_hold_loses_the_new_actives_edits() {
     let reverted = forced_promotion_then_edits_on_b(false).await;
     assert!(!reverted.is_empty(), "no edit reverted without the hold");
+}
+
+/// A token must cover every kind the Standby's mirror copies: the mirror holds every kind once the
+/// token's kinds caught up, so a kind left out of the token (and of the freeze) keeps taking writes on
+/// the old Active that never reach the new one. The promotion refuses and names the missing kind.
+#[tokio::test(start_paused = true)]
+async fn a_promotion_refuses_a_token_missing_a_mirrored_kind() {
+    let p = pair_with(false).await;
+    let both: Vec<Kind> = vec!["secrets/v1".parse().unwrap(), "configmaps/v1".parse().unwrap()];
+    let m = real_mirror_of(&p, &both).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // the demotion covers Secrets only
+    let token = p.demote(&demote_opts()).await.unwrap();
+    // the catch-up request `promote --token` makes: a mirror that accepts it holds every kind
+    let (cfg_b, _) = cmd("b", 2, &p.sb, &p.sa);
+    let cm: Api<ConfigMap> = Api::namespaced(p.sb.client("admin"), &cfg_b.namespace);
+    let patch = serde_json::json!({"data": {switchover::CATCH_UP_KEY: token.to_string()}});
+    cm.patch(
+        &switchover::checkpoint_name(&cfg_b),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let acked = cm
+        .get(&switchover::checkpoint_name(&cfg_b))
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default()
+        .get(switchover::CAUGHT_UP_KEY)
+        .is_some_and(|a| a.starts_with(&token.id));
+    // a write of the other mirrored kind on A after the token: not frozen
+    let late: ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "late"}})).unwrap();
+    Api::<ConfigMap>::namespaced(p.sa.client("writer"), CP_NS)
+        .create(&PostParams::default(), &late)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let r = p.promote(&token, Duration::from_secs(60)).await;
+    let on_b = Api::<ConfigMap>::namespaced(p.sb.client("admin"), CP_NS)
+        .get_opt("late")
+        .await
+        .unwrap()
+        .is_some();
+    let e = r.expect_err(&format!(
+        "promoted with a token lacking configmaps (the write after the token on B: {on_b})"
+    ));
+    assert!(e.to_string().contains("configmaps"), "{e}");
+    assert!(!acked, "the mirror caught up to (and held for) a token lacking one of its kinds");
+    assert_eq!(p.b_admitted(), 0, "nothing changed");
+    m.stop().await;
+    p.kill();
 }

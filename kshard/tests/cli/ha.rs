@@ -155,6 +155,24 @@ fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
         "30s",
     ];
     args.extend(TIMINGS);
+    // b holds a Widget that is not a copy, and no mirror ever ran on b (no checkpoint): the runbook's
+    // command, without `--kind`, is refused and changes nothing
+    install_widget_crd(&rt, &b);
+    let wb = widget_api(&rt, &b);
+    until(std::time::Duration::from_secs(10), "the CRD served", || {
+        rt.block_on(wb.create(&Default::default(), &widget("mine")))
+            .is_ok()
+    });
+    let out = ha(&args, &b, &a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allow-no-mirror"),
+        "promoted a Standby with no mirror and an object it did not copy: {}{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(status(&b, &a)["active"], "a", "nothing was written");
+    rt.block_on(wb.delete("mine", &Default::default())).unwrap();
+    args.push("--allow-no-mirror");
     let t = std::time::Instant::now();
     let out = ha(&args, &b, &a);
     let took = t.elapsed();
@@ -168,6 +186,7 @@ fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
         stdout.contains("promoted: b is Active at epoch 2002"),
         "{stdout}"
     );
+    assert!(stdout.contains("override: --allow-no-mirror"), "{stdout}");
     // armed after the full wait (max(3 s, 2 s + 0.5 s) + 0.5 s) from the command's start, not sooner
     assert!(took >= std::time::Duration::from_millis(3_500), "{took:?}");
     let st = status(&b, &a);
@@ -242,6 +261,39 @@ fn ha_operator_with(own: &Path, peer: &Path, who: [&str; 4], extra: &[&str]) -> 
         .spawn()
         .unwrap();
     Running(child)
+}
+
+/// The demo's Widget CRD on `kc`'s cluster (what `kshard operator --install-crd` installs).
+fn install_widget_crd(rt: &tokio::runtime::Runtime, kc: &Path) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.kube-shard.io"},
+        "spec": {
+            "group": "example.kube-shard.io",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap();
+    let api: Api<CustomResourceDefinition> = Api::all(rt.block_on(client(kc)));
+    rt.block_on(api.create(&PostParams::default(), &crd))
+        .unwrap();
+}
+
+/// A Widget named `name` (size 3).
+fn widget(name: &str) -> kube::api::DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"size": 3}
+    }))
+    .unwrap()
 }
 
 fn widget_api(rt: &tokio::runtime::Runtime, kc: &Path) -> Api<kube::api::DynamicObject> {
