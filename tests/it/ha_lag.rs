@@ -102,7 +102,10 @@ async fn ha_lag_a_lagging_mirror_blocks_automatic_promotion() {
 #[tokio::test(start_paused = true)]
 async fn ha_lag_without_a_bound_given_a_stopped_mirror_still_blocks_automatic_promotion() {
     let t = run(None, Duration::from_secs(120)).await;
-    assert_eq!(t, None, "promoted with a mirror stopped long before the death");
+    assert_eq!(
+        t, None,
+        "promoted with a mirror stopped long before the death"
+    );
 }
 
 /// The default bound lets a current mirror's Standby promote automatically.

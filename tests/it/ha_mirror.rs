@@ -766,17 +766,24 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
     src.delete("gone", &DeleteParams::default()).await.unwrap();
     let uid = kube_system_uid(&a).await;
     let pp = PostParams::default();
-    // the source term's epoch (`config()`); a token from an earlier term is ignored
+    // the source term's epoch (`config()`); a token from an earlier term is ignored. A token covers
+    // every mirrored kind (one lacking a kind is refused)
     let token_at = |e: u64, id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
-        format!("v1;src=a/{uid};e={e};k={WIDGETS}:{rv};id={id}")
+        format!("v1;src=a/{uid};e={e};k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
     let token_for = |id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
-        format!("v1;src=a/{uid};e=2001;k={WIDGETS}:{rv};id={id}")
+        format!("v1;src=a/{uid};e=2001;k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
+    let lacking: kube_shard::ha::switchover::Token =
+        format!("v1;src=a/{uid};e=2001;k={WIDGETS}:1;id=t0")
+            .parse()
+            .unwrap();
+    let e = m.catch_up(&lacking).await.unwrap_err();
+    assert!(e.to_string().contains("missing configmaps"), "{e}");
     for i in 0..20 {
         let c: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap();
@@ -789,7 +796,7 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
         "behind without catch-up"
     );
 
-    assert_eq!(m.catch_up(&token_for("t1", t1)).await.unwrap(), 1);
+    assert_eq!(m.catch_up(&token_for("t1", t1)).await.unwrap(), 2);
     eventually(5, "position at the token", || {
         let p = kind(&m, WIDGETS).position;
         async move { p.is_some_and(|p| p >= t1) }

@@ -113,11 +113,16 @@ fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task:
             ns.get("kube-system").await.unwrap().metadata.uid.unwrap()
         );
         let cfg = ha_config("b", 2, HaMode::Standby);
+        record_stand_in(&bc, &cfg).await;
         while !stop.load(Ordering::SeqCst) {
             let l = src.list(&ListParams::default()).await.unwrap();
             for s in l.items {
                 let mut c = secret(s.metadata.name.as_deref().unwrap(), 0);
                 c.data = s.data.clone();
+                c.metadata.labels = Some(BTreeMap::from([(
+                    "kube-shard.io/mirrored-from".to_string(),
+                    "a".to_string(),
+                )]));
                 put(&dst, c).await.unwrap();
             }
             let rv: u64 = l.metadata.resource_version.unwrap().parse().unwrap();
@@ -138,6 +143,37 @@ fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task:
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
+}
+
+/// What a mirror records of itself in the checkpoint when it starts, for the stand-in (A's Secrets in
+/// the namespace): the promotion checks read the mirrored kinds there.
+async fn record_stand_in(c: &kube::Client, cfg: &HaConfig) {
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
+    let name = switchover::checkpoint_name(cfg);
+    let text = format!("v1 source=a kinds=secrets/v1 namespaces={CP_NS} own=-");
+    match api.get_opt(&name).await.unwrap() {
+        None => {
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([("mirror".to_string(), text)])),
+                ..ConfigMap::default()
+            };
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        Some(_) => {
+            let patch = serde_json::json!({"data": {"mirror": text}});
+            api.patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        }
+    }
 }
 
 /// The catch-up request `promote --token` left in the checkpoint of the cluster `c` reaches.
@@ -557,11 +593,13 @@ fn witness_builder(
     w: &TestServer,
 ) -> kube_shard::group::ShardGroupBuilder {
     let who = format!("{name}-ha");
+    // no mirror here: without a lag gate, so that only the demoting record keeps B from promoting
     let cfg = HaConfig::builder("widgets")
         .mode(mode)
         .cluster(cluster, rank)
         .namespace(CP_NS)
         .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
+        .auto_promote_without_lag_bound()
         .build()
         .unwrap();
     crate::group::builder(own, name).ha(
@@ -622,7 +660,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
         0,
         "B promoted itself over a demoting Active"
     );
-    // the mirror's position (its stand-in), then the token
+    // the mirror's record and position (its stand-in), then the token
     let cfg_b = HaConfig::builder("widgets")
         .mode(HaMode::Standby)
         .cluster("b", 2)
@@ -630,6 +668,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
         .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
         .build()
         .unwrap();
+    record_stand_in(&sb.client("mirror"), &cfg_b).await;
     switchover::write_position(
         &sb.client("mirror"),
         &cfg_b,
@@ -881,8 +920,8 @@ async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refus
 
 /// A forced promotion holds the mirror too: the old Active's operator is stopped but its apiserver still
 /// takes its users' writes; once the new Active takes over, a mirror still copying would put the objects
-/// its users change back to the old Active's newer versions until the mirror duty stops it. With
-/// `ForceOptions::hold_mirror` the mirror holds after arming and before the candidacy.
+/// its users change back to the old Active's newer versions until the mirror duty stops it. The mirror
+/// holds after arming and before the candidacy (`hold: false` plants the bug: no hold).
 async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
     use kube_shard::ha::ops::{force_promote_with, ForceOptions};
     let p = pair_with(false).await;
@@ -894,9 +933,7 @@ async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
     }
     let (cfg_b, clients_b) = cmd("b", 2, &p.sb, &p.sa);
     let mut opts = ForceOptions::new(Duration::from_secs(120));
-    if hold {
-        opts = opts.hold_mirror(Duration::from_secs(10));
-    }
+    opts.planted_no_hold = !hold;
     let mut said = Vec::new();
     force_promote_with(
         &cfg_b,
@@ -959,7 +996,10 @@ async fn ha_forced_promotion_without_the_hold_loses_the_new_actives_edits() {
 #[tokio::test(start_paused = true)]
 async fn a_promotion_refuses_a_token_missing_a_mirrored_kind() {
     let p = pair_with(false).await;
-    let both: Vec<Kind> = vec!["secrets/v1".parse().unwrap(), "configmaps/v1".parse().unwrap()];
+    let both: Vec<Kind> = vec![
+        "secrets/v1".parse().unwrap(),
+        "configmaps/v1".parse().unwrap(),
+    ];
     let m = real_mirror_of(&p, &both).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     // the demotion covers Secrets only
@@ -1001,8 +1041,12 @@ async fn a_promotion_refuses_a_token_missing_a_mirrored_kind() {
     let e = r.expect_err(&format!(
         "promoted with a token lacking configmaps (the write after the token on B: {on_b})"
     ));
-    assert!(e.to_string().contains("configmaps"), "{e}");
-    assert!(!acked, "the mirror caught up to (and held for) a token lacking one of its kinds");
+    eprintln!("[kinds] refused: {e}");
+    assert!(e.to_string().contains("missing configmaps"), "{e}");
+    assert!(
+        !acked,
+        "the mirror caught up to (and held for) a token lacking one of its kinds"
+    );
     assert_eq!(p.b_admitted(), 0, "nothing changed");
     m.stop().await;
     p.kill();

@@ -107,7 +107,10 @@ impl fmt::Display for MirrorRecord {
             None => "*".to_string(),
             Some(s) => list(s, "-"),
         };
-        let own = list(self.own_configmaps.iter().map(|(n, c)| format!("{n}/{c}")), "-");
+        let own = list(
+            self.own_configmaps.iter().map(|(n, c)| format!("{n}/{c}")),
+            "-",
+        );
         write!(
             f,
             "v1 source={} kinds={} namespaces={ns} own={own}",
@@ -302,10 +305,7 @@ impl fmt::Display for KindDiff {
             parts.push(format!("missing {}", self.missing.join(", ")));
         }
         if !self.extra.is_empty() {
-            parts.push(format!(
-                "not mirrored here: {}",
-                self.extra.join(", ")
-            ));
+            parts.push(format!("not mirrored here: {}", self.extra.join(", ")));
         }
         f.write_str(&parts.join("; "))
     }
@@ -386,10 +386,7 @@ mod tests {
         assert_eq!(synced_from(&d, "widgets.example.com", "c"), None);
         assert_eq!(synced_from(&d, "configmaps", "a"), None, "no position");
         // the peer re-created (another kube-system uid): its position is not the synced incarnation's
-        d.insert(
-            "widgets.example.com".into(),
-            "v1 source=a/u2 rv=5".into(),
-        );
+        d.insert("widgets.example.com".into(), "v1 source=a/u2 rv=5".into());
         assert_eq!(synced_from(&d, "widgets.example.com", "a"), None);
         drop_synced(&mut d, "widgets.example.com");
         assert_eq!(synced(&d, "widgets.example.com"), None);

@@ -329,8 +329,8 @@ impl Mirror {
 
     /// Catch up to a demotion token: each kind of the token takes one consistent LIST at the token's
     /// version (`NotOlderThan`) and applies it as a diff; the positions then reach the token without
-    /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source
-    /// is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
+    /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source,
+    /// or whose kinds are not the mirror's, is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
     pub async fn catch_up(&self, token: &Token) -> Result<usize, MirrorError> {
         catchup::send(token, &self.source, &self.catchup, None).await
     }

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::apply::{apply, Outcome, Sides};
 use super::catchup::CatchUp;
+use super::checkpoint::{position_text, put_synced, Synced};
 use super::config::MirrorConfig;
 use super::error::MirrorError;
 use super::hold::Hold;
@@ -23,7 +24,6 @@ use super::rv::{check_regression, parse_rv};
 use super::source::Delivery;
 use super::status::KindStatus;
 use super::watermark::Watermark;
-use super::checkpoint::{position_text, put_synced, Synced};
 use crate::ha::switchover::{edit_checkpoint, Kind};
 use crate::ha::{HaControl, LocalClock};
 

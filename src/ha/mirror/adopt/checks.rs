@@ -227,7 +227,9 @@ fn recorded_mirror(
             if !o.allow_kind_mismatch {
                 return Err(TargetRefused::KindMismatch(d));
             }
-            overridden.push(format!("--allow-kind-mismatch: --kind differs ({d}); the checkpoint's kinds are checked"));
+            overridden.push(format!(
+                "--allow-kind-mismatch: --kind differs ({d}); the checkpoint's kinds are checked"
+            ));
         }
     }
     if let Some(given) = checks.namespaces.as_ref() {
@@ -250,7 +252,10 @@ fn recorded_mirror(
 
 /// The mirror a command names when no mirror ever ran here (`--allow-no-mirror`): `--kind` with
 /// `--peer-cluster-id` (its objects are still checked), else none.
-fn named_mirror(ha: &HaConfig, checks: &PromotionChecks) -> Result<Option<MirrorConfig>, TargetRefused> {
+fn named_mirror(
+    ha: &HaConfig,
+    checks: &PromotionChecks,
+) -> Result<Option<MirrorConfig>, TargetRefused> {
     let (Some(kinds), Some(source)) = (&checks.kinds, &checks.source) else {
         return Ok(None);
     };

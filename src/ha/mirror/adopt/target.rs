@@ -55,7 +55,9 @@ impl KindPosition {
 #[non_exhaustive]
 pub enum TargetRefused {
     /// It holds divergent objects.
-    #[error("{0} (`--allow-divergent` to promote anyway: they become live objects of the new Active)")]
+    #[error(
+        "{0} (`--allow-divergent` to promote anyway: they become live objects of the new Active)"
+    )]
     Divergent(#[from] NotPromotable),
     /// No mirror ever ran here: its checkpoint records none.
     #[error("no mirror ever ran on this cluster: its checkpoint {checkpoint} records no mirrored kinds, so nothing shows what it holds of the peer's objects; run the mirror (the operator's `--ha-mirror`) until it has synced, or `--allow-no-mirror` to promote anyway (every object the peer holds may be lost)")]
