@@ -396,6 +396,26 @@ mod tests {
     }
 
     #[test]
+    fn a_mirror_configuration_round_trips_through_its_record() {
+        let ha = HaConfig::builder("widgets")
+            .mode(crate::ha::HaMode::Standby)
+            .cluster("b", 2)
+            .namespace("ops")
+            .kubeconfigs(None, Some("/peer".into()), None)
+            .build()
+            .unwrap();
+        let r = record();
+        let cfg = r.config(ha).unwrap();
+        assert!(cfg
+            .own
+            .configmaps
+            .contains(&("ops".to_string(), "widgets-ha-mirror".to_string())));
+        let mut sorted = r;
+        sorted.kinds.sort_by_key(Kind::key);
+        assert_eq!(MirrorRecord::of(&cfg), sorted, "kinds in key order");
+    }
+
+    #[test]
     fn kind_differences_name_both_sides() {
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
         let mirror = set(&["configmaps", "secrets"]);

@@ -315,3 +315,127 @@ pub async fn check_promotion(
         overridden,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ha::HaMode;
+
+    fn ha() -> HaConfig {
+        HaConfig::builder("widgets")
+            .mode(HaMode::Standby)
+            .cluster("b", 2)
+            .namespace("ops")
+            .kubeconfigs(None, Some("/peer".into()), None)
+            .build()
+            .unwrap()
+    }
+
+    fn cp(record: Option<&str>) -> BTreeMap<String, String> {
+        record
+            .map(|r| BTreeMap::from([(MIRROR_KEY.to_string(), r.to_string())]))
+            .unwrap_or_default()
+    }
+
+    const TWO: &str = "v1 source=a kinds=secrets/v1,configmaps/v1 namespaces=apps own=-";
+
+    fn run(
+        record: Option<&str>,
+        checks: &PromotionChecks,
+        path: PromotionPath<'_>,
+    ) -> (Result<Option<MirrorConfig>, TargetRefused>, Vec<String>) {
+        let mut notes = Vec::new();
+        let r = recorded_mirror(&ha(), &cp(record), checks, path, &mut notes);
+        (r, notes)
+    }
+
+    #[test]
+    fn without_a_recorded_mirror_a_promotion_is_refused_unless_allowed_by_name() {
+        let (r, _) = run(None, &PromotionChecks::default(), PromotionPath::Forced);
+        let e = r.unwrap_err();
+        assert!(matches!(e, TargetRefused::NoMirror { .. }), "{e}");
+        assert!(e.to_string().contains("--allow-no-mirror"), "{e}");
+        let allowed = PromotionChecks::default().overrides(Overrides::none().no_mirror(true));
+        let (r, notes) = run(None, &allowed, PromotionPath::Forced);
+        assert!(r.unwrap().is_none());
+        assert!(notes[0].starts_with("--allow-no-mirror"), "{notes:?}");
+        let (r, _) = run(Some("v1 garbage"), &allowed, PromotionPath::Forced);
+        assert!(matches!(r, Err(TargetRefused::BadRecord(_))), "{r:?}");
+    }
+
+    #[test]
+    fn the_mirrors_kinds_come_from_the_checkpoint_and_what_a_command_names_is_a_cross_check() {
+        let (r, _) = run(
+            Some(TWO),
+            &PromotionChecks::default(),
+            PromotionPath::Forced,
+        );
+        let m = r.unwrap().unwrap();
+        let keys: Vec<String> = m.kinds.mirrored().map(Kind::key).collect();
+        assert_eq!(keys, vec!["configmaps".to_string(), "secrets".to_string()]);
+        assert_eq!(m.source_cluster, "a");
+        let one = PromotionChecks::default().kinds(vec!["secrets/v1".parse().unwrap()]);
+        let (r, _) = run(Some(TWO), &one, PromotionPath::Forced);
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, TargetRefused::KindMismatch(d) if d.missing == ["configmaps"]),
+            "{e}"
+        );
+        let (r, notes) = run(
+            Some(TWO),
+            &one.overrides(Overrides::none().kind_mismatch(true)),
+            PromotionPath::Forced,
+        );
+        assert!(r.unwrap().is_some());
+        assert!(notes[0].contains("missing configmaps"), "{notes:?}");
+        let scope = PromotionChecks::default().namespaces(vec!["other".into()]);
+        let (r, _) = run(Some(TWO), &scope, PromotionPath::Forced);
+        assert!(
+            matches!(r, Err(TargetRefused::ScopeMismatch { .. })),
+            "{r:?}"
+        );
+        let source = PromotionChecks::default().source(Some("c".into()));
+        let (r, _) = run(Some(TWO), &source, PromotionPath::Forced);
+        assert!(matches!(r, Err(TargetRefused::Source { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_token_must_cover_exactly_the_mirrors_kinds_whatever_the_overrides() {
+        let all = PromotionChecks::default().overrides(
+            Overrides::none()
+                .kind_mismatch(true)
+                .divergent(true)
+                .unsynced(true),
+        );
+        let token = |k: &str, src: &str| -> Token {
+            format!("v1;src={src}/u;e=1001;k={k};id=t").parse().unwrap()
+        };
+        let lacking = token("secrets:5", "a");
+        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&lacking));
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("missing configmaps"), "{e}");
+        let extra = token("secrets:5,configmaps:5,jobs.batch:5", "a");
+        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&extra));
+        assert!(r
+            .unwrap_err()
+            .to_string()
+            .contains("not mirrored here: jobs.batch"));
+        let foreign = token("secrets:5,configmaps:5", "c");
+        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&foreign));
+        assert!(matches!(r, Err(TargetRefused::Source { .. })), "{r:?}");
+        let good = token("secrets:5,configmaps:5", "a");
+        let (r, _) = run(
+            Some(TWO),
+            &PromotionChecks::default(),
+            PromotionPath::Token(&good),
+        );
+        assert!(r.unwrap().is_some());
+    }
+
+    #[test]
+    fn the_overrides_print_as_their_flags() {
+        assert!(Overrides::none().flags().is_empty());
+        let o = Overrides::none().unsynced(true).no_mirror(true);
+        assert_eq!(o.flags(), vec!["--allow-unsynced", "--allow-no-mirror"]);
+    }
+}
