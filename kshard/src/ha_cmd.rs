@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use kube_shard::ha::mirror::adopt::{check_target, mirror_report, MirrorReport};
+use kube_shard::ha::mirror::adopt::{
+    check_promotion, mirror_report, MirrorReport, Overrides, PromotionChecks, PromotionPath,
+};
 use kube_shard::ha::mirror::{KindSet, MirrorConfig};
 use kube_shard::ha::ops::{self, PairStatus};
 use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
@@ -43,6 +45,8 @@ enum HaCommand {
 #[derive(Debug, Args)]
 struct DemoteFlags {
     /// A covered (mirrored) kind, `<plural>.<group>/<version>` (core: `<plural>/<version>`); repeat.
+    /// Default: the kinds the Standby's mirror records in its checkpoint; given, they must be those
+    /// (a cross-check).
     #[arg(long = "kind")]
     kinds: Vec<String>,
     /// The Active's shard group: every member Lease must acknowledge `ha-drained` (without it: wait out
@@ -69,21 +73,87 @@ fn parse_kinds(words: &[String]) -> Result<Vec<Kind>, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))
 }
 
+/// The overrides of the promotion checks, each named for what it risks (`--allow-unsynced` is
+/// `promote --force`'s own).
+#[derive(Debug, Args)]
+struct OverrideFlags {
+    /// Promote although the Standby holds objects of the mirrored kinds that are not copies of the
+    /// peer's (divergent: they become live objects of the new Active; run failback first instead).
+    #[arg(long = "allow-divergent")]
+    allow_divergent: bool,
+    /// Go on although `--kind` (or `--mirror-namespace`) differs from the kinds (scope) the Standby's
+    /// mirror records in its checkpoint; the checkpoint's are used and checked.
+    #[arg(long = "allow-kind-mismatch")]
+    allow_kind_mismatch: bool,
+    /// Promote although no mirror ever ran on the Standby (no checkpoint records one): nothing shows
+    /// what it holds of the peer's objects.
+    #[arg(long = "allow-no-mirror")]
+    allow_no_mirror: bool,
+}
+
+impl OverrideFlags {
+    fn overrides(&self, allow_unsynced: bool) -> Overrides {
+        Overrides::none()
+            .unsynced(allow_unsynced)
+            .divergent(self.allow_divergent)
+            .kind_mismatch(self.allow_kind_mismatch)
+            .no_mirror(self.allow_no_mirror)
+    }
+}
+
+/// The result line's note of the overrides given ("" without one).
+fn override_note(o: &Overrides) -> String {
+    let f = o.flags();
+    if f.is_empty() {
+        String::new()
+    } else {
+        format!(" (override: {})", f.join(", "))
+    }
+}
+
+/// Before a demotion, the Standby's (the peer's) promotion checks: its mirror, read from its
+/// checkpoint, gives the kinds to cover; `--kind` is a cross-check. Refused as `promote --token` would
+/// refuse, before anything is written. `cfg` is this cluster's: the checkpoint has the same name and
+/// namespace on both.
+async fn planned_kinds(
+    cfg: &HaConfig,
+    peer: &kube::Client,
+    flags: &DemoteFlags,
+    overrides: Overrides,
+) -> Result<Vec<Kind>, CliError> {
+    let given = parse_kinds(&flags.kinds)?;
+    let checks = PromotionChecks::default()
+        .kinds(given.clone())
+        .source(Some(cfg.cluster_id.clone()))
+        .overrides(overrides);
+    let checked = check_promotion(cfg, peer, &checks, PromotionPath::BeforeDemotion)
+        .await
+        .map_err(|e| {
+            CliError::failed(format!(
+                "not demoted: the peer is not a valid promotion target: {e}"
+            ))
+        })?;
+    for o in &checked.overridden {
+        say(&format!("override {o}"));
+    }
+    match checked.mirror {
+        Some(m) => Ok(m.kinds.mirrored().cloned().collect()),
+        None if !given.is_empty() => Ok(given),
+        None => Err(CliError::Usage(
+            "--kind is required: the peer's checkpoint records no mirror".into(),
+        )),
+    }
+}
+
 impl DemoteFlags {
-    fn options(&self) -> Result<DemoteOptions, CliError> {
-        let kinds = parse_kinds(&self.kinds)?;
-        if kinds.is_empty() {
-            return Err(CliError::Usage(
-                "--kind is required (the mirrored kinds)".into(),
-            ));
-        }
+    fn options(&self, kinds: Vec<Kind>) -> DemoteOptions {
         let mut o = DemoteOptions::new(kinds)
             .drain_timeout(self.drain_timeout)
             .freeze_exempt(self.freeze_exempt.clone());
         if let Some(g) = &self.group {
             o = o.group(g, self.group_namespace.clone());
         }
-        Ok(o)
+        o
     }
 }
 
@@ -93,6 +163,8 @@ struct DemoteArgs {
     pair: Pair,
     #[command(flatten)]
     flags: DemoteFlags,
+    #[command(flatten)]
+    overrides: OverrideFlags,
     /// Undo a demotion (lift the freeze, resume at the same epoch): refused once the peer promoted.
     #[arg(long)]
     cancel: bool,
@@ -104,6 +176,8 @@ struct SwitchoverArgs {
     pair: Pair,
     #[command(flatten)]
     flags: DemoteFlags,
+    #[command(flatten)]
+    overrides: OverrideFlags,
     /// The peer's (the Standby's) cluster id.
     #[arg(long = "peer-cluster-id")]
     peer_cluster_id: String,
@@ -211,13 +285,16 @@ struct PromoteArgs {
     /// partition that leaves it its own apiserver, both act until it reads the peer's Lease.
     #[arg(long = "old-active-stopped")]
     old_active_stopped: bool,
-    /// With `--force`: promote although a mirrored kind (`--kind`) never completed a full LIST from the
-    /// peer (every object of it is lost).
+    /// With `--force`: promote although a mirrored kind has no record of a completed full LIST from
+    /// the peer (the objects not copied yet are lost).
     #[arg(long = "allow-unsynced")]
     allow_unsynced: bool,
-    /// This cluster's mirror: a promotion target is refused while it holds objects of these kinds that
-    /// are not copies of the peer's (divergent: run failback first); with `--force`, also while a kind
-    /// never synced from the peer.
+    #[command(flatten)]
+    overrides: OverrideFlags,
+    /// Cross-checks of this cluster's mirror, which the checks read from its checkpoint: a promotion
+    /// target is refused while it holds objects of the mirrored kinds that are not copies of the
+    /// peer's (divergent: run failback first); with `--force`, also while a kind has not synced; with
+    /// `--token`, while the token's kinds are not the mirror's.
     #[command(flatten)]
     mirror: MirrorFlags,
     /// Give up when not armed (or the Lease not written) within this time; with `--token`, when the
@@ -329,10 +406,14 @@ fn demote(
             )?;
             return Ok(());
         }
-        let opts = a.flags.options()?;
-        let token = switchover::demote(&cfg, &clients, &opts, say)
+        let overrides = a.overrides.overrides(false);
+        let kinds = planned_kinds(&cfg, &clients.peer, &a.flags, overrides).await?;
+        let token = switchover::demote(&cfg, &clients, &a.flags.options(kinds), say)
             .await
             .map_err(|e| CliError::failed(e.to_string()))?;
+        if !overrides.flags().is_empty() {
+            say(&format!("demoted{}", override_note(&overrides)));
+        }
         writeln!(out, "{token}")?;
         Ok(())
     })
@@ -344,7 +425,7 @@ fn switch(
     out: &mut impl Write,
 ) -> Result<(), CliError> {
     let cfg = a.pair.config(None)?;
-    let opts = a.flags.options()?;
+    let overrides = a.overrides.overrides(false);
     let peer_cfg = HaConfig::builder(&a.pair.name)
         .mode(HaMode::Standby)
         .cluster(&a.peer_cluster_id, a.peer_rank)
@@ -364,6 +445,8 @@ fn switch(
         .map_err(|e| CliError::Usage(e.to_string()))?;
     rt.block_on(async {
         let clients = a.pair.clients().await?;
+        let kinds = planned_kinds(&cfg, &clients.peer, &a.flags, overrides).await?;
+        let opts = a.flags.options(kinds.clone());
         let token = switchover::demote(&cfg, &clients, &opts, say)
             .await
             .map_err(|e| CliError::failed(e.to_string()))?;
@@ -373,12 +456,16 @@ fn switch(
             clients.local.clone(),
             clients.witness.clone(),
         );
+        let checks = PromotionChecks::default()
+            .kinds(kinds)
+            .source(Some(a.pair.cluster_id.clone()))
+            .overrides(overrides);
         let epoch = switchover::promote_with_token(
             &peer_cfg,
             swapped,
             kube_shard::ha::handle::tokio_clock(),
             &token,
-            &PromoteOptions::new(a.timeout),
+            &PromoteOptions::new(a.timeout).checks(checks),
             say,
         )
         .await
@@ -389,9 +476,10 @@ fn switch(
         })?;
         writeln!(
             out,
-            "switched over: {} is Active at epoch {epoch} (n={})",
+            "switched over: {} is Active at epoch {epoch} (n={}){}",
             a.peer_cluster_id,
-            epoch.n()
+            epoch.n(),
+            override_note(&overrides)
         )?;
         Ok(())
     })
@@ -407,10 +495,7 @@ fn promote_token(
         .parse()
         .map_err(|e: switchover::SwitchError| CliError::Usage(e.to_string()))?;
     let cfg = a.pair.config(Some(a.timings()))?;
-    let mut opts = PromoteOptions::new(a.timeout);
-    if let Some(m) = a.mirror.config(&cfg, Some(&token.cluster))? {
-        opts = opts.mirror(m);
-    }
+    let opts = PromoteOptions::new(a.timeout).checks(a.checks()?);
     let epoch = rt.block_on(async {
         let clients = a.pair.clients().await?;
         switchover::promote_with_token(
@@ -426,14 +511,25 @@ fn promote_token(
     })?;
     writeln!(
         out,
-        "promoted: {} is Active at epoch {epoch} (n={}) with the demotion token",
+        "promoted: {} is Active at epoch {epoch} (n={}) with the demotion token{}",
         a.pair.cluster_id,
-        epoch.n()
+        epoch.n(),
+        override_note(&opts.checks.overrides)
     )?;
     Ok(())
 }
 
 impl PromoteArgs {
+    /// The promotion checks' cross-checks (`--kind`, `--peer-cluster-id`, `--mirror-namespace`) and
+    /// overrides.
+    fn checks(&self) -> Result<PromotionChecks, CliError> {
+        Ok(PromotionChecks::default()
+            .kinds(parse_kinds(&self.mirror.kinds)?)
+            .source(self.mirror.peer_cluster_id.clone())
+            .namespaces(self.mirror.mirror_namespaces.clone())
+            .overrides(self.overrides.overrides(self.allow_unsynced)))
+    }
+
     fn timings(&self) -> Timings {
         Timings::new(
             self.lease_duration,
@@ -468,32 +564,12 @@ fn promote(
         ));
     }
     let cfg = a.pair.config(Some(a.timings()))?;
-    let mirror = a.mirror.config(&cfg, None)?;
+    // the checks run in the library, with the mirror read from this cluster's checkpoint; with a
+    // mirror, it holds before the candidacy (no copy write after the takeover)
+    let opts = ops::ForceOptions::new(a.timeout).checks(a.checks()?);
     let epoch = rt.block_on(async {
         let clients = a.pair.clients().await?;
-        if let Some(m) = &mirror {
-            let kinds = check_target(m, &clients.local, !a.allow_unsynced)
-                .await
-                .map_err(|e| CliError::failed(format!("not promoted: {e}")))?;
-            for k in kinds {
-                say(&match k.position {
-                    Some(p) => format!(
-                        "{}: mirrored up to resourceVersion {p} of {}; writes after it are lost",
-                        k.kind, m.source_cluster
-                    ),
-                    None => format!(
-                        "{}: never synced from {} (--allow-unsynced): every object of it is lost",
-                        k.kind, m.source_cluster
-                    ),
-                });
-            }
-        }
         let mut last = String::new();
-        // with a mirror (`--kind`), it holds before the candidacy: no copy write after the takeover
-        let mut opts = ops::ForceOptions::new(a.timeout);
-        if mirror.is_some() {
-            opts = opts.hold_mirror(std::time::Duration::from_secs(10));
-        }
         ops::force_promote_with(
             &cfg,
             clients,
@@ -511,9 +587,10 @@ fn promote(
     })?;
     writeln!(
         out,
-        "promoted: {} is Active at epoch {epoch} (n={}); writes the old Active committed after the mirror's position are lost",
+        "promoted: {} is Active at epoch {epoch} (n={}); writes the old Active committed after the mirror's position are lost{}",
         a.pair.cluster_id,
-        epoch.n()
+        epoch.n(),
+        override_note(&opts.checks.overrides)
     )?;
     Ok(())
 }

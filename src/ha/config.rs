@@ -71,6 +71,9 @@ pub enum ConfigError {
     /// The timings break the elector's assumptions.
     #[error("timings: {0}")]
     Timings(String),
+    /// Both a lag bound and automatic promotion without one were asked for.
+    #[error("a maximum automatic-promotion lag and automatic promotion without a lag bound exclude each other")]
+    LagBound,
 }
 
 /// The elector's timings. Defaults follow the group's (DESIGN "Defaults"): 15 s / 10 s / 2 s, a 2.5 s request
@@ -181,7 +184,10 @@ pub struct HaConfig {
     pub timings: Timings,
     /// Witness mode: promote automatically only while the mirror's lag (the time since the latest probe
     /// its watermark has passed, for every kind: [`crate::ha::HaControl::mirror_confirmed`]) is below
-    /// this. `None`: no lag gate. With a gate and no confirmation yet, nothing is promoted automatically.
+    /// this; with no confirmation yet, nothing is promoted automatically. With a witness, the builder
+    /// always sets it ([`HaConfig::default_max_auto_promote_lag`] unless given), except when
+    /// [`HaConfigBuilder::auto_promote_without_lag_bound`] was asked for: only then is it `None` (no
+    /// gate). Without a witness it has no effect.
     pub max_auto_promote_lag: Option<Duration>,
     /// Kinds whose objects carry fence stamps: a start reads a sample of their stamps so that new epochs
     /// start above every surviving one ([`crate::ha::floor`]). Empty: only the ConfigMaps are read.
@@ -211,6 +217,18 @@ impl HaConfig {
     pub fn has_witness(&self) -> bool {
         self.witness_kubeconfig.is_some()
     }
+
+    /// The lag bound of automatic promotion when none is given: `2 × (lease_duration + grace) + 20 s`
+    /// (54 s with the default timings). Why: the lag at a candidacy is at least the takeover wait
+    /// (`lease_duration + grace`: the mirror's probes of the dead Active fail from its death on) plus up
+    /// to one probe period (10 s by default) of lag before the death; twice the wait and two probe
+    /// periods leave a healthy mirror room, while a mirror that stopped confirming about a minute
+    /// before the death (stalled, or not running at all) blocks the automatic promotion, and a human
+    /// decides with `kshard ha promote --force`, which says what it loses.
+    #[must_use]
+    pub fn default_max_auto_promote_lag(timings: &Timings) -> Duration {
+        (timings.lease_duration + timings.grace) * 2 + Duration::from_secs(20)
+    }
 }
 
 /// Builds a [`HaConfig`]; [`HaConfigBuilder::build`] validates it.
@@ -232,6 +250,7 @@ pub struct HaConfigBuilder {
     max_auto_promote_lag: Option<Duration>,
     stamped_kinds: Vec<crate::ha::switchover::Kind>,
     mirrored_kinds: Option<Vec<crate::ha::switchover::Kind>>,
+    unbounded_auto_promotion: bool,
 }
 
 impl HaConfigBuilder {
@@ -281,7 +300,8 @@ impl HaConfigBuilder {
     }
 
     /// Witness mode: promote automatically only while the mirror's lag is below `lag`
-    /// (`--max-auto-promote-lag`).
+    /// (`--max-auto-promote-lag`). `None` keeps the default bound
+    /// ([`HaConfig::default_max_auto_promote_lag`]): it never turns the gate off.
     pub fn max_auto_promote_lag(mut self, lag: Option<Duration>) -> Self {
         self.max_auto_promote_lag = lag;
         self
@@ -305,6 +325,14 @@ impl HaConfigBuilder {
         kinds: impl IntoIterator<Item = crate::ha::switchover::Kind>,
     ) -> Self {
         self.mirrored_kinds = Some(kinds.into_iter().collect());
+        self
+    }
+
+    /// Witness mode without a lag bound: the witness promotes automatically whatever the mirror's lag,
+    /// also with no mirror running (everything the old Active wrote since the mirror's position is
+    /// lost, silently). Only for deployments without a mirror; refused together with a bound.
+    pub fn auto_promote_without_lag_bound(mut self) -> Self {
+        self.unbounded_auto_promotion = true;
         self
     }
 
@@ -386,9 +414,19 @@ impl HaConfigBuilder {
             namespace,
             local_kubeconfig: self.local,
             remote_kubeconfig: self.remote,
+            max_auto_promote_lag: match (self.witness.is_some(), self.unbounded_auto_promotion) {
+                (_, true) if self.max_auto_promote_lag.is_some() => {
+                    return Err(ConfigError::LagBound)
+                }
+                (_, true) => None,
+                (true, false) => Some(
+                    self.max_auto_promote_lag
+                        .unwrap_or_else(|| HaConfig::default_max_auto_promote_lag(&self.timings)),
+                ),
+                (false, false) => self.max_auto_promote_lag,
+            },
             witness_kubeconfig: self.witness,
             timings: self.timings,
-            max_auto_promote_lag: self.max_auto_promote_lag,
             stamped_kinds: self.stamped_kinds,
             mirrored_kinds: self.mirrored_kinds,
         })
@@ -485,6 +523,38 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(e, ConfigError::Missing(_, HaMode::Standby)));
+    }
+
+    #[test]
+    fn with_a_witness_automatic_promotion_always_has_a_lag_bound_unless_turned_off_by_name() {
+        let w = || {
+            full().mode(HaMode::Standby).kubeconfigs(
+                None,
+                Some("/peer".into()),
+                Some("/witness".into()),
+            )
+        };
+        let c = w().build().unwrap();
+        assert_eq!(c.max_auto_promote_lag, Some(Duration::from_secs(54)));
+        let c = w().max_auto_promote_lag(None).build().unwrap();
+        assert_eq!(
+            c.max_auto_promote_lag,
+            Some(Duration::from_secs(54)),
+            "None is the default, not off"
+        );
+        let c = w()
+            .max_auto_promote_lag(Some(Duration::from_secs(30)))
+            .build()
+            .unwrap();
+        assert_eq!(c.max_auto_promote_lag, Some(Duration::from_secs(30)));
+        let c = w().auto_promote_without_lag_bound().build().unwrap();
+        assert_eq!(c.max_auto_promote_lag, None);
+        let e = w()
+            .auto_promote_without_lag_bound()
+            .max_auto_promote_lag(Some(Duration::from_secs(30)))
+            .build()
+            .unwrap_err();
+        assert_eq!(e, ConfigError::LagBound);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!   started (a record of the highest epoch exists) but did not complete (the cluster it names does not
 //!   record it in its own Lease, or, with a witness, the witness does not confirm it). A pair in limbo
 //!   has no cluster that may act; `kshard ha status` alerts on it.
-//! - [`force_promote`]: `kshard ha promote --force --old-active-stopped`. It runs this cluster's elector
+//! - [`force_promote`]: `kshard ha promote --force --old-active-stopped`. It runs the promotion checks
+//!   ([`check_promotion`]: the mirror read from this cluster's checkpoint), then this cluster's elector
 //!   in-process as one more process of the Standby cluster, with every rule of the running ones: it is
 //!   refused until it is *armed* (the peer's Lease stale or unreadable for the full takeover wait, counted
 //!   from this command's start), and each Lease takeover waits its own wait. It returns once this
@@ -25,6 +26,7 @@ use super::elector::ForceError;
 use super::epoch::Epoch;
 use super::handle::LocalClock;
 use super::metrics::HaMetrics;
+use super::mirror::adopt::{check_promotion, PromotionChecks, PromotionPath, TargetRefused};
 use super::record::{self, Record};
 
 /// One HA Lease as read by `kshard ha status`.
@@ -228,6 +230,9 @@ pub enum ForceFailed {
     /// promoted.
     #[error("asking the mirror to hold: {0}; nothing was promoted")]
     Hold(String),
+    /// The promotion checks refused this cluster as a target: nothing was written.
+    #[error("not promoted: {0}; nothing was written")]
+    Target(TargetRefused),
 }
 
 /// `kshard ha promote --force --old-active-stopped` for the cluster of `cfg` (mode is ignored: this is
@@ -250,35 +255,74 @@ pub async fn force_promote(
 pub struct ForceOptions {
     /// How long to wait until armed, and then for the takeover.
     pub timeout: Duration,
-    /// Ask this cluster's mirror to hold (write nothing more) once armed and before the candidacy, and
-    /// wait at most this long for its acknowledgement (`None`: no hold; a cluster without a mirror).
-    pub hold_mirror: Option<Duration>,
+    /// How long to wait for this cluster's mirror to acknowledge the hold (asked whenever the
+    /// checkpoint records a mirror).
+    pub hold_wait: Duration,
+    /// The promotion checks' cross-checks and overrides (the checks always run).
+    pub checks: PromotionChecks,
+    /// PLANTED BUG for the tests: no hold of the mirror before the candidacy.
+    #[doc(hidden)]
+    pub planted_no_hold: bool,
 }
 
 impl ForceOptions {
-    /// Wait at most `timeout`; no hold.
+    /// Wait at most `timeout`; 10 s for the mirror's hold; no cross-check, no override.
     #[must_use]
     pub fn new(timeout: Duration) -> Self {
         ForceOptions {
             timeout,
-            hold_mirror: None,
+            hold_wait: Duration::from_secs(10),
+            checks: PromotionChecks::default(),
+            planted_no_hold: false,
         }
     }
 
-    /// Hold this cluster's mirror before the candidacy, waiting at most `wait` for it.
+    /// Wait at most `wait` for the mirror's hold acknowledgement.
     #[must_use]
     pub fn hold_mirror(mut self, wait: Duration) -> Self {
-        self.hold_mirror = Some(wait);
+        self.hold_wait = wait;
+        self
+    }
+
+    /// The checks' cross-checks and overrides.
+    #[must_use]
+    pub fn checks(mut self, checks: PromotionChecks) -> Self {
+        self.checks = checks;
         self
     }
 }
 
-/// [`force_promote`] with [`ForceOptions`]. With [`ForceOptions::hold_mirror`], once armed and before
-/// the candidacy it asks this cluster's mirror (through the checkpoint) to hold, as a token promotion
-/// does after its catch-up: a mirror still copying from the old Active after the takeover would put
-/// objects the new Active's users changed back to the old Active's versions until the mirror duty stops
-/// it. Unanswered (no mirror running), it promotes anyway and says so. A promotion that fails withdraws
-/// its request.
+/// Run the promotion checks of a forced promotion and report what it loses, kind by kind: the wait
+/// for the mirror's hold acknowledgement (`None`: no mirror to hold).
+async fn forced_checks(
+    cfg: &HaConfig,
+    local: &kube::Client,
+    opts: &ForceOptions,
+    progress: &mut impl FnMut(&str),
+) -> Result<Option<Duration>, ForceFailed> {
+    let checked = check_promotion(cfg, local, &opts.checks, PromotionPath::Forced)
+        .await
+        .map_err(ForceFailed::Target)?;
+    for o in &checked.overridden {
+        progress(&format!("override {o}"));
+    }
+    let Some(m) = &checked.mirror else {
+        return Ok(None);
+    };
+    for k in &checked.kinds {
+        progress(&k.loss(&m.source_cluster));
+    }
+    Ok((!opts.planted_no_hold).then_some(opts.hold_wait))
+}
+
+/// [`force_promote`] with [`ForceOptions`]. First the promotion checks ([`check_promotion`]: the mirror
+/// read from this cluster's checkpoint; no mirror, divergent objects, a kind without a completed
+/// initial LIST → refused unless overridden; nothing written). Then, with a mirror, once armed and
+/// before the candidacy it asks the mirror (through the checkpoint) to hold, as a token promotion does
+/// after its catch-up: a mirror still copying from the old Active after the takeover would put objects
+/// the new Active's users changed back to the old Active's versions until the mirror duty stops it.
+/// Unanswered (the mirror is not running), it promotes anyway and says so. A promotion that fails
+/// withdraws its request.
 pub async fn force_promote_with(
     cfg: &HaConfig,
     clients: HaClients,
@@ -287,6 +331,7 @@ pub async fn force_promote_with(
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, ForceFailed> {
     let (local, peer) = (clients.local.clone(), clients.peer.clone());
+    let hold_wait = forced_checks(cfg, &local, opts, &mut progress).await?;
     let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
     let _abort = Abort(task);
     let mut hold = HoldGuard {
@@ -294,7 +339,7 @@ pub async fn force_promote_with(
         cfg: cfg.clone(),
         id: None,
     };
-    let r = candidacy(&control, opts, &mut hold, &mut progress).await;
+    let r = candidacy(&control, opts.timeout, hold_wait, &mut hold, &mut progress).await;
     let epoch = match r {
         Ok(e) => e,
         Err(e) => {
@@ -333,16 +378,17 @@ impl HoldGuard {
     }
 }
 
-/// Wait until armed (holding the mirror then, if asked), and start the candidacy.
+/// Wait until armed (holding the mirror then, waiting at most `hold_wait`), and start the candidacy.
 async fn candidacy(
     control: &super::HaControl,
-    opts: &ForceOptions,
+    timeout: Duration,
+    hold_wait: Option<Duration>,
     hold: &mut HoldGuard,
     progress: &mut impl FnMut(&str),
 ) -> Result<Epoch, ForceFailed> {
     let start = tokio::time::Instant::now();
     loop {
-        if let (Some(wait), None) = (opts.hold_mirror, &hold.id) {
+        if let (Some(wait), None) = (hold_wait, &hold.id) {
             let st = control.status().await.map_err(|_| ForceFailed::Stopped)?;
             if st.armed {
                 let source_epoch = st.epoch; // standby: the highest epoch seen, the old Active's
@@ -354,11 +400,11 @@ async fn candidacy(
                 progress(if acked {
                     "the mirror holds: it writes nothing more to this cluster"
                 } else {
-                    "no mirror acknowledged the hold request (is none running?): promoting anyway"
+                    "the mirror did not acknowledge the hold request (is it stopped?): promoting anyway"
                 });
             }
         }
-        let ready = opts.hold_mirror.is_none() || hold.id.is_some();
+        let ready = hold_wait.is_none() || hold.id.is_some();
         if ready {
             match control.force_promote().await {
                 Ok(e) => return Ok(e),
@@ -367,8 +413,8 @@ async fn candidacy(
                 Err(_) => return Err(ForceFailed::Stopped),
             }
         }
-        if start.elapsed() >= opts.timeout {
-            return Err(ForceFailed::NotArmed(opts.timeout));
+        if start.elapsed() >= timeout {
+            return Err(ForceFailed::NotArmed(timeout));
         }
         progress("waiting until armed: the peer's HA Lease must stay unchanged (or unreadable) for the full takeover wait");
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -18,8 +18,10 @@
 //!    `kube-system` namespace), per kind the resourceVersion of a consistent LIST; record it in the
 //!    Lease (`demoting(token)`) and return it.
 //!
-//! **Promote with the token** ([`promote_with_token`], run against the Standby), the token table:
-//! already used → error; foreign source → error; the source's Lease not at the token's epoch in
+//! **Promote with the token** ([`promote_with_token`], run against the Standby): first the promotion
+//! checks ([`check_promotion`]: this cluster's mirror read from its checkpoint; no mirror, a source
+//! other than the token's, a token whose kinds are not the mirror's, divergent objects → refused), then
+//! the token table: already used → error; foreign source → error; the source's Lease not at the token's epoch in
 //! `demoting(token)` → error (stale); the mirror's position behind the token → wait, bounded by the
 //! timeout, then a per-kind report and no change on either side; a source object above the token →
 //! error ("the old Active accepted writes after its demotion"). Then the token is recorded as used and
@@ -67,6 +69,7 @@ use super::elector::TokenTakeover;
 use super::epoch::Epoch;
 use super::handle::LocalClock;
 use super::metrics::HaMetrics;
+use super::mirror::adopt::{check_promotion, PromotionChecks, PromotionPath};
 use super::record::{self, HaState, Record, STATE_ANNOTATION};
 use crate::group::report::{GROUP_LABEL, HA_DRAINED, ROLE_LABEL};
 
@@ -560,7 +563,10 @@ pub async fn write_position(
     rv: u64,
 ) -> Result<(), SwitchError> {
     edit_checkpoint(client, cfg, |data| {
-        data.insert(kind.to_string(), format!("v1 source={source} rv={rv}"));
+        data.insert(
+            kind.to_string(),
+            crate::ha::mirror::checkpoint::position_text(source, rv),
+        );
     })
     .await
 }
@@ -610,25 +616,26 @@ pub(crate) async fn edit_checkpoint(
 pub struct PromoteOptions {
     /// How long to wait for the mirror, and then for the Lease takeover.
     pub timeout: Duration,
-    /// This cluster's mirror (its kinds, scope, and the peer as source): a target holding objects
-    /// that are not copies of the peer's (divergent) is refused before anything is written.
-    pub mirror: Option<crate::ha::mirror::MirrorConfig>,
+    /// The promotion checks' cross-checks and overrides. The checks always run, with this cluster's
+    /// mirror read from its checkpoint ([`check_promotion`]): no mirror, a token whose kinds are not
+    /// the mirror's, or divergent objects → refused before anything is written.
+    pub checks: PromotionChecks,
 }
 
 impl PromoteOptions {
-    /// Wait at most `timeout`.
+    /// Wait at most `timeout`; no cross-check, no override.
     #[must_use]
     pub fn new(timeout: Duration) -> Self {
         PromoteOptions {
             timeout,
-            mirror: None,
+            checks: PromotionChecks::default(),
         }
     }
 
-    /// Refuse a target with divergent objects of `mirror`'s kinds.
+    /// The checks' cross-checks and overrides.
     #[must_use]
-    pub fn mirror(mut self, mirror: crate::ha::mirror::MirrorConfig) -> Self {
-        self.mirror = Some(mirror);
+    pub fn checks(mut self, checks: PromotionChecks) -> Self {
+        self.checks = checks;
         self
     }
 }
@@ -887,10 +894,15 @@ pub async fn promote_with_token(
     opts: &PromoteOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<Epoch, SwitchError> {
-    if let Some(m) = &opts.mirror {
-        crate::ha::mirror::adopt::check_target(m, &clients.local, false)
-            .await
-            .map_err(|e| SwitchError::Refused(e.to_string()))?;
+    let checked = check_promotion(
+        cfg,
+        &clients.local,
+        &opts.checks,
+        PromotionPath::Token(token),
+    )
+    .await?;
+    for o in &checked.overridden {
+        progress(&format!("override {o}"));
     }
     if let Err(e) = check_token(cfg, &clients, token, opts.timeout, &mut progress).await {
         withdraw(&clients.local, cfg, token).await;

@@ -99,6 +99,9 @@ pub enum SwitchError {
     /// The Standby's elector did not take the Leases over.
     #[error("promotion: {0}")]
     Promote(String),
+    /// The promotion checks refused this cluster as a target: nothing was written.
+    #[error("not promoted: {0}; nothing was changed")]
+    Target(#[from] crate::ha::mirror::adopt::TargetRefused),
 }
 
 pub(super) fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> SwitchError {

@@ -118,7 +118,7 @@ pub(crate) fn start_labelled(
     clock: ha::LocalClock,
 ) -> Op {
     let who = format!("{label}-op");
-    let cfg = HaConfig::builder("widgets")
+    let b = HaConfig::builder("widgets")
         .mode(mode)
         .cluster(id, rank)
         .namespace(NS)
@@ -127,9 +127,14 @@ pub(crate) fn start_labelled(
             None,
             Some("/peer".into()),
             witness.map(|_| "/witness".into()),
-        )
-        .build()
-        .unwrap();
+        );
+    // no mirror runs in these tests: the witness promotes without the lag gate, by name
+    let cfg = match witness {
+        Some(_) => b.auto_promote_without_lag_bound(),
+        None => b,
+    }
+    .build()
+    .unwrap();
     let clients = HaClients::new(
         own.client(&who),
         peer.client(&who),

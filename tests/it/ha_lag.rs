@@ -45,18 +45,19 @@ fn start(
 
 /// The Active dies at `died`; the mirror confirmed every second until `last_confirm` (relative to the
 /// death, negative = before). Returns when B first acts after the death, if within 120 s.
-async fn run(max_lag: Duration, mirror_stops_before_death: Duration) -> Option<Duration> {
+async fn run(max_lag: Option<Duration>, mirror_stops_before_death: Duration) -> Option<Duration> {
     let (sa, _) = crate::support::group_server().await;
     let (sb, _) = crate::support::group_server().await;
     let (sw, _) = crate::support::group_server().await;
     let (ha_a, _ca, ta) = start("a", 1, HaMode::Active, None, &sa, &sb, &sw);
-    let (ha_b, cb, tb) = start("b", 2, HaMode::Standby, Some(max_lag), &sb, &sa, &sw);
+    let (ha_b, cb, tb) = start("b", 2, HaMode::Standby, max_lag, &sb, &sa, &sw);
     let start = Instant::now();
     while !ha_a.is_active() {
         assert!(start.elapsed() < Duration::from_secs(60), "A never active");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let died = Instant::now() + Duration::from_secs(30);
+    // the mirror confirms for 30 s at least, then stops `mirror_stops_before_death` before the death
+    let died = Instant::now() + Duration::from_secs(30) + mirror_stops_before_death;
     let confirm_until = died - mirror_stops_before_death;
     let clock = ha_b.clock();
     let mirror = tokio::spawn(async move {
@@ -84,7 +85,7 @@ async fn run(max_lag: Duration, mirror_stops_before_death: Duration) -> Option<D
 #[tokio::test(start_paused = true)]
 async fn ha_lag_a_mirror_within_the_bound_lets_the_witness_promote() {
     // the mirror confirms until A dies: at the candidacy (the 17 s wait) the lag is about 17 s < 30 s
-    let t = run(Duration::from_secs(30), Duration::ZERO).await;
+    let t = run(Some(Duration::from_secs(30)), Duration::ZERO).await;
     eprintln!("[ha-lag] bound 30 s, mirror current: B active {t:?} after A died");
     assert!(t.is_some_and(|t| t < Duration::from_secs(30)), "{t:?}");
 }
@@ -92,6 +93,24 @@ async fn ha_lag_a_mirror_within_the_bound_lets_the_witness_promote() {
 #[tokio::test(start_paused = true)]
 async fn ha_lag_a_lagging_mirror_blocks_automatic_promotion() {
     // the mirror stopped confirming 20 s before A died: lag ≥ 20 s + the wait > 30 s, never below the bound
-    let t = run(Duration::from_secs(30), Duration::from_secs(20)).await;
+    let t = run(Some(Duration::from_secs(30)), Duration::from_secs(20)).await;
     assert_eq!(t, None, "promoted with a mirror lagging past the bound");
+}
+
+/// With a witness and no bound given, automatic promotion still has one (the default): a Standby whose
+/// mirror stopped confirming two minutes before the Active died is not promoted automatically.
+#[tokio::test(start_paused = true)]
+async fn ha_lag_without_a_bound_given_a_stopped_mirror_still_blocks_automatic_promotion() {
+    let t = run(None, Duration::from_secs(120)).await;
+    assert_eq!(
+        t, None,
+        "promoted with a mirror stopped long before the death"
+    );
+}
+
+/// The default bound lets a current mirror's Standby promote automatically.
+#[tokio::test(start_paused = true)]
+async fn ha_lag_the_default_bound_lets_a_current_mirror_promote() {
+    let t = run(None, Duration::ZERO).await;
+    assert!(t.is_some_and(|t| t < Duration::from_secs(40)), "{t:?}");
 }

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::fence_policy::{messages, FencePolicyConfig, MinEpoch, MIN_EPOCH_KEY, ROLE_KEY};
+use kube_shard::ha::mirror::adopt::{Overrides, PromotionChecks};
 use kube_shard::ha::{self, ops, HaClients, HaConfig, HaMode};
 use kube_shard::oracles::ha_overlap::HaOverlap;
 use kube_shard::token::FENCE_ANNOTATION;
@@ -70,6 +71,12 @@ fn b_cmd(sa: &TestServer, sb: &TestServer) -> (HaConfig, HaClients) {
     )
 }
 
+/// `promote --force --allow-no-mirror`: no mirror runs in these tests.
+fn no_mirror() -> ops::ForceOptions {
+    ops::ForceOptions::new(Duration::from_secs(600))
+        .checks(PromotionChecks::default().overrides(Overrides::none().no_mirror(true)))
+}
+
 #[tokio::test(start_paused = true)]
 async fn ha_promotion_sets_the_minimum_epoch_and_the_old_active_is_refused_below_it() {
     let (sa, sb) = (server().await, server().await);
@@ -91,11 +98,11 @@ async fn ha_promotion_sets_the_minimum_epoch_and_the_old_active_is_refused_below
     a.stop();
     let (cfg, clients) = b_cmd(&sa, &sb);
     let mut lines = Vec::new();
-    let epoch = ops::force_promote(
+    let epoch = ops::force_promote_with(
         &cfg,
         clients,
         ha::handle::tokio_clock(),
-        Duration::from_secs(600),
+        &no_mirror(),
         |l| lines.push(l.to_owned()),
     )
     .await
@@ -175,11 +182,11 @@ async fn ha_promotion_without_the_parameter_reports_it() {
     a.stop();
     let (cfg, clients) = b_cmd(&sa, &sb);
     let mut lines = Vec::new();
-    ops::force_promote(
+    ops::force_promote_with(
         &cfg,
         clients,
         ha::handle::tokio_clock(),
-        Duration::from_secs(600),
+        &no_mirror(),
         |l| lines.push(l.to_owned()),
     )
     .await

@@ -766,17 +766,24 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
     src.delete("gone", &DeleteParams::default()).await.unwrap();
     let uid = kube_system_uid(&a).await;
     let pp = PostParams::default();
-    // the source term's epoch (`config()`); a token from an earlier term is ignored
+    // the source term's epoch (`config()`); a token from an earlier term is ignored. A token covers
+    // every mirrored kind (one lacking a kind is refused)
     let token_at = |e: u64, id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
-        format!("v1;src=a/{uid};e={e};k={WIDGETS}:{rv};id={id}")
+        format!("v1;src=a/{uid};e={e};k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
     let token_for = |id: &str, rv: u64| -> kube_shard::ha::switchover::Token {
-        format!("v1;src=a/{uid};e=2001;k={WIDGETS}:{rv};id={id}")
+        format!("v1;src=a/{uid};e=2001;k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
+    let lacking: kube_shard::ha::switchover::Token =
+        format!("v1;src=a/{uid};e=2001;k={WIDGETS}:1;id=t0")
+            .parse()
+            .unwrap();
+    let e = m.catch_up(&lacking).await.unwrap_err();
+    assert!(e.to_string().contains("missing configmaps"), "{e}");
     for i in 0..20 {
         let c: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap();
@@ -789,7 +796,7 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
         "behind without catch-up"
     );
 
-    assert_eq!(m.catch_up(&token_for("t1", t1)).await.unwrap(), 1);
+    assert_eq!(m.catch_up(&token_for("t1", t1)).await.unwrap(), 2);
     eventually(5, "position at the token", || {
         let p = kind(&m, WIDGETS).position;
         async move { p.is_some_and(|p| p >= t1) }
@@ -1193,5 +1200,67 @@ async fn a_source_recreated_with_an_immutable_field_changed_is_copied_by_delete_
         src.get("imm").await.unwrap().metadata.uid
     );
     assert!(kind(&m, "configmaps").failed.is_empty());
+    m.stop().await;
+}
+
+/// "Synced" means a full LIST was applied, not that a position exists: the position is checkpointed
+/// within a second of the first LIST's arrival, long before its objects are copied. With 200 source
+/// objects and the target's creates slowed, the unplanned promotion check refuses the kind after the
+/// first checkpoint and passes once every listed object is copied.
+#[tokio::test(start_paused = true)]
+async fn a_kind_counts_as_synced_only_once_its_initial_list_is_applied() {
+    use kube_shard::ha::mirror::adopt::{check_target, TargetRefused};
+    use kube_shard_testserver::{Scope, Verb};
+    let (a, b) = pair().await;
+    let pp = PostParams::default();
+    for i in 0..200 {
+        widgets(&a, APPS)
+            .create(&pp, &widget(&format!("w{i:03}"), 1))
+            .await
+            .unwrap();
+    }
+    b.faults().latency(
+        Scope::identity("mirror")
+            .verb(Verb::Create)
+            .resource("widgets"),
+        Some(Duration::from_millis(200)),
+    );
+    let ks: Vec<Kind> = vec![format!("{WIDGETS}/v1").parse().unwrap()];
+    let set = KindSet::builder()
+        .mirrored(ks[0].clone())
+        .build(&ks)
+        .unwrap();
+    let cfg = MirrorConfig::new(ha(), "a", set).epoch(2001);
+    let m = start(&a, &b, cfg.clone()).await;
+    eventually(10, "the first checkpoint", || async {
+        checkpoint(&b, WIDGETS).await.is_some()
+    })
+    .await
+    .unwrap();
+    let copies = || async {
+        widgets(&b, APPS)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+    };
+    let early = copies().await;
+    assert!(early < 200, "{early}");
+    let r = check_target(&cfg, &b.client("check"), true).await;
+    assert!(
+        matches!(&r, Err(TargetRefused::Unsynced { kinds, .. }) if kinds == &[WIDGETS.to_string()]),
+        "with {early} of 200 objects copied: {r:?}"
+    );
+    eventually(120, "synced once the LIST is applied", || async {
+        check_target(&cfg, &b.client("check"), true).await.is_ok()
+    })
+    .await
+    .unwrap();
+    assert_eq!(copies().await, 200);
+    let k = check_target(&cfg, &b.client("check"), true).await.unwrap();
+    let synced = k[0].synced.clone().unwrap();
+    assert_eq!((synced.objects, synced.failed), (200, 0), "{synced:?}");
+    assert!(k[0].position.unwrap() >= synced.list_rv, "{k:?}");
     m.stop().await;
 }

@@ -113,11 +113,16 @@ fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task:
             ns.get("kube-system").await.unwrap().metadata.uid.unwrap()
         );
         let cfg = ha_config("b", 2, HaMode::Standby);
+        record_stand_in(&bc, &cfg).await;
         while !stop.load(Ordering::SeqCst) {
             let l = src.list(&ListParams::default()).await.unwrap();
             for s in l.items {
                 let mut c = secret(s.metadata.name.as_deref().unwrap(), 0);
                 c.data = s.data.clone();
+                c.metadata.labels = Some(BTreeMap::from([(
+                    "kube-shard.io/mirrored-from".to_string(),
+                    "a".to_string(),
+                )]));
                 put(&dst, c).await.unwrap();
             }
             let rv: u64 = l.metadata.resource_version.unwrap().parse().unwrap();
@@ -138,6 +143,37 @@ fn mirror(a: &TestServer, b: &TestServer, stop: Arc<AtomicBool>) -> tokio::task:
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
+}
+
+/// What a mirror records of itself in the checkpoint when it starts, for the stand-in (A's Secrets in
+/// the namespace): the promotion checks read the mirrored kinds there.
+async fn record_stand_in(c: &kube::Client, cfg: &HaConfig) {
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
+    let name = switchover::checkpoint_name(cfg);
+    let text = format!("v1 source=a kinds=secrets/v1 namespaces={CP_NS} own=-");
+    match api.get_opt(&name).await.unwrap() {
+        None => {
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([("mirror".to_string(), text)])),
+                ..ConfigMap::default()
+            };
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        Some(_) => {
+            let patch = serde_json::json!({"data": {"mirror": text}});
+            api.patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        }
+    }
 }
 
 /// The catch-up request `promote --token` left in the checkpoint of the cluster `c` reaches.
@@ -557,11 +593,13 @@ fn witness_builder(
     w: &TestServer,
 ) -> kube_shard::group::ShardGroupBuilder {
     let who = format!("{name}-ha");
+    // no mirror here: without a lag gate, so that only the demoting record keeps B from promoting
     let cfg = HaConfig::builder("widgets")
         .mode(mode)
         .cluster(cluster, rank)
         .namespace(CP_NS)
         .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
+        .auto_promote_without_lag_bound()
         .build()
         .unwrap();
     crate::group::builder(own, name).ha(
@@ -622,7 +660,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
         0,
         "B promoted itself over a demoting Active"
     );
-    // the mirror's position (its stand-in), then the token
+    // the mirror's record and position (its stand-in), then the token
     let cfg_b = HaConfig::builder("widgets")
         .mode(HaMode::Standby)
         .cluster("b", 2)
@@ -630,6 +668,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
         .kubeconfigs(None, Some("/peer".into()), Some("/witness".into()))
         .build()
         .unwrap();
+    record_stand_in(&sb.client("mirror"), &cfg_b).await;
     switchover::write_position(
         &sb.client("mirror"),
         &cfg_b,
@@ -671,11 +710,17 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
 
 /// The real mirror (`kube_shard::ha::mirror`) of A's Secrets into B, as B's operator would run it.
 async fn real_mirror(p: &Pair) -> kube_shard::ha::mirror::Mirror {
+    real_mirror_of(p, &kinds()).await
+}
+
+/// The real mirror of A's objects of `mirrored` into B.
+async fn real_mirror_of(p: &Pair, mirrored: &[Kind]) -> kube_shard::ha::mirror::Mirror {
     use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
-    let set = KindSet::builder()
-        .mirrored(kinds()[0].clone())
+    let set = mirrored
+        .iter()
+        .fold(KindSet::builder(), |b, k| b.mirrored(k.clone()))
         .allow_secrets(true)
-        .build(&kinds())
+        .build(mirrored)
         .unwrap();
     let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
         .namespaces([CP_NS])
@@ -875,8 +920,8 @@ async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refus
 
 /// A forced promotion holds the mirror too: the old Active's operator is stopped but its apiserver still
 /// takes its users' writes; once the new Active takes over, a mirror still copying would put the objects
-/// its users change back to the old Active's newer versions until the mirror duty stops it. With
-/// `ForceOptions::hold_mirror` the mirror holds after arming and before the candidacy.
+/// its users change back to the old Active's newer versions until the mirror duty stops it. The mirror
+/// holds after arming and before the candidacy (`hold: false` plants the bug: no hold).
 async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
     use kube_shard::ha::ops::{force_promote_with, ForceOptions};
     let p = pair_with(false).await;
@@ -888,9 +933,7 @@ async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
     }
     let (cfg_b, clients_b) = cmd("b", 2, &p.sb, &p.sa);
     let mut opts = ForceOptions::new(Duration::from_secs(120));
-    if hold {
-        opts = opts.hold_mirror(Duration::from_secs(10));
-    }
+    opts.planted_no_hold = !hold;
     let mut said = Vec::new();
     force_promote_with(
         &cfg_b,
@@ -945,4 +988,66 @@ async fn ha_forced_promotion_holds_the_mirror_before_the_takeover() {
 async fn ha_forced_promotion_without_the_hold_loses_the_new_actives_edits() {
     let reverted = forced_promotion_then_edits_on_b(false).await;
     assert!(!reverted.is_empty(), "no edit reverted without the hold");
+}
+
+/// A token must cover every kind the Standby's mirror copies: the mirror holds every kind once the
+/// token's kinds caught up, so a kind left out of the token (and of the freeze) keeps taking writes on
+/// the old Active that never reach the new one. The promotion refuses and names the missing kind.
+#[tokio::test(start_paused = true)]
+async fn a_promotion_refuses_a_token_missing_a_mirrored_kind() {
+    let p = pair_with(false).await;
+    let both: Vec<Kind> = vec![
+        "secrets/v1".parse().unwrap(),
+        "configmaps/v1".parse().unwrap(),
+    ];
+    let m = real_mirror_of(&p, &both).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // the demotion covers Secrets only
+    let token = p.demote(&demote_opts()).await.unwrap();
+    // the catch-up request `promote --token` makes: a mirror that accepts it holds every kind
+    let (cfg_b, _) = cmd("b", 2, &p.sb, &p.sa);
+    let cm: Api<ConfigMap> = Api::namespaced(p.sb.client("admin"), &cfg_b.namespace);
+    let patch = serde_json::json!({"data": {switchover::CATCH_UP_KEY: token.to_string()}});
+    cm.patch(
+        &switchover::checkpoint_name(&cfg_b),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let acked = cm
+        .get(&switchover::checkpoint_name(&cfg_b))
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default()
+        .get(switchover::CAUGHT_UP_KEY)
+        .is_some_and(|a| a.starts_with(&token.id));
+    // a write of the other mirrored kind on A after the token: not frozen
+    let late: ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "late"}})).unwrap();
+    Api::<ConfigMap>::namespaced(p.sa.client("writer"), CP_NS)
+        .create(&PostParams::default(), &late)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let r = p.promote(&token, Duration::from_secs(60)).await;
+    let on_b = Api::<ConfigMap>::namespaced(p.sb.client("admin"), CP_NS)
+        .get_opt("late")
+        .await
+        .unwrap()
+        .is_some();
+    let e = r.expect_err(&format!(
+        "promoted with a token lacking configmaps (the write after the token on B: {on_b})"
+    ));
+    eprintln!("[kinds] refused: {e}");
+    assert!(e.to_string().contains("missing configmaps"), "{e}");
+    assert!(
+        !acked,
+        "the mirror caught up to (and held for) a token lacking one of its kinds"
+    );
+    assert_eq!(p.b_admitted(), 0, "nothing changed");
+    m.stop().await;
+    p.kill();
 }

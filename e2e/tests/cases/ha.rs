@@ -86,7 +86,7 @@ impl World {
             Some(w) => Some(w.client_via(links[2].addr()).await),
             None => None,
         };
-        let cfg = HaConfig::builder("widgets")
+        let b = HaConfig::builder("widgets")
             .mode(mode)
             .cluster(id, me as u64 + 1)
             .namespace(&self.ns)
@@ -96,9 +96,14 @@ impl World {
                 None,
                 Some(self.clusters[peer].kubeconfig.clone()),
                 self.clusters.get(2).map(|w| w.kubeconfig.clone()),
-            )
-            .build()
-            .expect("a valid HA config");
+            );
+        // no mirror runs here: the witness promotes without the lag gate, by name
+        let cfg = match self.clusters.get(2) {
+            Some(_) => b.auto_promote_without_lag_bound(),
+            None => b,
+        }
+        .build()
+        .expect("a valid HA config");
         let clients = HaClients::new(own_client, peer_client, witness_client);
         let (handle, control, task) = ha::spawn(
             &cfg,

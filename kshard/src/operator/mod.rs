@@ -136,8 +136,18 @@ pub(crate) struct OperatorArgs {
     /// probe its position passed, every kind) is below this; before the mirror's first confirmation,
     /// never. Needs `--ha-mirror` (the mirror confirms) and `--ha-witness-kubeconfig`. Choose it above
     /// the takeover wait (`lease_duration + grace`) plus the mirror's probe period (10 s).
+    /// With a witness and `--ha-mirror`, the bound defaults to `2 × (lease duration + grace) + 20 s`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires_all = ["ha_mirror", "ha_witness_kubeconfig"])]
     ha_max_auto_promote_lag: Option<Duration>,
+    /// Witness mode without a lag bound: promote automatically whatever the mirror's lag, also with no
+    /// mirror (everything the old Active wrote after the mirror's position is lost, silently). Without
+    /// `--ha-mirror` a witness needs it: nothing else confirms the lag.
+    #[arg(
+        long,
+        requires = "ha_witness_kubeconfig",
+        conflicts_with = "ha_max_auto_promote_lag"
+    )]
+    ha_auto_promote_without_lag_bound: bool,
     /// Failback: delete objects only this cluster holds (divergent) once seen for this long.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     ha_prune_grace: Duration,
@@ -188,6 +198,11 @@ async fn ha_setup(
     } else {
         ha
     };
+    let ha = if args.ha_auto_promote_without_lag_bound {
+        ha.auto_promote_without_lag_bound()
+    } else {
+        ha
+    };
     let ha = ha
         // the pod's namespace (downward API, else the service account's), else the group's namespace
         .pod_namespace(
@@ -216,6 +231,11 @@ async fn ha_setup(
         return Err(CliError::Usage(
             "HA: --ha-rank is required with --ha-mode: give the two clusters different ranks (say 1 and 2)"
                 .into(),
+        ));
+    }
+    if ha.has_witness() && !args.ha_mirror && !args.ha_auto_promote_without_lag_bound {
+        return Err(CliError::Usage(
+            "HA: with a witness, automatic promotion waits for the mirror's lag to be confirmed below a bound: give --ha-mirror (the mirror confirms it), or --ha-auto-promote-without-lag-bound to promote whatever the lag".into(),
         ));
     }
     let peer = client_from(ha.remote_kubeconfig.as_deref()).await?;

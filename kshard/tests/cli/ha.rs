@@ -155,6 +155,24 @@ fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
         "30s",
     ];
     args.extend(TIMINGS);
+    // b holds a Widget that is not a copy, and no mirror ever ran on b (no checkpoint): the runbook's
+    // command, without `--kind`, is refused and changes nothing
+    install_widget_crd(&rt, &b);
+    let wb = widget_api(&rt, &b);
+    until(std::time::Duration::from_secs(10), "the CRD served", || {
+        rt.block_on(wb.create(&Default::default(), &widget("mine")))
+            .is_ok()
+    });
+    let out = ha(&args, &b, &a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allow-no-mirror"),
+        "promoted a Standby with no mirror and an object it did not copy: {}{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(status(&b, &a)["active"], "a", "nothing was written");
+    rt.block_on(wb.delete("mine", &Default::default())).unwrap();
+    args.push("--allow-no-mirror");
     let t = std::time::Instant::now();
     let out = ha(&args, &b, &a);
     let took = t.elapsed();
@@ -168,6 +186,7 @@ fn ha_status_shows_both_sides_and_promote_force_takes_over_a_stopped_active() {
         stdout.contains("promoted: b is Active at epoch 2002"),
         "{stdout}"
     );
+    assert!(stdout.contains("override: --allow-no-mirror"), "{stdout}");
     // armed after the full wait (max(3 s, 2 s + 0.5 s) + 0.5 s) from the command's start, not sooner
     assert!(took >= std::time::Duration::from_millis(3_500), "{took:?}");
     let st = status(&b, &a);
@@ -244,6 +263,39 @@ fn ha_operator_with(own: &Path, peer: &Path, who: [&str; 4], extra: &[&str]) -> 
     Running(child)
 }
 
+/// The demo's Widget CRD on `kc`'s cluster (what `kshard operator --install-crd` installs).
+fn install_widget_crd(rt: &tokio::runtime::Runtime, kc: &Path) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.kube-shard.io"},
+        "spec": {
+            "group": "example.kube-shard.io",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap();
+    let api: Api<CustomResourceDefinition> = Api::all(rt.block_on(client(kc)));
+    rt.block_on(api.create(&PostParams::default(), &crd))
+        .unwrap();
+}
+
+/// A Widget named `name` (size 3).
+fn widget(name: &str) -> kube::api::DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.kube-shard.io/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"size": 3}
+    }))
+    .unwrap()
+}
+
 fn widget_api(rt: &tokio::runtime::Runtime, kc: &Path) -> Api<kube::api::DynamicObject> {
     let ar = kube::api::ApiResource {
         group: "example.kube-shard.io".into(),
@@ -300,6 +352,13 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
     let with_mirror = [&lag[..], &["--ha-mirror", "--ha-peer-cluster-id", "b"]].concat();
     let err = refused("active", &with_mirror);
     assert!(err.contains("--ha-witness-kubeconfig"), "{err}");
+    // a witness without the mirror never sees the lag confirmed: refused unless unbounded by name
+    let witness = ["--ha-witness-kubeconfig", b.to_str().unwrap()];
+    let err = refused("standby", &witness);
+    assert!(err.contains("--ha-auto-promote-without-lag-bound"), "{err}");
+    let both = [&witness[..], &lag, &["--ha-auto-promote-without-lag-bound"]].concat();
+    let err = refused("standby", &both);
+    assert!(err.contains("--ha-max-auto-promote-lag"), "{err}");
     // the rank is required in an HA mode: a default shared by both sides makes equal epochs
     let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .arg("operator")
@@ -359,6 +418,11 @@ fn ha_operator_flags_make_one_cluster_active_and_the_other_reconcile_nothing() {
 /// Write the mirror's position for `kind` from `source` into the checkpoint on `kc`'s cluster (the mirror
 /// is not built yet: the test stands in for it).
 fn write_position(rt: &tokio::runtime::Runtime, kc: &Path, kind: &str, source: &str, rv: u64) {
+    write_entry(rt, kc, kind, &format!("v1 source={source} rv={rv}"));
+}
+
+/// Set `key` to `value` in the checkpoint on `kc`'s cluster.
+fn write_entry(rt: &tokio::runtime::Runtime, kc: &Path, key: &str, value: &str) {
     use k8s_openapi::api::core::v1::ConfigMap;
     let api: Api<ConfigMap> = Api::namespaced(rt.block_on(client(kc)), "default");
     let cm = ConfigMap {
@@ -366,10 +430,7 @@ fn write_position(rt: &tokio::runtime::Runtime, kc: &Path, kind: &str, source: &
             name: Some("widgets-ha-mirror".into()),
             ..ObjectMeta::default()
         },
-        data: Some(BTreeMap::from([(
-            kind.to_string(),
-            format!("v1 source={source} rv={rv}"),
-        )])),
+        data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
         ..ConfigMap::default()
     };
     rt.block_on(async {
@@ -387,6 +448,17 @@ fn write_position(rt: &tokio::runtime::Runtime, kc: &Path, kind: &str, source: &
             }
         }
     });
+}
+
+/// What a mirror of Widgets from `source` records of itself in the checkpoint on `kc`'s cluster when it
+/// starts (the stand-in's): the promotion checks read the mirrored kinds there.
+fn write_record(rt: &tokio::runtime::Runtime, kc: &Path, source: &str) {
+    write_entry(
+        rt,
+        kc,
+        "mirror",
+        &format!("v1 source={source} kinds={KIND} namespaces=* own=-"),
+    );
 }
 
 /// The stand-in mirror's acknowledgement of catch-up requests: while it lives, every request
@@ -486,6 +558,10 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
             }
         },
     );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let demote = [
         "demote",
         "--kind",
@@ -495,7 +571,39 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
         "--drain-timeout",
         "30s",
     ];
+    // no mirror recorded on b: the demotion is refused before anything is written
     let out = ha_as(&demote, &a, &b, "a", "1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allow-no-mirror"),
+        "{err}"
+    );
+    // the mirror (stand-in) records itself on b: a `--kind` that differs is refused, naming the kinds
+    write_record(&rt, &b, "a");
+    let out = ha_as(
+        &["demote", "--kind", "configmaps/v1", "--group", "widgets"],
+        &a,
+        &b,
+        "a",
+        "1",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("missing widgets.example.kube-shard.io")
+            && err.contains("not mirrored here: configmaps"),
+        "{err}"
+    );
+    let st = status(&b, &a);
+    assert_eq!(st["active"], "a", "nothing was written: {st}");
+    // without `--kind`, the kinds are the mirror's
+    let out = ha_as(
+        &["demote", "--group", "widgets", "--drain-timeout", "30s"],
+        &a,
+        &b,
+        "a",
+        "1",
+    );
     let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(
         out.status.success(),
@@ -524,10 +632,6 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
         .next()
         .unwrap()
         .parse()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
         .unwrap();
     write_position(&rt, &b, "widgets.example.kube-shard.io", source, krv);
     let _ack_b = acknowledger(&b);
@@ -578,6 +682,7 @@ fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {
                 .unwrap()
         )
     };
+    write_record(&rt, &a, "b");
     write_position(
         &rt,
         &a,
@@ -707,7 +812,8 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
         "{text}"
     );
 
-    // a dies; b holds a Widget it did not mirror: not a promotion target
+    // a dies; b holds a Widget it did not mirror: not a promotion target. The runbook's command, no
+    // `--kind`: the checks read the mirrored kinds from b's checkpoint
     drop(oa);
     rt.block_on(wb.create(&Default::default(), &w("mine")))
         .unwrap();
@@ -717,28 +823,43 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
         "--old-active-stopped",
         "--timeout",
         "30s",
-        "--kind",
-        WIDGET_KIND,
-        "--peer-cluster-id",
-        "a",
     ];
     args.extend(TIMINGS);
     let out = ha(&args, &b, &a);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("not promoted") && err.contains("mine"),
+        !out.status.success()
+            && err.contains("not promoted")
+            && err.contains("mine")
+            && err.contains("--allow-divergent"),
         "{err}"
     );
     assert_eq!(mirror_status(&b, &a)["active"], "a", "nothing was written");
+    // a `--kind` that is not the mirror's is refused, naming the difference
+    let mut other = args.clone();
+    other.extend(["--kind", "configmaps/v1"]);
+    let out = ha(&other, &b, &a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("missing widgets.example.kube-shard.io")
+            && err.contains("--allow-kind-mismatch"),
+        "{err}"
+    );
 
     rt.block_on(wb.delete("mine", &Default::default())).unwrap();
+    args.extend(["--kind", WIDGET_KIND, "--peer-cluster-id", "a"]);
     let out = ha(&args, &b, &a);
     let (stdout, err) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}{err}");
-    assert!(err.contains("mirrored up to resourceVersion"), "{err}");
+    assert!(
+        err.contains("mirrored up to resourceVersion") && err.contains("full LIST of"),
+        "{err}"
+    );
+    assert!(!stdout.contains("override"), "{stdout}");
     // b's operator's mirror held before the candidacy (the duty then stops it)
     assert!(err.contains("the mirror holds"), "{err}");
     // b's operator adopts (its duty) and then reconciles the adopted Widget

@@ -23,12 +23,15 @@ use crate::ha::switchover::{
 };
 use crate::ha::HaConfig;
 
-/// Per mirrored kind, the token's version; a token from another source is refused.
+/// Per mirrored kind, the token's version. A token from another source is refused, and so is one
+/// whose kinds are not the mirror's: the mirror holds every kind once the token's caught up, so a kind
+/// the token lacks would keep taking writes on the old Active that never reach this cluster.
 pub(super) fn targets(
     token: &Token,
     source: &SourceId,
     kinds: impl Iterator<Item = String>,
 ) -> Result<Vec<(String, u64)>, MirrorError> {
+    let kinds: std::collections::BTreeSet<String> = kinds.collect();
     if token.cluster != source.cluster || token.uid != source.uid {
         return Err(MirrorError::Kind(
             "token".into(),
@@ -39,9 +42,14 @@ pub(super) fn targets(
             ),
         ));
     }
-    Ok(kinds
-        .filter_map(|k| token.kinds.get(&k).map(|rv| (k, *rv)))
-        .collect())
+    let theirs = token.kinds.keys().cloned().collect();
+    if let Some(d) = super::checkpoint::kind_diff(&kinds, &theirs) {
+        return Err(MirrorError::Kind(
+            "token".into(),
+            format!("its kinds are not the mirror's ({d}): refused"),
+        ));
+    }
+    Ok(token.kinds.iter().map(|(k, rv)| (k.clone(), *rv)).collect())
 }
 
 /// A catch-up request to one kind's task: the token's version, and (from the poller) where to say that
@@ -274,15 +282,39 @@ mod tests {
     }
 
     #[test]
+    fn a_token_lacking_a_mirrored_kind_or_covering_another_is_refused() {
+        let s = SourceId {
+            cluster: "a".into(),
+            uid: "u".into(),
+            resource: String::new(),
+        };
+        let three = ["widgets.example.com", "configmaps", "secrets"].map(String::from);
+        let e = targets(&token("a", "u"), &s, three.into_iter()).unwrap_err();
+        assert!(e.to_string().contains("missing secrets"), "{e}");
+        let one = ["widgets.example.com".to_string()];
+        let e = targets(&token("a", "u"), &s, one.into_iter()).unwrap_err();
+        assert!(
+            e.to_string().contains("not mirrored here: configmaps"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn targets_only_from_the_mirrors_source() {
         let s = SourceId {
             cluster: "a".into(),
             uid: "u".into(),
             resource: String::new(),
         };
-        let kinds = || ["widgets.example.com".to_string(), "secrets".to_string()].into_iter();
+        let kinds = || ["widgets.example.com".to_string(), "configmaps".to_string()].into_iter();
         let t = targets(&token("a", "u"), &s, kinds()).unwrap();
-        assert_eq!(t, vec![("widgets.example.com".to_string(), 500)]);
+        assert_eq!(
+            t,
+            vec![
+                ("configmaps".to_string(), 900),
+                ("widgets.example.com".to_string(), 500)
+            ]
+        );
         assert!(targets(&token("a", "other"), &s, kinds()).is_err());
         assert!(targets(&token("b", "u"), &s, kinds()).is_err());
         assert_eq!(token("a", "u").epoch, Epoch::from_wire(1001).unwrap());

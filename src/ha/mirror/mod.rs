@@ -32,6 +32,7 @@
 //! version set, `served` flag, schema or subresources refuses to start.
 
 pub mod adopt;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod kinds;
@@ -155,6 +156,29 @@ async fn source_epoch(cfg: &MirrorConfig, source: &Client) -> u64 {
     }
 }
 
+/// Record the mirror of `cfg` (its source, kinds and scope) in the checkpoint on `target`, where the
+/// promotion checks read it, and drop the initial-LIST records of the kinds not in `synced` (another
+/// incarnation's, or a run that never finished its LIST): they list again.
+async fn record_mirror(
+    target: &Client,
+    cfg: &MirrorConfig,
+    kinds: &[Kind],
+    synced: &[String],
+) -> Result<(), MirrorError> {
+    let text = checkpoint::MirrorRecord::of(cfg).to_string();
+    let r = super::switchover::edit_checkpoint(target, &cfg.ha, |d| {
+        d.insert(checkpoint::MIRROR_KEY.to_string(), text.clone());
+        for k in kinds.iter().map(Kind::key).filter(|k| !synced.contains(k)) {
+            checkpoint::drop_synced(d, &k);
+        }
+    })
+    .await;
+    r.map_err(|e| match e {
+        super::switchover::SwitchError::Api { what, source } => MirrorError::Api { what, source },
+        other => MirrorError::Kind("checkpoint".into(), other.to_string()),
+    })
+}
+
 impl Mirror {
     /// Start mirroring every mirrored kind of `cfg` from `source` (the Active) into `target` (this
     /// Standby), resuming each kind from its checkpoint when the checkpoint is from this source.
@@ -192,6 +216,16 @@ impl Mirror {
             schema::check(&source, &target, k).await?;
             plan.push((k.clone(), ar, caps));
         }
+        let this_source = format!("{}/{uid}", cfg.source_cluster);
+        let recorded: Vec<String> = kinds
+            .iter()
+            .map(Kind::key)
+            .filter(|k| {
+                position(&cp, k, &this_source).is_some()
+                    && checkpoint::synced(&cp, k).is_some_and(|s| s.source == this_source)
+            })
+            .collect();
+        record_mirror(&target, &cfg, &kinds, &recorded).await?;
         let shared: Shared = Arc::new(Mutex::new(BTreeMap::new()));
         let hold = hold::Hold::default();
         let (stop, _) = watch::channel(false);
@@ -225,7 +259,8 @@ impl Mirror {
                 resource: k.key(),
             };
             let from = position(&cp, &k.key(), &sid.cluster_source());
-            info!(kind = %k, from = ?from, "mirror: starting");
+            let synced = recorded.contains(&k.key());
+            info!(kind = %k, from = ?from, synced, "mirror: starting");
             let sides = Sides {
                 ar: ar.clone(),
                 namespaced: caps.scope == Scope::Namespaced,
@@ -236,10 +271,12 @@ impl Mirror {
             };
             let (tx, rx) = mpsc::channel(1024);
             let api: Api<DynamicObject> = Api::all_with(source.clone(), &ar);
+            // a kind without a completed initial LIST recorded lists first (its position, if any,
+            // still holds the watermark: it never goes back)
             m.sources.push(tokio::spawn(source::run(
                 api,
                 k.key(),
-                from,
+                from.filter(|_| synced),
                 cfg.watch_timeout_secs,
                 tx,
             )));
@@ -247,6 +284,7 @@ impl Mirror {
                 kind: k.key(),
                 position: from,
                 checkpointed: from,
+                synced: checkpoint::synced(&cp, &k.key()).filter(|_| synced),
                 ..KindStatus::default()
             };
             let t = KindTask {
@@ -265,6 +303,11 @@ impl Mirror {
                 suspects: Default::default(),
                 hold: hold.clone(),
                 waiting: Vec::new(),
+                initial: if synced {
+                    task::Initial::Recorded
+                } else {
+                    task::Initial::Awaited
+                },
             };
             let (ctx, crx) = mpsc::channel(8);
             m.catchup.insert(t.kind.key(), ctx);
@@ -286,8 +329,8 @@ impl Mirror {
 
     /// Catch up to a demotion token: each kind of the token takes one consistent LIST at the token's
     /// version (`NotOlderThan`) and applies it as a diff; the positions then reach the token without
-    /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source
-    /// is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
+    /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source,
+    /// or whose kinds are not the mirror's, is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
     pub async fn catch_up(&self, token: &Token) -> Result<usize, MirrorError> {
         catchup::send(token, &self.source, &self.catchup, None).await
     }

@@ -192,6 +192,20 @@ impl RetryQueue {
         self.entries.values().map(|e| e.oldest).min()
     }
 
+    /// Whether every change at or below `rv` was applied or put on the failed list: `Some(n)` with `n`
+    /// of them failed, `None` while one is still queued, in flight or retrying.
+    #[must_use]
+    pub fn settled_through(&self, rv: u64) -> Option<usize> {
+        let mut failed = 0;
+        for e in self.entries.values().filter(|e| e.oldest <= rv) {
+            match e.state {
+                State::Failed { .. } => failed += 1,
+                _ => return None,
+            }
+        }
+        Some(failed)
+    }
+
     /// The failed (poison) objects.
     #[must_use]
     pub fn failed(&self) -> Vec<Failed> {
@@ -289,6 +303,30 @@ mod tests {
         assert!(q.failed().is_empty());
         assert_eq!(q.pop(now), Some(k("y")));
         assert_eq!(q.oldest_pending(), Some(100));
+    }
+
+    #[test]
+    fn a_list_is_settled_once_its_changes_are_applied_or_failed() {
+        let t = Duration::ZERO;
+        let mut q = RetryQueue::new(Backoff::default());
+        assert_eq!(q.settled_through(100), Some(0), "nothing pending");
+        for (n, rv) in [("a", 50), ("b", 60), ("c", 120)] {
+            q.push(k(n), rv, t);
+        }
+        assert_eq!(q.settled_through(100), None);
+        let a = q.pop(t).unwrap();
+        q.push(k("a"), 150, t); // changed during the flight, above the LIST
+        q.done(&a, t + Duration::from_secs(1));
+        assert_eq!(q.settled_through(100), None, "b is still queued");
+        let b = q.pop(t).unwrap();
+        assert_eq!(b, k("b"));
+        assert_eq!(q.settled_through(100), None, "b is in flight");
+        q.fail(&b, "poison");
+        assert_eq!(
+            q.settled_through(100),
+            Some(1),
+            "a's pending change and c are above the LIST"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::checkpoint::Synced;
 use super::queue::Failed;
 
 /// One mirrored kind's state.
@@ -38,6 +39,8 @@ pub struct KindStatus {
     pub out_of_scope: usize,
     /// Why the kind stopped (an unparseable version, a regression).
     pub stopped: Option<String>,
+    /// The initial full LIST this run applied (`None`: not yet, or it was recorded before this run).
+    pub synced: Option<Synced>,
 }
 
 impl KindStatus {

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::apply::{apply, Outcome, Sides};
 use super::catchup::CatchUp;
+use super::checkpoint::{position_text, put_synced, Synced};
 use super::config::MirrorConfig;
 use super::error::MirrorError;
 use super::hold::Hold;
@@ -23,7 +24,7 @@ use super::rv::{check_regression, parse_rv};
 use super::source::Delivery;
 use super::status::KindStatus;
 use super::watermark::Watermark;
-use crate::ha::switchover::{write_position, Kind};
+use crate::ha::switchover::{edit_checkpoint, Kind};
 use crate::ha::{HaControl, LocalClock};
 
 pub(super) type Shared = Arc<Mutex<std::collections::BTreeMap<String, KindStatus>>>;
@@ -47,6 +48,21 @@ pub(super) struct KindTask {
     pub(super) hold: Hold,
     /// Catch-ups to acknowledge once applied: the catch-up LIST's version, and where to say so.
     pub(super) waiting: Vec<(u64, tokio::sync::oneshot::Sender<usize>)>,
+    /// The kind's initial full LIST, until its completion is recorded in the checkpoint.
+    pub(super) initial: Initial,
+}
+
+/// A kind's initial full LIST (what "synced" means: [`super::checkpoint`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Initial {
+    /// Recorded in the checkpoint (at start, from this source's incarnation, or since).
+    Recorded,
+    /// No full LIST delivered yet.
+    Awaited,
+    /// The LIST at `rv`, with `objects` in scope, is being applied.
+    Listed { rv: u64, objects: usize },
+    /// Applied: recorded with the next checkpoint.
+    Applied(Synced),
 }
 
 /// In the configured namespaces, and not kube-shard's own.
@@ -136,6 +152,7 @@ impl KindTask {
                 self.status.lists += 1;
                 self.status.last_list = Some((now, items.len()));
                 let mut seen = BTreeSet::new();
+                let mut objects = 0;
                 for o in &items {
                     let k = key_of(o);
                     seen.insert(k.clone());
@@ -145,10 +162,14 @@ impl KindTask {
                             "a listed object",
                         )?;
                         self.queue.push(k, orv, now);
+                        objects += 1;
                     }
                 }
                 self.diff_copies(&seen, rv, now).await;
                 self.wm.delivered(rv);
+                if self.initial == Initial::Awaited {
+                    self.initial = Initial::Listed { rv, objects };
+                }
             }
             Delivery::Changed(o, v) | Delivery::Deleted(o, v) => {
                 if self.in_scope(&o) {
@@ -353,6 +374,7 @@ impl KindTask {
         self.status.confirmed_at = self.conf.confirmed();
         self.publish();
         self.settle_catch_ups(pos);
+        self.settle_initial();
         if self.conf.confirmed() != before {
             self.report_lag().await;
         }
@@ -379,24 +401,49 @@ impl KindTask {
         }
     }
 
+    /// The initial LIST is applied once every change at or below its version was applied or put on
+    /// the failed list (the watermark then passes it, unless objects failed: the record counts them).
+    fn settle_initial(&mut self) {
+        let Initial::Listed { rv, objects } = self.initial else {
+            return;
+        };
+        let Some(failed) = self.queue.settled_through(rv) else {
+            return;
+        };
+        let at = format!("{:.0}", k8s_openapi::jiff::Timestamp::now());
+        info!(kind = %self.kind, list_rv = rv, objects, failed, "mirror: the initial LIST is applied (synced)");
+        let s = Synced::new(self.ctx.source.cluster_source(), rv, objects, failed, at);
+        self.status.synced = Some(s.clone());
+        self.initial = Initial::Applied(s);
+    }
+
+    /// Write an advanced position, and with it the initial LIST's completion once applied.
     async fn checkpoint(&mut self) {
         let Some(pos) = self.wm.position() else {
             return;
         };
-        if self.status.checkpointed.is_some_and(|c| c >= pos) {
+        let synced = match &self.initial {
+            Initial::Applied(s) => Some(s.clone()),
+            _ => None,
+        };
+        if synced.is_none() && self.status.checkpointed.is_some_and(|c| c >= pos) {
             return;
         }
-        let src = self.ctx.source.cluster_source();
-        match write_position(
-            &self.sides.target,
-            &self.cfg.ha,
-            &self.kind.key(),
-            &src,
-            pos,
-        )
-        .await
-        {
-            Ok(()) => self.status.checkpointed = Some(pos),
+        let (src, key) = (self.ctx.source.cluster_source(), self.kind.key());
+        let r = edit_checkpoint(&self.sides.target, &self.cfg.ha, |d| {
+            d.insert(key.clone(), position_text(&src, pos));
+            if let Some(s) = &synced {
+                put_synced(d, &key, s);
+            }
+        })
+        .await;
+        match r {
+            Ok(()) => {
+                self.status.checkpointed = Some(pos);
+                if synced.is_some() {
+                    self.initial = Initial::Recorded;
+                }
+            }
             Err(e) => warn!(kind = %self.kind, error = %e, "mirror: checkpoint write failed"),
         }
     }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use kube::api::ListParams;
 use kube::Api;
-use kube_shard::ha::mirror::adopt::{Failback, FailbackOptions};
+use kube_shard::ha::mirror::adopt::{Failback, FailbackOptions, PromotionChecks};
 use kube_shard::ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+use kube_shard::ha::ops::ForceOptions;
 use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
 use kube_shard::ha::{Epoch, HaClients, HaMode, LocalClock};
 use kube_shard_testserver::Scope;
@@ -65,7 +66,7 @@ pub(crate) async fn start_mirror(
     .await
     .map_err(|e| failed("starting the mirror")(e.to_string()))?;
     let t0 = Instant::now();
-    while m.kind(&kind().key()).and_then(|k| k.position).is_none() {
+    while m.kind(&kind().key()).and_then(|k| k.synced).is_none() {
         if t0.elapsed() > Duration::from_secs(30) {
             return Err(CliError::failed(
                 "the mirror did not complete its first LIST in 30 s",
@@ -108,7 +109,7 @@ pub(crate) async fn switchover(
         clients,
         clock,
         &token,
-        &PromoteOptions::new(Duration::from_secs(60)).mirror(mirror_config(to, from, ns)?),
+        &PromoteOptions::new(Duration::from_secs(60)).checks(cross_checks(from, ns)),
         |l| tracing::info!("promote {}: {l}", to.id),
     )
     .await
@@ -153,11 +154,24 @@ pub(crate) async fn force_promote(
     let who = format!("{}-cmd", standby.id);
     let cfg = ha_config(standby.id, standby.rank, HaMode::Standby, ns)?;
     let clients = HaClients::new(standby.client(&who), old.client(&who), None);
-    kube_shard::ha::ops::force_promote(&cfg, clients, clock, Duration::from_secs(60), |l| {
+    // the demo stops the mirror beside the promotion: a short wait for its hold acknowledgement
+    let opts = ForceOptions::new(Duration::from_secs(60))
+        .hold_mirror(Duration::from_secs(2))
+        .checks(cross_checks(old, ns));
+    kube_shard::ha::ops::force_promote_with(&cfg, clients, clock, &opts, |l| {
         tracing::info!("promote --force {}: {l}", standby.id);
     })
     .await
     .map_err(|e| failed("promote --force")(e.to_string()))
+}
+
+/// What the demo's commands name of the promoting cluster's mirror (the checks read the mirror from
+/// its checkpoint and compare): the Widgets of `ns` from `source`.
+fn cross_checks(source: &Cluster, ns: &str) -> PromotionChecks {
+    PromotionChecks::default()
+        .kinds(vec![kind()])
+        .source(Some(source.id.to_owned()))
+        .namespaces(vec![ns.to_owned()])
 }
 
 /// The new Active's Widgets: name → `spec.size`. A Terminating Widget counts as deleted (on a cluster

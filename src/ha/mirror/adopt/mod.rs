@@ -12,6 +12,8 @@
 //!   in the background.
 //! - `duty`: [`MirrorDuty`], what an HA operator process runs: the mirror while the peer is Active
 //!   (after failback if this cluster was Active), adoption at each new epoch, nothing while Active.
+//! - `checks`: [`check_promotion`], the checks every promotion path runs, with the mirror read from
+//!   the Standby's checkpoint, and their [`Overrides`].
 //! - `failback`: [`Failback`] (the old Active's pairing pass, the prune grace, `keep_divergent`) and
 //!   [`divergent_objects`] / [`promotable`]: a Standby with divergent objects is not a valid promotion
 //!   target.
@@ -21,6 +23,7 @@
 pub mod pairing;
 pub mod plan;
 
+mod checks;
 mod duty;
 mod failback;
 mod io;
@@ -32,6 +35,7 @@ mod tests;
 
 use std::time::Duration;
 
+pub use checks::{check_promotion, Checked, Overrides, PromotionChecks, PromotionPath};
 pub use duty::{DutyStatus, MirrorDuty, WAS_ACTIVE_KEY};
 pub use failback::{
     divergent_objects, promotable, Failback, FailbackOptions, FailbackReport, NotPromotable,

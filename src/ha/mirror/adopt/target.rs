@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
+use super::super::checkpoint::{position_entry, synced_from, KindDiff, Synced};
 use super::super::error::{api_err, MirrorError};
 use super::super::rv::parse_rv;
 use super::super::task::in_scope;
@@ -22,8 +23,31 @@ use crate::ha::switchover::checkpoint_name;
 pub struct KindPosition {
     /// `<plural>.<group>`.
     pub kind: String,
-    /// The position checkpointed from the peer (`None`: no full LIST from it completed).
+    /// The position checkpointed from the peer (`None`: none from it).
     pub position: Option<u64>,
+    /// The completed initial LIST from the peer, of the position's incarnation (`None`: not synced).
+    pub synced: Option<Synced>,
+}
+
+impl KindPosition {
+    /// What an unplanned promotion loses of this kind, from peer `peer` (one line).
+    #[must_use]
+    pub fn loss(&self, peer: &str) -> String {
+        match (&self.synced, self.position) {
+            (Some(s), Some(p)) => format!(
+                "{}: mirrored up to resourceVersion {p} of {peer} (full LIST of {} object(s) applied at {}, {} failed); writes after it are lost",
+                self.kind, s.objects, s.at, s.failed
+            ),
+            (None, Some(p)) => format!(
+                "{}: NOT SYNCED from {peer} (no completed full LIST recorded; position {p}): objects not copied yet are lost",
+                self.kind
+            ),
+            (_, None) => format!(
+                "{}: never mirrored from {peer}: every object of it is lost",
+                self.kind
+            ),
+        }
+    }
 }
 
 /// Why a cluster is not a valid promotion target.
@@ -31,10 +55,45 @@ pub struct KindPosition {
 #[non_exhaustive]
 pub enum TargetRefused {
     /// It holds divergent objects.
-    #[error(transparent)]
+    #[error(
+        "{0} (`--allow-divergent` to promote anyway: they become live objects of the new Active)"
+    )]
     Divergent(#[from] NotPromotable),
+    /// No mirror ever ran here: its checkpoint records none.
+    #[error("no mirror ever ran on this cluster: its checkpoint {checkpoint} records no mirrored kinds, so nothing shows what it holds of the peer's objects; run the mirror (the operator's `--ha-mirror`) until it has synced, or `--allow-no-mirror` to promote anyway (every object the peer holds may be lost)")]
+    NoMirror {
+        /// `<namespace>/<name>` of the checkpoint ConfigMap.
+        checkpoint: String,
+    },
+    /// The checkpoint's mirror record does not decode.
+    #[error("{0}: refused (the mirror rewrites it when it starts)")]
+    BadRecord(String),
+    /// The command or the token names another source than the mirror copies from.
+    #[error("this cluster's mirror copies from {recorded}, but {what} names {given}")]
+    Source {
+        /// What names it (`--peer-cluster-id`, the token).
+        what: String,
+        /// The source named.
+        given: String,
+        /// The mirror's source.
+        recorded: String,
+    },
+    /// The token's kinds are not the kinds the mirror copies.
+    #[error("the token's kinds are not the kinds this cluster's mirror copies ({0}): a mirrored kind left out of the token is neither frozen nor caught up, and its writes after the token never reach this cluster; cancel the demotion (`kshard ha demote --cancel`) and demote again without `--kind` (the kinds are read from the Standby's checkpoint)")]
+    TokenKinds(KindDiff),
+    /// `--kind` names other kinds than the mirror copies.
+    #[error("--kind is not the set of kinds this cluster's mirror copies, per its checkpoint ({0}) (`--allow-kind-mismatch` to go on with the checkpoint's kinds)")]
+    KindMismatch(KindDiff),
+    /// `--mirror-namespace` names another scope than the mirror's.
+    #[error("--mirror-namespace {given} is not this cluster's mirror's scope, per its checkpoint ({recorded}) (`--allow-kind-mismatch` to go on with the checkpoint's scope)")]
+    ScopeMismatch {
+        /// The scope named.
+        given: String,
+        /// The mirror's scope.
+        recorded: String,
+    },
     /// A mirrored kind never synced from the peer.
-    #[error("mirrored kind(s) {kinds:?} never completed a full LIST from {peer}: promoting would lose every object of them (`--allow-unsynced` to promote anyway)")]
+    #[error("mirrored kind(s) {kinds:?} have no record of a completed full LIST from {peer} (never mirrored, the initial LIST not applied yet, or a checkpoint written before such records existed: the mirror lists again at its next start): promoting would lose every object not copied yet (`--allow-unsynced` to promote anyway)")]
     Unsynced {
         /// The peer (the mirror's source).
         peer: String,
@@ -48,49 +107,58 @@ pub enum TargetRefused {
 
 /// The position of `kind` in checkpoint `data` from any incarnation of cluster `source_cluster`.
 fn position_from(data: &BTreeMap<String, String>, kind: &str, source_cluster: &str) -> Option<u64> {
-    let rest = data.get(kind)?.strip_prefix("v1 source=")?;
-    let (src, rv) = rest.split_once(" rv=")?;
+    let (src, rv) = position_entry(data, kind)?;
     let (cluster, _uid) = src.split_once('/')?;
-    (cluster == source_cluster)
-        .then(|| rv.parse().ok())
-        .flatten()
+    (cluster == source_cluster).then_some(rv)
+}
+
+/// Every mirrored kind of `cfg` as checkpoint `cp` records it (pure).
+pub(super) fn positions(cfg: &MirrorConfig, cp: &BTreeMap<String, String>) -> Vec<KindPosition> {
+    cfg.kinds
+        .mirrored()
+        .map(|k| KindPosition {
+            kind: k.key(),
+            position: position_from(cp, &k.key(), &cfg.source_cluster),
+            synced: synced_from(cp, &k.key(), &cfg.source_cluster),
+        })
+        .collect()
+}
+
+/// The kinds of `kinds` without a completed initial LIST, refused unless allowed.
+pub(super) fn require_synced(
+    cfg: &MirrorConfig,
+    kinds: &[KindPosition],
+) -> Result<(), TargetRefused> {
+    let unsynced: Vec<String> = kinds
+        .iter()
+        .filter(|k| k.synced.is_none())
+        .map(|k| k.kind.clone())
+        .collect();
+    if unsynced.is_empty() {
+        return Ok(());
+    }
+    Err(TargetRefused::Unsynced {
+        peer: cfg.source_cluster.clone(),
+        kinds: unsynced,
+    })
 }
 
 /// Check `local` (the Standby of `cfg`, whose source is the peer) before a promotion: refuse
-/// divergent objects; with `require_synced`, refuse a kind without a checkpointed position from the
-/// peer. Returns every kind's position (to report what an unplanned promotion may lose).
+/// divergent objects; with `require_synced`, refuse a kind whose initial full LIST from the peer is
+/// not recorded as applied (a position alone is not enough). Returns every kind's position (to report
+/// what an unplanned promotion may lose). The commands run [`super::check_promotion`], which reads
+/// `cfg` from the checkpoint.
 #[tracing::instrument(skip_all, fields(peer = %cfg.source_cluster))]
 pub async fn check_target(
     cfg: &MirrorConfig,
     local: &Client,
-    require_synced: bool,
+    require_synced_kinds: bool,
 ) -> Result<Vec<KindPosition>, TargetRefused> {
     promotable(&divergent_objects(cfg, local).await?)?;
-    let api: Api<ConfigMap> = Api::namespaced(local.clone(), &cfg.ha.namespace);
-    let cp = api
-        .get_opt(&checkpoint_name(&cfg.ha))
-        .await
-        .map_err(api_err("reading the checkpoint"))?
-        .and_then(|c| c.data)
-        .unwrap_or_default();
-    let kinds: Vec<KindPosition> = cfg
-        .kinds
-        .mirrored()
-        .map(|k| KindPosition {
-            kind: k.key(),
-            position: position_from(&cp, &k.key(), &cfg.source_cluster),
-        })
-        .collect();
-    let unsynced: Vec<String> = kinds
-        .iter()
-        .filter(|k| k.position.is_none())
-        .map(|k| k.kind.clone())
-        .collect();
-    if require_synced && !unsynced.is_empty() {
-        return Err(TargetRefused::Unsynced {
-            peer: cfg.source_cluster.clone(),
-            kinds: unsynced,
-        });
+    let cp = read_checkpoint(cfg, local).await?;
+    let kinds = positions(cfg, &cp);
+    if require_synced_kinds {
+        require_synced(cfg, &kinds)?;
     }
     Ok(kinds)
 }
@@ -158,7 +226,7 @@ pub fn hold_state(cp: &BTreeMap<String, String>) -> Option<String> {
     })
 }
 
-async fn read_checkpoint(
+pub(super) async fn read_checkpoint(
     cfg: &MirrorConfig,
     local: &Client,
 ) -> Result<BTreeMap<String, String>, MirrorError> {
