@@ -260,11 +260,11 @@ async fn ha_a_reinstalled_pair_starts_above_every_surviving_stamp() {
     // a failover: A stops, B is promoted, and B's mirror stamps its copy in A's cluster with its epoch
     a.stop();
     let (cfg, clients) = b_cmd(&sa, &sb);
-    let epoch = ops::force_promote(
+    let epoch = ops::force_promote_with(
         &cfg,
         clients,
         ha::handle::tokio_clock(),
-        Duration::from_secs(600),
+        &no_mirror(),
         |_| {},
     )
     .await
