@@ -2,38 +2,21 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use kube_shard::ha::check::{self, CheckReport};
 use kube_shard::ha::switchover::Kind;
-use kube_shard::ha::{HaClients, HaConfig, HaMode};
 
 use crate::cli::CliError;
 use crate::duration::parse_duration;
+use crate::ha_cmd::Clusters;
 
 /// Read both clusters (and the witness) and list every HA setting that does not match.
 #[derive(Debug, Args)]
 pub(crate) struct CheckArgs {
-    /// Kubeconfig of this cluster (default: the usual lookup).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Kubeconfig of the peer cluster.
-    #[arg(long = "peer-kubeconfig")]
-    peer_kubeconfig: PathBuf,
-    /// Kubeconfig of the witness cluster, if the operators use one.
-    #[arg(long = "witness-kubeconfig")]
-    witness_kubeconfig: Option<PathBuf>,
-    /// The operator's namespace (where the HA Lease and the identity live in each cluster).
-    #[arg(short = 'n', long)]
-    namespace: String,
-    /// The witness Lease's namespace (default: `--namespace`).
-    #[arg(long = "witness-namespace")]
-    witness_namespace: Option<String>,
-    /// The HA name (the Leases are `<name>-ha`, the identities `<name>-ha-identity`).
-    #[arg(long)]
-    name: String,
+    #[command(flatten)]
+    at: Clusters,
     /// A kind both mirrors must cover, `<plural>.<group>/<version>`; repeat (a cross-check of what
     /// the operators published).
     #[arg(long = "kind")]
@@ -56,30 +39,13 @@ pub(crate) fn run(a: &CheckArgs, out: &mut impl Write) -> Result<(), CliError> {
                 .map_err(|e| CliError::Usage(format!("--kind {k}: {e}")))
         })
         .collect::<Result<BTreeSet<String>, _>>()?;
-    // the check reads only: the cluster id and rank here are placeholders the reads never use
-    let cfg = HaConfig::builder(&a.name)
-        .mode(HaMode::Standby)
-        .cluster("check", 0)
-        .namespace(&a.namespace)
-        .witness_namespace(a.witness_namespace.as_deref().unwrap_or(&a.namespace))
-        .kubeconfigs(
-            a.kubeconfig.clone(),
-            Some(a.peer_kubeconfig.clone()),
-            a.witness_kubeconfig.clone(),
-        )
-        .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    // the check reads only: the cluster id and rank are placeholders the reads never use
+    let cfg = a.at.config("check", 0, None)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let report = rt.block_on(async {
-        let local = crate::operator::client_from(a.kubeconfig.as_deref()).await?;
-        let peer = crate::operator::client_from(Some(&a.peer_kubeconfig)).await?;
-        let witness = match &a.witness_kubeconfig {
-            Some(p) => Some(crate::operator::client_from(Some(p)).await?),
-            None => None,
-        };
-        let clients = HaClients::new(local, peer, witness);
+        let clients = a.at.clients().await?;
         Ok::<_, CliError>(check::check(&cfg, &clients, &expected, a.request_timeout).await)
     })?;
     if a.json {

@@ -189,28 +189,70 @@ struct SwitchoverArgs {
     timeout: Duration,
 }
 
-/// Where the HA Leases are.
+/// The clusters of an HA pair and where its objects are.
 #[derive(Debug, Args)]
-struct Pair {
+pub(crate) struct Clusters {
     /// Kubeconfig of this cluster (default: the usual lookup).
     #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Kubeconfig of the peer cluster.
     #[arg(long = "peer-kubeconfig")]
-    peer_kubeconfig: PathBuf,
+    pub(crate) peer_kubeconfig: PathBuf,
     /// Kubeconfig of the witness cluster, if one is used.
     #[arg(long = "witness-kubeconfig")]
-    witness_kubeconfig: Option<PathBuf>,
+    pub(crate) witness_kubeconfig: Option<PathBuf>,
     /// The operator's namespace (where the HA Lease lives in each cluster).
     #[arg(short = 'n', long)]
-    namespace: String,
+    pub(crate) namespace: String,
     /// The witness Lease's namespace in the witness cluster (default: `--namespace`, as the operator
     /// and the library use).
     #[arg(long = "witness-namespace")]
-    witness_namespace: Option<String>,
+    pub(crate) witness_namespace: Option<String>,
     /// The HA name: the Leases are `<name>-ha`.
     #[arg(long)]
-    name: String,
+    pub(crate) name: String,
+}
+
+impl Clusters {
+    /// The HA configuration of cluster `id` at `rank` in this pair.
+    pub(crate) fn config(
+        &self,
+        id: &str,
+        rank: u64,
+        timings: Option<Timings>,
+    ) -> Result<HaConfig, CliError> {
+        let mut b = HaConfig::builder(&self.name)
+            .mode(HaMode::Standby)
+            .cluster(id, rank)
+            .namespace(&self.namespace)
+            .witness_namespace(self.witness_namespace.as_deref().unwrap_or(&self.namespace))
+            .kubeconfigs(
+                self.kubeconfig.clone(),
+                Some(self.peer_kubeconfig.clone()),
+                self.witness_kubeconfig.clone(),
+            );
+        if let Some(t) = timings {
+            b = b.timings(t);
+        }
+        b.build().map_err(|e| CliError::Usage(e.to_string()))
+    }
+
+    pub(crate) async fn clients(&self) -> Result<HaClients, CliError> {
+        let local = crate::operator::client_from(self.kubeconfig.as_deref()).await?;
+        let peer = crate::operator::client_from(Some(&self.peer_kubeconfig)).await?;
+        let witness = match &self.witness_kubeconfig {
+            Some(p) => Some(crate::operator::client_from(Some(p)).await?),
+            None => None,
+        };
+        Ok(HaClients::new(local, peer, witness))
+    }
+}
+
+/// Where the HA Leases are, and which side this is.
+#[derive(Debug, Args)]
+struct Pair {
+    #[command(flatten)]
+    at: Clusters,
     /// This cluster's id (`--ha-cluster-id` of its operator).
     #[arg(long = "cluster-id")]
     cluster_id: String,
@@ -317,30 +359,11 @@ struct PromoteArgs {
 
 impl Pair {
     fn config(&self, timings: Option<Timings>) -> Result<HaConfig, CliError> {
-        let mut b = HaConfig::builder(&self.name)
-            .mode(HaMode::Standby)
-            .cluster(&self.cluster_id, self.rank)
-            .namespace(&self.namespace)
-            .witness_namespace(self.witness_namespace.as_deref().unwrap_or(&self.namespace))
-            .kubeconfigs(
-                self.kubeconfig.clone(),
-                Some(self.peer_kubeconfig.clone()),
-                self.witness_kubeconfig.clone(),
-            );
-        if let Some(t) = timings {
-            b = b.timings(t);
-        }
-        b.build().map_err(|e| CliError::Usage(e.to_string()))
+        self.at.config(&self.cluster_id, self.rank, timings)
     }
 
     async fn clients(&self) -> Result<HaClients, CliError> {
-        let local = crate::operator::client_from(self.kubeconfig.as_deref()).await?;
-        let peer = crate::operator::client_from(Some(&self.peer_kubeconfig)).await?;
-        let witness = match &self.witness_kubeconfig {
-            Some(p) => Some(crate::operator::client_from(Some(p)).await?),
-            None => None,
-        };
-        Ok(HaClients::new(local, peer, witness))
+        self.at.clients().await
     }
 }
 
@@ -426,20 +449,21 @@ fn switch(
 ) -> Result<(), CliError> {
     let cfg = a.pair.config(None)?;
     let overrides = a.overrides.overrides(false);
-    let peer_cfg = HaConfig::builder(&a.pair.name)
+    let peer_cfg = HaConfig::builder(&a.pair.at.name)
         .mode(HaMode::Standby)
         .cluster(&a.peer_cluster_id, a.peer_rank)
-        .namespace(&a.pair.namespace)
+        .namespace(&a.pair.at.namespace)
         .witness_namespace(
             a.pair
+                .at
                 .witness_namespace
                 .as_deref()
-                .unwrap_or(&a.pair.namespace),
+                .unwrap_or(&a.pair.at.namespace),
         )
         .kubeconfigs(
-            Some(a.pair.peer_kubeconfig.clone()),
-            Some(a.pair.kubeconfig.clone().unwrap_or_default()),
-            a.pair.witness_kubeconfig.clone(),
+            Some(a.pair.at.peer_kubeconfig.clone()),
+            Some(a.pair.at.kubeconfig.clone().unwrap_or_default()),
+            a.pair.at.witness_kubeconfig.clone(),
         )
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
