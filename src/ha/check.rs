@@ -1,7 +1,7 @@
 //! `kshard ha check`: both clusters' (and the witness's) HA settings read and compared in one table.
 //!
 //! Each side publishes its identity ([`super::identity`]); the HA Leases carry their writer's identity
-//! ([`super::record::Origin`]). [`compare`] is pure: it takes what [`read`] found and lists every
+//! ([`super::record::Origin`]). [`compare`] is pure: it takes what [`read_side`] found and lists every
 //! mismatch the pair's safety rests on — one cluster id on both sides, one rank on both sides, two
 //! kubeconfigs reaching one cluster, an identity copied from another cluster, differing witness settings
 //! or timings, differing mirrored kinds, a pending demotion token whose kinds are not the mirror's, and
