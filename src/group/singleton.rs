@@ -143,7 +143,7 @@ impl Leadership {
         self.ha.as_ref().is_none_or(HaHandle::is_active)
     }
 
-    fn ha_epoch(&self) -> Option<crate::ha::Epoch> {
+    fn ha_epoch(&self) -> Option<crate::token::FailoverEpoch> {
         self.ha.as_ref().and_then(HaHandle::active_epoch)
     }
 
@@ -302,7 +302,7 @@ pub struct SingletonGuard {
     term: u64,
     clock: Clock,
     /// Cross-cluster HA: the handle and the failover epoch the guard was given in.
-    ha: Option<(HaHandle, Option<crate::ha::Epoch>)>,
+    ha: Option<(HaHandle, Option<crate::token::FailoverEpoch>)>,
 }
 
 impl SingletonGuard {

@@ -1,7 +1,7 @@
 //! Cross-cluster Active/Standby (HA.md): one cluster's operator acts, the other stands by, and a witness
 //! cluster may decide promotions automatically.
 //!
-//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire.
+//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire: [`crate::token::FailoverEpoch`], named `Epoch` here.
 //! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
 //! - [`record`]: the HA Lease codec (`<cluster-id>/<epoch>`, published timings).
 //! - [`elector`]: the pure elector step (no I/O), model-checked by `tests/it/model_ha.rs`.

@@ -106,7 +106,7 @@ pub struct Permit {
     pub(crate) epoch: u64,
     pub(crate) gate: Arc<Gate>,
     /// The failover epoch of the HA term it was admitted in (`None`: no HA).
-    pub(crate) failover: Option<crate::ha::Epoch>,
+    pub(crate) failover: Option<crate::token::FailoverEpoch>,
 }
 
 impl fmt::Debug for Permit {
@@ -140,7 +140,7 @@ impl Permit {
 
     /// The failover epoch of the cross-cluster HA term this permit was admitted in (`None` without HA).
     #[must_use]
-    pub fn failover_epoch(&self) -> Option<crate::ha::Epoch> {
+    pub fn failover_epoch(&self) -> Option<crate::token::FailoverEpoch> {
         self.failover
     }
 
@@ -238,7 +238,7 @@ pub(crate) fn admit(inner: &Arc<Inner>, shard: u32) -> Result<Permit, AdmitError
     }
 }
 
-type Prechecked = (u64, Arc<Gate>, Option<crate::ha::Epoch>);
+type Prechecked = (u64, Arc<Gate>, Option<crate::token::FailoverEpoch>);
 
 fn precheck(
     inner: &Inner,

@@ -33,7 +33,7 @@ pub struct Fence {
     token: FenceToken,
     valid_until: Deadline,
     /// The failover epoch whose HA term this fence needs (`None`: no HA).
-    failover: Option<crate::ha::Epoch>,
+    failover: Option<crate::token::FailoverEpoch>,
     /// Set only while an observer is installed: reports the drop of the last clone.
     tracked: Option<Arc<Tracked>>,
 }
@@ -74,7 +74,7 @@ impl Fence {
         inner: &Arc<Inner>,
         shard: u32,
         epoch: u64,
-        failover: Option<crate::ha::Epoch>,
+        failover: Option<crate::token::FailoverEpoch>,
         gate: &Arc<Gate>,
     ) -> Result<Fence, FenceError> {
         let snap = inner.snapshot();
@@ -131,7 +131,7 @@ impl Fence {
 
     /// The failover epoch of the HA term this fence needs (`None` without HA).
     #[must_use]
-    pub fn failover_epoch(&self) -> Option<crate::ha::Epoch> {
+    pub fn failover_epoch(&self) -> Option<crate::token::FailoverEpoch> {
         self.failover
     }
 
@@ -176,7 +176,7 @@ fn valid_until(
     snap: &Snapshot,
     shard: u32,
     epoch: u64,
-    failover: Option<crate::ha::Epoch>,
+    failover: Option<crate::token::FailoverEpoch>,
     gate: &Arc<Gate>,
 ) -> Result<Deadline, FenceError> {
     if snap.state.is_fenced() {

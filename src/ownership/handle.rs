@@ -90,7 +90,7 @@ pub(crate) struct Inner {
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).
     pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
     /// The failover epoch whose demotion this member has drained (its `ha-drained` ack).
-    ha_drained: Mutex<Option<crate::ha::Epoch>>,
+    ha_drained: Mutex<Option<crate::token::FailoverEpoch>>,
 }
 
 /// Why a member admits nothing although it owns shards. Each cause is its own bit: a gate sets and clears
@@ -425,7 +425,7 @@ impl Ownership {
     /// The failover epoch whose demotion this member acknowledges as drained (`kube-shard.io/ha-drained`
     /// in its member Lease, written at its next renewal).
     #[must_use]
-    pub fn ha_drained(&self) -> Option<crate::ha::Epoch> {
+    pub fn ha_drained(&self) -> Option<crate::token::FailoverEpoch> {
         *self
             .inner
             .ha_drained
@@ -433,7 +433,7 @@ impl Ownership {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_ha_drained(&self, e: Option<crate::ha::Epoch>) {
+    pub(crate) fn set_ha_drained(&self, e: Option<crate::token::FailoverEpoch>) {
         *self
             .inner
             .ha_drained

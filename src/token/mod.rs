@@ -3,7 +3,7 @@
 //! [`FENCE_HEADER`] request header (every write, status writes included) and in the [`FENCE_ANNOTATION`]
 //! annotation (main-resource writes). testserver's fence audit reads the same format.
 //!
-//! The failover epoch is the wire integer of [`Epoch`] (`n·K + rank`, see [`crate::ha::epoch`]); a writer
+//! The failover epoch is the wire integer of [`FailoverEpoch`] (`n·K + rank`, see [`failover`]); a writer
 //! without cross-cluster HA stamps `0`. **Order** ([`FenceToken::refusal_over`], what the generated
 //! policies enforce): failover epochs first — lower → refuse, higher → accept whatever the shard part
 //! says; equal → the shard rules (same shard, shard epoch not lower), which `mirror` tokens skip. A
@@ -20,7 +20,9 @@
 
 use std::{fmt, str::FromStr};
 
-use crate::ha::Epoch;
+pub mod failover;
+
+pub use failover::{FailoverEpoch, FailoverEpochError};
 
 /// The annotation fenced writes stamp on main-resource writes.
 pub const FENCE_ANNOTATION: &str = "kube-shard.io/fence";
@@ -49,19 +51,19 @@ pub enum Scope {
 /// A fence token as sent with a write: the failover epoch and the [`Scope`].
 ///
 /// ```
-/// use kube_shard::{ha::Epoch, token::FenceToken};
+/// use kube_shard::token::{FailoverEpoch, FenceToken};
 /// let t: FenceToken = "5007:17/1764460800000".parse().unwrap();
-/// assert_eq!(t.failover(), Epoch::new(5, 7).unwrap());
+/// assert_eq!(t.failover(), FailoverEpoch::new(5, 7).unwrap());
 /// assert_eq!((t.shard(), t.shard_epoch()), (Some(17), Some(1764460800000)));
 /// assert_eq!(t.to_string(), "5007:17/1764460800000");
-/// assert_eq!("2001:mirror".parse::<FenceToken>().unwrap(), FenceToken::mirror(Epoch::new(2, 1).unwrap()));
+/// assert_eq!("2001:mirror".parse::<FenceToken>().unwrap(), FenceToken::mirror(FailoverEpoch::new(2, 1).unwrap()));
 /// // a legacy token: failover epoch 0
 /// assert_eq!("17/9".parse::<FenceToken>().unwrap().to_string(), "0:17/9");
 /// assert!("17".parse::<FenceToken>().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FenceToken {
-    failover: Epoch,
+    failover: FailoverEpoch,
     scope: Scope,
 }
 
@@ -83,7 +85,7 @@ pub enum Refusal {
 impl FenceToken {
     /// A shard owner's token.
     #[must_use]
-    pub fn shard_token(failover: Epoch, shard: u32, epoch: u64) -> Self {
+    pub fn shard_token(failover: FailoverEpoch, shard: u32, epoch: u64) -> Self {
         FenceToken {
             failover,
             scope: Scope::Shard { shard, epoch },
@@ -92,7 +94,7 @@ impl FenceToken {
 
     /// The HA mirror's token `<f>:mirror`, `f` the failover epoch of the source cluster's term.
     #[must_use]
-    pub fn mirror(failover: Epoch) -> Self {
+    pub fn mirror(failover: FailoverEpoch) -> Self {
         FenceToken {
             failover,
             scope: Scope::Mirror,
@@ -101,7 +103,7 @@ impl FenceToken {
 
     /// The failover epoch (0 without HA, and for a legacy token).
     #[must_use]
-    pub fn failover(&self) -> Epoch {
+    pub fn failover(&self) -> FailoverEpoch {
         self.failover
     }
 
@@ -200,9 +202,12 @@ impl FromStr for FenceToken {
                     return Err(bad());
                 }
                 let wire: u64 = f.parse().map_err(|_| bad())?;
-                (Epoch::from_wire(wire).map_err(|_| bad())?, Some(rest))
+                (
+                    FailoverEpoch::from_wire(wire).map_err(|_| bad())?,
+                    Some(rest),
+                )
             }
-            None => (Epoch::default(), None),
+            None => (FailoverEpoch::default(), None),
         };
         let rest = rest.unwrap_or(s);
         if rest == MIRROR && s.contains(':') {
@@ -232,8 +237,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn e(w: u64) -> Epoch {
-        Epoch::from_wire(w).unwrap()
+    fn e(w: u64) -> FailoverEpoch {
+        FailoverEpoch::from_wire(w).unwrap()
     }
 
     #[test]
@@ -272,11 +277,11 @@ mod tests {
         }
         assert_eq!(
             "0/0".parse::<FenceToken>(),
-            Ok(FenceToken::shard_token(Epoch::default(), 0, 0))
+            Ok(FenceToken::shard_token(FailoverEpoch::default(), 0, 0))
         );
         assert_eq!(
             "0:mirror".parse::<FenceToken>(),
-            Ok(FenceToken::mirror(Epoch::default()))
+            Ok(FenceToken::mirror(FailoverEpoch::default()))
         );
     }
 
@@ -343,7 +348,7 @@ mod tests {
         }
 
         #[test]
-        fn round_trips(w in 0..crate::ha::epoch::MAX_N * 1000, shard in 0u32..1_000_000_000, epoch in 0u64..=999_999_999_999_999_999) {
+        fn round_trips(w in 0..failover::MAX_N * 1000, shard in 0u32..1_000_000_000, epoch in 0u64..=999_999_999_999_999_999) {
             let t = FenceToken::shard_token(e(w), shard, epoch);
             prop_assert_eq!(t.to_string().parse::<FenceToken>(), Ok(t));
             let m = FenceToken::mirror(e(w));
