@@ -180,7 +180,7 @@ impl Drop for AbortOnDrop {
 
 /// The member's HA elector (its own task, its own timeouts: HA.md "HA in a shard group") and the HA gate:
 /// admission and fences need the cluster's term (read live on each use); the gate task keeps the
-/// member's `HaStandby` hold bit in step, so lifting it at promotion re-enqueues every owned shard through
+/// member's `Term` hold bit in step, so lifting it at promotion re-enqueues every owned shard through
 /// the unbounded transitions stream.
 fn start_ha(
     setup: HaSetup,
@@ -197,12 +197,12 @@ fn start_ha(
     #[cfg(not(feature = "test-util"))]
     let (handle, control, task) =
         ha::spawn(&setup.config, setup.clients, setup.clock, setup.metrics);
-    ownership.set_hold(crate::ownership::Hold::HaStandby, !handle.is_active());
-    ownership.install_ha(handle.clone());
+    ownership.set_hold(crate::ownership::Hold::Term, !handle.is_active());
+    ownership.install_gate(std::sync::Arc::new(handle.clone()));
     let gate = {
         let (h, own) = (handle.clone(), ownership.clone());
         tokio::spawn(ha::handle::gate(h, move |active| {
-            own.set_hold(crate::ownership::Hold::HaStandby, !active);
+            own.set_hold(crate::ownership::Hold::Term, !active);
         }))
     };
     let drained = tokio::spawn(ack_drained(handle.clone(), ownership.clone()));

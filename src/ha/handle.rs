@@ -320,6 +320,21 @@ impl HaMetrics {
     }
 }
 
+/// The shard group's admission asks the HA term through the core's seam.
+impl crate::ownership::TermGate for HaHandle {
+    fn admit(&self) -> Option<Epoch> {
+        HaHandle::admit(self).ok()
+    }
+
+    fn active_epoch(&self) -> Option<Epoch> {
+        HaHandle::active_epoch(self)
+    }
+
+    fn term_remaining(&self) -> Duration {
+        HaHandle::term_remaining(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

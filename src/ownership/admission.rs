@@ -250,13 +250,13 @@ fn precheck(
             if let Some(reason) = inner.hold_reason() {
                 return Err(AdmitError::Held { shard, reason });
             }
-            // the HA term is read live (an atomic and a clock read), not only through the hold bit its
+            // the term is read live (an atomic and a clock read), not only through the hold bit its
             // gate task sets: a term ends at its deadline even if no task runs
-            let failover = match inner.ha.get() {
+            let failover = match inner.gate.get() {
                 None => None,
-                Some(ha) => Some(ha.admit().map_err(|_| AdmitError::Held {
+                Some(gate) => Some(gate.admit().ok_or(AdmitError::Held {
                     shard,
-                    reason: super::handle::Hold::HaStandby.reason_text(),
+                    reason: super::handle::Hold::Term.reason_text(),
                 })?),
             };
             if snap.state.is_fenced() || !inner.renewal_valid(snap) {

@@ -198,12 +198,12 @@ fn valid_until(
     if !snap.is_current_gate(shard, gate) {
         return Err(FenceError::NotHeld { shard, epoch });
     }
-    match (inner.ha.get(), failover) {
+    match (inner.gate.get(), failover) {
         (None, _) => Ok(until),
         // HA.md "HA in a shard group": a fence needs the term of its permit's failover epoch, and ends
         // at the earliest of the renewal, the drain and the term's deadline
-        (Some(ha), Some(f)) if ha.active_epoch() == Some(f) => {
-            Ok(until.min(inner.clock.now().plus(ha.term_remaining())))
+        (Some(gate), Some(f)) if gate.active_epoch() == Some(f) => {
+            Ok(until.min(inner.clock.now().plus(gate.term_remaining())))
         }
         (Some(_), _) => Err(FenceError::HaTermEnded { shard, epoch }),
     }

@@ -86,7 +86,7 @@ pub(crate) struct Inner {
     /// The member-wide admission holds, one bit per [`Hold`] (0 = none).
     hold: std::sync::atomic::AtomicU8,
     /// Cross-cluster HA: the cluster's term (admission and fences need it), when configured.
-    pub(crate) ha: std::sync::OnceLock<crate::ha::HaHandle>,
+    pub(crate) gate: std::sync::OnceLock<std::sync::Arc<dyn super::term_gate::TermGate>>,
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).
     pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
     /// The failover epoch whose demotion this member has drained (its `ha-drained` ack).
@@ -105,8 +105,9 @@ pub enum Hold {
     /// A member of the group writes another report format (another build): the members cannot be
     /// sure they read each other's acks alike, so nothing is admitted until it is gone.
     ForeignFormat,
-    /// Cross-cluster HA: this cluster is not the Active one (see [`crate::ha`]).
-    HaStandby,
+    /// The installed [`TermGate`](super::TermGate) grants no term (cross-cluster HA: this cluster is
+    /// not the Active one).
+    Term,
 }
 
 impl Hold {
@@ -114,7 +115,7 @@ impl Hold {
     const ALL: [Hold; 4] = [
         Hold::Shadow,
         Hold::ForeignFormat,
-        Hold::HaStandby,
+        Hold::Term,
         Hold::LegacyLeader,
     ];
 
@@ -123,7 +124,7 @@ impl Hold {
             Hold::Shadow => 1,
             Hold::LegacyLeader => 2,
             Hold::ForeignFormat => 4,
-            Hold::HaStandby => 8,
+            Hold::Term => 8,
         }
     }
 
@@ -136,7 +137,7 @@ impl Hold {
             Hold::Shadow => "shadow mode",
             Hold::LegacyLeader => "a legacy leader-election lease has a live holder",
             Hold::ForeignFormat => "a member of another build (report format) is in the group",
-            Hold::HaStandby => "this cluster is not the active HA cluster",
+            Hold::Term => "this cluster is not the active HA cluster",
         }
     }
 
@@ -218,7 +219,7 @@ impl Ownership {
                 changed,
                 readers: Arc::default(),
                 hold: std::sync::atomic::AtomicU8::new(0),
-                ha: std::sync::OnceLock::new(),
+                gate: std::sync::OnceLock::new(),
                 observer: std::sync::OnceLock::new(),
                 ha_drained: Mutex::new(None),
             }),
@@ -441,14 +442,12 @@ impl Ownership {
             .unwrap_or_else(|e| e.into_inner()) = e;
     }
 
-    pub(crate) fn install_ha(&self, ha: crate::ha::HaHandle) -> bool {
-        self.inner.ha.set(ha).is_ok()
-    }
-
-    /// The cluster's HA term handle, when the member runs in an HA pair.
-    #[must_use]
-    pub fn ha(&self) -> Option<&crate::ha::HaHandle> {
-        self.inner.ha.get()
+    /// Install the gate every admission needs a term from (once; `false` if one is installed already).
+    pub(crate) fn install_gate(
+        &self,
+        gate: std::sync::Arc<dyn super::term_gate::TermGate>,
+    ) -> bool {
+        self.inner.gate.set(gate).is_ok()
     }
 
     /// The member-wide admission hold, if any (shadow mode, a member of another build, the HA Standby, a

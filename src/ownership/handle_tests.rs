@@ -941,7 +941,7 @@ pub(crate) mod fenced {
 async fn a_gate_clears_only_its_own_hold_bit() {
     let (own, _drv, _) = owning();
     let mut tr = own.transitions();
-    own.set_hold(super::Hold::HaStandby, true);
+    own.set_hold(super::Hold::Term, true);
     own.set_hold(super::Hold::LegacyLeader, true);
     own.set_hold(super::Hold::LegacyLeader, false);
     assert_eq!(
@@ -953,7 +953,7 @@ async fn a_gate_clears_only_its_own_hold_bit() {
         tr.try_next_transition().is_none(),
         "no re-enqueue while held"
     );
-    own.set_hold(super::Hold::HaStandby, false);
+    own.set_hold(super::Hold::Term, false);
     assert_eq!(own.admission_hold(), None);
     let t = tr.next_transition().await.unwrap();
     assert_eq!((t.shard, t.admitted), (0, Some(AdmitCause::Unfenced)));

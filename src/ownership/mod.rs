@@ -37,6 +37,7 @@ pub mod reconcile;
 pub mod spawn;
 pub mod state;
 pub mod static_mode;
+pub mod term_gate;
 
 #[cfg(test)]
 pub(crate) mod handle_tests;
@@ -56,6 +57,7 @@ pub use state::{
     Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
     ShardState, ShardTransition,
 };
+pub use term_gate::TermGate;
 
 use crate::{hash::ShardKey, shard::ShardCount};
 

@@ -224,7 +224,7 @@ async fn ha_group_a_standby_never_admits_while_the_active_renews() {
         assert!(s.admitted.load(Ordering::SeqCst) > 50);
         assert_eq!(s.ownership().admission_hold(), None);
         assert_eq!(
-            s.ownership().ha().unwrap().active_epoch().unwrap().wire(),
+            s.member.handle.ha().unwrap().active_epoch().unwrap().wire(),
             1001
         );
     }

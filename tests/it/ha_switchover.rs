@@ -366,7 +366,7 @@ async fn ha_switchover_demote_cancel_restores_the_active() {
     .await;
     for s in &p.a {
         assert_eq!(
-            s.ownership().ha().unwrap().active_epoch().unwrap().wire(),
+            s.member.handle.ha().unwrap().active_epoch().unwrap().wire(),
             1001
         );
     }

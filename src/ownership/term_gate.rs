@@ -1,0 +1,26 @@
+//! A gate in front of admission that grants terms: the seam cross-cluster HA ([`crate::ha`]) plugs
+//! into, so the ownership layer does not depend on it (DESIGN: HA is "a gate in front of the group's
+//! admission").
+//!
+//! Installed once per member ([`Ownership`](super::Ownership)): every admission then needs a term, and
+//! takes its failover epoch into the permit; a fence lives no longer than the term of its permit's
+//! epoch. The member-wide hold bit [`Hold::Term`](super::Hold::Term) mirrors the gate (kept in step by
+//! whoever installs it), so lifting it re-enqueues the owned shards; the gate itself is read live, so a
+//! term ends at its deadline even if nothing keeps the bit in step.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use crate::token::FailoverEpoch;
+
+/// A source of terms. Implementations are cheap to call (an atomic and a clock read): admission and
+/// every fence check call them.
+pub trait TermGate: Send + Sync + Debug + 'static {
+    /// The failover epoch of the term this process may admit under now (`None`: no term; the gate may
+    /// count it as a refusal).
+    fn admit(&self) -> Option<FailoverEpoch>;
+    /// The epoch acting now, without counting anything.
+    fn active_epoch(&self) -> Option<FailoverEpoch>;
+    /// The time the current term has left (zero without one).
+    fn term_remaining(&self) -> Duration;
+}
