@@ -1,6 +1,7 @@
 //! `ShardGroup`: join a group of replicas that share the work by logical shards.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
@@ -549,7 +550,10 @@ impl GroupHandle {
         // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
         // with cross-cluster HA a term counts only while this cluster is the Active one
         Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
-            .with_ha(self.ha())
+            .with_gate(
+                self.ha()
+                    .map(|h| Arc::new(h) as Arc<dyn crate::ownership::TermGate>),
+            )
     }
 
     /// This member's HA term handle (`None` without HA or in standalone mode).

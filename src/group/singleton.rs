@@ -20,15 +20,15 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-
-use crate::ha::HaHandle;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
 
 use crate::ownership::clock::{Clock, Deadline, Now};
+use crate::ownership::TermGate;
 
 /// The Lease annotation that carries the leader's term.
 pub const TERM_ANNOTATION: &str = "kube-shard.io/term";
@@ -114,8 +114,8 @@ pub struct NotLeader {
 pub struct Leadership {
     rx: watch::Receiver<Option<LeaderTerm>>,
     clock: Clock,
-    /// Cross-cluster HA: a term counts only while the cluster is the Active one.
-    ha: Option<HaHandle>,
+    /// A term gate (cross-cluster HA): a term counts only while the gate grants one.
+    ha: Option<Arc<dyn TermGate>>,
 }
 
 impl Leadership {
@@ -133,24 +133,24 @@ impl Leadership {
         }
     }
 
-    /// Terms count only while `ha` says this cluster is the Active one (a Standby runs no singleton).
-    pub(crate) fn with_ha(mut self, ha: Option<HaHandle>) -> Self {
-        self.ha = ha;
+    /// Terms count only while `gate` grants one (cross-cluster HA: a Standby runs no singleton).
+    pub(crate) fn with_gate(mut self, gate: Option<Arc<dyn TermGate>>) -> Self {
+        self.ha = gate;
         self
     }
 
     fn ha_active(&self) -> bool {
-        self.ha.as_ref().is_none_or(HaHandle::is_active)
+        self.ha.as_ref().is_none_or(|g| g.active_epoch().is_some())
     }
 
     fn ha_epoch(&self) -> Option<crate::token::FailoverEpoch> {
-        self.ha.as_ref().and_then(HaHandle::active_epoch)
+        self.ha.as_ref().and_then(|g| g.active_epoch())
     }
 
-    /// Resolves at the next change of the HA term (never without HA).
+    /// Resolves at the next change of the gate's term (never without a gate).
     async fn ha_changed(&self) {
         match &self.ha {
-            Some(h) => h.await_change().await,
+            Some(g) => g.changed().await,
             None => std::future::pending().await,
         }
     }
@@ -302,7 +302,7 @@ pub struct SingletonGuard {
     term: u64,
     clock: Clock,
     /// Cross-cluster HA: the handle and the failover epoch the guard was given in.
-    ha: Option<(HaHandle, Option<crate::token::FailoverEpoch>)>,
+    ha: Option<(Arc<dyn TermGate>, Option<crate::token::FailoverEpoch>)>,
 }
 
 impl SingletonGuard {
@@ -531,13 +531,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_ha_the_singleton_runs_only_in_the_clusters_term() {
         use crate::ha::handle::{tokio_clock, Term};
-        use crate::ha::{Epoch, HaMetrics};
+        use crate::ha::{Epoch, HaHandle, HaMetrics};
         let ha = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
         let (tx, rx) = watch::channel(Some(LeaderTerm::new(
             1,
             Instant::now() + Duration::from_secs(3600),
         )));
-        let leadership = Leadership::new(rx).with_ha(Some(ha.clone()));
+        let leadership = Leadership::new(rx).with_gate(Some(Arc::new(ha.clone())));
         let starts = Arc::new(AtomicU32::new(0));
         let running = Arc::new(AtomicU32::new(0));
         let (s2, r2) = (starts.clone(), running.clone());

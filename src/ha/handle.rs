@@ -333,6 +333,10 @@ impl crate::ownership::TermGate for HaHandle {
     fn term_remaining(&self) -> Duration {
         HaHandle::term_remaining(self)
     }
+
+    fn changed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.await_change())
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //! term ends at its deadline even if nothing keeps the bit in step.
 
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::token::FailoverEpoch;
@@ -23,4 +25,7 @@ pub trait TermGate: Send + Sync + Debug + 'static {
     fn active_epoch(&self) -> Option<FailoverEpoch>;
     /// The time the current term has left (zero without one).
     fn term_remaining(&self) -> Duration;
+    /// Resolves at the next change of the term (granted, ended, another epoch), or when the current
+    /// term's deadline passes.
+    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
