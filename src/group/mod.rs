@@ -23,6 +23,7 @@ mod runtime;
 mod shard_group;
 pub mod singleton;
 pub mod status;
+mod term_gate;
 
 pub use config::{ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};

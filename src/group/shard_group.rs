@@ -179,10 +179,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The member's HA elector (its own task, its own timeouts: HA.md "HA in a shard group") and the HA gate:
-/// admission and fences need the cluster's term (read live on each use); the gate task keeps the
-/// member's `Term` hold bit in step, so lifting it at promotion re-enqueues every owned shard through
-/// the unbounded transitions stream.
+/// The member's HA elector (its own task, its own timeouts: HA.md "HA in a shard group"), installed as the
+/// member's term gate ([`super::term_gate`]): admission and fences need the cluster's term (read live on
+/// each use), and the gate's tasks keep the `Term` hold bit in step and acknowledge a demotion's drain.
 fn start_ha(
     setup: HaSetup,
     ownership: &Ownership,
@@ -198,53 +197,12 @@ fn start_ha(
     #[cfg(not(feature = "test-util"))]
     let (handle, control, task) =
         ha::spawn(&setup.config, setup.clients, setup.clock, setup.metrics);
-    ownership.set_hold(crate::ownership::Hold::Term, !handle.is_active());
-    ownership.install_gate(std::sync::Arc::new(handle.clone()));
-    let gate = {
-        let (h, own) = (handle.clone(), ownership.clone());
-        tokio::spawn(ha::handle::gate(h, move |active| {
-            own.set_hold(crate::ownership::Hold::Term, !active);
-        }))
-    };
-    let drained = tokio::spawn(ack_drained(handle.clone(), ownership.clone()));
+    let gate_tasks = super::term_gate::install(Arc::new(handle.clone()), ownership);
     (
         handle,
         control,
-        task.into_iter().chain([gate, drained]).collect(),
+        task.into_iter().chain(gate_tasks).collect(),
     )
-}
-
-/// The member's `ha-drained(epoch)` ack (HA.md contract 2): once its elector reads the `demoting` mark
-/// at epoch e, nothing more is admitted under e (the term reads as not active) and its fences end; when
-/// every permit and fence it issued has ended (its reconciles under the old term finished), it records
-/// e, and its next member-Lease renewal publishes it. Cleared when the mark goes (`demote --cancel`).
-async fn ack_drained(ha: HaHandle, own: Ownership) {
-    let mut rx = ha.watch_demoting();
-    loop {
-        let demoting = *rx.borrow_and_update();
-        match demoting {
-            None => own.set_ha_drained(None),
-            Some(e) => {
-                while !own.idle() {
-                    tokio::select! {
-                        biased; // the stop or a new demotion first; the poll timer only re-checks idleness
-                        r = rx.changed() => if r.is_err() { return } else { break },
-                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                    }
-                }
-                if *rx.borrow() == Some(e) && own.idle() {
-                    tracing::info!(epoch = %e, "HA: drained for the demotion");
-                    own.set_ha_drained(Some(e));
-                }
-            }
-        }
-        if rx.has_changed().unwrap_or(false) {
-            continue;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// Run the member on its own OS thread, with its own single-threaded tokio runtime and its own `Client`, so a

@@ -288,32 +288,6 @@ impl HaHandle {
     }
 }
 
-/// Call `on_change(active)` now and at every change of whether the cluster acts (a promotion, a
-/// step-down, a term lapsing at its deadline, a lapsed term renewed): the HA gate of a shard group keeps its
-/// hold bit with it. Runs until dropped.
-pub(crate) async fn gate(ha: HaHandle, mut on_change: impl FnMut(bool)) {
-    let mut rx = ha.shared.changes.subscribe();
-    let mut last = None;
-    loop {
-        rx.borrow_and_update();
-        let active = ha.is_active();
-        if last != Some(active) {
-            on_change(active);
-            last = Some(active);
-        }
-        let remaining = ha.term_remaining();
-        if active && !remaining.is_zero() {
-            tokio::select! {
-                biased; // a change first; either ends the wait
-                _ = rx.changed() => {}
-                () = tokio::time::sleep(remaining) => {}
-            }
-        } else if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 impl HaMetrics {
     fn update_refused(&self, n: u64) {
         self.update_keep(|s| s.refused_admissions = n);
@@ -336,6 +310,14 @@ impl crate::ownership::TermGate for HaHandle {
 
     fn changed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(self.await_change())
+    }
+
+    fn term_changes(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
+    }
+
+    fn drain_requests(&self) -> watch::Receiver<Option<Epoch>> {
+        self.watch_demoting()
     }
 }
 

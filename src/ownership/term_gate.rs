@@ -13,6 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use crate::token::FailoverEpoch;
 
 /// A source of terms. Implementations are cheap to call (an atomic and a clock read): admission and
@@ -28,4 +30,10 @@ pub trait TermGate: Send + Sync + Debug + 'static {
     /// Resolves at the next change of the term (granted, ended, another epoch), or when the current
     /// term's deadline passes.
     fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// A counter that changes with the term (for a task that follows it: it also waits for the term's
+    /// deadline, since a term ends then without a change).
+    fn term_changes(&self) -> watch::Receiver<u64>;
+    /// The epoch whose term the gate asks the member to drain (`None`: no request): nothing more is
+    /// admitted under it, and the member acknowledges once everything it admitted has ended.
+    fn drain_requests(&self) -> watch::Receiver<Option<FailoverEpoch>>;
 }
