@@ -127,7 +127,7 @@ fn an_incarnation_change_is_another_member() {
 /// requests in flight: `a`'s drain
 /// released shard 0 at its 1 s deadline while `a`'s write of `u1` (sent while Owned, timeout 1.8 s) was
 /// still in flight; `b` fenced shard 0 and wrote `u1` meanwhile.
-const DRAIN_WITHOUT_WAIT: &str = include_str!("fixtures/f04_before_fix.json");
+const DRAIN_WITHOUT_WAIT: &str = include_str!("fixtures/drain_without_wait_history.json");
 
 #[test]
 fn the_oracle_flags_the_f04_history_recorded_before_the_fix() {
