@@ -57,7 +57,6 @@ pub mod fence_policy;
 mod yaml;
 
 pub mod group;
-pub mod ha;
 pub mod ownership;
 pub mod watcher;
 

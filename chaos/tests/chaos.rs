@@ -233,7 +233,13 @@ fn every_select_on_the_simulators_path_is_biased() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut sites = 0;
     let mut bad = Vec::new();
-    for dir in ["src", "testserver/src", "example-operator/src", "chaos/src"] {
+    for dir in [
+        "src",
+        "ha/src",
+        "testserver/src",
+        "example-operator/src",
+        "chaos/src",
+    ] {
         let dir = root.join(dir);
         assert!(dir.is_dir(), "{} exists", dir.display());
         for file in rust_files(&dir) {

@@ -1,12 +1,12 @@
-//! `kshard ha check`: flags and printing only; the engine is `kube_shard::ha::check`.
+//! `kshard ha check`: flags and printing only; the engine is `kube_shard_ha::check`.
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
-use kube_shard::ha::check::{self, CheckReport};
-use kube_shard::ha::switchover::Kind;
+use kube_shard_ha::check::{self, CheckReport};
+use kube_shard_ha::switchover::Kind;
 
 use crate::cli::CliError;
 use crate::duration::parse_duration;

@@ -1,17 +1,17 @@
-//! `kshard ha status|promote`: flags and printing only; the engine is `kube_shard::ha::ops`.
+//! `kshard ha status|promote`: flags and printing only; the engine is `kube_shard_ha::ops`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use kube_shard::ha::mirror::adopt::{
+use kube_shard_ha::mirror::adopt::{
     check_promotion, mirror_report, MirrorReport, Overrides, PromotionChecks, PromotionPath,
 };
-use kube_shard::ha::mirror::{KindSet, MirrorConfig};
-use kube_shard::ha::ops::{self, PairStatus};
-use kube_shard::ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
-use kube_shard::ha::{HaClients, HaConfig, HaMode, Timings};
+use kube_shard_ha::mirror::{KindSet, MirrorConfig};
+use kube_shard_ha::ops::{self, PairStatus};
+use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
+use kube_shard_ha::{HaClients, HaConfig, HaMode, Timings};
 
 use crate::cli::CliError;
 use crate::duration::parse_duration;
@@ -475,7 +475,7 @@ fn switch(
             .await
             .map_err(|e| CliError::failed(e.to_string()))?;
         say(&format!("demoted; token {token}"));
-        let swapped = kube_shard::ha::HaClients::new(
+        let swapped = kube_shard_ha::HaClients::new(
             clients.peer.clone(),
             clients.local.clone(),
             clients.witness.clone(),
@@ -487,7 +487,7 @@ fn switch(
         let epoch = switchover::promote_with_token(
             &peer_cfg,
             swapped,
-            kube_shard::ha::handle::tokio_clock(),
+            kube_shard_ha::handle::tokio_clock(),
             &token,
             &PromoteOptions::new(a.timeout).checks(checks),
             say,
@@ -517,7 +517,7 @@ fn promote_token(
 ) -> Result<(), CliError> {
     let token: Token = token
         .parse()
-        .map_err(|e: switchover::SwitchError| CliError::Usage(e.to_string()))?;
+        .map_err(|e: kube_shard_ha::checkpoint::ParseError| CliError::Usage(e.to_string()))?;
     let cfg = a.pair.config(Some(a.timings()))?;
     let opts = PromoteOptions::new(a.timeout).checks(a.checks()?);
     let epoch = rt.block_on(async {
@@ -525,7 +525,7 @@ fn promote_token(
         switchover::promote_with_token(
             &cfg,
             clients,
-            kube_shard::ha::handle::tokio_clock(),
+            kube_shard_ha::handle::tokio_clock(),
             &token,
             &opts,
             say,
@@ -597,7 +597,7 @@ fn promote(
         ops::force_promote_with(
             &cfg,
             clients,
-            kube_shard::ha::handle::tokio_clock(),
+            kube_shard_ha::handle::tokio_clock(),
             &opts,
             |line| {
                 if line != last {

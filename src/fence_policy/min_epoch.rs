@@ -30,7 +30,7 @@ pub const ROLE_KEY: &str = "role";
 #[non_exhaustive]
 pub struct MinEpoch {
     /// The parameter ConfigMap (by convention `<ha-name>-ha-min-epoch` in the HA namespace: what
-    /// [`crate::ha::min_epoch`] writes).
+    /// `kube_shard_ha::min_epoch` writes).
     pub params: ParamsRef,
     /// The operator's identities (`request.userInfo.username`) whose writes are judged.
     pub identities: Vec<String>,

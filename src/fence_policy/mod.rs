@@ -43,7 +43,7 @@
 //! bound to a parameter ConfigMap holding `minFailoverEpoch` and `role` (`active` or `standby`) refuses the
 //! operator identities' creates and updates whose token's failover epoch is below the minimum (an unfenced
 //! one too while `standby`), and all their deletes while `standby`. A promotion sets it on the old Active's
-//! cluster ([`crate::ha::min_epoch`]) and waits until a probe write (a dry-run create of the ConfigMap
+//! cluster (`kube_shard_ha::min_epoch`) and waits until a probe write (a dry-run create of the ConfigMap
 //! [`MIN_EPOCH_PROBE`], which the policy judges whoever sends it) is refused.
 //!
 //! Pure: no I/O. The policy objects are returned typed (ready for [`kube::Api::create`]) and as YAML.

@@ -27,7 +27,7 @@ mod term_gate;
 
 pub use config::{ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};
-pub(crate) use runtime::next_stamp;
+pub use runtime::next_stamp;
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
 pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard};

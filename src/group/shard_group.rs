@@ -13,10 +13,9 @@ use super::metrics::GroupMetrics;
 use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
-use crate::ha::{self, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock};
 use crate::hash::ShardKey;
 use crate::ownership::spawn::Spawner;
-use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig};
+use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig, TermGate};
 use crate::shard::ShardCount;
 
 /// A member of a shard group, ready to start.
@@ -38,17 +37,13 @@ pub struct ShardGroup {
     dedicated: Option<kube::Config>,
     clock: Clock,
     spawner: Spawner,
-    ha: Option<HaSetup>,
+    gate: Option<GateSetup>,
 }
 
-/// Cross-cluster HA for a group (`ShardGroupBuilder::ha`).
-struct HaSetup {
-    config: HaConfig,
-    clients: HaClients,
-    clock: LocalClock,
-    metrics: HaMetrics,
-    #[cfg(feature = "test-util")]
-    flaws: crate::ha::elector::Flaws,
+/// A term gate in front of admission ([`ShardGroupBuilder::term_gate`]) and the tasks that keep it.
+struct GateSetup {
+    gate: Arc<dyn TermGate>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -67,7 +62,7 @@ pub struct ShardGroupBuilder {
     dedicated: Option<kube::Config>,
     clock: Clock,
     spawner: Spawner,
-    ha: Option<HaSetup>,
+    gate: Option<GateSetup>,
 }
 
 impl std::fmt::Debug for ShardGroupBuilder {
@@ -87,7 +82,7 @@ impl ShardGroup {
             dedicated: None,
             clock: Clock::system(),
             spawner: Spawner::tokio(),
-            ha: None,
+            gate: None,
         }
     }
 
@@ -100,9 +95,9 @@ impl ShardGroup {
     /// Start the member: returns its handle and the task to run (spawn it). The task ends after a graceful
     /// leave ([`GroupHandle::leave`]) has moved every shard away and the Lease was deleted.
     ///
-    /// With cross-cluster HA ([`ShardGroupBuilder::ha`]) this also starts, on tasks of their own, the
-    /// member's HA elector and its gate (call it inside a tokio runtime then); both stop when the returned
-    /// task ends or is dropped.
+    /// With a term gate ([`ShardGroupBuilder::term_gate`]) this also starts the gate's two tasks (call it
+    /// inside a tokio runtime then); they and the gate's own tasks stop when the returned task ends or is
+    /// dropped.
     ///
     /// Create the read streams (`kube_shard::watcher`, ...) for `handle.ownership()` before the task first
     /// runs: a shard is warm only when every stream registered by then has synced it. A member with no
@@ -125,15 +120,18 @@ impl ShardGroup {
         let metrics = GroupMetrics::default();
         let (leave_tx, leave_rx) = oneshot::channel();
         let (leader_tx, leader_rx) = watch::channel(None);
-        let (ha, ha_tasks) = match self.ha {
-            Some(setup) if setup.config.mode != HaMode::Standalone => {
-                let (h, control, tasks) = start_ha(setup, &ownership);
-                (Some((h, control)), tasks)
+        let (gate, gate_tasks) = match self.gate {
+            Some(setup) => {
+                let ours = super::term_gate::install(setup.gate.clone(), &ownership);
+                (
+                    Some(setup.gate),
+                    setup.tasks.into_iter().chain(ours).collect(),
+                )
             }
-            _ => (None, Vec::new()),
+            None => (None, Vec::new()),
         };
         let handle = GroupHandle {
-            ha,
+            gate,
             leadership: leader_rx,
             ownership: ownership.clone(),
             status: status_rx,
@@ -144,7 +142,7 @@ impl ShardGroup {
         let (client, config) = (self.client, self.config);
         let (dedicated, spawner) = (self.dedicated, self.spawner);
         (handle, async move {
-            let _ha = AbortOnDrop(ha_tasks);
+            let _gate = AbortOnDrop(gate_tasks);
             if let Some(kube_config) = dedicated {
                 return run_dedicated(
                     kube_config,
@@ -168,7 +166,7 @@ impl ShardGroup {
     }
 }
 
-/// Aborts the HA tasks when the member's task ends (or is dropped: a killed process).
+/// Aborts the gate's tasks when the member's task ends (or is dropped: a killed process).
 struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
 
 impl Drop for AbortOnDrop {
@@ -177,32 +175,6 @@ impl Drop for AbortOnDrop {
             t.abort();
         }
     }
-}
-
-/// The member's HA elector (its own task, its own timeouts: HA.md "HA in a shard group"), installed as the
-/// member's term gate ([`super::term_gate`]): admission and fences need the cluster's term (read live on
-/// each use), and the gate's tasks keep the `Term` hold bit in step and acknowledge a demotion's drain.
-fn start_ha(
-    setup: HaSetup,
-    ownership: &Ownership,
-) -> (HaHandle, HaControl, Vec<tokio::task::JoinHandle<()>>) {
-    #[cfg(feature = "test-util")]
-    let (handle, control, task) = ha::spawn_with_flaws(
-        &setup.config,
-        setup.clients,
-        setup.clock,
-        setup.metrics,
-        setup.flaws,
-    );
-    #[cfg(not(feature = "test-util"))]
-    let (handle, control, task) =
-        ha::spawn(&setup.config, setup.clients, setup.clock, setup.metrics);
-    let gate_tasks = super::term_gate::install(Arc::new(handle.clone()), ownership);
-    (
-        handle,
-        control,
-        task.into_iter().chain(gate_tasks).collect(),
-    )
 }
 
 /// Run the member on its own OS thread, with its own single-threaded tokio runtime and its own `Client`, so a
@@ -402,42 +374,24 @@ impl ShardGroupBuilder {
         self
     }
 
-    /// Cross-cluster Active/Standby ([`crate::ha`]): admission and fences need this cluster's HA term.
-    /// A permit records the term's failover epoch ([`Permit::failover_epoch`]); a fence is valid only while
-    /// the term at that epoch holds, and ends by the term's deadline; on a Standby nothing is admitted (the
-    /// reconcile wrapper returns `await_change()`), and promotion re-enqueues every owned shard. Every
-    /// member runs its own elector on its own task, dating the term from its own writes. A standalone
-    /// `config` (empty `--ha-mode`) changes nothing.
+    /// Put a term gate in front of admission (cross-cluster Active/Standby, `kube_shard_ha::attach`, is
+    /// one): every admission then needs the gate's term, and a permit records the term's failover epoch
+    /// ([`Permit::failover_epoch`]); a fence is valid only while the term at that epoch holds, and ends
+    /// by the term's deadline; without a term nothing is admitted (the reconcile wrapper returns
+    /// `await_change()`), and a new term re-enqueues every owned shard. The group's singleton work
+    /// ([`GroupHandle::leadership`]) runs only in a term too. `tasks` are the gate's own (an elector):
+    /// they are aborted when the member's task ends.
     ///
     /// [`Permit::failover_epoch`]: crate::ownership::Permit::failover_epoch
-    pub fn ha(mut self, config: HaConfig, clients: HaClients) -> Self {
-        self.ha = Some(HaSetup {
-            config,
-            clients,
-            clock: ha::handle::tokio_clock(),
-            metrics: HaMetrics::default(),
-            #[cfg(feature = "test-util")]
-            flaws: crate::ha::elector::Flaws::default(),
+    pub fn term_gate(
+        mut self,
+        gate: Arc<dyn TermGate>,
+        tasks: impl IntoIterator<Item = tokio::task::JoinHandle<()>>,
+    ) -> Self {
+        self.gate = Some(GateSetup {
+            gate,
+            tasks: tasks.into_iter().collect(),
         });
-        self
-    }
-
-    /// The member's HA elector with deliberately broken rules, so a test can show its checker catches
-    /// each (feature `test-util`). Call after [`ha`](Self::ha).
-    #[cfg(feature = "test-util")]
-    pub fn ha_flaws(mut self, flaws: crate::ha::elector::Flaws) -> Self {
-        if let Some(h) = self.ha.as_mut() {
-            h.flaws = flaws;
-        }
-        self
-    }
-
-    /// The HA elector's local monotonic clock (default: tokio's; tests give each cluster its own offset
-    /// and rate). Call after [`ha`](Self::ha).
-    pub fn ha_clock(mut self, clock: LocalClock) -> Self {
-        if let Some(h) = self.ha.as_mut() {
-            h.clock = clock;
-        }
         self
     }
 
@@ -453,7 +407,7 @@ impl ShardGroupBuilder {
             dedicated: self.dedicated,
             clock: self.clock,
             spawner: self.spawner,
-            ha: self.ha,
+            gate: self.gate,
         })
     }
 }
@@ -461,7 +415,7 @@ impl ShardGroupBuilder {
 /// The running member's handle. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct GroupHandle {
-    ha: Option<(HaHandle, HaControl)>,
+    gate: Option<Arc<dyn TermGate>>,
     ownership: Ownership,
     leadership: watch::Receiver<Option<LeaderTerm>>,
     status: watch::Receiver<GroupStatus>,
@@ -506,24 +460,9 @@ impl GroupHandle {
     #[must_use]
     pub fn leadership(&self) -> Leadership {
         // the group's clock: terms are stamped on it (an injected boot clock must judge them too)
-        // with cross-cluster HA a term counts only while this cluster is the Active one
+        // behind a term gate (cross-cluster HA) a leader's term counts only within the gate's term
         Leadership::with_clock(self.leadership.clone(), self.ownership.inner.clock.clone())
-            .with_gate(
-                self.ha()
-                    .map(|h| Arc::new(h) as Arc<dyn crate::ownership::TermGate>),
-            )
-    }
-
-    /// This member's HA term handle (`None` without HA or in standalone mode).
-    #[must_use]
-    pub fn ha(&self) -> Option<HaHandle> {
-        self.ha.as_ref().map(|(h, _)| h.clone())
-    }
-
-    /// Commands to this member's HA elector (`kshard ha promote`, `status`).
-    #[must_use]
-    pub fn ha_control(&self) -> Option<HaControl> {
-        self.ha.as_ref().map(|(_, c)| c.clone())
+            .with_gate(self.gate.clone())
     }
 
     /// Leave gracefully: the shards move away (as one batch), the member keeps serving until each is

@@ -525,19 +525,19 @@ mod tests {
         task.await.unwrap();
     }
 
-    /// With cross-cluster HA the singleton runs only while the cluster is the Active one: not on a
+    /// Behind a term gate (cross-cluster HA is one) the singleton runs only while the gate grants a term: not on a
     /// Standby's coordinator, cancelled when the HA term ends, started again at a promotion (same group
     /// term, new failover epoch).
     #[tokio::test(start_paused = true)]
     async fn with_ha_the_singleton_runs_only_in_the_clusters_term() {
-        use crate::ha::handle::{tokio_clock, Term};
-        use crate::ha::{Epoch, HaHandle, HaMetrics};
-        let ha = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        use crate::ownership::term_gate::manual::ManualGate;
+        use crate::token::FailoverEpoch;
+        let ha = ManualGate::new();
         let (tx, rx) = watch::channel(Some(LeaderTerm::new(
             1,
             Instant::now() + Duration::from_secs(3600),
         )));
-        let leadership = Leadership::new(rx).with_gate(Some(Arc::new(ha.clone())));
+        let leadership = Leadership::new(rx).with_gate(Some(ha.clone()));
         let starts = Arc::new(AtomicU32::new(0));
         let running = Arc::new(AtomicU32::new(0));
         let (s2, r2) = (starts.clone(), running.clone());
@@ -559,20 +559,17 @@ mod tests {
             "a Standby runs no singleton"
         );
         assert!(leadership.current().is_none());
-        let term = |n| Term {
-            epoch: Epoch::new(n, 1).unwrap(),
-            deadline: (ha.clock())() + Duration::from_secs(3600),
-        };
-        ha.publish(Some(term(1)));
+        let term = |n| (FailoverEpoch::new(n, 1).unwrap(), Duration::from_secs(3600));
+        ha.set(Some(term(1)));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(starts.load(Ordering::SeqCst), 1, "runs once Active");
         assert_eq!(running.load(Ordering::SeqCst), 1);
         let guard = leadership.guard().unwrap();
-        ha.publish(None);
+        ha.set(None);
         assert!(guard.check().is_err(), "the guard ends with the HA term");
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(task.is_finished() || starts.load(Ordering::SeqCst) == 1);
-        ha.publish(Some(term(2)));
+        ha.set(Some(term(2)));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(
             starts.load(Ordering::SeqCst),

@@ -14,7 +14,6 @@
 //! fixture of the checker.
 
 pub mod fences;
-pub mod ha_overlap;
 pub mod history;
 pub mod quiescence;
 

@@ -1,4 +1,4 @@
-//! A gate in front of admission that grants terms: the seam cross-cluster HA ([`crate::ha`]) plugs
+//! A gate in front of admission that grants terms: the seam cross-cluster HA (the `kube-shard-ha` crate) plugs
 //! into, so the ownership layer does not depend on it (DESIGN: HA is "a gate in front of the group's
 //! admission").
 //!
@@ -36,4 +36,82 @@ pub trait TermGate: Send + Sync + Debug + 'static {
     /// The epoch whose term the gate asks the member to drain (`None`: no request): nothing more is
     /// admitted under it, and the member acknowledges once everything it admitted has ended.
     fn drain_requests(&self) -> watch::Receiver<Option<FailoverEpoch>>;
+}
+
+/// A gate a unit test sets by hand: a term at an epoch until a deadline on tokio's clock.
+#[cfg(test)]
+pub(crate) mod manual {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    #[derive(Debug)]
+    pub(crate) struct ManualGate {
+        term: Mutex<Option<(FailoverEpoch, Instant)>>,
+        changes: watch::Sender<u64>,
+        drain: watch::Sender<Option<FailoverEpoch>>,
+    }
+
+    impl ManualGate {
+        pub(crate) fn new() -> Arc<Self> {
+            Arc::new(ManualGate {
+                term: Mutex::new(None),
+                changes: watch::channel(0).0,
+                drain: watch::channel(None).0,
+            })
+        }
+
+        /// A term at `epoch` for `d` from now (`None`: no term).
+        pub(crate) fn set(&self, term: Option<(FailoverEpoch, Duration)>) {
+            *self.term.lock().unwrap() = term.map(|(e, d)| (e, Instant::now() + d));
+            self.changes.send_modify(|n| *n += 1);
+        }
+
+        fn live(&self) -> Option<(FailoverEpoch, Instant)> {
+            let t = *self.term.lock().unwrap();
+            t.filter(|(_, deadline)| Instant::now() < *deadline)
+        }
+    }
+
+    impl TermGate for ManualGate {
+        fn admit(&self) -> Option<FailoverEpoch> {
+            self.active_epoch()
+        }
+
+        fn active_epoch(&self) -> Option<FailoverEpoch> {
+            self.live().map(|(e, _)| e)
+        }
+
+        fn term_remaining(&self) -> Duration {
+            self.live()
+                .map_or(Duration::ZERO, |(_, d)| d - Instant::now())
+        }
+
+        fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+            let mut rx = self.changes.subscribe();
+            let deadline = self.live().map(|(_, d)| d);
+            Box::pin(async move {
+                match deadline {
+                    Some(d) => tokio::select! {
+                        biased; // a change first; either ends the wait
+                        _ = rx.changed() => {}
+                        () = tokio::time::sleep_until(d) => {}
+                    },
+                    None => {
+                        let _ = rx.changed().await;
+                    }
+                }
+            })
+        }
+
+        fn term_changes(&self) -> watch::Receiver<u64> {
+            self.changes.subscribe()
+        }
+
+        fn drain_requests(&self) -> watch::Receiver<Option<FailoverEpoch>> {
+            self.drain.subscribe()
+        }
+    }
 }

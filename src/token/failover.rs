@@ -1,7 +1,7 @@
 //! The failover epoch: the pair (n, rank of the cluster that took it), ordered by n, then rank, and sent on
 //! the wire as one integer `n·K + rank` (K = [`RANKS`]). Two promotions never produce equal epochs, so "a
 //! higher epoch ⇒ step down" always decides. It is part of every fence token; cross-cluster HA
-//! ([`crate::ha`]) takes and compares them.
+//! (the `kube-shard-ha` crate) takes and compares them.
 
 use std::fmt;
 

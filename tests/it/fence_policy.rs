@@ -157,32 +157,7 @@ async fn install_status_policy(server: &TestServer) {
     post_policies(server, &set).await;
 }
 
-/// POST every policy and binding of `set` to testserver.
-pub(crate) async fn post_policies(server: &TestServer, set: &kube_shard::fence_policy::PolicySet) {
-    let client = server.client("admin");
-    let docs = set
-        .policies
-        .iter()
-        .map(|p| {
-            (
-                "validatingadmissionpolicies",
-                serde_json::to_vec(p).unwrap(),
-            )
-        })
-        .chain(set.bindings.iter().map(|b| {
-            (
-                "validatingadmissionpolicybindings",
-                serde_json::to_vec(b).unwrap(),
-            )
-        }));
-    for (plural, body) in docs {
-        let req = http::Request::post(format!("/apis/admissionregistration.k8s.io/v1/{plural}"))
-            .header("content-type", "application/json")
-            .body(body)
-            .unwrap();
-        client.request_text(req).await.unwrap();
-    }
-}
+pub(crate) use crate::harness::post_policies;
 
 /// The status write of a deposed owner (epoch 7) after the new owner's (epoch 9), from a fresh read, both
 /// through `FencedApi` with the status fence field. Returns (the new owner's result, the deposed one's).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta};
 use kube::Api;
 use kube_shard::group::assignment::DATA_KEY;
 use kube_shard::ShardCount;
@@ -27,31 +27,7 @@ async fn assignment_text(server: &TestServer) -> Option<String> {
     cm.data?.get(DATA_KEY).cloned()
 }
 
-/// A Lease in the control namespace renewed by the test every second until `stop`.
-pub(crate) fn renew_lease_forever(
-    server: &TestServer,
-    who: &str,
-    lease: Lease,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<()> {
-    let leases: Api<Lease> = Api::namespaced(server.client(who), CP_NS);
-    tokio::spawn(async move {
-        let name = lease.metadata.name.clone().unwrap();
-        leases.create(&PostParams::default(), &lease).await.unwrap();
-        let mut n = 0i64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let mut l = leases.get(&name).await.unwrap();
-            let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + n).unwrap();
-            l.spec.as_mut().unwrap().renew_time = Some(MicroTime(t));
-            leases
-                .replace(&name, &PostParams::default(), &l)
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    })
-}
+pub(crate) use crate::harness::renew_lease_forever;
 
 /// F1: a coordinator that cannot decode the assignment (here: a new member with another `S`, as in a
 /// rolling update that changes `S`) must never write over it; the old members keep owning, the new one

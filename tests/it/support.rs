@@ -6,13 +6,7 @@ use kube_shard_testserver::TestServer;
 
 use crate::group::{settled, setup, FenceLog, Member};
 
-/// A testserver that honours shard selectors, with the control namespace created, and an empty fence
-/// log: the start of every group test.
-pub(crate) async fn group_server() -> (TestServer, FenceLog) {
-    let server = TestServer::builder().shard_selector(true).build();
-    setup(&server).await;
-    (server, FenceLog::default())
-}
+pub(crate) use crate::harness::group_server;
 
 /// [`group_server`] drawing uids and `generateName` suffixes from `seed` (`crate::seeds`).
 pub(crate) async fn group_server_seeded(seed: u64) -> (TestServer, FenceLog) {

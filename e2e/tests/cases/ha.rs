@@ -1,6 +1,6 @@
 //! Cross-cluster HA on real apiservers (issue 20): the elector of each cluster runs in this process, its
 //! requests to each cluster through its own [`Link`] (so one direction of one path can be cut), a worker per
-//! cluster admits through the guard, and the cross-cluster overlap checker (`oracles::ha_overlap`) judges.
+//! cluster admits through the guard, and the cross-cluster overlap checker (`kube_shard_ha::overlap`) judges.
 //! Late commits are real: the Active cluster's etcd is stopped with SIGSTOP and resumed.
 //!
 //! Needs `KUBECONFIG` (cluster A), `KSHARD_E2E_PEER_KUBECONFIG` (cluster B) and, for the witness scenario,
@@ -15,8 +15,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
-use kube_shard::ha::{self, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, Timings};
-use kube_shard::oracles::ha_overlap::HaOverlap;
+use kube_shard_ha::overlap::HaOverlap;
+use kube_shard_ha::{HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, Timings};
 use tokio::time::Instant;
 
 use crate::support::links::{freeze, Cluster, Link};
@@ -105,10 +105,10 @@ impl World {
         .build()
         .expect("a valid HA config");
         let clients = HaClients::new(own_client, peer_client, witness_client);
-        let (handle, control, task) = ha::spawn(
+        let (handle, control, task) = kube_shard_ha::spawn(
             &cfg,
             clients,
-            ha::handle::tokio_clock(),
+            kube_shard_ha::handle::tokio_clock(),
             HaMetrics::default(),
         );
         let admitted = Arc::new(AtomicU64::new(0));
@@ -208,7 +208,7 @@ async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> D
     t.elapsed()
 }
 
-async fn force_until_armed(op: &Op) -> kube_shard::ha::Epoch {
+async fn force_until_armed(op: &Op) -> kube_shard_ha::Epoch {
     for _ in 0..60 {
         if let Ok(e) = op.control.force_promote().await {
             return e;

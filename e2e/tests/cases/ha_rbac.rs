@@ -20,9 +20,9 @@ use kube::api::{
 };
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use kube_shard::ha::mirror::{KindSet, KindStatus, Mirror, MirrorConfig, MirrorWiring};
-use kube_shard::ha::switchover::{checkpoint_name, Kind};
-use kube_shard::ha::{HaConfig, HaMode};
+use kube_shard_ha::mirror::{KindSet, KindStatus, Mirror, MirrorConfig, MirrorWiring};
+use kube_shard_ha::switchover::{checkpoint_name, Kind};
+use kube_shard_ha::{HaConfig, HaMode};
 use serde_json::json;
 
 use crate::support::links::Cluster;

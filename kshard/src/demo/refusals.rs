@@ -72,7 +72,7 @@ pub(crate) fn classify(refused: &[Refused], versions: &[Version]) -> Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube_shard::ha::Epoch;
+    use kube_shard_ha::Epoch;
 
     fn v(rv: u64, epochs: &[(u32, u64)]) -> Version {
         Version {

@@ -20,13 +20,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use kube::Client;
 use kube_shard::group::ShardGroup;
-use kube_shard::ha::mirror::adopt::{AdoptConfig, FailbackOptions, MirrorDuty, ShardSpec};
-use kube_shard::ha::mirror::{KindSet, MirrorConfig, MirrorWiring};
-use kube_shard::ha::switchover::Kind;
-use kube_shard::ha::{HaClients, HaConfig, HaMode};
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{Ownership, ShardCount, ShardKey};
 use kube_shard_example_operator::{self as example, OnWrite, WriteRecord};
+use kube_shard_ha::mirror::adopt::{AdoptConfig, FailbackOptions, MirrorDuty, ShardSpec};
+use kube_shard_ha::mirror::{KindSet, MirrorConfig, MirrorWiring};
+use kube_shard_ha::switchover::Kind;
+use kube_shard_ha::{HaClients, HaConfig, HaMode};
 use prometheus_client::registry::Registry;
 
 use crate::cli::CliError;
@@ -261,8 +261,8 @@ fn mirror_duty(
     args: &OperatorArgs,
     cfg: &HaConfig,
     clients: HaClients,
-    ha: kube_shard::ha::HaHandle,
-    control: Option<kube_shard::ha::HaControl>,
+    ha: kube_shard_ha::HaHandle,
+    control: Option<kube_shard_ha::HaControl>,
 ) -> Result<MirrorDuty, CliError> {
     let kind = |k: &str| {
         k.parse::<Kind>()
@@ -387,22 +387,24 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
         builder = builder.legacy_leader_lease(lease.clone());
     }
     let ha = ha_setup(&args, &client).await?;
+    let mut attached = None;
     if let Some((ha, clients)) = &ha {
-        builder = builder.ha(ha.clone(), clients.clone());
+        let (b, a) = kube_shard_ha::attach(builder, ha.clone(), clients.clone());
+        (builder, attached) = (b, a);
     }
     let group = builder
         .build()
         .map_err(|e| CliError::failed(format!("shard group: {e}")))?;
     let (handle, group_task) = group.start();
     let ownership: Ownership = handle.ownership();
-    let duty = match (&ha, handle.ha()) {
-        (Some((cfg, clients)), Some(h)) if args.ha_mirror => {
+    let duty = match (&ha, attached) {
+        (Some((cfg, clients)), Some(a)) if args.ha_mirror => {
             let local = match &args.ha_mirror_kubeconfig {
                 Some(p) => client_from(Some(p)).await?,
                 None => clients.local.clone(),
             };
             let clients = HaClients::new(local, clients.peer.clone(), clients.witness.clone());
-            Some(mirror_duty(&args, cfg, clients, h, handle.ha_control())?)
+            Some(mirror_duty(&args, cfg, clients, a.handle, Some(a.control))?)
         }
         (None, _) if args.ha_mirror => {
             return Err(CliError::Usage("--ha-mirror needs --ha-mode".into()))

@@ -480,7 +480,7 @@ impl Drop for Acknowledger {
 
 fn acknowledger(kc: &Path) -> Acknowledger {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube_shard::ha::switchover::{Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
+    use kube_shard_ha::switchover::{Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (flag, kc) = (stop.clone(), kc.to_path_buf());
     let thread = std::thread::spawn(move || {
@@ -881,13 +881,13 @@ fn ha_operator_mirror_duty_status_rows_and_the_promotion_target_check() {
 
 /// Publish the identity of a side (what a running operator writes at start) in the cluster of `kc`.
 fn publish_identity(rt: &tokio::runtime::Runtime, kc: &Path, id: &str, rank: u64, mirrored: bool) {
-    use kube_shard::ha::identity::{publish, Identity};
+    use kube_shard_ha::identity::{publish, Identity};
     rt.block_on(async {
         let c = client(kc).await;
         let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
         let uid = ns.get("kube-system").await.unwrap().metadata.uid.unwrap();
-        let mut b = kube_shard::ha::HaConfig::builder("widgets")
-            .mode(kube_shard::ha::HaMode::Standby)
+        let mut b = kube_shard_ha::HaConfig::builder("widgets")
+            .mode(kube_shard_ha::HaMode::Standby)
             .cluster(id, rank)
             .namespace("default")
             .kubeconfigs(None, Some("/peer".into()), None);

@@ -230,7 +230,7 @@ fn feed<K: Send + 'static>(
 
 /// The wall clock at microsecond precision (what `MicroTime` carries), strictly after `last`: others judge
 /// liveness by seeing `renewTime` *change*, so two renewals must never write the same value.
-pub(crate) fn next_stamp(
+pub fn next_stamp(
     now: k8s_openapi::jiff::Timestamp,
     last: Option<k8s_openapi::jiff::Timestamp>,
 ) -> k8s_openapi::jiff::Timestamp {

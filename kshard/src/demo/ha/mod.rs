@@ -2,9 +2,9 @@
 //!
 //! Two embedded API servers (in-process, resourceVersion counters far apart) are clusters `a` and `b`,
 //! each with the Widget CRD. Per cluster the HA participants run as tasks of this process: the elector
-//! (`kube_shard::ha::spawn`, time-scaled timings: [`setup::timings`]) and a small operator that admits
+//! (`kube_shard_ha::spawn`, time-scaled timings: [`setup::timings`]) and a small operator that admits
 //! through the `HaHandle` and writes Widget status under the admitted epoch. The Standby runs the mirror
-//! (`kube_shard::ha::mirror`). A writer ([`writer`]) keeps creating, changing and deleting Widgets on
+//! (`kube_shard_ha::mirror`). A writer ([`writer`]) keeps creating, changing and deleting Widgets on
 //! whichever cluster the HA Leases name Active, retrying writes the apiserver refuses. Then:
 //!
 //! 1. **lag**: `a` Active, `b` mirroring; the time from each acknowledged write to its copy on `b`
@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use clap::Args;
 use kube::Api;
-use kube_shard::ha::{HaMode, LocalClock};
+use kube_shard_ha::{HaMode, LocalClock};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -283,7 +283,7 @@ async fn demo(args: &HaDemoArgs, real: Option<(PathBuf, PathBuf)>) -> Report {
         ra.cut(false, rb);
         rb.cut(false, ra);
         for c in [&d.a, &d.b] {
-            let cfg = setup::ha_config(c.id, c.rank, kube_shard::ha::HaMode::Standby, &d.ns);
+            let cfg = setup::ha_config(c.id, c.rank, kube_shard_ha::HaMode::Standby, &d.ns);
             let problems = match cfg {
                 Ok(cfg) => setup::cleanup_real(&c.backend, &d.ns, &cfg).await,
                 Err(e) => vec![e.to_string()],

@@ -1,6 +1,6 @@
 //! The two clusters: embedded API servers (in-process, resourceVersion counters far apart) or two real
 //! clusters reached through the demo's own TCP proxies ([`super::proxy`]), the Widget CRD and namespace
-//! on both, and per cluster its HA participants as tasks: the elector (`kube_shard::ha::spawn`) and a
+//! on both, and per cluster its HA participants as tasks: the elector (`kube_shard_ha::spawn`) and a
 //! tiny operator that admits through the [`HaHandle`] and reconciles Widget status.
 //!
 //! Identities: on testserver every participant has its own client identity (`a-ha`, `a-op`,
@@ -18,8 +18,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kube_shard::ha::handle::tokio_clock;
-use kube_shard::ha::{
+use kube_shard_ha::handle::tokio_clock;
+use kube_shard_ha::{
     Epoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
 };
 use kube_shard_testserver::TestServer;
@@ -244,7 +244,7 @@ pub(crate) async fn prepare_real(
                 l.metadata.namespace.as_deref().unwrap_or_default()
             )));
         }
-        let freeze = kube_shard::ha::switchover::freeze_name(probe);
+        let freeze = kube_shard_ha::switchover::freeze_name(probe);
         let vap: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
             Api::all(admin.clone());
         if vap
@@ -312,7 +312,7 @@ async fn same_widget_crd(a: &Backend, b: &Backend) -> Result<(), CliError> {
 pub(crate) async fn cleanup_real(c: &Backend, ns: &str, cfg: &HaConfig) -> Vec<String> {
     let admin = c.client("demo-admin");
     let mut failed = Vec::new();
-    if let Err(e) = kube_shard::ha::switchover::unfreeze(&admin, cfg).await {
+    if let Err(e) = kube_shard_ha::switchover::unfreeze(&admin, cfg).await {
         failed.push(format!("lifting the freeze: {e}"));
     } else if !freeze_lifted(c).await {
         failed.push("the freeze still refused writes 10 s after it was deleted".into());
@@ -352,7 +352,7 @@ async fn freeze_lifted(c: &Backend) -> bool {
             // accepted, or refused by something other than the freeze: the freeze is gone
             Ok(_) => return true,
             Err(kube::Error::Api(s))
-                if !s.message.contains(kube_shard::ha::switchover::FREEZE_MARK) =>
+                if !s.message.contains(kube_shard_ha::switchover::FREEZE_MARK) =>
             {
                 return true
             }
@@ -494,7 +494,7 @@ pub(crate) fn start(
     let cfg = ha_config(id, rank, mode, ns)?;
     let who = format!("{id}-ha");
     let clients = HaClients::new(backend.client(&who), peer.client(&who), None);
-    let (handle, control, task) = kube_shard::ha::spawn(&cfg, clients, clock, HaMetrics::default());
+    let (handle, control, task) = kube_shard_ha::spawn(&cfg, clients, clock, HaMetrics::default());
     let op = tokio::spawn(
         operator(
             id,

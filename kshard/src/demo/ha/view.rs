@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use kube_shard::ha::HaHandle;
+use kube_shard_ha::HaHandle;
 
 /// What the view shows.
 pub(crate) struct Frame<'a> {

@@ -305,7 +305,7 @@ pub(crate) async fn active(t: &Targets) -> Option<(&'static str, Client)> {
         else {
             continue;
         };
-        if let Ok(r) = kube_shard::ha::record::decode(&l) {
+        if let Ok(r) = kube_shard_ha::record::decode(&l) {
             let e = r.epoch.wire();
             if best.as_ref().is_none_or(|(b, _)| e > *b) {
                 best = Some((e, r.cluster));

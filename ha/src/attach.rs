@@ -1,0 +1,120 @@
+//! Attach cross-cluster Active/Standby to a shard group: the member's HA elector runs on its own task, and
+//! its term handle is installed as the group's term gate (`ShardGroupBuilder::term_gate`). Admission and
+//! fences then need this cluster's HA term; on a Standby nothing is admitted, and a promotion re-enqueues
+//! every owned shard (HA.md "HA in a shard group").
+
+use std::sync::Arc;
+
+use kube_shard::group::ShardGroupBuilder;
+
+use crate::driver::{HaClients, HaControl};
+use crate::handle::{tokio_clock, HaHandle, LocalClock};
+use crate::{HaConfig, HaMetrics, HaMode};
+
+/// Attach HA with the defaults (tokio's clock, fresh metrics); see [`Attach`] for the options.
+///
+/// ```no_run
+/// # fn f(client: kube::Client, cfg: kube_shard_ha::HaConfig, clients: kube_shard_ha::HaClients) {
+/// use kube_shard::group::ShardGroup;
+/// let builder = ShardGroup::builder(client, "widgets", "operators");
+/// let (builder, ha) = kube_shard_ha::attach(builder, cfg, clients);
+/// let (handle, task) = builder.build().unwrap().start();
+/// // `ha` is `None` in standalone mode; its control serves `kshard ha status` and promotions
+/// # }
+/// ```
+///
+/// Call it inside a tokio runtime: the elector starts at once, on its own task, and stops when the
+/// member's task ends.
+pub fn attach(
+    builder: ShardGroupBuilder,
+    config: HaConfig,
+    clients: HaClients,
+) -> (ShardGroupBuilder, Option<GroupHa>) {
+    Attach::new(config, clients).to(builder)
+}
+
+/// A member's HA, attached to its group: the term handle (what admission consults) and the elector's
+/// commands.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct GroupHa {
+    /// The member's term handle (the group's term gate).
+    pub handle: HaHandle,
+    /// Commands to the member's elector (`kshard ha status`, promotions).
+    pub control: HaControl,
+}
+
+/// HA for a shard group, with options.
+#[must_use]
+pub struct Attach {
+    config: HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    metrics: HaMetrics,
+    #[cfg(feature = "test-util")]
+    flaws: crate::elector::Flaws,
+}
+
+impl std::fmt::Debug for Attach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attach")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attach {
+    /// HA for `config`, the clusters reached through `clients`.
+    pub fn new(config: HaConfig, clients: HaClients) -> Self {
+        Attach {
+            config,
+            clients,
+            clock: tokio_clock(),
+            metrics: HaMetrics::default(),
+            #[cfg(feature = "test-util")]
+            flaws: crate::elector::Flaws::default(),
+        }
+    }
+
+    /// The elector's local monotonic clock (default: tokio's; tests give each cluster its own offset and
+    /// rate).
+    pub fn clock(mut self, clock: LocalClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The elector's metrics (default: fresh ones).
+    pub fn metrics(mut self, metrics: HaMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The elector with deliberately broken rules, so a test can show its checker catches each (feature
+    /// `test-util`).
+    #[cfg(feature = "test-util")]
+    pub fn flaws(mut self, flaws: crate::elector::Flaws) -> Self {
+        self.flaws = flaws;
+        self
+    }
+
+    /// Start the elector and install its handle as `builder`'s term gate. A standalone config (empty
+    /// `--ha-mode`) changes nothing and returns `None`.
+    pub fn to(self, builder: ShardGroupBuilder) -> (ShardGroupBuilder, Option<GroupHa>) {
+        if self.config.mode == HaMode::Standalone {
+            return (builder, None);
+        }
+        #[cfg(feature = "test-util")]
+        let (handle, control, task) = crate::driver::spawn_with_flaws(
+            &self.config,
+            self.clients,
+            self.clock,
+            self.metrics,
+            self.flaws,
+        );
+        #[cfg(not(feature = "test-util"))]
+        let (handle, control, task) =
+            crate::driver::spawn(&self.config, self.clients, self.clock, self.metrics);
+        let builder = builder.term_gate(Arc::new(handle.clone()), task);
+        (builder, Some(GroupHa { handle, control }))
+    }
+}

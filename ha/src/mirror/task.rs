@@ -1,0 +1,473 @@
+//! The task of one mirrored kind: it consumes the source loop's deliveries into the retry queue and the
+//! watermark, runs the worker on due keys, probes the source for lag, checkpoints the position, and
+//! publishes its [`KindStatus`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{DynamicObject, ListParams, VersionMatch};
+use kube::{Api, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::apply::{apply, Outcome, Sides};
+use super::catchup::CatchUp;
+use super::checkpoint::{position_text, put_synced, Synced};
+use super::config::MirrorConfig;
+use super::error::MirrorError;
+use super::hold::Hold;
+use super::lag::Confirmations;
+use super::plan::{CopyContext, MIRRORED_FROM};
+use super::queue::{Key, RetryQueue};
+use super::rv::{check_regression, parse_rv};
+use super::source::Delivery;
+use super::status::KindStatus;
+use super::watermark::Watermark;
+use crate::checkpoint::edit::edit_checkpoint;
+use crate::checkpoint::Kind;
+use crate::{HaControl, LocalClock};
+
+pub(super) type Shared = Arc<Mutex<std::collections::BTreeMap<String, KindStatus>>>;
+
+pub(super) struct KindTask {
+    pub(super) kind: Kind,
+    pub(super) sides: Sides,
+    pub(super) ctx: CopyContext,
+    pub(super) cfg: Arc<MirrorConfig>,
+    pub(super) clock: LocalClock,
+    pub(super) shared: Shared,
+    pub(super) control: Option<HaControl>,
+    pub(super) queue: RetryQueue,
+    pub(super) wm: Watermark,
+    pub(super) conf: Confirmations,
+    pub(super) last_written: HashMap<Key, String>,
+    pub(super) status: KindStatus,
+    /// The prune backstop's suspects: copy key → (the copy's uid, when first seen without its source).
+    pub(super) suspects: BTreeMap<Key, (String, Duration)>,
+    /// Copy writes are made under it; none while the mirror holds at a token.
+    pub(super) hold: Hold,
+    /// Catch-ups to acknowledge once applied: the catch-up LIST's version, and where to say so.
+    pub(super) waiting: Vec<(u64, tokio::sync::oneshot::Sender<usize>)>,
+    /// The kind's initial full LIST, until its completion is recorded in the checkpoint.
+    pub(super) initial: Initial,
+}
+
+/// A kind's initial full LIST (what "synced" means: [`super::checkpoint`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Initial {
+    /// Recorded in the checkpoint (at start, from this source's incarnation, or since).
+    Recorded,
+    /// No full LIST delivered yet.
+    Awaited,
+    /// The LIST at `rv`, with `objects` in scope, is being applied.
+    Listed { rv: u64, objects: usize },
+    /// Applied: recorded with the next checkpoint.
+    Applied(Synced),
+}
+
+/// In the configured namespaces, and not kube-shard's own.
+pub(super) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
+    let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
+        o.metadata
+            .namespace
+            .as_ref()
+            .is_some_and(|n| set.contains(n))
+    });
+    ns_ok && !cfg.own.is_own(kind, &o.metadata)
+}
+
+fn key_of(o: &DynamicObject) -> Key {
+    (o.namespace().unwrap_or_default(), o.name_any())
+}
+
+impl KindTask {
+    fn now(&self) -> Duration {
+        (self.clock)()
+    }
+
+    fn in_scope(&self, o: &DynamicObject) -> bool {
+        in_scope(&self.cfg, &self.kind, o)
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Delivery>,
+        mut catchup: mpsc::Receiver<CatchUp>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        // a probe or checkpoint slower than its period must not make its tick ready on every turn (the
+        // select below is biased: it would starve catch-ups, work and deliveries)
+        let mut probe = tokio::time::interval(self.cfg.probe_period);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cp = tokio::time::interval(self.cfg.checkpoint_period);
+        cp.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut prune = self.cfg.prune_period.map(|p| {
+            let mut i = tokio::time::interval(p);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        loop {
+            let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
+            tokio::select! {
+                // the stop first, then the periodic ticks (ready at most once a period: missed ticks
+                // are delayed), catch-up requests, due work (it drains what is due, a bounded queue),
+                // and last the deliveries, which a busy source can keep ready
+                biased;
+                _ = stop.changed() => break,
+                _ = probe.tick() => if let Err(e) = self.probe().await {
+                    self.stop_with(e);
+                    break;
+                },
+                _ = cp.tick() => self.checkpoint().await,
+                _ = async { prune.as_mut().expect("guarded").tick().await }, if prune.is_some() => self.prune().await,
+                Some(c) = catchup.recv() => if let Err(e) = self.catch_up(c).await {
+                    self.stop_with(e);
+                    break;
+                },
+                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && !self.hold.held() => self.work().await,
+                d = rx.recv() => match d {
+                    Some(d) => if let Err(e) = self.deliver(d).await {
+                        self.stop_with(e);
+                        break;
+                    },
+                    None => break,
+                },
+            }
+            self.advance().await;
+        }
+        self.publish();
+    }
+
+    fn stop_with(&mut self, e: MirrorError) {
+        warn!(kind = %self.kind, error = %e, "mirror: kind stopped");
+        self.status.stopped = Some(e.to_string());
+        self.publish();
+    }
+
+    async fn deliver(&mut self, d: Delivery) -> Result<(), MirrorError> {
+        let now = self.now();
+        match d {
+            Delivery::Listed { items, rv } => {
+                check_regression(&self.kind.key(), self.wm.position(), rv)?;
+                self.status.lists += 1;
+                self.status.last_list = Some((now, items.len()));
+                let mut seen = BTreeSet::new();
+                let mut objects = 0;
+                for o in &items {
+                    let k = key_of(o);
+                    seen.insert(k.clone());
+                    if self.in_scope(o) {
+                        let orv = parse_rv(
+                            o.metadata.resource_version.as_deref().unwrap_or(""),
+                            "a listed object",
+                        )?;
+                        self.queue.push(k, orv, now);
+                        objects += 1;
+                    }
+                }
+                self.diff_copies(&seen, rv, now).await;
+                self.wm.delivered(rv);
+                if self.initial == Initial::Awaited {
+                    self.initial = Initial::Listed { rv, objects };
+                }
+            }
+            Delivery::Changed(o, v) | Delivery::Deleted(o, v) => {
+                if self.in_scope(&o) {
+                    self.queue.push(key_of(&o), v, now);
+                }
+                self.wm.delivered(v);
+            }
+            Delivery::Bookmark(v) => self.wm.delivered(v),
+            Delivery::Resumed => self.status.resumes += 1,
+            Delivery::Fatal(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// After a full LIST: copies of this source whose key the LIST lacks are queued (the worker deletes
+    /// them after its GET by name); copies out of scope are counted, not touched.
+    async fn diff_copies(&mut self, seen: &BTreeSet<Key>, rv: u64, now: Duration) {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.target.clone(), &self.sides.ar);
+        let lp =
+            ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
+        match api.list(&lp).await {
+            Ok(l) => {
+                let mut out = 0;
+                for c in l.items {
+                    let k = key_of(&c);
+                    if seen.contains(&k) {
+                        continue;
+                    }
+                    if self.in_scope(&c) {
+                        self.queue.push(k, rv, now);
+                    } else {
+                        out += 1;
+                    }
+                }
+                self.status.out_of_scope = out;
+            }
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: listing the copies failed"),
+        }
+    }
+
+    /// The prune backstop (HA.md "The mirror"): one LIST of the source; a copy in scope whose source
+    /// is absent or has another uid becomes a suspect, and a suspect still so (same copy uid) a grace
+    /// later is queued: the worker re-reads the source and deletes by its usual rules (GET by name,
+    /// preconditions, `Orphan`). Catches a delete the watch lost.
+    async fn prune(&mut self) {
+        let now = self.now();
+        let src: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let tgt: Api<DynamicObject> = Api::all_with(self.sides.target.clone(), &self.sides.ar);
+        let lp =
+            ListParams::default().labels(&format!("{MIRRORED_FROM}={}", self.cfg.source_cluster));
+        let (sources, copies) = match (src.list(&ListParams::default()).await, tgt.list(&lp).await)
+        {
+            (Ok(s), Ok(c)) => (s.items, c.items),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!(kind = %self.kind, error = %e, "mirror: prune sweep failed; next period");
+                return;
+            }
+        };
+        let live: HashMap<Key, String> = sources
+            .iter()
+            .map(|o| (key_of(o), o.metadata.uid.clone().unwrap_or_default()))
+            .collect();
+        let mut still = BTreeMap::new();
+        let (cfg, kind) = (self.cfg.clone(), self.kind.clone());
+        for c in copies.iter().filter(|c| in_scope(&cfg, &kind, c)) {
+            let k = key_of(c);
+            let recorded = c
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::plan::SOURCE_UID));
+            if live.get(&k).is_some_and(|u| Some(u) == recorded) {
+                continue;
+            }
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            match self.suspects.get(&k) {
+                Some((u, first))
+                    if *u == uid && now.saturating_sub(*first) >= self.cfg.prune_grace =>
+                {
+                    info!(kind = %self.kind, ns = %k.0, name = %k.1, "mirror: prune backstop: the source is gone; queued");
+                    self.status.prunes += 1;
+                    self.queue.push(k, self.wm.position().unwrap_or(0), now);
+                }
+                Some((u, first)) if *u == uid => {
+                    still.insert(k, (uid, *first));
+                }
+                _ => {
+                    still.insert(k, (uid, now));
+                }
+            }
+        }
+        self.suspects = still;
+    }
+
+    async fn work(&mut self) {
+        let hold = self.hold.clone();
+        let Some(_writing) = hold.writing().await else {
+            return; // held at a token: nothing is written
+        };
+        let now = self.now();
+        let Some(key) = self.queue.pop(now) else {
+            return;
+        };
+        let sides = self.sides.clone();
+        let last = self.last_written.get(&key).cloned();
+        let cfg = self.cfg.clone();
+        let kind = self.kind.clone();
+        let out = apply(&sides, &self.ctx, &key, last.as_deref(), |o| {
+            in_scope(&cfg, &kind, o)
+        })
+        .await;
+        let now = self.now();
+        match out {
+            Outcome::Applied(rv) => {
+                if let Some(rv) = rv {
+                    self.status.writes += 1;
+                    self.last_written.insert(key.clone(), rv);
+                }
+                self.queue.done(&key, now);
+            }
+            Outcome::Gone => {
+                if self.last_written.remove(&key).is_some() {
+                    self.status.writes += 1;
+                }
+                self.queue.done(&key, now);
+            }
+            Outcome::Retry(e) => {
+                info!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: retrying");
+                self.queue.retry(&key, now, e);
+            }
+            Outcome::Poison(e) => {
+                warn!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: failed object");
+                self.queue.fail(&key, e);
+            }
+        }
+    }
+
+    /// Catch-up to a token's version: one consistent LIST at `resourceVersion=rv` with
+    /// `resourceVersionMatch=NotOlderThan` (answered even after compaction), applied as a diff like a
+    /// relist; the position reaches that LIST's version once its changes are applied.
+    async fn catch_up(&mut self, c: CatchUp) -> Result<(), MirrorError> {
+        let rv = c.rv;
+        let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let lp = ListParams::default()
+            .at(&rv.to_string())
+            .matching(VersionMatch::NotOlderThan);
+        match api.list(&lp).await {
+            Ok(l) => {
+                let v = parse_rv(
+                    l.metadata.resource_version.as_deref().unwrap_or(""),
+                    "a catch-up LIST",
+                )?;
+                info!(kind = %self.kind, token_rv = rv, list_rv = v, items = l.items.len(), "mirror: catch-up");
+                self.status.catchups += 1;
+                self.deliver(Delivery::Listed {
+                    items: l.items,
+                    rv: v,
+                })
+                .await?;
+                if let Some(done) = c.done {
+                    self.waiting.push((v, done));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                warn!(kind = %self.kind, error = %e, "mirror: catch-up LIST failed");
+                Ok(())
+            }
+        }
+    }
+
+    async fn probe(&mut self) -> Result<(), MirrorError> {
+        let api: Api<DynamicObject> = Api::all_with(self.sides.source.clone(), &self.sides.ar);
+        let at = self.now();
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(l) => {
+                let rv = parse_rv(
+                    l.metadata.resource_version.as_deref().unwrap_or(""),
+                    "a probe LIST",
+                )?;
+                check_regression(&self.kind.key(), self.wm.position(), rv)?;
+                self.status.probed_rv = Some(rv);
+                self.conf.probe(at, rv);
+            }
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: probe failed"),
+        }
+        Ok(())
+    }
+
+    async fn advance(&mut self) {
+        let pending = if self.cfg.planted_watermark_ignores_queue {
+            None
+        } else {
+            self.queue.oldest_pending()
+        };
+        let pos = self.wm.advance(pending);
+        let before = self.conf.confirmed();
+        self.conf.passed(pos);
+        self.status.position = pos;
+        self.status.pending = self.queue.len();
+        self.status.failed = self.queue.failed();
+        self.status.confirmed_at = self.conf.confirmed();
+        self.publish();
+        self.settle_catch_ups(pos);
+        self.settle_initial();
+        if self.conf.confirmed() != before {
+            self.report_lag().await;
+        }
+    }
+
+    /// A catch-up is applied once the position reached its LIST's version and nothing but failed
+    /// objects is left in the queue (the LIST queued every object, and the position alone may already
+    /// have passed the version by a bookmark).
+    fn settle_catch_ups(&mut self, pos: Option<u64>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let failed = self.queue.failed().len();
+        if self.queue.len() > failed {
+            return;
+        }
+        let pos = pos.unwrap_or(0);
+        let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|(v, _)| pos >= *v);
+        self.waiting = rest;
+        for (_, done) in ready {
+            let _ = done.send(failed);
+        }
+    }
+
+    /// The initial LIST is applied once every change at or below its version was applied or put on
+    /// the failed list (the watermark then passes it, unless objects failed: the record counts them).
+    fn settle_initial(&mut self) {
+        let Initial::Listed { rv, objects } = self.initial else {
+            return;
+        };
+        let Some(failed) = self.queue.settled_through(rv) else {
+            return;
+        };
+        let at = format!("{:.0}", k8s_openapi::jiff::Timestamp::now());
+        info!(kind = %self.kind, list_rv = rv, objects, failed, "mirror: the initial LIST is applied (synced)");
+        let s = Synced::new(self.ctx.source.cluster_source(), rv, objects, failed, at);
+        self.status.synced = Some(s.clone());
+        self.initial = Initial::Applied(s);
+    }
+
+    /// Write an advanced position, and with it the initial LIST's completion once applied.
+    async fn checkpoint(&mut self) {
+        let Some(pos) = self.wm.position() else {
+            return;
+        };
+        let synced = match &self.initial {
+            Initial::Applied(s) => Some(s.clone()),
+            _ => None,
+        };
+        if synced.is_none() && self.status.checkpointed.is_some_and(|c| c >= pos) {
+            return;
+        }
+        let (src, key) = (self.ctx.source.cluster_source(), self.kind.key());
+        let r = edit_checkpoint(&self.sides.target, &self.cfg.ha, |d| {
+            d.insert(key.clone(), position_text(&src, pos));
+            if let Some(s) = &synced {
+                put_synced(d, &key, s);
+            }
+        })
+        .await;
+        match r {
+            Ok(()) => {
+                self.status.checkpointed = Some(pos);
+                if synced.is_some() {
+                    self.initial = Initial::Recorded;
+                }
+            }
+            Err(e) => warn!(kind = %self.kind, error = %e, "mirror: checkpoint write failed"),
+        }
+    }
+
+    fn publish(&self) {
+        if let Ok(mut m) = self.shared.lock() {
+            m.insert(self.kind.key(), self.status.clone());
+        }
+    }
+
+    /// The lag gate: the oldest confirmation over every kind.
+    async fn report_lag(&self) {
+        let Some(c) = &self.control else {
+            return;
+        };
+        let min = self.shared.lock().ok().and_then(|m| {
+            m.values()
+                .map(|s| s.confirmed_at)
+                .collect::<Option<Vec<_>>>()
+                .and_then(|v| v.into_iter().min())
+        });
+        if let Some(at) = min {
+            let _ = c.mirror_confirmed(at).await;
+        }
+    }
+}

@@ -1,0 +1,1063 @@
+//! Planned switchover (HA.md contract 2; `review-ha.md` H9, H10, H11, H19 a). The CLI (`kshard ha
+//! demote | promote --token | switchover | demote --cancel`) only parses and prints; this is the engine.
+//!
+//! **Demote** ([`demote`], run against the Active):
+//! 1. mark the Active's own HA Lease `demoting` (a state with a rising `seq`, [`HaState`]); every process
+//!    of the cluster reads it at its next renewal (the mark changed the resourceVersion, so the renewal
+//!    conflicts and re-reads), stops admitting, ends its fences, and keeps renewing in that state (so a
+//!    witness never sees the Active stale: a Standby never auto-promotes from a `demoting` record);
+//! 2. wait until every member Lease of the Active's shard group acknowledges `ha-drained(epoch)`
+//!    ([`kube_shard::group::report::HA_DRAINED`]: written once the member's permits and fences under the
+//!    term have ended), or, without a group, wait out the term's last possible end plus the longest
+//!    fenced-write timeout; a member that does not ack within `drain_timeout` fails the demotion with its
+//!    name, and **no token is issued**;
+//! 3. **freeze** the covered kinds: a ValidatingAdmissionPolicy and its binding refuse creates, updates
+//!    and deletes of them by every identity but `freeze_exempt`; proceed only once a dry-run probe write
+//!    is refused by it;
+//! 4. take the **token** ([`Token`]): the epoch, the source identity (cluster id and the uid of its
+//!    `kube-system` namespace), per kind the resourceVersion of a consistent LIST; record it in the
+//!    Lease (`demoting(token)`) and return it.
+//!
+//! **Promote with the token** ([`promote_with_token`], run against the Standby): first the promotion
+//! checks ([`check_promotion`]: this cluster's mirror read from its checkpoint; no mirror, a source
+//! other than the token's, a token whose kinds are not the mirror's, divergent objects → refused), then
+//! the token table: already used → error; foreign source → error; the source's Lease not at the token's epoch in
+//! `demoting(token)` → error (stale); the mirror's position behind the token → wait, bounded by the
+//! timeout, then a per-kind report and no change on either side; a source object above the token →
+//! error ("the old Active accepted writes after its demotion"). Then the token is recorded as used and
+//! an in-process elector of the Standby takes every Lease over from its `demoting(token)` record by
+//! conditional writes, with no `lease_duration` wait ([`TokenTakeover`]).
+//!
+//! **The mirror's position** is read from the Standby's checkpoint ConfigMap `<name>-ha-mirror` (one
+//! entry per kind, `v1 source=<cluster>/<uid> rv=<n>`, [`write_position`]): the mirror
+//! ([`crate::mirror`]) persists its low watermark there. Before waiting, `promote --token` writes the
+//! token under [`CATCH_UP_KEY`] in the same ConfigMap, and the mirror (in the Standby's operator) catches
+//! up to it by one consistent `NotOlderThan` LIST per kind instead of waiting for events. The takeover
+//! waits, beside the positions, for the mirror's acknowledgement under [`CAUGHT_UP_KEY`]: every kind's
+//! catch-up applied and the mirror *holding* (writing nothing more to this cluster). A position can pass
+//! the token by a bookmark while the catch-up's queue is still being worked through, and a copy written
+//! after the takeover would put an object the new Active's users changed back to the old Active's
+//! version. A promotion that fails before the takeover withdraws its request, and the mirror mirrors on.
+//!
+//! **Cancel** ([`cancel`]): refused once any Lease shows a higher epoch (the peer promoted); else the
+//! Lease a token promotion writes first (the witness, or without one the Active's own) is set back to
+//! `active` first, so a cancel and a token promotion serialise on one conditional write; then the own
+//! Lease is set `active`, and only then the freeze lifted (a failed write leaves the freeze).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+mod error;
+mod freeze;
+
+use crate::checkpoint::{caught_up, parse_hold, position};
+pub use crate::checkpoint::{Kind, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY, USED_TOKENS_KEY};
+pub use crate::config::checkpoint_name;
+use error::{api_err, report_text};
+pub use error::{KindReport, SwitchError};
+pub use freeze::{freeze_objects, FREEZE_MARK};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::discovery::{ApiCapabilities, Scope};
+use kube::{Api, Client};
+use tracing::{info, warn};
+
+use crate::config::HaConfig;
+use crate::driver::{spawn, HaClients, PromoteError};
+use crate::elector::TokenTakeover;
+use crate::epoch::Epoch;
+use crate::handle::LocalClock;
+use crate::metrics::HaMetrics;
+use crate::mirror::adopt::{check_promotion, PromotionChecks, PromotionPath};
+use crate::record::{self, HaState, Record, STATE_ANNOTATION};
+use kube_shard::group::report::{GROUP_LABEL, HA_DRAINED, ROLE_LABEL};
+
+/// Settings of [`demote`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct DemoteOptions {
+    /// The Active's shard group (its member Leases ack `ha-drained`); `None`: a single process, the
+    /// demoter waits out the term's last possible end plus the longest fenced-write timeout.
+    pub group: Option<String>,
+    /// The group's namespace (default: the HA namespace).
+    pub group_namespace: Option<String>,
+    /// The covered (mirrored) kinds: frozen, and in the token.
+    pub kinds: Vec<Kind>,
+    /// Identities the freeze lets write (for example the garbage collector).
+    pub freeze_exempt: Vec<String>,
+    /// How long to wait for the acks.
+    pub drain_timeout: Duration,
+    /// How long to wait for the freeze probe to be refused.
+    pub freeze_timeout: Duration,
+    /// PLANTED BUG for the tests: take the token without waiting for the acks.
+    #[doc(hidden)]
+    pub skip_acks: bool,
+}
+
+impl DemoteOptions {
+    /// Defaults: no group, a 60 s drain timeout, a 30 s freeze timeout, nothing exempt.
+    #[must_use]
+    pub fn new(kinds: Vec<Kind>) -> Self {
+        DemoteOptions {
+            group: None,
+            group_namespace: None,
+            kinds,
+            freeze_exempt: Vec::new(),
+            drain_timeout: Duration::from_secs(60),
+            freeze_timeout: Duration::from_secs(30),
+            skip_acks: false,
+        }
+    }
+
+    /// The Active's shard group (in `namespace`, default the HA namespace).
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>, namespace: Option<String>) -> Self {
+        self.group = Some(group.into());
+        self.group_namespace = namespace;
+        self
+    }
+
+    /// How long to wait for the members' acks.
+    #[must_use]
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+
+    /// Identities the freeze lets write.
+    #[must_use]
+    pub fn freeze_exempt(mut self, ids: Vec<String>) -> Self {
+        self.freeze_exempt = ids;
+        self
+    }
+}
+
+fn lease_api(c: &Client, ns: &str) -> Api<Lease> {
+    Api::namespaced(c.clone(), ns)
+}
+
+/// The decoded Lease `name`, with the Lease itself.
+async fn read_lease(api: &Api<Lease>, name: &str) -> Result<(Lease, Record), SwitchError> {
+    let l = api
+        .get(name)
+        .await
+        .map_err(api_err(format!("reading HA Lease {name}")))?;
+    let r = record::decode(&l)
+        .map_err(|e| SwitchError::NotActive(format!("HA Lease {name} does not decode: {e}")))?;
+    Ok((l, r))
+}
+
+/// Set the state of the Lease `name` that names `cluster` at `epoch`: `next(current)` gives the new state
+/// (`None`: leave it). Conditional writes; on a conflict re-read and retry only while it still names them.
+async fn set_state(
+    api: &Api<Lease>,
+    name: &str,
+    cluster: &str,
+    epoch: Epoch,
+    next: impl Fn(&HaState) -> Option<HaState>,
+) -> Result<HaState, SwitchError> {
+    loop {
+        let (mut l, r) = read_lease(api, name).await?;
+        if r.cluster != cluster || r.epoch != epoch {
+            return Err(SwitchError::NotActive(format!(
+                "HA Lease {name} names {} now, not {cluster}/{epoch}",
+                r.holder()
+            )));
+        }
+        let Some(new) = next(&r.state) else {
+            return Ok(r.state);
+        };
+        let ann = l.metadata.annotations.get_or_insert_with(Default::default);
+        match new.text() {
+            Some(t) => ann.insert(STATE_ANNOTATION.into(), t),
+            None => ann.remove(STATE_ANNOTATION),
+        };
+        match api.replace(name, &PostParams::default(), &l).await {
+            Ok(_) => return Ok(new),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(api_err(format!("writing HA Lease {name}"))(e)),
+        }
+    }
+}
+
+/// Write a state into every HA Lease that names this cluster at `epoch`: the own Lease (required), then the
+/// peer's and the witness's when they name it. Every process of the cluster then finds each of its
+/// resourceVersions stale, so none writes an older state into any Lease again (its next write conflicts,
+/// and the re-read shows the newer state, which it adopts).
+async fn set_state_all(
+    cfg: &HaConfig,
+    clients: &HaClients,
+    epoch: Epoch,
+    next: impl Fn(&HaState) -> Option<HaState>,
+) -> Result<HaState, SwitchError> {
+    let name = cfg.lease_name();
+    let own = set_state(
+        &lease_api(&clients.local, &cfg.namespace),
+        &name,
+        &cfg.cluster_id,
+        epoch,
+        &next,
+    )
+    .await?;
+    let mut others = vec![lease_api(&clients.peer, &cfg.namespace)];
+    if let Some(w) = &clients.witness {
+        others.push(lease_api(w, &cfg.witness_namespace));
+    }
+    // the same state (the same seq) everywhere: a process holding an older one adopts it wherever it reads
+    for api in others {
+        let same = |_: &HaState| Some(own.clone());
+        if let Err(e) = set_state(&api, &name, &cfg.cluster_id, epoch, same).await {
+            tracing::debug!(error = %e, "HA switchover: a Lease not naming this cluster keeps its state");
+        }
+    }
+    Ok(own)
+}
+
+/// The epoch this cluster leads (its own Lease names it, nothing higher in the peer's or the witness's).
+async fn my_epoch(cfg: &HaConfig, clients: &HaClients) -> Result<(Epoch, HaState), SwitchError> {
+    let name = cfg.lease_name();
+    let (_, own) = read_lease(&lease_api(&clients.local, &cfg.namespace), &name).await?;
+    if own.cluster != cfg.cluster_id {
+        return Err(SwitchError::NotActive(format!(
+            "this cluster's HA Lease names {}",
+            own.holder()
+        )));
+    }
+    let mut others = vec![lease_api(&clients.peer, &cfg.namespace)];
+    if let Some(w) = &clients.witness {
+        others.push(lease_api(w, &cfg.witness_namespace));
+    }
+    for api in others {
+        if let Ok(Some(l)) = api.get_opt(&name).await {
+            if let Ok(r) = record::decode(&l) {
+                if r.epoch > own.epoch {
+                    return Err(SwitchError::NotActive(format!(
+                        "{} holds a higher epoch ({})",
+                        r.cluster, r.epoch
+                    )));
+                }
+            }
+        }
+    }
+    Ok((own.epoch, own.state))
+}
+
+/// `kshard ha demote`: the mark, the acks, the freeze, then the token (recorded in the Lease). Run again
+/// on a cluster already holding a token, it returns that token.
+pub async fn demote(
+    cfg: &HaConfig,
+    clients: &HaClients,
+    opts: &DemoteOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<Token, SwitchError> {
+    if opts.kinds.is_empty() {
+        return Err(SwitchError::Input("no kind to cover (--kind)".into()));
+    }
+    let name = cfg.lease_name();
+    let own = lease_api(&clients.local, &cfg.namespace);
+    let (epoch, state) = my_epoch(cfg, clients).await?;
+    if let Some(t) = state.token.as_deref() {
+        progress("already demoted: the token recorded in the Lease");
+        return t.parse().map_err(SwitchError::from);
+    }
+    let marked = set_state_all(cfg, clients, epoch, |s| {
+        (!s.demoting).then(|| HaState {
+            seq: s.seq + 1,
+            demoting: true,
+            token: None,
+        })
+    })
+    .await?;
+    info!(epoch = %epoch, seq = marked.seq, "HA demote: marked demoting");
+    progress(&format!(
+        "marked demoting at epoch {epoch}: members stop admitting"
+    ));
+    let t0 = tokio::time::Instant::now();
+    if opts.skip_acks {
+        progress("PLANTED BUG: not waiting for the members' acks");
+    } else if let Some(group) = &opts.group {
+        let ns = opts.group_namespace.as_deref().unwrap_or(&cfg.namespace);
+        wait_acks(
+            &clients.local,
+            ns,
+            group,
+            epoch,
+            opts.drain_timeout,
+            &mut progress,
+        )
+        .await?;
+    } else {
+        let (_, r) = read_lease(&own, &name).await?;
+        let wait = r.timings.renew_deadline + r.timings.request_timeout + cfg.timings.grace;
+        progress(&format!("no group: waiting out the term ({wait:?})"));
+        tokio::time::sleep(wait).await;
+    }
+    info!(waited = ?t0.elapsed(), "HA demote: drained");
+    let resolved = resolve_all(&clients.local, &opts.kinds).await?;
+    freeze(
+        &clients.local,
+        cfg,
+        &resolved,
+        &opts.freeze_exempt,
+        opts.freeze_timeout,
+    )
+    .await?;
+    progress("frozen: the covered kinds refuse writes");
+    let token = take_token(&clients.local, cfg, epoch, &resolved).await?;
+    let text = token.to_string();
+    set_state_all(cfg, clients, epoch, |s| {
+        Some(HaState {
+            seq: s.seq + 1,
+            demoting: true,
+            token: Some(text.clone()),
+        })
+    })
+    .await?;
+    info!(token = %text, "HA demote: token taken");
+    Ok(token)
+}
+
+async fn wait_acks(
+    client: &Client,
+    ns: &str,
+    group: &str,
+    epoch: Epoch,
+    timeout: Duration,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), SwitchError> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={group},{ROLE_LABEL}=member"));
+    let t0 = tokio::time::Instant::now();
+    let want = epoch.wire().to_string();
+    let mut last = Vec::new();
+    loop {
+        let leases = api
+            .list(&lp)
+            .await
+            .map_err(api_err("listing member Leases"))?;
+        let pending: Vec<String> = leases
+            .items
+            .iter()
+            .filter(|l| {
+                l.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(HA_DRAINED))
+                    != Some(&want)
+            })
+            .map(|l| l.metadata.name.clone().unwrap_or_default())
+            .collect();
+        if leases.items.is_empty() {
+            return Err(SwitchError::Input(format!(
+                "group {group} has no member Leases in {ns}"
+            )));
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if t0.elapsed() >= timeout {
+            return Err(SwitchError::NotDrained {
+                epoch,
+                pending,
+                waited: t0.elapsed(),
+            });
+        }
+        if pending != last {
+            progress(&format!("waiting for ha-drained({epoch}) from {pending:?}"));
+            last = pending;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+type Resolved = Vec<(Kind, ApiResource, ApiCapabilities)>;
+
+async fn resolve_all(client: &Client, kinds: &[Kind]) -> Result<Resolved, SwitchError> {
+    let mut out = Vec::new();
+    for k in kinds {
+        let (ar, caps) = resolve(k, client).await?;
+        out.push((k.clone(), ar, caps));
+    }
+    Ok(out)
+}
+
+/// The freeze policy's and binding's name.
+#[must_use]
+pub fn freeze_name(cfg: &HaConfig) -> String {
+    format!("{}-ha-freeze", cfg.name)
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K, name: &str) -> Result<(), SwitchError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + fmt::Debug,
+{
+    match api
+        .get_opt(name)
+        .await
+        .map_err(api_err(format!("reading {name}")))?
+    {
+        None => api.create(&PostParams::default(), obj).await.map(|_| ()),
+        Some(old) => {
+            let mut o = obj.clone();
+            o.meta_mut().resource_version = old.meta().resource_version.clone();
+            api.replace(name, &PostParams::default(), &o)
+                .await
+                .map(|_| ())
+        }
+    }
+    .map_err(api_err(format!("writing {name}")))
+}
+
+async fn freeze(
+    client: &Client,
+    cfg: &HaConfig,
+    kinds: &Resolved,
+    exempt: &[String],
+    timeout: Duration,
+) -> Result<(), SwitchError> {
+    let name = freeze_name(cfg);
+    let plain: Vec<Kind> = kinds.iter().map(|(k, _, _)| k.clone()).collect();
+    let (policy, binding) = freeze_objects(&name, &plain, exempt)?;
+    apply(&Api::all(client.clone()), &policy, &name).await?;
+    apply(&Api::all(client.clone()), &binding, &name).await?;
+    let t0 = tokio::time::Instant::now();
+    for (k, ar, caps) in kinds {
+        loop {
+            match probe(client, cfg, ar, caps).await {
+                Ok(()) => break,
+                Err(why) if t0.elapsed() >= timeout => {
+                    return Err(SwitchError::Freeze(format!("the probe write of {k} was not refused by the freeze within {timeout:?}: {why}")))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A dry-run write of the kind (an update of an existing object, else a create): `Ok` when the freeze
+/// refuses it.
+async fn probe(
+    client: &Client,
+    cfg: &HaConfig,
+    ar: &ApiResource,
+    caps: &ApiCapabilities,
+) -> Result<(), String> {
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let first = all
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .next();
+    let res = match first {
+        Some(o) => {
+            let api: Api<DynamicObject> = match o.metadata.namespace.as_deref() {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+                None => all.clone(),
+            };
+            api.replace(&o.metadata.name.clone().unwrap_or_default(), &dry, &o)
+                .await
+        }
+        None => {
+            let namespaced = caps.scope == Scope::Namespaced;
+            let ns = namespaced.then(|| cfg.namespace.clone());
+            let mut o = DynamicObject::new("kube-shard-freeze-probe", ar);
+            o.metadata.namespace = ns.clone();
+            let api: Api<DynamicObject> = match ns {
+                Some(ns) => Api::namespaced_with(client.clone(), &ns, ar),
+                None => all.clone(),
+            };
+            api.create(&dry, &o).await
+        }
+    };
+    match res {
+        Err(kube::Error::Api(s)) if s.message.contains(FREEZE_MARK) => Ok(()),
+        Err(e) => Err(e.to_string()),
+        Ok(_) => Err("the dry-run write was accepted".into()),
+    }
+}
+
+/// Lift the freeze (idempotent).
+pub async fn unfreeze(client: &Client, cfg: &HaConfig) -> Result<(), SwitchError> {
+    let name = freeze_name(cfg);
+    let b: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let p: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    for r in [
+        b.delete(&name, &DeleteParams::default()).await.map(|_| ()),
+        p.delete(&name, &DeleteParams::default()).await.map(|_| ()),
+    ] {
+        match r {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(api_err(format!("deleting {name}"))(e)),
+        }
+    }
+    Ok(())
+}
+
+async fn kube_system_uid(client: &Client) -> Result<String, SwitchError> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let n = ns
+        .get("kube-system")
+        .await
+        .map_err(api_err("reading namespace kube-system"))?;
+    n.metadata
+        .uid
+        .ok_or_else(|| SwitchError::Input("kube-system has no uid".into()))
+}
+
+fn parse_rv(s: Option<&str>, what: &str) -> Result<u64, SwitchError> {
+    s.and_then(|v| v.parse().ok()).ok_or_else(|| {
+        SwitchError::Input(format!("{what}: resourceVersion {s:?} is not an integer"))
+    })
+}
+
+async fn take_token(
+    client: &Client,
+    cfg: &HaConfig,
+    epoch: Epoch,
+    kinds: &Resolved,
+) -> Result<Token, SwitchError> {
+    let mut out = BTreeMap::new();
+    for (k, ar, _) in kinds {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+        // no resourceVersion: a consistent (quorum) LIST, taken after the freeze's probe was refused
+        let l = api
+            .list(&ListParams::default().limit(1))
+            .await
+            .map_err(api_err(format!("listing {k}")))?;
+        out.insert(
+            k.key(),
+            parse_rv(l.metadata.resource_version.as_deref(), &k.to_string())?,
+        );
+    }
+    Ok(Token {
+        cluster: cfg.cluster_id.clone(),
+        uid: kube_system_uid(client).await?,
+        epoch,
+        kinds: out,
+        id: format!("{:016x}", kube_shard::ownership::random::next_u64()),
+    })
+}
+
+/// Record the mirror's position of `kind` from `source` (`<cluster>/<uid>`) in the checkpoint of the
+/// cluster `client` reaches: what the mirror persists (and tests write in its place).
+pub async fn write_position(
+    client: &Client,
+    cfg: &HaConfig,
+    kind: &str,
+    source: &str,
+    rv: u64,
+) -> Result<(), SwitchError> {
+    edit_checkpoint(client, cfg, |data| {
+        data.insert(
+            kind.to_string(),
+            crate::mirror::checkpoint::position_text(source, rv),
+        );
+    })
+    .await
+}
+
+/// Settings of [`promote_with_token`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PromoteOptions {
+    /// How long to wait for the mirror, and then for the Lease takeover.
+    pub timeout: Duration,
+    /// The promotion checks' cross-checks and overrides. The checks always run, with this cluster's
+    /// mirror read from its checkpoint ([`check_promotion`]): no mirror, a token whose kinds are not
+    /// the mirror's, or divergent objects → refused before anything is written.
+    pub checks: PromotionChecks,
+}
+
+impl PromoteOptions {
+    /// Wait at most `timeout`; no cross-check, no override.
+    #[must_use]
+    pub fn new(timeout: Duration) -> Self {
+        PromoteOptions {
+            timeout,
+            checks: PromotionChecks::default(),
+        }
+    }
+
+    /// The checks' cross-checks and overrides.
+    #[must_use]
+    pub fn checks(mut self, checks: PromotionChecks) -> Self {
+        self.checks = checks;
+        self
+    }
+}
+
+/// The token table against the source (the peer) and the checkpoint; waits while the mirror is behind.
+async fn check_token(
+    cfg: &HaConfig,
+    clients: &HaClients,
+    token: &Token,
+    timeout: Duration,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), SwitchError> {
+    let cm_api: Api<ConfigMap> = Api::namespaced(clients.local.clone(), &cfg.namespace);
+    let cp_name = checkpoint_name(cfg);
+    let data = |cm: Option<ConfigMap>| cm.and_then(|c| c.data).unwrap_or_default();
+    let cp = data(
+        cm_api
+            .get_opt(&cp_name)
+            .await
+            .map_err(api_err("reading the checkpoint"))?,
+    );
+    if cp
+        .get(USED_TOKENS_KEY)
+        .is_some_and(|u| u.lines().any(|l| l == token.id))
+    {
+        return Err(SwitchError::Refused(format!(
+            "token {} was already used",
+            token.id
+        )));
+    }
+    let peer_uid = kube_system_uid(&clients.peer).await?;
+    let name = cfg.lease_name();
+    let (_, src) = read_lease(&lease_api(&clients.peer, &cfg.namespace), &name).await?;
+    if token.uid != peer_uid || token.cluster == cfg.cluster_id {
+        return Err(SwitchError::Refused(format!(
+            "foreign source {} (the peer is {}/{peer_uid})",
+            token.source(),
+            src.cluster
+        )));
+    }
+    let text = token.to_string();
+    if src.cluster != token.cluster
+        || src.epoch != token.epoch
+        || src.state.token.as_deref() != Some(&text)
+    {
+        return Err(SwitchError::Refused(format!(
+            "stale: the token is for {}/{}, the source's HA Lease is {} ({})",
+            token.cluster,
+            token.epoch,
+            src.holder(),
+            if src.state.token.is_some() {
+                "another token"
+            } else if src.state.demoting {
+                "demoting, no token"
+            } else {
+                "not demoting"
+            }
+        )));
+    }
+    // ask the mirror (another process) to catch up to the token by one consistent LIST per kind
+    edit_checkpoint(&clients.local, cfg, |d| {
+        d.insert(CATCH_UP_KEY.to_string(), text.clone());
+    })
+    .await?;
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let cp = data(
+            cm_api
+                .get_opt(&cp_name)
+                .await
+                .map_err(api_err("reading the checkpoint"))?,
+        );
+        let report: Vec<KindReport> = token
+            .kinds
+            .iter()
+            .map(|(k, rv)| KindReport {
+                kind: k.clone(),
+                token_rv: *rv,
+                position: position(&cp, k, &token.source()),
+            })
+            .collect();
+        let reached = report
+            .iter()
+            .all(|r| r.position.is_some_and(|p| p >= r.token_rv));
+        let held = cp.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &token.id));
+        if let (true, Some(failed)) = (reached, held) {
+            if failed > 0 {
+                progress(&format!(
+                    "the mirror caught up and holds, with {failed} object(s) on its failed list                      (not copied: see `kshard ha status --kind`)"
+                ));
+            }
+            break;
+        }
+        if t0.elapsed() >= timeout {
+            return Err(if reached {
+                SwitchError::NotHeld {
+                    waited: t0.elapsed(),
+                }
+            } else {
+                SwitchError::Behind {
+                    report,
+                    waited: t0.elapsed(),
+                }
+            });
+        }
+        if reached {
+            progress("the mirror reached the token: waiting for it to apply the catch-up and hold");
+        } else {
+            progress(&format!(
+                "waiting for the mirror:\n{}",
+                report_text(&report)
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    ahead_of_token(&clients.peer, token).await
+}
+
+/// A forced promotion's hold (HA.md "Promotion and adoption": stop the mirror before the new epoch): ask
+/// the mirror of `cfg`'s cluster (through its checkpoint on `local`) to hold, and wait at most `wait` for
+/// its acknowledgement. `source_epoch` is the old Active's epoch. Returns the request's id, and whether a
+/// mirror acknowledged it (a cluster may run none).
+pub(crate) async fn request_hold(
+    local: &Client,
+    cfg: &HaConfig,
+    source_epoch: u64,
+    wait: Duration,
+) -> Result<(String, bool), SwitchError> {
+    let id = format!("force-{:016x}", kube_shard::ownership::random::next_u64());
+    let text = format!("e={source_epoch} id={id}");
+    edit_checkpoint(local, cfg, |d| {
+        d.insert(HOLD_KEY.to_string(), text.clone());
+    })
+    .await?;
+    let api: Api<ConfigMap> = Api::namespaced(local.clone(), &cfg.namespace);
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let acked = api
+            .get_opt(&checkpoint_name(cfg))
+            .await
+            .map_err(api_err("reading the checkpoint"))?
+            .and_then(|c| c.data)
+            .and_then(|d| d.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &id)))
+            .is_some();
+        if acked || t0.elapsed() >= wait {
+            return Ok((id, acked));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Take back a forced promotion's hold request `id` (the promotion failed): the mirror mirrors on.
+pub(crate) async fn withdraw_hold(local: &Client, cfg: &HaConfig, id: &str) {
+    let r = edit_checkpoint(local, cfg, |d| {
+        if d.get(HOLD_KEY)
+            .and_then(|t| parse_hold(t))
+            .is_some_and(|(_, i)| i == id)
+        {
+            d.remove(HOLD_KEY);
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, id, "promote --force: withdrawing the hold request failed; the mirror keeps holding until it is removed");
+    }
+}
+
+/// Take back a catch-up request this promotion made (it failed before the takeover): the mirror
+/// releases its hold and mirrors on. Best effort: a request left behind keeps the mirror holding, which
+/// is safe and shown by `kshard ha status`.
+async fn withdraw(local: &Client, cfg: &HaConfig, token: &Token) {
+    let text = token.to_string();
+    let r = edit_checkpoint(local, cfg, |d| {
+        if d.get(CATCH_UP_KEY) == Some(&text) {
+            d.remove(CATCH_UP_KEY);
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, token = %token.id, "promote: withdrawing the catch-up request failed; the mirror keeps holding until it is removed");
+    }
+}
+
+/// A source object above the token: the old Active accepted writes after its demotion.
+async fn ahead_of_token(source: &Client, token: &Token) -> Result<(), SwitchError> {
+    for (key, rv) in &token.kinds {
+        let (plural, group) = key.split_once('.').unwrap_or((key, ""));
+        let gv = kube::core::GroupVersion::gv(group, "");
+        let g = kube::discovery::oneshot::pinned_group(
+            source,
+            &kube::core::GroupVersion::gv(group, &preferred(source, &gv).await?),
+        )
+        .await
+        .map_err(api_err(format!("discovering {key}")))?;
+        let Some((ar, _)) = g
+            .recommended_resources()
+            .into_iter()
+            .find(|(r, _)| r.plural == plural)
+        else {
+            return Err(SwitchError::Refused(format!(
+                "{key} is not served by the source"
+            )));
+        };
+        let api: Api<DynamicObject> = Api::all_with(source.clone(), &ar);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(api_err(format!("listing {key}")))?;
+        for o in list.items {
+            let orv = parse_rv(o.metadata.resource_version.as_deref(), key)?;
+            if orv > *rv {
+                return Err(SwitchError::Refused(format!(
+                    "the old Active accepted writes after its demotion: {key} {}/{} at resourceVersion {orv} > the token's {rv}",
+                    o.metadata.namespace.unwrap_or_default(),
+                    o.metadata.name.unwrap_or_default()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn preferred(client: &Client, gv: &kube::core::GroupVersion) -> Result<String, SwitchError> {
+    if gv.group.is_empty() {
+        return Ok("v1".into());
+    }
+    let d = kube::discovery::oneshot::group(client, &gv.group)
+        .await
+        .map_err(api_err(format!("discovering group {}", gv.group)))?;
+    Ok(d.preferred_version_or_latest().to_string())
+}
+
+/// `kshard ha promote --token T` on the Standby of `cfg`: the token table, then the takeover. Returns the
+/// new epoch once this cluster's own HA Lease records it.
+pub async fn promote_with_token(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: LocalClock,
+    token: &Token,
+    opts: &PromoteOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<Epoch, SwitchError> {
+    let checked = check_promotion(
+        cfg,
+        &clients.local,
+        &opts.checks,
+        PromotionPath::Token(token),
+    )
+    .await?;
+    for o in &checked.overridden {
+        progress(&format!("override {o}"));
+    }
+    if let Err(e) = check_token(cfg, &clients, token, opts.timeout, &mut progress).await {
+        withdraw(&clients.local, cfg, token).await;
+        return Err(e);
+    }
+    let id = token.id.clone();
+    edit_checkpoint(&clients.local, cfg, |d| {
+        let used = d.entry(USED_TOKENS_KEY.into()).or_default();
+        if !used.lines().any(|l| l == id) {
+            used.push_str(&id);
+            used.push('\n');
+        }
+    })
+    .await?;
+    let (local, peer) = (clients.local.clone(), clients.peer.clone());
+    let (_handle, control, task) = spawn(cfg, clients, clock, HaMetrics::default());
+    let _abort = Abort(task);
+    let t0 = tokio::time::Instant::now();
+    // the elector must have read every Lease before it picks the next epoch
+    loop {
+        let st = control
+            .status()
+            .await
+            .map_err(|e| SwitchError::Promote(e.to_string()))?;
+        if st.leases.iter().all(|l| l.state != "unknown") {
+            break;
+        }
+        if t0.elapsed() >= opts.timeout {
+            withdraw(&local, cfg, token).await;
+            return Err(SwitchError::Promote(
+                "the HA Leases could not be read".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = TokenTakeover {
+        source: token.cluster.clone(),
+        epoch: token.epoch,
+        token: token.to_string(),
+    };
+    let epoch = match control.promote_with_token(t).await {
+        Ok(e) => e,
+        Err(e) => {
+            withdraw(&local, cfg, token).await;
+            return Err(SwitchError::Promote(match e {
+                PromoteError::Refused(r) => r.to_string(),
+                other => other.to_string(),
+            }));
+        }
+    };
+    progress(&format!("taking the Leases over at epoch {epoch}"));
+    let me = Record::holder_of(&cfg.cluster_id, epoch);
+    loop {
+        let st = control
+            .status()
+            .await
+            .map_err(|e| SwitchError::Promote(e.to_string()))?;
+        let own = st.leases.first().and_then(|l| l.holder.clone());
+        if own.as_deref() == Some(me.as_str()) && st.role == "active" {
+            // the old Active's Lease is written once the own one is held (or before it, without a witness)
+            tokio::time::sleep(cfg.timings.retry_period).await;
+            unfreeze(&local, cfg).await?;
+            // HA.md "Fenced by the server": the minimum epoch on the old Active's cluster
+            super::min_epoch::after_promotion(
+                &local,
+                &peer,
+                cfg,
+                epoch,
+                super::min_epoch::PROMOTION_TIMEOUT.min(opts.timeout),
+                &mut progress,
+            )
+            .await;
+            return Ok(epoch);
+        }
+        if st.role == "standby" || t0.elapsed() >= opts.timeout {
+            return Err(SwitchError::Promote(format!(
+                "epoch {epoch} was not recorded in this cluster's HA Lease (see `kshard ha status`): role {}",
+                st.role
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kshard ha demote --cancel` on the demoting Active: refused once the peer promoted; else the Lease a
+/// token promotion writes first is set back first (the witness, else the own Lease: the write that
+/// serialises with a token promotion), and only then the freeze lifted. If that write fails — the peer
+/// promoted meanwhile — the freeze stays: users' writes to the covered kinds stay refused on this cluster,
+/// never accepted by a cluster that is no longer Active.
+pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchError> {
+    let (epoch, state) = my_epoch(cfg, clients)
+        .await
+        .map_err(|e| SwitchError::Cancel(format!("{e} (the peer may have promoted)")))?;
+    if !state.demoting {
+        return Err(SwitchError::Cancel("this cluster is not demoting".into()));
+    }
+    let name = cfg.lease_name();
+    // one state (one seq) everywhere, above every copy of the demoting one
+    let active = HaState {
+        seq: state.seq + 1,
+        demoting: false,
+        token: None,
+    };
+    let back = |s: &HaState| s.demoting.then(|| active.clone());
+    if let Some(w) = &clients.witness {
+        set_state(
+            &lease_api(w, &cfg.witness_namespace),
+            &name,
+            &cfg.cluster_id,
+            epoch,
+            back,
+        )
+        .await
+        .map_err(|e| SwitchError::Cancel(format!("the witness: {e}")))?;
+    }
+    let own = lease_api(&clients.local, &cfg.namespace);
+    let (_, r) = read_lease(&own, &name).await?;
+    if r.cluster != cfg.cluster_id || r.epoch != epoch {
+        return Err(SwitchError::Cancel(format!(
+            "this cluster's Lease names {} now",
+            r.holder()
+        )));
+    }
+    set_state(&own, &name, &cfg.cluster_id, epoch, back)
+        .await
+        .map_err(|e| {
+            SwitchError::Cancel(format!(
+                "{e} (the peer may have promoted): the freeze stays on this cluster"
+            ))
+        })?;
+    unfreeze(&clients.local, cfg).await?;
+    let peer = lease_api(&clients.peer, &cfg.namespace);
+    // the peer's copy only speeds its view up; this cluster's Lease, written above, is what counts
+    if let Err(err) = set_state(&peer, &name, &cfg.cluster_id, epoch, back).await {
+        warn!(error = %err, "the cancel is in this cluster's Lease; the peer's copy was not updated");
+    }
+    // a catch-up request of this term's token left on the peer keeps its mirror holding: take it back
+    let me = cfg.cluster_id.clone();
+    let r = edit_checkpoint(&clients.peer, cfg, |d| {
+        let ours = d
+            .get(CATCH_UP_KEY)
+            .and_then(|t| t.parse::<Token>().ok())
+            .is_some_and(|t| t.cluster == me && t.epoch == epoch);
+        if ours {
+            d.remove(CATCH_UP_KEY);
+        }
+    })
+    .await;
+    if let Err(err) = r {
+        warn!(error = %err, "the peer's mirror may keep holding at the cancelled token: remove `{CATCH_UP_KEY}` from its checkpoint");
+    }
+    Ok(())
+}
+
+struct Abort(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// The kind keys of a token (for reports).
+#[must_use]
+pub fn token_kinds(t: &Token) -> BTreeSet<String> {
+    t.kinds.keys().cloned().collect()
+}
+
+async fn resolve(k: &Kind, client: &Client) -> Result<(ApiResource, ApiCapabilities), SwitchError> {
+    let gv = kube::core::GroupVersion::gv(&k.group, &k.version);
+    let group = kube::discovery::oneshot::pinned_group(client, &gv)
+        .await
+        .map_err(api_err(format!("discovering {k}")))?;
+    group
+        .versioned_resources(&k.version)
+        .into_iter()
+        .find(|(r, _)| r.plural == k.plural)
+        .ok_or_else(|| SwitchError::Input(format!("{k}: not served")))
+}
+
+/// [`crate::checkpoint::edit::edit_checkpoint`], failing as a switchover step.
+async fn edit_checkpoint(
+    client: &Client,
+    cfg: &HaConfig,
+    f: impl Fn(&mut BTreeMap<String, String>),
+) -> Result<(), SwitchError> {
+    crate::checkpoint::edit::edit_checkpoint(client, cfg, f)
+        .await
+        .map_err(SwitchError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::checkpoint::caught_up;
+
+    #[test]
+    fn an_acknowledgement_counts_only_for_its_own_token() {
+        assert_eq!(caught_up("ab failed=0", "ab"), Some(0));
+        assert_eq!(caught_up("ab failed=3", "ab"), Some(3));
+        assert_eq!(caught_up("ab failed=0", "abc"), None);
+        assert_eq!(caught_up("abc failed=0", "ab"), None);
+        for bad in [
+            "",
+            "ab",
+            "ab failed=",
+            "ab failed=x",
+            "ab held",
+            "ab failed=-1",
+        ] {
+            assert_eq!(caught_up(bad, "ab"), None, "{bad:?}");
+        }
+    }
+}

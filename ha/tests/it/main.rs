@@ -1,0 +1,21 @@
+//! The HA crate's tests in one binary: the elector on two (and three) testservers, HA in a shard group,
+//! the mirror, promotion and failback, planned switchover, the minimum-epoch fence, and the model check.
+
+// The core's shard-group harness, shared by path (it is test code of the core crate, not an API).
+#[allow(dead_code)]
+#[path = "../../../tests/it/harness.rs"]
+mod harness;
+
+mod adopt;
+mod duty;
+mod elector;
+mod elector_faults;
+mod group_stepdown;
+mod identity;
+mod lag;
+mod min_epoch;
+mod mirror;
+mod model;
+mod permit;
+mod shard_group;
+mod switchover;
