@@ -18,7 +18,7 @@ use super::config::HaConfig;
 use super::identity::{self, Identity};
 use super::record::{self, Record};
 use super::HaClients;
-use crate::checkpoint::Token;
+use crate::checkpoint::DemotionToken;
 
 /// What one cluster shows.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -252,7 +252,7 @@ fn token_findings(side: &str, r: &Record, ids: &[&Identity]) -> Vec<Finding> {
         .state
         .token
         .as_deref()
-        .and_then(|t| t.parse::<Token>().ok())
+        .and_then(|t| t.parse::<DemotionToken>().ok())
     else {
         return Vec::new();
     };

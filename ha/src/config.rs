@@ -37,14 +37,14 @@ impl fmt::Display for HaMode {
 }
 
 impl FromStr for HaMode {
-    type Err = ConfigError;
+    type Err = HaConfigError;
 
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
+    fn from_str(s: &str) -> Result<Self, HaConfigError> {
         match s.trim() {
             "" | "standalone" => Ok(HaMode::Standalone),
             "active" => Ok(HaMode::Active),
             "standby" => Ok(HaMode::Standby),
-            other => Err(ConfigError::UnknownMode(other.to_string())),
+            other => Err(HaConfigError::UnknownMode(other.to_string())),
         }
     }
 }
@@ -52,7 +52,7 @@ impl FromStr for HaMode {
 /// A configuration refused at build time.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum HaConfigError {
     /// `--ha-mode` is not one of [`MODE_WORDS`].
     #[error("unknown HA mode {0:?}: accepted are {MODE_WORDS}")]
     UnknownMode(String),
@@ -127,8 +127,8 @@ impl Timings {
     /// Refuse `renew_deadline + request_timeout ≥ lease_duration` (HA.md "No cross-machine clocks"), a
     /// retry period not below the renew deadline, zero durations, and a lease duration the Lease cannot
     /// publish exactly (not whole seconds).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |m: String| Err(ConfigError::Timings(m));
+    pub fn validate(&self) -> Result<(), HaConfigError> {
+        let err = |m: String| Err(HaConfigError::Timings(m));
         if self.renew_deadline.is_zero()
             || self.retry_period.is_zero()
             || self.request_timeout.is_zero()
@@ -364,7 +364,7 @@ impl HaConfigBuilder {
 
     /// Validate. Standalone needs nothing else; active and standby need a cluster id, a rank, a namespace
     /// and the peer's kubeconfig.
-    pub fn build(self) -> Result<HaConfig, ConfigError> {
+    pub fn build(self) -> Result<HaConfig, HaConfigError> {
         let mode = match &self.mode_word {
             Some(w) => w.parse()?,
             None => self.mode,
@@ -388,13 +388,13 @@ impl HaConfigBuilder {
         }
         check_cluster_id(&self.cluster_id)?;
         if self.rank >= RANKS {
-            return Err(ConfigError::Rank(self.rank));
+            return Err(HaConfigError::Rank(self.rank));
         }
         if self.name.is_empty() {
-            return Err(ConfigError::Missing("the HA name", mode));
+            return Err(HaConfigError::Missing("the HA name", mode));
         }
         if self.remote.is_none() {
-            return Err(ConfigError::Missing(
+            return Err(HaConfigError::Missing(
                 "the peer's kubeconfig (--ha-remote-kubeconfig)",
                 mode,
             ));
@@ -404,11 +404,11 @@ impl HaConfigBuilder {
             .namespace
             .or(self.env_namespace)
             .filter(|s| !s.is_empty())
-            .ok_or(ConfigError::NoNamespace)?;
+            .ok_or(HaConfigError::NoNamespace)?;
         Ok(HaConfig {
             mode,
             cluster_id: self.cluster_id,
-            rank: u16::try_from(self.rank).map_err(|_| ConfigError::Rank(self.rank))?,
+            rank: u16::try_from(self.rank).map_err(|_| HaConfigError::Rank(self.rank))?,
             name: self.name,
             witness_namespace: self.witness_namespace.unwrap_or_else(|| namespace.clone()),
             namespace,
@@ -416,7 +416,7 @@ impl HaConfigBuilder {
             remote_kubeconfig: self.remote,
             max_auto_promote_lag: match (self.witness.is_some(), self.unbounded_auto_promotion) {
                 (_, true) if self.max_auto_promote_lag.is_some() => {
-                    return Err(ConfigError::LagBound)
+                    return Err(HaConfigError::LagBound)
                 }
                 (_, true) => None,
                 (true, false) => Some(
@@ -433,7 +433,7 @@ impl HaConfigBuilder {
     }
 }
 
-fn check_cluster_id(id: &str) -> Result<(), ConfigError> {
+fn check_cluster_id(id: &str) -> Result<(), HaConfigError> {
     let ok = !id.is_empty()
         && id.len() <= 63
         && id
@@ -442,7 +442,7 @@ fn check_cluster_id(id: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::ClusterId(id.to_string()))
+        Err(HaConfigError::ClusterId(id.to_string()))
     }
 }
 
@@ -474,7 +474,7 @@ mod tests {
     #[test]
     fn unknown_mode_names_the_accepted_words() {
         let e = full().mode_word("primary").build().unwrap_err();
-        assert_eq!(e, ConfigError::UnknownMode("primary".into()));
+        assert_eq!(e, HaConfigError::UnknownMode("primary".into()));
         let msg = e.to_string();
         for w in ["standalone", "active", "standby"] {
             assert!(msg.contains(w), "{msg}");
@@ -500,7 +500,7 @@ mod tests {
             .pod_namespace(None)
             .build()
             .unwrap_err();
-        assert_eq!(e, ConfigError::NoNamespace);
+        assert_eq!(e, HaConfigError::NoNamespace);
     }
 
     #[test]
@@ -510,25 +510,25 @@ mod tests {
             .cluster("", 1)
             .build()
             .unwrap_err();
-        assert!(matches!(e, ConfigError::ClusterId(_)));
+        assert!(matches!(e, HaConfigError::ClusterId(_)));
         let e = full()
             .mode(HaMode::Active)
             .cluster("East/1", 1)
             .build()
             .unwrap_err();
-        assert!(matches!(e, ConfigError::ClusterId(_)));
+        assert!(matches!(e, HaConfigError::ClusterId(_)));
         let e = full()
             .mode(HaMode::Active)
             .cluster("east", 1000)
             .build()
             .unwrap_err();
-        assert_eq!(e, ConfigError::Rank(1000));
+        assert_eq!(e, HaConfigError::Rank(1000));
         let e = full()
             .mode(HaMode::Standby)
             .kubeconfigs(None, None, None)
             .build()
             .unwrap_err();
-        assert!(matches!(e, ConfigError::Missing(_, HaMode::Standby)));
+        assert!(matches!(e, HaConfigError::Missing(_, HaMode::Standby)));
     }
 
     #[test]
@@ -560,7 +560,7 @@ mod tests {
             .max_auto_promote_lag(Some(Duration::from_secs(30)))
             .build()
             .unwrap_err();
-        assert_eq!(e, ConfigError::LagBound);
+        assert_eq!(e, HaConfigError::LagBound);
     }
 
     #[test]
@@ -589,7 +589,7 @@ mod tests {
                 "" | "standalone" => prop_assert_eq!(r.unwrap(), HaMode::Standalone),
                 "active" => prop_assert_eq!(r.unwrap(), HaMode::Active),
                 "standby" => prop_assert_eq!(r.unwrap(), HaMode::Standby),
-                _ => prop_assert_eq!(r.unwrap_err(), ConfigError::UnknownMode(t.to_string())),
+                _ => prop_assert_eq!(r.unwrap_err(), HaConfigError::UnknownMode(t.to_string())),
             }
         }
 

@@ -20,10 +20,10 @@ use tracing::{debug, error, info, warn};
 
 use super::config::{HaConfig, HaMode};
 use super::elector::{
-    Alarm, Answer, Elector, ElectorConfig, ForceError, Op, Request, Role, Seen, Slot,
+    Alarm, Answer, Elector, ElectorConfig, ForceError, HaRole, Op, Request, Seen, Slot,
     TokenTakeover, Transition,
 };
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 use super::events::{reason, HaEvents};
 use super::handle::{HaHandle, LocalClock, Term};
 use super::identity::{self, Identity};
@@ -99,8 +99,11 @@ pub struct HaStatus {
 }
 
 enum Command {
-    Force(oneshot::Sender<Result<Epoch, ForceError>>),
-    Token(TokenTakeover, oneshot::Sender<Result<Epoch, ForceError>>),
+    Force(oneshot::Sender<Result<FailoverEpoch, ForceError>>),
+    DemotionToken(
+        TokenTakeover,
+        oneshot::Sender<Result<FailoverEpoch, ForceError>>,
+    ),
     Status(oneshot::Sender<HaStatus>),
     MirrorConfirmed(Duration),
     PeerIsThisCluster,
@@ -133,7 +136,7 @@ pub enum PromoteError {
 
 impl HaControl {
     /// Start a forced candidacy (`promote --force --old-active-stopped`): the new epoch, or why not.
-    pub async fn force_promote(&self) -> Result<Epoch, PromoteError> {
+    pub async fn force_promote(&self) -> Result<FailoverEpoch, PromoteError> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Force(tx))
@@ -144,10 +147,13 @@ impl HaControl {
 
     /// Start a promotion with a demotion token (`promote --token`, after the token table's checks): the
     /// new epoch, or why not.
-    pub async fn promote_with_token(&self, t: TokenTakeover) -> Result<Epoch, PromoteError> {
+    pub async fn promote_with_token(
+        &self,
+        t: TokenTakeover,
+    ) -> Result<FailoverEpoch, PromoteError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Command::Token(t, tx))
+            .send(Command::DemotionToken(t, tx))
             .await
             .map_err(|_| Stopped)?;
         Ok(rx.await.map_err(|_| Stopped)??)
@@ -380,7 +386,7 @@ impl Driver {
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
                     }
-                    Some(Command::Token(t, reply)) => {
+                    Some(Command::DemotionToken(t, reply)) => {
                         let r = self.elector.promote_with_token(t, (self.clock)());
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
@@ -411,10 +417,10 @@ impl Driver {
         }
     }
 
-    fn epoch(&self) -> Epoch {
+    fn epoch(&self) -> FailoverEpoch {
         match self.elector.role() {
-            Role::Leader { epoch, .. } => epoch,
-            Role::Standby => self.elector.max_seen(),
+            HaRole::Leader { epoch, .. } => epoch,
+            HaRole::Standby => self.elector.max_seen(),
         }
     }
 
@@ -477,7 +483,7 @@ impl Driver {
             Seen::Unknown => 0,
         };
         let (peer_age, witness_age) = (age(Slot::Peer), age(Slot::Witness));
-        let leader = matches!(self.elector.role(), Role::Leader { .. });
+        let leader = matches!(self.elector.role(), HaRole::Leader { .. });
         let epoch = self.epoch().wire();
         let alarm = self.elector.alarm().is_some();
         let remaining = self.handle.term_remaining();
@@ -528,9 +534,9 @@ impl Driver {
         let active = self.elector.is_active(now).is_some();
         let role = match (self.elector.role(), active) {
             (_, true) => "active",
-            (Role::Leader { .. }, false) if self.elector.demoting().is_some() => "demoting",
-            (Role::Leader { .. }, false) => "leader-without-term",
-            (Role::Standby, false) => "standby",
+            (HaRole::Leader { .. }, false) if self.elector.demoting().is_some() => "demoting",
+            (HaRole::Leader { .. }, false) => "leader-without-term",
+            (HaRole::Standby, false) => "standby",
         };
         let slots: &[Slot] = if self.apis[2].is_some() {
             &Slot::ALL

@@ -39,7 +39,7 @@
 use std::time::Duration;
 
 use super::config::Timings;
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 use super::record::{HaState, Origin, Published, Record};
 
 /// One of the Leases the elector reads and writes.
@@ -154,13 +154,13 @@ pub enum StepDown {
 #[non_exhaustive]
 pub enum Transition {
     /// A candidacy began at this epoch (a promotion; acting starts only once the term is held).
-    Promoted(Epoch),
+    Promoted(FailoverEpoch),
     /// A (re)started process resumed leading at this epoch, as the Leases say.
-    Resumed(Epoch),
+    Resumed(FailoverEpoch),
     /// Bootstrap (every Lease missing, `--ha-mode=active`) at this epoch.
-    Bootstrapped(Epoch),
+    Bootstrapped(FailoverEpoch),
     /// It stopped leading.
-    SteppedDown(Epoch, StepDown),
+    SteppedDown(FailoverEpoch, StepDown),
     /// An alarm was raised.
     Alarmed(Alarm),
 }
@@ -189,9 +189,9 @@ pub enum ForceError {
     #[error("the token's epoch {token} is not the highest epoch seen ({seen})")]
     TokenStale {
         /// The token's epoch.
-        token: Epoch,
+        token: FailoverEpoch,
         /// The highest epoch seen.
-        seen: Epoch,
+        seen: FailoverEpoch,
     },
 }
 
@@ -203,7 +203,7 @@ pub struct TokenTakeover {
     /// The demoting cluster.
     pub source: String,
     /// Its epoch.
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
     /// The token, as its Leases record it.
     pub token: String,
 }
@@ -272,13 +272,13 @@ impl View {
 
 /// The role, derived from the Leases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
+pub enum HaRole {
     /// Admits nothing.
     Standby,
     /// Leads at `epoch`: writes the Leases, and admits while [`Elector::is_active`].
     Leader {
         /// The failover epoch.
-        epoch: Epoch,
+        epoch: FailoverEpoch,
         /// Bootstrap without a witness: the peer's Lease must be held too before acting.
         bootstrap: bool,
     },
@@ -333,7 +333,7 @@ pub struct ElectorConfig {
     /// `was-active` mark, fence stamps on objects), read before the elector starts: every epoch this
     /// process takes is above it, so a pair whose Leases were lost (operator reinstalled, HA namespace
     /// recreated) never starts again below the stamps the fence policies compare with.
-    pub floor: Epoch,
+    pub floor: FailoverEpoch,
 }
 
 impl ElectorConfig {
@@ -348,13 +348,13 @@ impl ElectorConfig {
             timings,
             follow: false,
             uid: None,
-            floor: Epoch::default(),
+            floor: FailoverEpoch::default(),
         }
     }
 
     /// The highest epoch surviving outside the Leases (see [`ElectorConfig::floor`]).
     #[must_use]
-    pub fn floor(mut self, floor: Epoch) -> Self {
+    pub fn floor(mut self, floor: FailoverEpoch) -> Self {
         self.floor = floor;
         self
     }
@@ -386,12 +386,12 @@ impl ElectorConfig {
 pub struct Elector {
     cfg: ElectorConfig,
     views: [View; 3],
-    role: Role,
+    role: HaRole,
     /// Since when a leader has held no term.
     no_term_since: Option<Duration>,
     alarm: Option<Alarm>,
     /// The highest epoch in any decodable record seen.
-    max_seen: Epoch,
+    max_seen: FailoverEpoch,
     /// The start-up decision (resume, bootstrap or standby) was taken.
     decided: bool,
     /// When this process started.
@@ -422,10 +422,10 @@ impl Elector {
         Elector {
             cfg,
             views: [View::new(), View::new(), View::new()],
-            role: Role::Standby,
+            role: HaRole::Standby,
             no_term_since: None,
             alarm: None,
-            max_seen: Epoch::default(),
+            max_seen: FailoverEpoch::default(),
             decided: false,
             started: now,
             auto_promote: true,
@@ -465,7 +465,7 @@ impl Elector {
 
     /// The role.
     #[must_use]
-    pub fn role(&self) -> Role {
+    pub fn role(&self) -> HaRole {
         self.role
     }
 
@@ -477,7 +477,7 @@ impl Elector {
 
     /// The highest epoch seen in any decodable record.
     #[must_use]
-    pub fn max_seen(&self) -> Epoch {
+    pub fn max_seen(&self) -> FailoverEpoch {
         self.max_seen
     }
 
@@ -517,7 +517,7 @@ impl Elector {
         }
     }
 
-    fn my_record(&self, epoch: Epoch) -> Record {
+    fn my_record(&self, epoch: FailoverEpoch) -> Record {
         Record {
             cluster: self.cfg.cluster.clone(),
             epoch,
@@ -574,7 +574,7 @@ impl Elector {
     }
 
     /// The epoch every new one is taken above: the highest seen in a record or surviving elsewhere.
-    fn above(&self) -> Epoch {
+    fn above(&self) -> FailoverEpoch {
         self.max_seen.max(self.cfg.floor)
     }
 
@@ -596,9 +596,9 @@ impl Elector {
 
     /// Leading at this epoch in the state `demoting` (the members drain and acknowledge it).
     #[must_use]
-    pub fn demoting(&self) -> Option<Epoch> {
+    pub fn demoting(&self) -> Option<FailoverEpoch> {
         match self.role {
-            Role::Leader { epoch, .. } if self.state.demoting => Some(epoch),
+            HaRole::Leader { epoch, .. } if self.state.demoting => Some(epoch),
             _ => None,
         }
     }
@@ -626,7 +626,7 @@ impl Elector {
         }
     }
 
-    fn is_mine(&self, r: &Record, epoch: Epoch) -> bool {
+    fn is_mine(&self, r: &Record, epoch: FailoverEpoch) -> bool {
         self.names_us(r) && r.epoch == epoch
     }
 
@@ -639,7 +639,7 @@ impl Elector {
             }
     }
 
-    fn mine(&self, s: Slot, epoch: Epoch) -> bool {
+    fn mine(&self, s: Slot, epoch: FailoverEpoch) -> bool {
         matches!(&self.view(s).seen, Seen::Present { record: Some(r), .. } if self.is_mine(r, epoch))
     }
 
@@ -674,7 +674,7 @@ impl Elector {
     }
 
     fn held(&self, s: Slot, now: Duration) -> bool {
-        let Role::Leader { epoch, .. } = self.role else {
+        let HaRole::Leader { epoch, .. } = self.role else {
             return false;
         };
         let v = self.view(s);
@@ -684,7 +684,7 @@ impl Elector {
     }
 
     fn in_term(&self, now: Duration) -> bool {
-        let Role::Leader { bootstrap, .. } = self.role else {
+        let HaRole::Leader { bootstrap, .. } = self.role else {
             return false;
         };
         if !self.held(Slot::Own, now) {
@@ -701,8 +701,8 @@ impl Elector {
     /// witness) the peer's Lease read since start. "Started acting" is only ever signalled after a
     /// successful write, because a hold needs one.
     #[must_use]
-    pub fn is_active(&self, now: Duration) -> Option<Epoch> {
-        let Role::Leader { epoch, .. } = self.role else {
+    pub fn is_active(&self, now: Duration) -> Option<FailoverEpoch> {
+        let HaRole::Leader { epoch, .. } = self.role else {
             return None;
         };
         let peer = self.view(Slot::Peer);
@@ -732,7 +732,7 @@ impl Elector {
         let own = end(Slot::Own)?;
         let other = if self.cfg.witness {
             end(Slot::Peer).max(end(Slot::Witness))?
-        } else if let Role::Leader {
+        } else if let HaRole::Leader {
             bootstrap: true, ..
         } = self.role
         {
@@ -755,7 +755,7 @@ impl Elector {
     /// `kshard ha promote --force --old-active-stopped`: start a candidacy at a new epoch now. The Lease
     /// rules still apply (each takeover waits its full wait).
     pub fn force_promote(&mut self, now: Duration) -> Result<Vec<Transition>, ForceError> {
-        if matches!(self.role, Role::Leader { .. }) {
+        if matches!(self.role, HaRole::Leader { .. }) {
             return Err(ForceError::AlreadyLeading);
         }
         if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
@@ -790,7 +790,7 @@ impl Elector {
         t: TokenTakeover,
         _now: Duration,
     ) -> Result<Vec<Transition>, ForceError> {
-        if matches!(self.role, Role::Leader { .. }) {
+        if matches!(self.role, HaRole::Leader { .. }) {
             return Err(ForceError::AlreadyLeading);
         }
         if matches!(self.alarm, Some(Alarm::Undecodable(_))) {
@@ -819,8 +819,8 @@ impl Elector {
         Ok(vec![Transition::Promoted(epoch)])
     }
 
-    fn lead(&mut self, epoch: Epoch, bootstrap: bool) {
-        self.role = Role::Leader { epoch, bootstrap };
+    fn lead(&mut self, epoch: FailoverEpoch, bootstrap: bool) {
+        self.role = HaRole::Leader { epoch, bootstrap };
         self.state = HaState::default();
         self.token = None;
         self.no_term_since = None;
@@ -832,8 +832,8 @@ impl Elector {
     }
 
     fn step_down(&mut self, why: StepDown, now: Duration, out: &mut Vec<Transition>) {
-        if let Role::Leader { epoch, .. } = self.role {
-            self.role = Role::Standby;
+        if let HaRole::Leader { epoch, .. } = self.role {
+            self.role = HaRole::Standby;
             self.stepped_down_at = Some(now);
             self.no_term_since = None;
             self.state = HaState::default();
@@ -885,7 +885,7 @@ impl Elector {
     }
 
     fn on_written(&mut self, slot: Slot, rv: String, start: Duration, now: Duration) {
-        let Role::Leader { epoch, .. } = self.role else {
+        let HaRole::Leader { epoch, .. } = self.role else {
             // stepped down while the write was in flight: it counts as nothing but a new version
             let v = self.view_mut(slot);
             v.seen = Seen::Unknown;
@@ -918,13 +918,13 @@ impl Elector {
     /// longer matters to anyone (HA.md contract 4: the role comes from the Leases), and it is an ordinary
     /// Active: it keeps its term on its own Lease when the peer becomes unreachable.
     fn end_bootstrap(&mut self, now: Duration) {
-        if let Role::Leader {
+        if let HaRole::Leader {
             epoch,
             bootstrap: true,
         } = self.role
         {
             if self.held(Slot::Own, now) && self.held(Slot::Peer, now) {
-                self.role = Role::Leader {
+                self.role = HaRole::Leader {
                     epoch,
                     bootstrap: false,
                 };
@@ -960,7 +960,7 @@ impl Elector {
             return;
         };
         self.max_seen = self.max_seen.max(r.epoch);
-        if let Role::Leader { epoch, .. } = self.role {
+        if let HaRole::Leader { epoch, .. } = self.role {
             let mine = self.is_mine(&r, epoch);
             if mine {
                 self.adopt(&r);
@@ -1010,7 +1010,7 @@ impl Elector {
             self.decide_start(out);
         }
         match self.role {
-            Role::Leader { .. } => {
+            HaRole::Leader { .. } => {
                 // "holding a Lease without a term": a candidate still acquiring holds nothing yet
                 let holds_some = Slot::ALL.iter().any(|&s| self.held(s, now));
                 if self.in_term(now) || !holds_some {
@@ -1022,13 +1022,13 @@ impl Elector {
                     }
                 }
             }
-            Role::Standby if self.decided => {
+            HaRole::Standby if self.decided => {
                 self.consider_following(out);
-                if self.role == Role::Standby {
+                if self.role == HaRole::Standby {
                     self.consider_candidacy(now, out);
                 }
             }
-            Role::Standby => {}
+            HaRole::Standby => {}
         }
     }
 
@@ -1189,7 +1189,7 @@ impl Elector {
         self.view(slot).pending.is_some()
     }
 
-    fn order_allows(&self, s: Slot, epoch: Epoch, now: Duration) -> bool {
+    fn order_allows(&self, s: Slot, epoch: FailoverEpoch, now: Duration) -> bool {
         let own_held = self.held(Slot::Own, now);
         // a token promotion without a witness writes the source's Lease (the peer's) first
         let token_first = self.token.is_some() && !self.cfg.witness && !self.mine(Slot::Own, epoch);
@@ -1204,7 +1204,7 @@ impl Elector {
     }
 
     fn write_for(&self, s: Slot, now: Duration) -> Decision {
-        let Role::Leader { epoch, .. } = self.role else {
+        let HaRole::Leader { epoch, .. } = self.role else {
             return Decision::Read;
         };
         if self.alarm.is_some() || !self.order_allows(s, epoch, now) {

@@ -145,7 +145,7 @@ fn heal(lose_first_renewal_answer: bool) {
     w.run(Duration::from_secs(12), false);
     assert!(w.e.is_active(w.now).is_none(), "lapsed");
     assert!(
-        matches!(w.e.role(), Role::Leader { .. }),
+        matches!(w.e.role(), HaRole::Leader { .. }),
         "still leader, no term"
     );
     // meanwhile the peer was promoted by force: its own Lease (this side's peer slot) names it higher
@@ -176,7 +176,7 @@ fn heal(lose_first_renewal_answer: bool) {
     );
     assert_eq!(
         w.e.role(),
-        Role::Standby,
+        HaRole::Standby,
         "it stepped down on the higher epoch"
     );
 }

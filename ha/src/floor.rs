@@ -27,7 +27,7 @@ use kube::{Api, Client};
 use tracing::{info, warn};
 
 use super::config::HaConfig;
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 use super::min_epoch::min_epoch_name;
 use crate::checkpoint::{Kind, WAS_ACTIVE_KEY};
 use crate::config::checkpoint_name;
@@ -41,13 +41,13 @@ pub const STAMP_SAMPLE: u32 = 500;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Floor {
     /// The highest epoch (default (0, 0): nothing survived).
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
     /// Where it was found (for the log).
     pub source: Option<String>,
 }
 
 impl Floor {
-    fn raise(&mut self, e: Epoch, source: impl FnOnce() -> String) {
+    fn raise(&mut self, e: FailoverEpoch, source: impl FnOnce() -> String) {
         if e > self.epoch {
             self.epoch = e;
             self.source = Some(source());
@@ -56,12 +56,12 @@ impl Floor {
 }
 
 /// The epoch of a ConfigMap value holding a wire epoch (pure; a malformed value is none).
-fn wire_value(data: &BTreeMap<String, String>, key: &str) -> Option<Epoch> {
-    Epoch::from_wire(data.get(key)?.trim().parse().ok()?).ok()
+fn wire_value(data: &BTreeMap<String, String>, key: &str) -> Option<FailoverEpoch> {
+    FailoverEpoch::from_wire(data.get(key)?.trim().parse().ok()?).ok()
 }
 
 /// The failover epoch of an object's fence stamp (pure; a malformed or missing stamp is none).
-fn stamp(m: &ObjectMeta) -> Option<Epoch> {
+fn stamp(m: &ObjectMeta) -> Option<FailoverEpoch> {
     let t: FenceToken = m
         .annotations
         .as_ref()?
@@ -119,7 +119,7 @@ pub async fn read(cfg: &HaConfig, clients: &[(&str, &Client)], limit: Duration) 
 }
 
 /// The highest stamp among the first [`STAMP_SAMPLE`] objects of `k`, and the object (`ns/name`).
-async fn stamps(c: &Client, k: &Kind) -> Result<Option<(Epoch, String)>, kube::Error> {
+async fn stamps(c: &Client, k: &Kind) -> Result<Option<(FailoverEpoch, String)>, kube::Error> {
     let ar = kube::api::ApiResource {
         group: k.group.clone(),
         version: k.version.clone(),
@@ -161,14 +161,14 @@ mod tests {
             ("c".to_string(), "99999999999999999999".to_string()),
         ]
         .into();
-        assert_eq!(wire_value(&d, "a"), Epoch::new(2, 2).ok());
+        assert_eq!(wire_value(&d, "a"), FailoverEpoch::new(2, 2).ok());
         assert_eq!(wire_value(&d, "b"), None);
         assert_eq!(wire_value(&d, "c"), None);
         assert_eq!(wire_value(&d, "missing"), None);
         let mut o = ObjectMeta::default();
         assert_eq!(stamp(&o), None);
         o.annotations = Some([(FENCE_ANNOTATION.to_string(), "7002:3/9".to_string())].into());
-        assert_eq!(stamp(&o), Epoch::new(7, 2).ok());
+        assert_eq!(stamp(&o), FailoverEpoch::new(7, 2).ok());
         o.annotations = Some([(FENCE_ANNOTATION.to_string(), "junk".to_string())].into());
         assert_eq!(stamp(&o), None);
     }
@@ -176,11 +176,11 @@ mod tests {
     #[test]
     fn the_floor_only_rises() {
         let mut f = Floor::default();
-        f.raise(Epoch::new(3, 1).unwrap(), || "x".into());
-        f.raise(Epoch::new(2, 2).unwrap(), || "y".into());
+        f.raise(FailoverEpoch::new(3, 1).unwrap(), || "x".into());
+        f.raise(FailoverEpoch::new(2, 2).unwrap(), || "y".into());
         assert_eq!(
             (f.epoch, f.source.as_deref()),
-            (Epoch::new(3, 1).unwrap(), Some("x"))
+            (FailoverEpoch::new(3, 1).unwrap(), Some("x"))
         );
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 use super::metrics::HaMetrics;
 
 /// The local monotonic clock the elector and the guard read (injectable: tests give each cluster its own
@@ -35,7 +35,7 @@ pub fn tokio_clock() -> LocalClock {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Term {
     /// The failover epoch of the term.
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
     /// The local-clock time the term ends unless renewed.
     pub deadline: Duration,
 }
@@ -54,7 +54,7 @@ struct Shared {
     /// a permit holds only while this count is the one it was taken at.
     terms: AtomicU64,
     /// The epoch this cluster leads in the state `demoting`, as this process's elector read it.
-    demoting: watch::Sender<Option<Epoch>>,
+    demoting: watch::Sender<Option<FailoverEpoch>>,
     refused: AtomicU64,
     metrics: HaMetrics,
     standalone: bool,
@@ -107,12 +107,12 @@ impl HaHandle {
     /// [`require_adoption`](Self::require_adoption), a term counts only once its epoch is
     /// [`adopted`](Self::adopted).
     #[must_use]
-    pub fn active_epoch(&self) -> Option<Epoch> {
+    pub fn active_epoch(&self) -> Option<FailoverEpoch> {
         self.leading_epoch().filter(|e| self.admits_at(*e))
     }
 
     /// Whether admission at `e` is open as far as adoption goes.
-    fn admits_at(&self, e: Epoch) -> bool {
+    fn admits_at(&self, e: FailoverEpoch) -> bool {
         self.shared.standalone
             || !self.shared.adoption_required.load(Ordering::Acquire)
             || self.shared.adopted.load(Ordering::Acquire) >= e.wire()
@@ -121,9 +121,9 @@ impl HaHandle {
     /// The epoch of the term this cluster holds now, whether or not admission is open (adoption runs
     /// between the two: HA.md "Promotion and adoption").
     #[must_use]
-    pub fn leading_epoch(&self) -> Option<Epoch> {
+    pub fn leading_epoch(&self) -> Option<FailoverEpoch> {
         if self.shared.standalone {
-            return Some(Epoch::default());
+            return Some(FailoverEpoch::default());
         }
         let term = (**self.shared.term.load())?;
         ((self.shared.clock)() < term.deadline).then_some(term.epoch)
@@ -153,7 +153,7 @@ impl HaHandle {
 
     /// Adoption at `e` finished: admission opens at `e` (and wakes [`await_change`](Self::await_change)
     /// and the shard group's HA gate).
-    pub fn adopted(&self, e: Epoch) {
+    pub fn adopted(&self, e: FailoverEpoch) {
         let old = self.shared.adopted.fetch_max(e.wire(), Ordering::AcqRel);
         if old < e.wire() {
             self.shared.changes.send_modify(|n| *n += 1);
@@ -172,7 +172,7 @@ impl HaHandle {
     /// For the decision only: the epoch says nothing about later. A reconcile that writes takes a
     /// [`permit`](Self::permit) instead and checks it before each write; otherwise a reconcile admitted
     /// late in a term keeps writing after the term ended, while the other cluster acts.
-    pub fn admit(&self) -> Result<Epoch, NotActive> {
+    pub fn admit(&self) -> Result<FailoverEpoch, NotActive> {
         self.active_epoch().ok_or_else(|| {
             let n = self.shared.refused.fetch_add(1, Ordering::Relaxed) + 1;
             self.shared.metrics.update_refused(n);
@@ -193,7 +193,7 @@ impl HaHandle {
 
     /// The time left in the live term at `epoch`, if the term is still the one counted `seq` (standalone:
     /// `Duration::MAX`).
-    pub(super) fn left_in_term(&self, epoch: Epoch, seq: u64) -> Option<Duration> {
+    pub(super) fn left_in_term(&self, epoch: FailoverEpoch, seq: u64) -> Option<Duration> {
         if self.shared.standalone {
             return Some(Duration::MAX);
         }
@@ -244,15 +244,15 @@ impl HaHandle {
     /// nothing is admitted, and a shard group's member acknowledges `ha-drained` once its work under
     /// that epoch has finished).
     #[must_use]
-    pub fn demoting(&self) -> Option<Epoch> {
+    pub fn demoting(&self) -> Option<FailoverEpoch> {
         *self.shared.demoting.borrow()
     }
 
-    pub(crate) fn watch_demoting(&self) -> watch::Receiver<Option<Epoch>> {
+    pub(crate) fn watch_demoting(&self) -> watch::Receiver<Option<FailoverEpoch>> {
         self.shared.demoting.subscribe()
     }
 
-    pub(crate) fn publish_demoting(&self, d: Option<Epoch>) {
+    pub(crate) fn publish_demoting(&self, d: Option<FailoverEpoch>) {
         self.shared.demoting.send_if_modified(|old| {
             let changed = *old != d;
             *old = d;
@@ -288,11 +288,11 @@ impl HaMetrics {
 
 /// The shard group's admission asks the HA term through the core's seam.
 impl kube_shard::ownership::TermGate for HaHandle {
-    fn admit(&self) -> Option<Epoch> {
+    fn admit(&self) -> Option<FailoverEpoch> {
         HaHandle::admit(self).ok()
     }
 
-    fn active_epoch(&self) -> Option<Epoch> {
+    fn active_epoch(&self) -> Option<FailoverEpoch> {
         HaHandle::active_epoch(self)
     }
 
@@ -308,7 +308,7 @@ impl kube_shard::ownership::TermGate for HaHandle {
         self.shared.changes.subscribe()
     }
 
-    fn drain_requests(&self) -> watch::Receiver<Option<Epoch>> {
+    fn drain_requests(&self) -> watch::Receiver<Option<FailoverEpoch>> {
         self.watch_demoting()
     }
 }
@@ -322,7 +322,7 @@ mod tests {
         let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
         assert!(!h.is_active());
         assert_eq!(h.admit(), Err(NotActive));
-        let e = Epoch::new(2, 1).unwrap();
+        let e = FailoverEpoch::new(2, 1).unwrap();
         h.publish(Some(Term {
             epoch: e,
             deadline: (h.clock())() + Duration::from_secs(10),
@@ -344,7 +344,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         h.publish(Some(Term {
-            epoch: Epoch::new(1, 1).unwrap(),
+            epoch: FailoverEpoch::new(1, 1).unwrap(),
             deadline: Duration::from_secs(100),
         }));
         tokio::time::timeout(Duration::from_secs(1), waiter)
@@ -357,7 +357,10 @@ mod tests {
     async fn admission_waits_for_adoption_of_the_epoch() {
         let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
         h.require_adoption();
-        let (e1, e2) = (Epoch::new(1, 1).unwrap(), Epoch::new(2, 1).unwrap());
+        let (e1, e2) = (
+            FailoverEpoch::new(1, 1).unwrap(),
+            FailoverEpoch::new(2, 1).unwrap(),
+        );
         let term = |epoch| {
             Some(Term {
                 epoch,
@@ -386,7 +389,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requiring_adoption_does_not_close_a_live_term() {
         let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
-        let e = Epoch::new(1, 1).unwrap();
+        let e = FailoverEpoch::new(1, 1).unwrap();
         h.publish(Some(Term {
             epoch: e,
             deadline: Duration::from_secs(100),

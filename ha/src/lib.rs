@@ -7,7 +7,7 @@
 //!
 //! - [`attach()`]: HA for a shard group ([`Attach`] for options), and what it returns ([`GroupHa`]).
 //!
-//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire: [`kube_shard::token::FailoverEpoch`], named `Epoch` here.
+//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire: the core's [`kube_shard::token::FailoverEpoch`].
 //! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
 //! - [`record`]: the HA Lease codec (`<cluster-id>/<epoch>`, published timings).
 //! - [`elector`]: the pure elector step (no I/O), model-checked by `tests/it/model_ha.rs`.
@@ -26,7 +26,14 @@
 //! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
 //! - [`floor`]: the highest epoch surviving outside the Leases, read before the elector starts.
 //! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.
-//! - [`ops`]: the engine of `kshard ha status` and `kshard ha promote --force`.
+//! - [`checkpoint`] (pure): the checkpoint ConfigMap's protocol, shared by the mirror and the switchover:
+//!   covered kinds, the demotion token, keys, positions ([`checkpoint::edit`] writes it).
+//! - [`mirror`]: the Standby's copy of the Active's mirrored kinds.
+//! - The HA phases, each on the checkpoint and the mirror: [`promotion`] (the checks every promotion
+//!   path runs), [`adoption`] (the copies become the new Active's own), [`failback`] (a returning Active's
+//!   objects become copies again), and [`duty`] (what an operator process runs: mirror, adoption,
+//!   failback).
+//! - [`status`]: the engine of `kshard ha status`; [`failover`]: of `kshard ha promote --force`.
 //! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
 //!   the freeze, the demotion token), `promote --token` (the token table), `demote --cancel`.
 
@@ -38,23 +45,28 @@
     unreachable_pub
 )]
 
+pub mod adoption;
 pub mod attach;
 pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod driver;
+pub mod duty;
 pub mod elector;
 pub mod epoch;
 mod events;
+pub mod failback;
+pub mod failover;
 pub mod floor;
 pub mod handle;
 pub mod identity;
 pub mod metrics;
 pub mod min_epoch;
 pub mod mirror;
-pub mod ops;
 pub mod permit;
+pub mod promotion;
 pub mod record;
+pub mod status;
 pub mod switchover;
 
 #[cfg(any(test, feature = "test-util"))]
@@ -70,7 +82,7 @@ pub use handle::{HaHandle, LocalClock, NotActive};
 pub use metrics::{HaMetrics, HaSnapshot};
 pub use permit::{HaPermit, SendError, TermEnded};
 
-pub use config::{ConfigError, HaConfig, HaConfigBuilder, HaMode, Timings};
-pub use elector::{Elector, ElectorConfig, Role, Slot, TokenTakeover};
-pub use epoch::Epoch;
+pub use config::{HaConfig, HaConfigBuilder, HaConfigError, HaMode, Timings};
+pub use elector::{Elector, ElectorConfig, HaRole, Slot, TokenTakeover};
+pub use epoch::FailoverEpoch;
 pub use record::{HaState, Origin, Record};

@@ -18,7 +18,7 @@ use kube::{
 };
 use tracing::{info_span, Instrument};
 
-use super::{config::HaConfig, epoch::Epoch};
+use super::{config::HaConfig, epoch::FailoverEpoch};
 use kube_shard::fence_policy::{messages, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, ROLE_KEY};
 use kube_shard::token::{FenceToken, FENCE_ANNOTATION};
 
@@ -90,7 +90,7 @@ pub enum Applied {
 pub async fn set_min_epoch(
     client: &Client,
     cfg: &HaConfig,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     role: ParamRole,
     timeout: Duration,
 ) -> Result<Applied, MinEpochError> {
@@ -118,7 +118,7 @@ pub async fn after_promotion(
     local: &Client,
     peer: &Client,
     cfg: &HaConfig,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     timeout: Duration,
     progress: &mut impl FnMut(&str),
 ) {
@@ -171,7 +171,7 @@ pub(crate) async fn follow_promotions(
 
 /// Own cluster, then the peer; `false` when the peer could not be set (the own failure is logged and
 /// not retried: the own parameter only matters to a cluster deposed earlier).
-async fn set_both(local: &Client, peer: &Client, cfg: &HaConfig, e: Epoch) -> bool {
+async fn set_both(local: &Client, peer: &Client, cfg: &HaConfig, e: FailoverEpoch) -> bool {
     if let Err(err) = set_min_epoch(local, cfg, e, ParamRole::Active, PROMOTION_TIMEOUT).await {
         tracing::warn!(error = %err, "minimum failover epoch on this cluster");
     }
@@ -192,7 +192,7 @@ async fn write_param(
     client: &Client,
     cfg: &HaConfig,
     name: &str,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     role: ParamRole,
 ) -> Result<bool, MinEpochError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &cfg.namespace);
@@ -229,7 +229,7 @@ async fn write_param(
 /// stored minimum is above `epoch` (a later term wrote it: neither field is this term's to change).
 fn data(
     mut d: BTreeMap<String, String>,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     role: ParamRole,
 ) -> Option<BTreeMap<String, String>> {
     let old = d
@@ -246,9 +246,9 @@ fn data(
 
 /// The probe's token: a mirror token just below `epoch` (refused under the new minimum, accepted under
 /// any earlier one, which is at most the previous epoch).
-fn probe_token(epoch: Epoch) -> String {
+fn probe_token(epoch: FailoverEpoch) -> String {
     let below = epoch.wire().saturating_sub(1);
-    match Epoch::from_wire(below) {
+    match FailoverEpoch::from_wire(below) {
         Ok(e) => FenceToken::mirror(e).to_string(),
         Err(_) => format!("{below}:{}", kube_shard::token::MIRROR),
     }
@@ -257,7 +257,7 @@ fn probe_token(epoch: Epoch) -> String {
 async fn wait_refused(
     client: &Client,
     cfg: &HaConfig,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     timeout: Duration,
 ) -> Result<(), MinEpochError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &cfg.namespace);
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn the_minimum_never_goes_down_and_the_probe_is_just_below() {
-        let e = Epoch::new(3, 2).unwrap();
+        let e = FailoverEpoch::new(3, 2).unwrap();
         let d = data(BTreeMap::new(), e, ParamRole::Standby).unwrap();
         assert_eq!(d[MIN_EPOCH_KEY], "3002");
         assert_eq!(d[ROLE_KEY], "standby");
@@ -319,8 +319,8 @@ mod tests {
             (MIN_EPOCH_KEY.to_owned(), "3001".to_owned()),
             (ROLE_KEY.to_owned(), "active".to_owned()),
         ]);
-        let older = Epoch::new(2, 2).unwrap();
+        let older = FailoverEpoch::new(2, 2).unwrap();
         assert_eq!(data(later, older, ParamRole::Standby), None);
-        assert_eq!(probe_token(Epoch::default()), "0:mirror");
+        assert_eq!(probe_token(FailoverEpoch::default()), "0:mirror");
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tracing::{debug, debug_span, Instrument};
 
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 use super::handle::{HaHandle, NotActive};
 
 /// Proof that this cluster was active at [`epoch`](Self::epoch) when the reconcile began. Check it before
@@ -28,7 +28,7 @@ use super::handle::{HaHandle, NotActive};
 #[must_use = "a permit guards writes only when checked before each"]
 pub struct HaPermit {
     ha: HaHandle,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     /// The handle's term count when the permit was taken: any change of the live term ends the permit.
     seq: u64,
     deadline: Duration,
@@ -64,7 +64,7 @@ impl HaHandle {
 }
 
 impl HaPermit {
-    pub(super) fn new(ha: HaHandle, epoch: Epoch, seq: u64, deadline: Duration) -> Self {
+    pub(super) fn new(ha: HaHandle, epoch: FailoverEpoch, seq: u64, deadline: Duration) -> Self {
         HaPermit {
             ha,
             epoch,
@@ -75,7 +75,7 @@ impl HaPermit {
 
     /// The failover epoch of the term the permit was taken in (record it with what you write).
     #[must_use]
-    pub fn epoch(&self) -> Epoch {
+    pub fn epoch(&self) -> FailoverEpoch {
         self.epoch
     }
 
@@ -142,7 +142,7 @@ impl HaPermit {
 #[non_exhaustive]
 pub struct TermEnded {
     /// The permit's epoch.
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
 }
 
 /// Why [`HaPermit::send`] did not return the request's answer.
@@ -178,18 +178,18 @@ mod tests {
     use crate::handle::{tokio_clock, Term};
     use crate::{HaMetrics, NotActive};
 
-    fn e(n: u64) -> Epoch {
-        Epoch::new(n, 1).unwrap()
+    fn e(n: u64) -> FailoverEpoch {
+        FailoverEpoch::new(n, 1).unwrap()
     }
 
     /// A handle whose term at `epoch` ends `secs` from now.
-    fn handle_with_term(epoch: Epoch, secs: u64) -> HaHandle {
+    fn handle_with_term(epoch: FailoverEpoch, secs: u64) -> HaHandle {
         let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
         publish_for(&h, epoch, secs);
         h
     }
 
-    fn publish_for(h: &HaHandle, epoch: Epoch, secs: u64) {
+    fn publish_for(h: &HaHandle, epoch: FailoverEpoch, secs: u64) {
         h.publish(Some(Term {
             epoch,
             deadline: (h.clock())() + Duration::from_secs(secs),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::ObjectMeta;
 
-use super::epoch::Epoch;
+use super::epoch::FailoverEpoch;
 
 /// The annotation holding the writer's published timings (format version 1).
 pub const TIMINGS_ANNOTATION: &str = "kube-shard.io/ha-timings";
@@ -128,7 +128,7 @@ pub struct Record {
     /// The holder's cluster id.
     pub cluster: String,
     /// The failover epoch.
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
     /// The writer's timings.
     pub timings: Published,
     /// The planned-switchover state.
@@ -175,7 +175,7 @@ impl Record {
 
     /// `<cluster-id>/<epoch>` of any cluster and epoch.
     #[must_use]
-    pub fn holder_of(cluster: &str, epoch: Epoch) -> String {
+    pub fn holder_of(cluster: &str, epoch: FailoverEpoch) -> String {
         format!("{cluster}/{epoch}")
     }
 }
@@ -259,7 +259,7 @@ pub fn decode(lease: &Lease) -> Result<Record, DecodeError> {
     if cluster.is_empty() || wire.starts_with('+') || (wire.len() > 1 && wire.starts_with('0')) {
         return Err(bad());
     }
-    let epoch = Epoch::from_wire(wire.parse().map_err(|_| bad())?).map_err(|_| bad())?;
+    let epoch = FailoverEpoch::from_wire(wire.parse().map_err(|_| bad())?).map_err(|_| bad())?;
     if spec.lease_transitions.and_then(|t| u64::try_from(t).ok()) != Some(epoch.wire()) {
         return Err(DecodeError::Transitions {
             got: spec.lease_transitions,
@@ -316,7 +316,7 @@ mod tests {
     fn rec() -> Record {
         Record {
             cluster: "east".into(),
-            epoch: Epoch::new(3, 2).unwrap(),
+            epoch: FailoverEpoch::new(3, 2).unwrap(),
             timings: Published {
                 lease_duration: Duration::from_secs(15),
                 renew_deadline: Duration::from_secs(10),

@@ -1,16 +1,16 @@
-//! `kshard ha status|promote`: flags and printing only; the engine is `kube_shard_ha::ops`.
+//! `kshard ha status|promote`: flags and printing only; the engines are `kube_shard_ha::status` and `kube_shard_ha::failover`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use kube_shard_ha::mirror::adopt::{
+use kube_shard_ha::mirror::{KindSet, MirrorConfig};
+use kube_shard_ha::promotion::{
     check_promotion, mirror_report, MirrorReport, Overrides, PromotionChecks, PromotionPath,
 };
-use kube_shard_ha::mirror::{KindSet, MirrorConfig};
-use kube_shard_ha::ops::{self, PairStatus};
-use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, Token};
+use kube_shard_ha::status::PairStatus;
+use kube_shard_ha::switchover::{self, DemoteOptions, DemotionToken, Kind, PromoteOptions};
 use kube_shard_ha::{HaClients, HaConfig, HaMode, Timings};
 
 use crate::cli::CliError;
@@ -377,7 +377,8 @@ pub(crate) fn run(args: &HaArgs, out: &mut impl Write) -> Result<(), CliError> {
             let mirror = a.mirror.config(&cfg, None)?;
             let (st, report) = rt.block_on(async {
                 let clients = a.pair.clients().await?;
-                let st = ops::read_pair(&cfg, &clients, Duration::from_secs(5)).await;
+                let st =
+                    kube_shard_ha::status::read_pair(&cfg, &clients, Duration::from_secs(5)).await;
                 let report = match &mirror {
                     Some(m) => Some(mirror_report(m, &clients.local, &clients.peer).await),
                     None => None,
@@ -515,7 +516,7 @@ fn promote_token(
     token: &str,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
-    let token: Token = token
+    let token: DemotionToken = token
         .parse()
         .map_err(|e: kube_shard_ha::checkpoint::ParseError| CliError::Usage(e.to_string()))?;
     let cfg = a.pair.config(Some(a.timings()))?;
@@ -590,11 +591,11 @@ fn promote(
     let cfg = a.pair.config(Some(a.timings()))?;
     // the checks run in the library, with the mirror read from this cluster's checkpoint; with a
     // mirror, it holds before the candidacy (no copy write after the takeover)
-    let opts = ops::ForceOptions::new(a.timeout).checks(a.checks()?);
+    let opts = kube_shard_ha::failover::ForceOptions::new(a.timeout).checks(a.checks()?);
     let epoch = rt.block_on(async {
         let clients = a.pair.clients().await?;
         let mut last = String::new();
-        ops::force_promote_with(
+        kube_shard_ha::failover::force_promote_with(
             &cfg,
             clients,
             kube_shard_ha::handle::tokio_clock(),

@@ -208,7 +208,7 @@ async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> D
     t.elapsed()
 }
 
-async fn force_until_armed(op: &Op) -> kube_shard_ha::Epoch {
+async fn force_until_armed(op: &Op) -> kube_shard_ha::FailoverEpoch {
     for _ in 0..60 {
         if let Ok(e) = op.control.force_promote().await {
             return e;

@@ -1,4 +1,4 @@
-//! The checkpoint ConfigMap's protocol (pure): the [`Kind`]s a switchover covers, the demotion [`Token`]
+//! The checkpoint ConfigMap's protocol (pure): the [`Kind`]s a switchover covers, the demotion [`DemotionToken`]
 //! and its text form, the keys the mirror, promotion and switchover read and write, and the position
 //! entries. The mirror and the switchover both build on it; [`edit`] writes the ConfigMap.
 
@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::epoch::Epoch;
+use crate::epoch::FailoverEpoch;
 
 pub mod edit;
 
@@ -28,7 +28,7 @@ pub const CAUGHT_UP_KEY: &str = "caught-up";
 /// The checkpoint ConfigMap key marking a cluster that admitted at an epoch (its wire form): set
 /// before admission opens, cleared when failback has made every own object a copy again.
 pub const WAS_ACTIVE_KEY: &str = "was-active";
-/// The checkpoint ConfigMap key where the [`MirrorDuty`](crate::mirror::adopt::MirrorDuty) records its phase (for
+/// The checkpoint ConfigMap key where the [`MirrorDuty`](crate::duty::MirrorDuty) records its phase (for
 /// `kshard ha status`, run from another process).
 pub const DUTY_KEY: &str = "duty";
 
@@ -98,20 +98,20 @@ impl FromStr for Kind {
 /// The demotion token: `v1;src=<cluster>/<kube-system uid>;e=<epoch>;k=<kind>:<rv>,…;id=<hex>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Token {
+pub struct DemotionToken {
     /// The source cluster's id.
     pub cluster: String,
     /// The uid of the source cluster's `kube-system` namespace.
     pub uid: String,
     /// The demoted epoch.
-    pub epoch: Epoch,
+    pub epoch: FailoverEpoch,
     /// Per covered kind (its key), the resourceVersion of a consistent LIST taken after the freeze.
     pub kinds: BTreeMap<String, u64>,
     /// A random id (recorded as used by the promotion).
     pub id: String,
 }
 
-impl Token {
+impl DemotionToken {
     /// `<cluster>/<uid>`: the source identity.
     #[must_use]
     pub fn source(&self) -> String {
@@ -119,7 +119,7 @@ impl Token {
     }
 }
 
-impl fmt::Display for Token {
+impl fmt::Display for DemotionToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kinds: Vec<String> = self
             .kinds
@@ -137,7 +137,7 @@ impl fmt::Display for Token {
     }
 }
 
-impl FromStr for Token {
+impl FromStr for DemotionToken {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
@@ -159,7 +159,7 @@ impl FromStr for Token {
         let k = field("k")?;
         let id = field("id")?;
         let (cluster, uid) = src.rsplit_once('/').ok_or_else(bad)?;
-        let epoch = Epoch::from_wire(e.parse().map_err(|_| bad())?).map_err(|_| bad())?;
+        let epoch = FailoverEpoch::from_wire(e.parse().map_err(|_| bad())?).map_err(|_| bad())?;
         let mut kinds = BTreeMap::new();
         for kv in k.split(',').filter(|x| !x.is_empty()) {
             let (kind, rv) = kv.split_once(':').ok_or_else(bad)?;
@@ -169,7 +169,7 @@ impl FromStr for Token {
         if !clean(cluster) || !clean(uid) || !clean(&id) || kinds.is_empty() {
             return Err(bad());
         }
-        Ok(Token {
+        Ok(DemotionToken {
             cluster: cluster.into(),
             uid: uid.into(),
             epoch,
@@ -227,10 +227,10 @@ mod tests {
     }
     #[test]
     fn tokens_round_trip_and_garbage_is_refused() {
-        let t = Token {
+        let t = DemotionToken {
             cluster: "a".into(),
             uid: "1234-5678".into(),
-            epoch: Epoch::new(3, 1).unwrap(),
+            epoch: FailoverEpoch::new(3, 1).unwrap(),
             kinds: BTreeMap::from([
                 ("widgets.example.com".into(), 1000),
                 ("configmaps".into(), 999),
@@ -242,7 +242,7 @@ mod tests {
             s,
             "v1;src=a/1234-5678;e=3001;k=configmaps:999,widgets.example.com:1000;id=00ff"
         );
-        assert_eq!(s.parse::<Token>().unwrap(), t);
+        assert_eq!(s.parse::<DemotionToken>().unwrap(), t);
         for bad in [
             "",
             "v2;src=a/u;e=1;k=x:1;id=1",
@@ -251,7 +251,7 @@ mod tests {
             "v1;src=a/u;e=1;k=;id=1",
             "v1;src=a/u;e=1;k=x:1",
         ] {
-            assert!(bad.parse::<Token>().is_err(), "{bad}");
+            assert!(bad.parse::<DemotionToken>().is_err(), "{bad}");
         }
     }
     #[test]

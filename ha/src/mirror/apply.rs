@@ -20,7 +20,7 @@ use super::rv::marker;
 
 /// The result of one attempt.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(crate) enum Outcome {
     /// The copy holds the source's version (written, or already there); the copy's resourceVersion
     /// after the mirror's last write, when it wrote.
     Applied(Option<String>),
@@ -34,14 +34,15 @@ pub(super) enum Outcome {
 
 /// The kind's two sides.
 #[derive(Clone)]
-pub(super) struct Sides {
-    pub(super) ar: ApiResource,
-    pub(super) namespaced: bool,
-    pub(super) has_status: bool,
-    pub(super) source: kube::Client,
-    pub(super) target: kube::Client,
-    /// Marker written last (the H13 b fix); `false` is a planted bug for the tests.
-    pub(super) marker_last: bool,
+pub(crate) struct Sides {
+    pub(crate) ar: ApiResource,
+    pub(crate) namespaced: bool,
+    pub(crate) has_status: bool,
+    pub(crate) source: kube::Client,
+    pub(crate) target: kube::Client,
+    /// The source-version marker written last, after the copy itself; `false` is a planted bug for the
+    /// tests.
+    pub(crate) marker_last: bool,
 }
 
 impl Sides {
@@ -194,7 +195,7 @@ async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Plan
     replace_main(s, tgt, meta, p).await
 }
 
-pub(super) async fn update(
+pub(crate) async fn update(
     s: &Sides,
     tgt: &Api<DynamicObject>,
     ctx: &CopyContext,

@@ -19,7 +19,7 @@ use super::error::MirrorError;
 use super::hold::Hold;
 use super::rv::SourceId;
 use crate::checkpoint::edit::edit_checkpoint;
-use crate::checkpoint::{parse_hold, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY};
+use crate::checkpoint::{parse_hold, DemotionToken, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY};
 use crate::config::checkpoint_name;
 use crate::HaConfig;
 
@@ -27,7 +27,7 @@ use crate::HaConfig;
 /// whose kinds are not the mirror's: the mirror holds every kind once the token's caught up, so a kind
 /// the token lacks would keep taking writes on the old Active that never reach this cluster.
 pub(super) fn targets(
-    token: &Token,
+    token: &DemotionToken,
     source: &SourceId,
     kinds: impl Iterator<Item = String>,
 ) -> Result<Vec<(String, u64)>, MirrorError> {
@@ -63,7 +63,7 @@ pub(super) struct CatchUp {
 /// Send the catch-up versions to the kinds' tasks; with `acks`, each kind's task answers on its own
 /// channel once its catch-up is applied.
 pub(super) async fn send(
-    token: &Token,
+    token: &DemotionToken,
     source: &SourceId,
     senders: &BTreeMap<String, mpsc::Sender<CatchUp>>,
     mut acks: Option<&mut Vec<oneshot::Receiver<usize>>>,
@@ -106,7 +106,7 @@ struct Asked {
     /// The source term's epoch it was made in (wire form).
     epoch: u64,
     /// A catch-up's token (`None`: a bare hold).
-    token: Option<Token>,
+    token: Option<DemotionToken>,
 }
 
 enum Round {
@@ -142,7 +142,9 @@ impl Poller {
     /// hold of a forced promotion.
     async fn asked(&self) -> Option<Option<Asked>> {
         let d = self.read().await?;
-        let token = d.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok());
+        let token = d
+            .get(CATCH_UP_KEY)
+            .and_then(|t| t.parse::<DemotionToken>().ok());
         Some(match token {
             Some(t) => Some(Asked {
                 id: t.id.clone(),
@@ -222,7 +224,7 @@ impl Poller {
     }
 
     /// One catch-up of every kind of the token, waiting for each kind's acknowledgement.
-    async fn round(&self, token: &Token, stop: &mut watch::Receiver<bool>) -> Round {
+    async fn round(&self, token: &DemotionToken, stop: &mut watch::Receiver<bool>) -> Round {
         let mut acks = Vec::new();
         match send(token, &self.source, &self.senders, Some(&mut acks)).await {
             Ok(n) => info!(token = %token.id, kinds = n, "mirror: catching up to a token"),
@@ -273,9 +275,9 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Epoch;
+    use crate::FailoverEpoch;
 
-    fn token(cluster: &str, uid: &str) -> Token {
+    fn token(cluster: &str, uid: &str) -> DemotionToken {
         format!("v1;src={cluster}/{uid};e=1001;k=widgets.example.com:500,configmaps:900;id=ab")
             .parse()
             .unwrap()
@@ -317,6 +319,9 @@ mod tests {
         );
         assert!(targets(&token("a", "other"), &s, kinds()).is_err());
         assert!(targets(&token("b", "u"), &s, kinds()).is_err());
-        assert_eq!(token("a", "u").epoch, Epoch::from_wire(1001).unwrap());
+        assert_eq!(
+            token("a", "u").epoch,
+            FailoverEpoch::from_wire(1001).unwrap()
+        );
     }
 }

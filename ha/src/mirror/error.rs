@@ -49,7 +49,7 @@ pub enum MirrorError {
     },
 }
 
-pub(super) fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> MirrorError {
+pub(crate) fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> MirrorError {
     let what = what.into();
     move |source| MirrorError::Api { what, source }
 }

@@ -25,13 +25,13 @@
 //! kind against the copies; a copy without its source at two sweeps a grace apart is queued, and the
 //! worker deletes it by its usual rules (a delete the watch lost).
 //!
-//! Adoption at promotion, failback pairing and the process duty that runs all of it ([`adopt`],
-//! [`adopt::MirrorDuty`], with its metrics and Events) restore what the copies keep aside.
+//! Adoption at promotion ([`crate::adoption`]), failback ([`crate::failback`]) and the process duty that
+//! runs all of it ([`crate::duty::MirrorDuty`], with its metrics and Events) restore what the copies keep
+//! aside.
 //!
 //! At start each mirrored custom resource's definitions are compared ([`schema`]): a different scope,
 //! version set, `served` flag, schema or subresources refuses to start.
 
-pub mod adopt;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -44,11 +44,11 @@ pub mod schema;
 pub mod status;
 pub mod watermark;
 
-mod apply;
+pub(crate) mod apply;
 mod catchup;
 mod hold;
 mod source;
-mod task;
+pub(crate) mod task;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,7 @@ use self::queue::RetryQueue;
 use self::task::{KindTask, Shared};
 use self::watermark::Watermark;
 use super::{record, HaControl, LocalClock};
-use crate::checkpoint::{position, Kind, Token};
+use crate::checkpoint::{position, DemotionToken, Kind};
 use crate::config::checkpoint_name;
 
 /// A running mirror. Dropping it does not stop it: call [`Mirror::stop`].
@@ -119,7 +119,10 @@ impl MirrorWiring {
     }
 }
 
-async fn resolve(c: &Client, k: &Kind) -> Result<(ApiResource, ApiCapabilities), MirrorError> {
+pub(crate) async fn resolve(
+    c: &Client,
+    k: &Kind,
+) -> Result<(ApiResource, ApiCapabilities), MirrorError> {
     let gv = kube::core::GroupVersion::gv(&k.group, &k.version);
     let g = kube::discovery::oneshot::pinned_group(c, &gv)
         .await
@@ -130,7 +133,7 @@ async fn resolve(c: &Client, k: &Kind) -> Result<(ApiResource, ApiCapabilities),
         .ok_or_else(|| MirrorError::Kind(k.key(), "not served".into()))
 }
 
-async fn kube_system_uid(c: &Client) -> Result<String, MirrorError> {
+pub(crate) async fn kube_system_uid(c: &Client) -> Result<String, MirrorError> {
     let ns: Api<Namespace> = Api::all(c.clone());
     let n = ns
         .get("kube-system")
@@ -142,7 +145,7 @@ async fn kube_system_uid(c: &Client) -> Result<String, MirrorError> {
 }
 
 /// The source term's epoch from the source's HA Lease (0 when it cannot be read).
-async fn source_epoch(cfg: &MirrorConfig, source: &Client) -> u64 {
+pub(crate) async fn source_epoch(cfg: &MirrorConfig, source: &Client) -> u64 {
     if let Some(e) = cfg.epoch {
         return e;
     }
@@ -331,7 +334,7 @@ impl Mirror {
     /// version (`NotOlderThan`) and applies it as a diff; the positions then reach the token without
     /// waiting for events or bookmarks. Returns the number of kinds asked; a token from another source,
     /// or whose kinds are not the mirror's, is refused. (`promote --token` asks a mirror in another process through the checkpoint.)
-    pub async fn catch_up(&self, token: &Token) -> Result<usize, MirrorError> {
+    pub async fn catch_up(&self, token: &DemotionToken) -> Result<usize, MirrorError> {
         catchup::send(token, &self.source, &self.catchup, None).await
     }
 

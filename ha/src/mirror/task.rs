@@ -67,7 +67,7 @@ pub(super) enum Initial {
 }
 
 /// In the configured namespaces, and not kube-shard's own.
-pub(super) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
+pub(crate) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
     let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
         o.metadata
             .namespace

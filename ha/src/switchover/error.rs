@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::checkpoint::edit::EditError;
 use crate::checkpoint::ParseError;
-use crate::epoch::Epoch;
+use crate::epoch::FailoverEpoch;
 
 /// Why a switchover step failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +20,7 @@ pub enum SwitchError {
     #[error("members did not acknowledge ha-drained({epoch}) within {waited:?}: {pending:?} — no token was issued; the Active stays demoting (run `kshard ha demote` again, or `demote --cancel`)")]
     NotDrained {
         /// The epoch being demoted.
-        epoch: Epoch,
+        epoch: FailoverEpoch,
         /// The members that did not ack.
         pending: Vec<String>,
         /// How long the demoter waited.
@@ -44,7 +44,7 @@ pub enum SwitchError {
     #[error("the mirror did not reach the token within {waited:?}; nothing was changed on either side:\n{}", report_text(.report))]
     Behind {
         /// Per kind.
-        report: Vec<KindReport>,
+        report: Vec<KindProgress>,
         /// How long it waited.
         waited: Duration,
     },
@@ -63,7 +63,7 @@ pub enum SwitchError {
     Promote(String),
     /// The promotion checks refused this cluster as a target: nothing was written.
     #[error("not promoted: {0}; nothing was changed")]
-    Target(#[from] crate::mirror::adopt::TargetRefused),
+    Target(#[from] crate::promotion::TargetRefused),
 }
 
 pub(super) fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> SwitchError {
@@ -74,7 +74,7 @@ pub(super) fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Sw
 /// One kind's position against the token (the timeout report).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct KindReport {
+pub struct KindProgress {
     /// `<plural>.<group>`.
     pub kind: String,
     /// The token's resourceVersion.
@@ -83,7 +83,7 @@ pub struct KindReport {
     pub position: Option<u64>,
 }
 
-pub(super) fn report_text(r: &[KindReport]) -> String {
+pub(super) fn report_text(r: &[KindProgress]) -> String {
     r.iter()
         .map(|k| {
             let pos = k.position.map_or("none".to_string(), |p| p.to_string());

@@ -14,7 +14,7 @@
 //! 3. **freeze** the covered kinds: a ValidatingAdmissionPolicy and its binding refuse creates, updates
 //!    and deletes of them by every identity but `freeze_exempt`; proceed only once a dry-run probe write
 //!    is refused by it;
-//! 4. take the **token** ([`Token`]): the epoch, the source identity (cluster id and the uid of its
+//! 4. take the **token** ([`DemotionToken`]): the epoch, the source identity (cluster id and the uid of its
 //!    `kube-system` namespace), per kind the resourceVersion of a consistent LIST; record it in the
 //!    Lease (`demoting(token)`) and return it.
 //!
@@ -52,10 +52,12 @@ mod error;
 mod freeze;
 
 use crate::checkpoint::{caught_up, parse_hold, position};
-pub use crate::checkpoint::{Kind, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY, USED_TOKENS_KEY};
+pub use crate::checkpoint::{
+    DemotionToken, Kind, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY, USED_TOKENS_KEY,
+};
 pub use crate::config::checkpoint_name;
 use error::{api_err, report_text};
-pub use error::{KindReport, SwitchError};
+pub use error::{KindProgress, SwitchError};
 pub use freeze::{freeze_objects, FREEZE_MARK};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -70,10 +72,10 @@ use tracing::{info, warn};
 use crate::config::HaConfig;
 use crate::driver::{spawn, HaClients, PromoteError};
 use crate::elector::TokenTakeover;
-use crate::epoch::Epoch;
+use crate::epoch::FailoverEpoch;
 use crate::handle::LocalClock;
 use crate::metrics::HaMetrics;
-use crate::mirror::adopt::{check_promotion, PromotionChecks, PromotionPath};
+use crate::promotion::{check_promotion, PromotionChecks, PromotionPath};
 use crate::record::{self, HaState, Record, STATE_ANNOTATION};
 use kube_shard::group::report::{GROUP_LABEL, HA_DRAINED, ROLE_LABEL};
 
@@ -158,7 +160,7 @@ async fn set_state(
     api: &Api<Lease>,
     name: &str,
     cluster: &str,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     next: impl Fn(&HaState) -> Option<HaState>,
 ) -> Result<HaState, SwitchError> {
     loop {
@@ -192,7 +194,7 @@ async fn set_state(
 async fn set_state_all(
     cfg: &HaConfig,
     clients: &HaClients,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     next: impl Fn(&HaState) -> Option<HaState>,
 ) -> Result<HaState, SwitchError> {
     let name = cfg.lease_name();
@@ -219,7 +221,10 @@ async fn set_state_all(
 }
 
 /// The epoch this cluster leads (its own Lease names it, nothing higher in the peer's or the witness's).
-async fn my_epoch(cfg: &HaConfig, clients: &HaClients) -> Result<(Epoch, HaState), SwitchError> {
+async fn my_epoch(
+    cfg: &HaConfig,
+    clients: &HaClients,
+) -> Result<(FailoverEpoch, HaState), SwitchError> {
     let name = cfg.lease_name();
     let (_, own) = read_lease(&lease_api(&clients.local, &cfg.namespace), &name).await?;
     if own.cluster != cfg.cluster_id {
@@ -254,7 +259,7 @@ pub async fn demote(
     clients: &HaClients,
     opts: &DemoteOptions,
     mut progress: impl FnMut(&str),
-) -> Result<Token, SwitchError> {
+) -> Result<DemotionToken, SwitchError> {
     if opts.kinds.is_empty() {
         return Err(SwitchError::Input("no kind to cover (--kind)".into()));
     }
@@ -326,7 +331,7 @@ async fn wait_acks(
     client: &Client,
     ns: &str,
     group: &str,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     timeout: Duration,
     progress: &mut impl FnMut(&str),
 ) -> Result<(), SwitchError> {
@@ -526,9 +531,9 @@ fn parse_rv(s: Option<&str>, what: &str) -> Result<u64, SwitchError> {
 async fn take_token(
     client: &Client,
     cfg: &HaConfig,
-    epoch: Epoch,
+    epoch: FailoverEpoch,
     kinds: &Resolved,
-) -> Result<Token, SwitchError> {
+) -> Result<DemotionToken, SwitchError> {
     let mut out = BTreeMap::new();
     for (k, ar, _) in kinds {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
@@ -542,7 +547,7 @@ async fn take_token(
             parse_rv(l.metadata.resource_version.as_deref(), &k.to_string())?,
         );
     }
-    Ok(Token {
+    Ok(DemotionToken {
         cluster: cfg.cluster_id.clone(),
         uid: kube_system_uid(client).await?,
         epoch,
@@ -603,7 +608,7 @@ impl PromoteOptions {
 async fn check_token(
     cfg: &HaConfig,
     clients: &HaClients,
-    token: &Token,
+    token: &DemotionToken,
     timeout: Duration,
     progress: &mut impl FnMut(&str),
 ) -> Result<(), SwitchError> {
@@ -667,10 +672,10 @@ async fn check_token(
                 .await
                 .map_err(api_err("reading the checkpoint"))?,
         );
-        let report: Vec<KindReport> = token
+        let report: Vec<KindProgress> = token
             .kinds
             .iter()
-            .map(|(k, rv)| KindReport {
+            .map(|(k, rv)| KindProgress {
                 kind: k.clone(),
                 token_rv: *rv,
                 position: position(&cp, k, &token.source()),
@@ -765,7 +770,7 @@ pub(crate) async fn withdraw_hold(local: &Client, cfg: &HaConfig, id: &str) {
 /// Take back a catch-up request this promotion made (it failed before the takeover): the mirror
 /// releases its hold and mirrors on. Best effort: a request left behind keeps the mirror holding, which
 /// is safe and shown by `kshard ha status`.
-async fn withdraw(local: &Client, cfg: &HaConfig, token: &Token) {
+async fn withdraw(local: &Client, cfg: &HaConfig, token: &DemotionToken) {
     let text = token.to_string();
     let r = edit_checkpoint(local, cfg, |d| {
         if d.get(CATCH_UP_KEY) == Some(&text) {
@@ -779,7 +784,7 @@ async fn withdraw(local: &Client, cfg: &HaConfig, token: &Token) {
 }
 
 /// A source object above the token: the old Active accepted writes after its demotion.
-async fn ahead_of_token(source: &Client, token: &Token) -> Result<(), SwitchError> {
+async fn ahead_of_token(source: &Client, token: &DemotionToken) -> Result<(), SwitchError> {
     for (key, rv) in &token.kinds {
         let (plural, group) = key.split_once('.').unwrap_or((key, ""));
         let gv = kube::core::GroupVersion::gv(group, "");
@@ -833,15 +838,15 @@ pub async fn promote_with_token(
     cfg: &HaConfig,
     clients: HaClients,
     clock: LocalClock,
-    token: &Token,
+    token: &DemotionToken,
     opts: &PromoteOptions,
     mut progress: impl FnMut(&str),
-) -> Result<Epoch, SwitchError> {
+) -> Result<FailoverEpoch, SwitchError> {
     let checked = check_promotion(
         cfg,
         &clients.local,
         &opts.checks,
-        PromotionPath::Token(token),
+        PromotionPath::DemotionToken(token),
     )
     .await?;
     for o in &checked.overridden {
@@ -987,7 +992,7 @@ pub async fn cancel(cfg: &HaConfig, clients: &HaClients) -> Result<(), SwitchErr
     let r = edit_checkpoint(&clients.peer, cfg, |d| {
         let ours = d
             .get(CATCH_UP_KEY)
-            .and_then(|t| t.parse::<Token>().ok())
+            .and_then(|t| t.parse::<DemotionToken>().ok())
             .is_some_and(|t| t.cluster == me && t.epoch == epoch);
         if ours {
             d.remove(CATCH_UP_KEY);
@@ -1012,7 +1017,7 @@ impl Drop for Abort {
 
 /// The kind keys of a token (for reports).
 #[must_use]
-pub fn token_kinds(t: &Token) -> BTreeSet<String> {
+pub fn token_kinds(t: &DemotionToken) -> BTreeSet<String> {
     t.kinds.keys().cloned().collect()
 }
 

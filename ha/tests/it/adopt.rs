@@ -13,9 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube_shard::hash::ShardKey;
 use kube_shard::shard::ShardCount;
-use kube_shard_ha::mirror::adopt::{
-    divergent_objects, promotable, AdoptConfig, Adoption, Failback, FailbackOptions, ShardSpec,
-};
+use kube_shard_ha::adoption::{AdoptConfig, Adoption, ShardSpec};
+use kube_shard_ha::failback::{divergent_objects, promotable, Failback, FailbackOptions};
 use kube_shard_ha::mirror::plan::{MIRRORED_FROM, SOURCE_FINALIZERS, SOURCE_RV, SOURCE_UID};
 use kube_shard_ha::mirror::{KindSet, MirrorConfig};
 use kube_shard_ha::{HaClients, HaConfig, HaHandle, HaMetrics, HaMode};
@@ -333,7 +332,7 @@ async fn failback(keep: bool) -> (TestServer, TestServer, Vec<String>) {
         opts,
     );
     let r = f.run_once().await.unwrap();
-    let names = |v: &[kube_shard_ha::mirror::adopt::ObjRef]| {
+    let names = |v: &[kube_shard_ha::adoption::ObjRef]| {
         v.iter().map(|o| o.name.clone()).collect::<Vec<_>>()
     };
     assert_eq!(names(&r.labelled), ["same"]);

@@ -7,13 +7,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::Api;
+use kube_shard_ha::adoption::AdoptConfig;
+use kube_shard_ha::checkpoint::WAS_ACTIVE_KEY;
 use kube_shard_ha::driver::PromoteError;
+use kube_shard_ha::duty::MirrorDuty;
 use kube_shard_ha::elector::ForceError;
-use kube_shard_ha::mirror::adopt::{
-    check_target, AdoptConfig, FailbackOptions, MirrorDuty, TargetRefused, WAS_ACTIVE_KEY,
-};
+use kube_shard_ha::failback::FailbackOptions;
 use kube_shard_ha::mirror::plan::MIRRORED_FROM;
 use kube_shard_ha::mirror::{KindSet, MirrorConfig, MirrorWiring};
+use kube_shard_ha::promotion::{check_target, TargetRefused};
 use kube_shard_ha::switchover::{checkpoint_name, Kind};
 use kube_shard_ha::{HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode};
 use kube_shard_testserver::TestServer;
@@ -117,7 +119,7 @@ async fn get(s: &TestServer, name: &str) -> Option<DynamicObject> {
     widgets(s, APPS).get_opt(name).await.unwrap()
 }
 
-async fn force(control: &HaControl) -> kube_shard_ha::Epoch {
+async fn force(control: &HaControl) -> kube_shard_ha::FailoverEpoch {
     for _ in 0..120 {
         match control.force_promote().await {
             Ok(e) => return e,

@@ -58,7 +58,7 @@ async fn always(span: Duration, mut cond: impl FnMut() -> bool) -> Result<(), Du
     Ok(())
 }
 
-async fn force_until_armed(op: &Op) -> kube_shard_ha::Epoch {
+async fn force_until_armed(op: &Op) -> kube_shard_ha::FailoverEpoch {
     for _ in 0..60 {
         if let Ok(e) = op.control.force_promote().await {
             return e;

@@ -768,17 +768,17 @@ async fn catch_up_brings_a_quiet_kind_to_the_token() {
     let pp = PostParams::default();
     // the source term's epoch (`config()`); a token from an earlier term is ignored. A token covers
     // every mirrored kind (one lacking a kind is refused)
-    let token_at = |e: u64, id: &str, rv: u64| -> kube_shard_ha::switchover::Token {
+    let token_at = |e: u64, id: &str, rv: u64| -> kube_shard_ha::switchover::DemotionToken {
         format!("v1;src=a/{uid};e={e};k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
-    let token_for = |id: &str, rv: u64| -> kube_shard_ha::switchover::Token {
+    let token_for = |id: &str, rv: u64| -> kube_shard_ha::switchover::DemotionToken {
         format!("v1;src=a/{uid};e=2001;k=configmaps:{rv},{WIDGETS}:{rv};id={id}")
             .parse()
             .unwrap()
     };
-    let lacking: kube_shard_ha::switchover::Token =
+    let lacking: kube_shard_ha::switchover::DemotionToken =
         format!("v1;src=a/{uid};e=2001;k={WIDGETS}:1;id=t0")
             .parse()
             .unwrap();
@@ -1209,7 +1209,7 @@ async fn a_source_recreated_with_an_immutable_field_changed_is_copied_by_delete_
 /// first checkpoint and passes once every listed object is copied.
 #[tokio::test(start_paused = true)]
 async fn a_kind_counts_as_synced_only_once_its_initial_list_is_applied() {
-    use kube_shard_ha::mirror::adopt::{check_target, TargetRefused};
+    use kube_shard_ha::promotion::{check_target, TargetRefused};
     use kube_shard_testserver::{Scope, Verb};
     let (a, b) = pair().await;
     let pp = PostParams::default();

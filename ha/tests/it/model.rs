@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use kube_shard_ha::elector::{Answer, ElectorConfig, Flaws, Op, Slot};
 use kube_shard_ha::record::{HaState, Origin, Published, Record};
-use kube_shard_ha::{Elector, Epoch, Timings, TokenTakeover};
+use kube_shard_ha::{Elector, FailoverEpoch, Timings, TokenTakeover};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 const CLUSTERS: [&str; 2] = ["a", "b"];
@@ -57,7 +57,7 @@ struct Proc {
     off: i8,
     flights: [Option<Flight>; 3],
     /// Work in flight: its epoch and local start.
-    work: Option<(Epoch, u8)>,
+    work: Option<(FailoverEpoch, u8)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -74,8 +74,8 @@ pub struct St {
     /// The planned switchover's commands (`kshard ha demote`, `--cancel`, `promote --token`).
     demo: Demo,
     /// T6: tags (cluster, epoch) seen admitting, and the tag of the last admission or completion.
-    tags: Vec<(u8, Epoch)>,
-    last_tag: Option<(u8, Epoch)>,
+    tags: Vec<(u8, FailoverEpoch)>,
+    last_tag: Option<(u8, FailoverEpoch)>,
     violation: Option<&'static str>,
 }
 
@@ -195,7 +195,7 @@ impl Ha {
     fn record_a(&self) -> Record {
         Record {
             cluster: "a".into(),
-            epoch: Epoch::new(1, 1).unwrap(),
+            epoch: FailoverEpoch::new(1, 1).unwrap(),
             timings: Published {
                 lease_duration: self.timings.lease_duration,
                 renew_deadline: self.timings.renew_deadline,
@@ -298,7 +298,7 @@ impl Ha {
             return;
         };
         st.demo.written[li] = true;
-        let e1 = Epoch::new(1, 1).ok();
+        let e1 = FailoverEpoch::new(1, 1).ok();
         if let LeaseVal::Present { rec, .. } = &st.leases[li] {
             if rec.cluster == "a" && Some(rec.epoch) == e1 {
                 if rec.state.seq < state.seq {
@@ -363,7 +363,7 @@ impl Ha {
     }
 
     /// T6: an admission or completion of `tag`.
-    fn event(st: &mut St, tag: (u8, Epoch), first: bool) {
+    fn event(st: &mut St, tag: (u8, FailoverEpoch), first: bool) {
         if first && !st.tags.contains(&tag) {
             if st.tags.iter().any(|&(_, e)| e >= tag.1) {
                 st.violation = Some("an admission at an epoch not above every earlier one");
@@ -662,7 +662,7 @@ impl Model for Ha {
                 st.demo.promoted = true;
                 let t = TokenTakeover {
                     source: "a".into(),
-                    epoch: Epoch::new(1, 1).ok()?,
+                    epoch: FailoverEpoch::new(1, 1).ok()?,
                     token: TOKEN.into(),
                 };
                 st.procs[1]

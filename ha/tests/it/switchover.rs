@@ -15,7 +15,9 @@ use k8s_openapi::ByteString;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard_ha::overlap::{HaOverlap, Violation};
-use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions, SwitchError, Token};
+use kube_shard_ha::switchover::{
+    self, DemoteOptions, DemotionToken, Kind, PromoteOptions, SwitchError,
+};
 use kube_shard_ha::{HaClients, HaConfig, HaMode};
 use kube_shard_testserver::TestServer;
 use tokio::time::Instant;
@@ -177,7 +179,7 @@ async fn record_stand_in(c: &kube::Client, cfg: &HaConfig) {
 }
 
 /// The catch-up request `promote --token` left in the checkpoint of the cluster `c` reaches.
-async fn requested(c: &kube::Client, cfg: &HaConfig) -> Option<Token> {
+async fn requested(c: &kube::Client, cfg: &HaConfig) -> Option<DemotionToken> {
     let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
     let cm = api
         .get_opt(&switchover::checkpoint_name(cfg))
@@ -188,7 +190,7 @@ async fn requested(c: &kube::Client, cfg: &HaConfig) -> Option<Token> {
 
 /// The mirror stand-in's acknowledgement of a catch-up to `token` (what the real mirror writes once its
 /// catch-up is applied and it holds).
-async fn acknowledge(c: &kube::Client, cfg: &HaConfig, token: &Token) {
+async fn acknowledge(c: &kube::Client, cfg: &HaConfig, token: &DemotionToken) {
     let api: Api<ConfigMap> = Api::namespaced(c.clone(), &cfg.namespace);
     let patch =
         serde_json::json!({"data": {switchover::CAUGHT_UP_KEY: format!("{} failed=0", token.id)}});
@@ -248,16 +250,16 @@ impl Pair {
         }
     }
 
-    async fn demote(&self, opts: &DemoteOptions) -> Result<Token, SwitchError> {
+    async fn demote(&self, opts: &DemoteOptions) -> Result<DemotionToken, SwitchError> {
         let (cfg, clients) = cmd("a", 1, &self.sa, &self.sb);
         switchover::demote(&cfg, &clients, opts, |l| eprintln!("[demote] {l}")).await
     }
 
     async fn promote(
         &self,
-        t: &Token,
+        t: &DemotionToken,
         timeout: Duration,
-    ) -> Result<kube_shard_ha::Epoch, SwitchError> {
+    ) -> Result<kube_shard_ha::FailoverEpoch, SwitchError> {
         let (cfg, clients) = cmd("b", 2, &self.sb, &self.sa);
         let opts = PromoteOptions::new(timeout);
         switchover::promote_with_token(
@@ -513,7 +515,7 @@ async fn ha_switchover_wrong_tokens_a_lagging_mirror_and_writes_after_the_token_
         .unwrap_err();
     assert!(e.to_string().contains("foreign source"), "{e}");
     let mut old = token.clone();
-    old.epoch = kube_shard_ha::Epoch::new(0, 1).unwrap();
+    old.epoch = kube_shard_ha::FailoverEpoch::new(0, 1).unwrap();
     let e = p.promote(&old, Duration::from_secs(5)).await.unwrap_err();
     assert!(e.to_string().contains("stale"), "{e}");
     // the mirror stops below the token: wait, then a per-kind report, no change on either side
@@ -916,7 +918,7 @@ async fn ha_switchover_the_mirror_holds_while_asked_and_mirrors_on_after_a_refus
 /// its users change back to the old Active's newer versions until the mirror duty stops it. The mirror
 /// holds after arming and before the candidacy (`hold: false` plants the bug: no hold).
 async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
-    use kube_shard_ha::ops::{force_promote_with, ForceOptions};
+    use kube_shard_ha::failover::{force_promote_with, ForceOptions};
     let p = pair_with(false).await;
     let m = real_mirror(&p).await;
     tokio::time::sleep(Duration::from_secs(10)).await;

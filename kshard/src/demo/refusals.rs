@@ -72,7 +72,7 @@ pub(crate) fn classify(refused: &[Refused], versions: &[Version]) -> Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube_shard_ha::Epoch;
+    use kube_shard_ha::FailoverEpoch;
 
     fn v(rv: u64, epochs: &[(u32, u64)]) -> Version {
         Version {
@@ -84,7 +84,11 @@ mod tests {
     fn r(rv: u64, shard: u32, epoch: u64) -> Refused {
         Refused {
             resource_version: rv,
-            fence: Some(FenceToken::shard_token(Epoch::default(), shard, epoch)),
+            fence: Some(FenceToken::shard_token(
+                FailoverEpoch::default(),
+                shard,
+                epoch,
+            )),
         }
     }
 

@@ -480,7 +480,7 @@ impl Drop for Acknowledger {
 
 fn acknowledger(kc: &Path) -> Acknowledger {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube_shard_ha::switchover::{Token, CATCH_UP_KEY, CAUGHT_UP_KEY};
+    use kube_shard_ha::switchover::{DemotionToken, CATCH_UP_KEY, CAUGHT_UP_KEY};
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (flag, kc) = (stop.clone(), kc.to_path_buf());
     let thread = std::thread::spawn(move || {
@@ -498,7 +498,9 @@ fn acknowledger(kc: &Path) -> Acknowledger {
                     .flatten()
                     .and_then(|c| c.data)
                     .unwrap_or_default();
-                let asked = data.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok());
+                let asked = data
+                    .get(CATCH_UP_KEY)
+                    .and_then(|t| t.parse::<DemotionToken>().ok());
                 if let Some(t) = asked {
                     let ack = format!("{} failed=0", t.id);
                     if data.get(CAUGHT_UP_KEY) != Some(&ack) {

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use kube::api::ListParams;
 use kube::Api;
-use kube_shard_ha::mirror::adopt::{Failback, FailbackOptions, PromotionChecks};
+use kube_shard_ha::failback::{Failback, FailbackOptions};
+use kube_shard_ha::failover::ForceOptions;
 use kube_shard_ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
-use kube_shard_ha::ops::ForceOptions;
+use kube_shard_ha::promotion::PromotionChecks;
 use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
-use kube_shard_ha::{Epoch, HaClients, HaMode, LocalClock};
+use kube_shard_ha::{FailoverEpoch, HaClients, HaMode, LocalClock};
 use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
@@ -90,7 +91,7 @@ pub(crate) async fn switchover(
     to: &Cluster,
     ns: &str,
     clock: LocalClock,
-) -> Result<Epoch, CliError> {
+) -> Result<FailoverEpoch, CliError> {
     let who = format!("{}-cmd", from.id);
     let cfg = ha_config(from.id, from.rank, HaMode::Standby, ns)?;
     let clients = HaClients::new(from.client(&who), to.client(&who), None);
@@ -149,7 +150,7 @@ pub(crate) async fn force_promote(
     old: &Cluster,
     ns: &str,
     clock: LocalClock,
-) -> Result<Epoch, CliError> {
+) -> Result<FailoverEpoch, CliError> {
     check_target(standby, old, ns, true).await?;
     let who = format!("{}-cmd", standby.id);
     let cfg = ha_config(standby.id, standby.rank, HaMode::Standby, ns)?;
@@ -158,7 +159,7 @@ pub(crate) async fn force_promote(
     let opts = ForceOptions::new(Duration::from_secs(60))
         .hold_mirror(Duration::from_secs(2))
         .checks(cross_checks(old, ns));
-    kube_shard_ha::ops::force_promote_with(&cfg, clients, clock, &opts, |l| {
+    kube_shard_ha::failover::force_promote_with(&cfg, clients, clock, &opts, |l| {
         tracing::info!("promote --force {}: {l}", standby.id);
     })
     .await
@@ -197,7 +198,7 @@ pub(crate) async fn held(
         .collect())
 }
 
-/// A Standby rejoining under `active`: the library's failback (`kube_shard_ha::mirror::adopt::Failback`,
+/// A Standby rejoining under `active`: the library's failback (`kube_shard_ha::failback::Failback`,
 /// HA.md "Promotion and adoption") pairs each of `standby`'s Widgets with `active`'s by name and
 /// recorded source uid (equal: labelled a copy; different: updated in place), and deletes the rest
 /// (divergent) with no prune grace (the demo's writer is paused meanwhile). Of the divergent ones,
@@ -264,7 +265,7 @@ pub(crate) async fn check_target(
     synced: bool,
 ) -> Result<(), CliError> {
     let cfg = mirror_config(standby, old, ns)?;
-    kube_shard_ha::mirror::adopt::check_target(&cfg, &standby.client("demo-check"), synced)
+    kube_shard_ha::promotion::check_target(&cfg, &standby.client("demo-check"), synced)
         .await
         .map(|_| ())
         .map_err(|e| failed(&format!("{} as a promotion target", standby.id))(e.to_string()))

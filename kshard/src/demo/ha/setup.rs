@@ -20,7 +20,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::{Api, Client};
 use kube_shard_ha::handle::tokio_clock;
 use kube_shard_ha::{
-    Epoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
+    FailoverEpoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
 };
 use kube_shard_testserver::TestServer;
 use tracing::Instrument;
@@ -547,7 +547,13 @@ async fn operator(cluster: &'static str, ha: HaHandle, api: Api<Widget>, rec: Re
     }
 }
 
-async fn round(cluster: &str, ha: &HaHandle, admitted: Epoch, api: &Api<Widget>, rec: &Recorder) {
+async fn round(
+    cluster: &str,
+    ha: &HaHandle,
+    admitted: FailoverEpoch,
+    api: &Api<Widget>,
+    rec: &Recorder,
+) {
     let epoch = admitted.wire();
     let Ok(list) = api.list(&ListParams::default()).await else {
         return;

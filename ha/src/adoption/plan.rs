@@ -14,7 +14,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DynamicObject, ObjectMeta};
 
-use super::super::plan::{
+use crate::mirror::plan::{
     MIRRORED_FROM, SHARD_LABEL, SOURCE_DELETING, SOURCE_FINALIZERS, SOURCE_OWNERS, SOURCE_SHARD,
     SOURCE_UID,
 };

@@ -10,15 +10,15 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::super::apply::{update, Outcome, Sides};
-use super::super::error::{api_err, MirrorError};
-use super::super::plan::{CopyContext, Planned};
-use super::super::rv::SourceId;
-use super::super::task::in_scope;
-use super::super::MirrorConfig;
-use super::io::KindApi;
-use super::pairing::{pair, pairs, Divergent, Pairing};
-use super::plan::{ObjRef, Problem};
+use crate::adoption::io::KindApi;
+use crate::adoption::pairing::{pair, pairs, Divergent, Pairing};
+use crate::adoption::plan::{ObjRef, Problem};
+use crate::mirror::apply::{update, Outcome, Sides};
+use crate::mirror::error::{api_err, MirrorError};
+use crate::mirror::plan::{CopyContext, Planned};
+use crate::mirror::rv::SourceId;
+use crate::mirror::task::in_scope;
+use crate::mirror::MirrorConfig;
 
 /// Failback's options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,8 +115,8 @@ impl Failback {
     /// objects and no failures; then start the mirror.
     #[tracing::instrument(skip(self), fields(source = %self.cfg.source_cluster))]
     pub async fn run_once(&mut self) -> Result<FailbackReport, MirrorError> {
-        let uid = super::super::kube_system_uid(&self.new_active).await?;
-        let epoch = super::super::source_epoch(&self.cfg, &self.new_active).await;
+        let uid = crate::mirror::kube_system_uid(&self.new_active).await?;
+        let epoch = crate::mirror::source_epoch(&self.cfg, &self.new_active).await;
         let mut rep = FailbackReport::default();
         let mut still = BTreeMap::new();
         for k in self.cfg.kinds.mirrored() {

@@ -8,21 +8,21 @@ use kube::discovery::{ApiCapabilities, Scope};
 use kube::{Api, Client};
 use tracing::warn;
 
-use super::super::error::{api_err, MirrorError};
-use super::super::plan::{MIRRORED_FROM, SOURCE_RV};
 use super::plan::{apply_restore, Delete, ObjRef, Problem, Propagation, Restore, Step};
 use crate::checkpoint::Kind;
+use crate::mirror::error::{api_err, MirrorError};
+use crate::mirror::plan::{MIRRORED_FROM, SOURCE_RV};
 
 /// One kind on one side.
-pub(super) struct KindApi {
-    pub(super) ar: ApiResource,
-    pub(super) caps: ApiCapabilities,
-    pub(super) client: Client,
+pub(crate) struct KindApi {
+    pub(crate) ar: ApiResource,
+    pub(crate) caps: ApiCapabilities,
+    pub(crate) client: Client,
 }
 
 impl KindApi {
-    pub(super) async fn resolve(c: &Client, k: &Kind) -> Result<Self, MirrorError> {
-        let (ar, caps) = super::super::resolve(c, k).await?;
+    pub(crate) async fn resolve(c: &Client, k: &Kind) -> Result<Self, MirrorError> {
+        let (ar, caps) = crate::mirror::resolve(c, k).await?;
         Ok(KindApi {
             ar,
             caps,
@@ -30,11 +30,11 @@ impl KindApi {
         })
     }
 
-    pub(super) fn all(&self) -> Api<DynamicObject> {
+    pub(crate) fn all(&self) -> Api<DynamicObject> {
         Api::all_with(self.client.clone(), &self.ar)
     }
 
-    pub(super) fn at(&self, ns: Option<&str>) -> Api<DynamicObject> {
+    pub(crate) fn at(&self, ns: Option<&str>) -> Api<DynamicObject> {
         match (self.caps.scope == Scope::Namespaced, ns) {
             (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &self.ar),
             _ => Api::all_with(self.client.clone(), &self.ar),
@@ -42,7 +42,7 @@ impl KindApi {
     }
 
     /// Every object (pages of 500), optionally by label selector.
-    pub(super) async fn list(
+    pub(crate) async fn list(
         &self,
         labels: Option<&str>,
     ) -> Result<Vec<DynamicObject>, MirrorError> {
@@ -70,7 +70,7 @@ impl KindApi {
 const ATTEMPTS: usize = 5;
 
 /// Execute one step. `Ok(false)`: nothing to do (the copy is gone or is another object now).
-pub(super) async fn execute(
+pub(crate) async fn execute(
     api: &KindApi,
     step: &Step,
     problems: &mut Vec<Problem>,
@@ -142,7 +142,7 @@ async fn delete(api: &KindApi, d: &Delete) -> Result<bool, MirrorError> {
 
 /// Relabel one copy as owned: drop the conflict guard and the source's commit marker (the recorded
 /// source uid stays: failback pairs by it). `Ok(false)`: not a copy from `source` any more.
-pub(super) async fn relabel(api: &KindApi, at: &ObjRef, source: &str) -> Result<bool, MirrorError> {
+pub(crate) async fn relabel(api: &KindApi, at: &ObjRef, source: &str) -> Result<bool, MirrorError> {
     let a = api.at(at.namespace.as_deref());
     for _ in 0..ATTEMPTS {
         let Some(mut o) = a

@@ -1,7 +1,7 @@
 //! What the mirror duty is doing ([`DutyStatus`]).
 
-use super::failback::FailbackReport;
-use super::run::AdoptStatus;
+use crate::adoption::AdoptStatus;
+use crate::failback::FailbackReport;
 use crate::mirror::KindStatus;
 
 /// What the duty is doing, for `kshard ha status`, the metrics and the tests.

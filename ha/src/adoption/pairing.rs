@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use super::super::error::MirrorError;
-use super::super::plan::{plan, CopyContext, Planned, MIRRORED_FROM, SOURCE_UID};
 use super::plan::ObjRef;
+use crate::mirror::error::MirrorError;
+use crate::mirror::plan::{plan, CopyContext, Planned, MIRRORED_FROM, SOURCE_UID};
 
 /// An object only on the old Active, as `kshard ha status` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

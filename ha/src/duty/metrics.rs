@@ -33,16 +33,16 @@ const PHASES: [&str; 6] = [
 
 /// Per-kind counts of mirrors that ran before the current one (a restart starts its counts at 0).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Carried {
-    pub(super) lists: u64,
-    pub(super) resumes: u64,
-    pub(super) catchups: u64,
-    pub(super) writes: u64,
-    pub(super) prunes: u64,
+pub(crate) struct Carried {
+    pub(crate) lists: u64,
+    pub(crate) resumes: u64,
+    pub(crate) catchups: u64,
+    pub(crate) writes: u64,
+    pub(crate) prunes: u64,
 }
 
 impl Carried {
-    pub(super) fn add(&mut self, k: &KindStatus) {
+    pub(crate) fn add(&mut self, k: &KindStatus) {
         self.lists += k.lists;
         self.resumes += k.resumes;
         self.catchups += k.catchups;
@@ -51,14 +51,14 @@ impl Carried {
     }
 }
 
-pub(super) type CarriedMap = Arc<Mutex<BTreeMap<String, Carried>>>;
+pub(crate) type CarriedMap = Arc<Mutex<BTreeMap<String, Carried>>>;
 
 /// A prometheus-client [`Collector`] over one [`MirrorDuty`](super::MirrorDuty). Cheap to clone.
 #[derive(Clone)]
 pub struct MirrorMetrics {
-    pub(super) status: Arc<Mutex<DutyStatus>>,
-    pub(super) carried: CarriedMap,
-    pub(super) clock: LocalClock,
+    pub(crate) status: Arc<Mutex<DutyStatus>>,
+    pub(crate) carried: CarriedMap,
+    pub(crate) clock: LocalClock,
 }
 
 impl fmt::Debug for MirrorMetrics {

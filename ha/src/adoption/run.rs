@@ -11,13 +11,13 @@ use kube::Client;
 use tokio::task::JoinHandle;
 use tracing::{info, info_span, warn, Instrument};
 
-use super::super::error::MirrorError;
-use super::super::plan::MIRRORED_FROM;
-use super::super::Mirror;
 use super::config::AdoptConfig;
 use super::io::{execute, relabel, KindApi};
 use super::plan::{plan_promotion, CopyView, ObjRef, Problem, Step};
-use crate::{Epoch, HaHandle};
+use crate::mirror::error::MirrorError;
+use crate::mirror::plan::MIRRORED_FROM;
+use crate::mirror::Mirror;
+use crate::{FailoverEpoch, HaHandle};
 
 /// What adoption has done, for `kshard ha status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -46,7 +46,7 @@ pub struct Adoption {
     task: JoinHandle<()>,
 }
 
-pub(super) type Status = Arc<Mutex<AdoptStatus>>;
+pub(crate) type Status = Arc<Mutex<AdoptStatus>>;
 
 fn set(s: &Status, f: impl FnOnce(&mut AdoptStatus)) {
     if let Ok(mut g) = s.lock() {
@@ -136,19 +136,19 @@ async fn supervise(
     }
 }
 
-pub(super) struct Report {
-    pub(super) restored: usize,
-    pub(super) deleted: usize,
-    pub(super) problems: Vec<Problem>,
+pub(crate) struct Report {
+    pub(crate) restored: usize,
+    pub(crate) deleted: usize,
+    pub(crate) problems: Vec<Problem>,
 }
 
 /// Adoption at `e`: read every mirrored kind's copies, plan, execute in order. Stops if the term
 /// at `e` is lost.
-pub(super) async fn adopt(
+pub(crate) async fn adopt(
     cfg: &AdoptConfig,
     target: &Client,
     ha: &HaHandle,
-    e: Epoch,
+    e: FailoverEpoch,
 ) -> Result<Report, MirrorError> {
     let src = &cfg.mirror.source_cluster;
     let selector = format!("{MIRRORED_FROM}={src}");
@@ -198,7 +198,7 @@ pub(super) async fn adopt(
 }
 
 /// Relabel every copy of the source as owned, in the background, while this cluster is active.
-pub(super) async fn relabel_all(cfg: AdoptConfig, target: Client, ha: HaHandle, status: Status) {
+pub(crate) async fn relabel_all(cfg: AdoptConfig, target: Client, ha: HaHandle, status: Status) {
     let src = cfg.mirror.source_cluster.clone();
     let selector = format!("{MIRRORED_FROM}={src}");
     loop {

@@ -21,13 +21,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
-use super::super::checkpoint::{kind_diff, MirrorRecord, MIRROR_KEY};
-use super::super::error::api_err;
-use super::super::MirrorConfig;
-use super::failback::{divergent_objects, NotPromotable};
 use super::target::{positions, require_synced, KindPosition, TargetRefused};
-use crate::checkpoint::{Kind, Token};
+use crate::checkpoint::{DemotionToken, Kind};
 use crate::config::checkpoint_name;
+use crate::failback::{divergent_objects, NotPromotable};
+use crate::mirror::checkpoint::{kind_diff, MirrorRecord, MIRROR_KEY};
+use crate::mirror::error::api_err;
+use crate::mirror::MirrorConfig;
 use crate::HaConfig;
 
 /// The refusals a human may override, each named for what it risks (the CLI's `--allow-*` flags).
@@ -150,7 +150,7 @@ pub enum PromotionPath<'a> {
     /// `promote --force`: also refuses a kind without a completed initial LIST.
     Forced,
     /// `promote --token`: the token's kinds must be the mirror's.
-    Token(&'a Token),
+    DemotionToken(&'a DemotionToken),
     /// Before a demotion (`demote`, `switchover`), against the Standby that will promote.
     BeforeDemotion,
 }
@@ -202,7 +202,7 @@ fn recorded_mirror(
         (
             "the token",
             match path {
-                PromotionPath::Token(t) => Some(t.cluster.as_str()),
+                PromotionPath::DemotionToken(t) => Some(t.cluster.as_str()),
                 _ => None,
             },
         ),
@@ -217,7 +217,7 @@ fn recorded_mirror(
         }
     }
     let mine = record.keys();
-    if let PromotionPath::Token(t) = path {
+    if let PromotionPath::DemotionToken(t) = path {
         let theirs: BTreeSet<String> = t.kinds.keys().cloned().collect();
         if let Some(d) = kind_diff(&mine, &theirs) {
             return Err(TargetRefused::TokenKinds(d));
@@ -408,27 +408,27 @@ mod tests {
                 .divergent(true)
                 .unsynced(true),
         );
-        let token = |k: &str, src: &str| -> Token {
+        let token = |k: &str, src: &str| -> DemotionToken {
             format!("v1;src={src}/u;e=1001;k={k};id=t").parse().unwrap()
         };
         let lacking = token("secrets:5", "a");
-        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&lacking));
+        let (r, _) = run(Some(TWO), &all, PromotionPath::DemotionToken(&lacking));
         let e = r.unwrap_err();
         assert!(e.to_string().contains("missing configmaps"), "{e}");
         let extra = token("secrets:5,configmaps:5,jobs.batch:5", "a");
-        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&extra));
+        let (r, _) = run(Some(TWO), &all, PromotionPath::DemotionToken(&extra));
         assert!(r
             .unwrap_err()
             .to_string()
             .contains("not mirrored here: jobs.batch"));
         let foreign = token("secrets:5,configmaps:5", "c");
-        let (r, _) = run(Some(TWO), &all, PromotionPath::Token(&foreign));
+        let (r, _) = run(Some(TWO), &all, PromotionPath::DemotionToken(&foreign));
         assert!(matches!(r, Err(TargetRefused::Source { .. })), "{r:?}");
         let good = token("secrets:5,configmaps:5", "a");
         let (r, _) = run(
             Some(TWO),
             &PromotionChecks::default(),
-            PromotionPath::Token(&good),
+            PromotionPath::DemotionToken(&good),
         );
         assert!(r.unwrap().is_some());
     }

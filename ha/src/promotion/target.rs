@@ -8,15 +8,15 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
-use super::super::checkpoint::{position_entry, synced_from, KindDiff, Synced};
-use super::super::error::{api_err, MirrorError};
-use super::super::rv::parse_rv;
-use super::super::task::in_scope;
-use super::super::MirrorConfig;
-use super::failback::{divergent_objects, promotable, NotPromotable};
-use super::io::KindApi;
+use crate::adoption::io::KindApi;
 use crate::checkpoint::{DUTY_KEY, WAS_ACTIVE_KEY};
 use crate::config::checkpoint_name;
+use crate::failback::{divergent_objects, promotable, NotPromotable};
+use crate::mirror::checkpoint::{position_entry, synced_from, KindDiff, Synced};
+use crate::mirror::error::{api_err, MirrorError};
+use crate::mirror::rv::parse_rv;
+use crate::mirror::task::in_scope;
+use crate::mirror::MirrorConfig;
 
 /// One mirrored kind as the target's checkpoint records it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -114,7 +114,7 @@ fn position_from(data: &BTreeMap<String, String>, kind: &str, source_cluster: &s
 }
 
 /// Every mirrored kind of `cfg` as checkpoint `cp` records it (pure).
-pub(super) fn positions(cfg: &MirrorConfig, cp: &BTreeMap<String, String>) -> Vec<KindPosition> {
+pub(crate) fn positions(cfg: &MirrorConfig, cp: &BTreeMap<String, String>) -> Vec<KindPosition> {
     cfg.kinds
         .mirrored()
         .map(|k| KindPosition {
@@ -126,7 +126,7 @@ pub(super) fn positions(cfg: &MirrorConfig, cp: &BTreeMap<String, String>) -> Ve
 }
 
 /// The kinds of `kinds` without a completed initial LIST, refused unless allowed.
-pub(super) fn require_synced(
+pub(crate) fn require_synced(
     cfg: &MirrorConfig,
     kinds: &[KindPosition],
 ) -> Result<(), TargetRefused> {
@@ -168,7 +168,7 @@ pub async fn check_target(
 /// the peer.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct KindReport {
+pub struct MirrorKindReport {
     /// `<plural>.<group>`.
     pub kind: String,
     /// The position checkpointed from the peer.
@@ -198,14 +198,19 @@ pub struct MirrorReport {
     /// leaves the checkpoint.
     pub hold: Option<String>,
     /// Per kind.
-    pub kinds: Vec<KindReport>,
+    pub kinds: Vec<MirrorKindReport>,
 }
 
 /// The standing hold request of checkpoint `cp`, as `kshard ha status --kind` shows it (pure).
 #[must_use]
 pub fn hold_state(cp: &BTreeMap<String, String>) -> Option<String> {
-    use crate::checkpoint::{caught_up, parse_hold, Token, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY};
-    let (what, id) = match cp.get(CATCH_UP_KEY).and_then(|t| t.parse::<Token>().ok()) {
+    use crate::checkpoint::{
+        caught_up, parse_hold, DemotionToken, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY,
+    };
+    let (what, id) = match cp
+        .get(CATCH_UP_KEY)
+        .and_then(|t| t.parse::<DemotionToken>().ok())
+    {
         Some(t) => ("catch-up to token", t.id),
         None => {
             let (_, id) = cp.get(HOLD_KEY).and_then(|h| parse_hold(h))?;
@@ -221,7 +226,7 @@ pub fn hold_state(cp: &BTreeMap<String, String>) -> Option<String> {
     })
 }
 
-pub(super) async fn read_checkpoint(
+pub(crate) async fn read_checkpoint(
     cfg: &MirrorConfig,
     local: &Client,
 ) -> Result<BTreeMap<String, String>, MirrorError> {
@@ -295,7 +300,7 @@ pub async fn mirror_report(cfg: &MirrorConfig, local: &Client, peer: &Client) ->
             .flatten()
             .cloned()
             .collect::<Vec<_>>();
-        kinds.push(KindReport {
+        kinds.push(MirrorKindReport {
             divergent: divergent.iter().filter(|d| d.at.kind == key).count(),
             kind: key,
             position,

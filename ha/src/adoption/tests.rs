@@ -6,13 +6,13 @@ use kube::api::DynamicObject;
 use proptest::prelude::*;
 use serde_json::json;
 
-use super::super::plan::{
+use super::pairing::{pair, Pairing};
+use super::plan::{apply_restore, plan_promotion, CopyView, Propagation, ShardSpec, Step};
+use crate::mirror::plan::{
     plan as plan_copy, CopyContext, MIRRORED_FROM, SHARD_LABEL, SOURCE_DELETING, SOURCE_FINALIZERS,
     SOURCE_OWNERS, SOURCE_SHARD, SOURCE_UID,
 };
-use super::super::rv::SourceId;
-use super::pairing::{pair, Pairing};
-use super::plan::{apply_restore, plan_promotion, CopyView, Propagation, ShardSpec, Step};
+use crate::mirror::rv::SourceId;
 use kube_shard::hash::ShardKey;
 use kube_shard::shard::ShardCount;
 use kube_shard::token::FENCE_ANNOTATION;

@@ -12,8 +12,14 @@
 //! - **Active**: nothing runs; at a step-down the duty is a Standby again (failback first).
 //!
 //! The mark, not the objects, tells failback to run: a Standby that never admitted leaves objects it
-//! did not make alone (the conflict guard holds them, [`divergent_objects`](super::divergent_objects)
+//! did not make alone (the conflict guard holds them, [`divergent_objects`](crate::failback::divergent_objects)
 //! reports them and refuses the Standby as a promotion target), where failback would delete them.
+
+mod metrics;
+mod status;
+
+pub use metrics::MirrorMetrics;
+pub use status::DutyStatus;
 
 use std::sync::{Arc, Mutex};
 
@@ -22,18 +28,17 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 use tracing::{info, info_span, warn, Instrument};
 
-use super::super::error::MirrorError;
-use super::super::{Mirror, MirrorWiring};
-use super::config::AdoptConfig;
-use super::failback::{Failback, FailbackOptions};
-use super::metrics::{CarriedMap, MirrorMetrics};
-use super::run::{adopt, relabel_all, AdoptStatus};
-use super::status::DutyStatus;
+use crate::adoption::run::{adopt, relabel_all, AdoptStatus};
+use crate::adoption::AdoptConfig;
 use crate::checkpoint::edit::edit_checkpoint;
 use crate::checkpoint::{CATCH_UP_KEY, CAUGHT_UP_KEY, DUTY_KEY, HOLD_KEY, WAS_ACTIVE_KEY};
 use crate::config::checkpoint_name;
 use crate::events::{reason, HaEvents};
-use crate::{ops, Epoch, HaClients, HaHandle};
+use crate::failback::{Failback, FailbackOptions};
+use crate::mirror::error::MirrorError;
+use crate::mirror::{Mirror, MirrorWiring};
+use crate::{FailoverEpoch, HaClients, HaHandle};
+use metrics::CarriedMap;
 
 /// The running duty. Dropping it does not stop it: call [`MirrorDuty::abort`].
 #[derive(Debug)]
@@ -265,7 +270,7 @@ impl Duty {
     }
 
     /// Adoption at `e` (admission closed until it is done).
-    async fn promoted(&mut self, e: Epoch) {
+    async fn promoted(&mut self, e: FailoverEpoch) {
         self.phase("adopting", None);
         self.stop_mirror().await;
         self.failback = None;
@@ -351,7 +356,7 @@ impl Duty {
     async fn standby(&mut self) -> Result<(), MirrorError> {
         let peer = self.cfg.mirror.source_cluster.clone();
         let timeout = self.cfg.mirror.ha.timings.request_timeout;
-        let pair = ops::read_pair(&self.cfg.mirror.ha, &self.clients, timeout).await;
+        let pair = crate::status::read_pair(&self.cfg.mirror.ha, &self.clients, timeout).await;
         if pair.active.as_deref() != Some(peer.as_str()) {
             let why = match (&pair.limbo, &pair.alarm, &pair.active) {
                 (Some(l), _, _) => format!("limbo: {l}"),
@@ -447,7 +452,7 @@ async fn read_mark(local: &Client, cfg: &AdoptConfig) -> Result<Option<String>, 
     let cm = api
         .get_opt(&checkpoint_name(&cfg.mirror.ha))
         .await
-        .map_err(super::super::error::api_err("reading the checkpoint"))?;
+        .map_err(crate::mirror::error::api_err("reading the checkpoint"))?;
     Ok(cm
         .and_then(|c| c.data)
         .and_then(|mut d| d.remove(WAS_ACTIVE_KEY)))
@@ -457,7 +462,7 @@ async fn read_mark(local: &Client, cfg: &AdoptConfig) -> Result<Option<String>, 
 async fn write_mark(
     local: &Client,
     cfg: &AdoptConfig,
-    e: Option<Epoch>,
+    e: Option<FailoverEpoch>,
 ) -> Result<(), MirrorError> {
     edit_checkpoint(local, &cfg.mirror.ha, |d| match e {
         Some(e) => {
