@@ -30,10 +30,11 @@ pub const TAKEN_OVER: &str = "kube-shard.io/taken-over";
 /// generation this member is behind on. The member reads its own Lease at every renewal, so this reaches
 /// it when its assignment watch is stuck; it then reads the assignment directly.
 pub const ASSIGNMENT_HINT: &str = "kube-shard.io/assignment-hint";
-/// Member Lease annotation: the failover epoch (wire form) whose planned demotion this member has
-/// drained — it admits nothing under it and every permit and fence it issued under it has ended
-/// (HA.md contract 2, `ha-drained(epoch)`). `kshard ha demote` waits for it on every member.
-pub const HA_DRAINED: &str = "kube-shard.io/ha-drained";
+/// Member Lease annotation: the failover epoch (wire form) whose term this member has drained at its term
+/// gate's request (`TermGate::drain_requests`) — it admits nothing under it and every permit and fence it
+/// issued under it has ended. Cross-cluster HA's planned demotion asks for it (HA.md contract 2,
+/// `ha-drained(epoch)`: the wire name is HA's) and `kshard ha demote` waits for it on every member.
+pub const GATE_DRAINED: &str = "kube-shard.io/ha-drained";
 /// The label every Lease of a group carries (value: the group name).
 pub const GROUP_LABEL: &str = "kube-shard.io/group";
 /// The label that tells member Leases (`member`) from the coordinator Lease (`coordinator`).

@@ -115,7 +115,7 @@ pub struct Leadership {
     rx: watch::Receiver<Option<LeaderTerm>>,
     clock: Clock,
     /// A term gate (cross-cluster HA): a term counts only while the gate grants one.
-    ha: Option<Arc<dyn TermGate>>,
+    gate: Option<Arc<dyn TermGate>>,
 }
 
 impl Leadership {
@@ -129,27 +129,27 @@ impl Leadership {
         Leadership {
             rx,
             clock,
-            ha: None,
+            gate: None,
         }
     }
 
     /// Terms count only while `gate` grants one (cross-cluster HA: a Standby runs no singleton).
     pub(crate) fn with_gate(mut self, gate: Option<Arc<dyn TermGate>>) -> Self {
-        self.ha = gate;
+        self.gate = gate;
         self
     }
 
-    fn ha_active(&self) -> bool {
-        self.ha.as_ref().is_none_or(|g| g.active_epoch().is_some())
+    fn gate_active(&self) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.active_epoch().is_some())
     }
 
-    fn ha_epoch(&self) -> Option<crate::token::FailoverEpoch> {
-        self.ha.as_ref().and_then(|g| g.active_epoch())
+    fn gate_epoch(&self) -> Option<crate::token::FailoverEpoch> {
+        self.gate.as_ref().and_then(|g| g.active_epoch())
     }
 
     /// Resolves at the next change of the gate's term (never without a gate).
-    async fn ha_changed(&self) {
-        match &self.ha {
+    async fn gate_changed(&self) {
+        match &self.gate {
             Some(g) => g.changed().await,
             None => std::future::pending().await,
         }
@@ -159,7 +159,7 @@ impl Leadership {
     /// cluster is the Active one.
     #[must_use]
     pub fn current(&self) -> Option<LeaderTerm> {
-        (*self.rx.borrow()).filter(|t| t.is_valid_on(&self.clock) && self.ha_active())
+        (*self.rx.borrow()).filter(|t| t.is_valid_on(&self.clock) && self.gate_active())
     }
 
     /// Wait until this member leads (returns at once when it does). `None` when the member has stopped.
@@ -167,7 +167,7 @@ impl Leadership {
         loop {
             let cur = *self.rx.borrow_and_update();
             if let Some(t) = cur {
-                if t.is_valid_on(&self.clock) && self.ha_active() {
+                if t.is_valid_on(&self.clock) && self.gate_active() {
                     return Some(t);
                 }
                 // lapsed (or a Standby): wait for a renewal (a new term), a change, or a promotion
@@ -176,7 +176,7 @@ impl Leadership {
             tokio::select! {
                 biased; // the member's stop (a closed channel) first; either ends the wait
                 r = rx.changed() => r.ok()?,
-                () = self.ha_changed() => {}
+                () = self.gate_changed() => {}
             }
         }
     }
@@ -188,7 +188,7 @@ impl Leadership {
             rx: self.rx.clone(),
             term: t.term,
             clock: self.clock.clone(),
-            ha: self.ha.clone().map(|h| (h, self.ha_epoch())),
+            gate: self.gate.clone().map(|h| (h, self.gate_epoch())),
         })
     }
 
@@ -201,7 +201,7 @@ impl Leadership {
                 return;
             };
             let left = t.left_on(&self.clock);
-            if left.is_zero() || !self.ha_active() {
+            if left.is_zero() || !self.gate_active() {
                 return;
             }
             tokio::select! {
@@ -240,12 +240,12 @@ impl Leadership {
             let Some(t) = self.acquired().await else {
                 return;
             };
-            let epoch = self.ha_epoch();
+            let epoch = self.gate_epoch();
             let guard = SingletonGuard {
                 rx: self.rx.clone(),
                 term: t.term,
                 clock: self.clock.clone(),
-                ha: self.ha.clone().map(|h| (h, epoch)),
+                gate: self.gate.clone().map(|h| (h, epoch)),
             };
             let span = info_span!("singleton", name, term = t.term);
             info!(parent: &span, "term began: starting the singleton");
@@ -280,7 +280,7 @@ impl Leadership {
                 .borrow_and_update()
                 .is_some_and(|c| c.term == t.term)
             {
-                let promoted = self.ha_epoch().is_some_and(|e| Some(e) != epoch);
+                let promoted = self.gate_epoch().is_some_and(|e| Some(e) != epoch);
                 if promoted {
                     break;
                 }
@@ -288,7 +288,7 @@ impl Leadership {
                 tokio::select! {
                     biased; // the member's stop (a closed channel) first; either ends the wait
                     r = rx.changed() => if r.is_err() { return },
-                    () = self.ha_changed() => {}
+                    () = self.gate_changed() => {}
                 }
             }
         }
@@ -302,7 +302,7 @@ pub struct SingletonGuard {
     term: u64,
     clock: Clock,
     /// Cross-cluster HA: the handle and the failover epoch the guard was given in.
-    ha: Option<(Arc<dyn TermGate>, Option<crate::token::FailoverEpoch>)>,
+    gate: Option<(Arc<dyn TermGate>, Option<crate::token::FailoverEpoch>)>,
 }
 
 impl SingletonGuard {
@@ -316,7 +316,7 @@ impl SingletonGuard {
     /// cross-cluster HA) the cluster's term at the guard's failover epoch still holds.
     pub fn check(&self) -> Result<u64, NotLeader> {
         let ha_ok = self
-            .ha
+            .gate
             .as_ref()
             .is_none_or(|(h, e)| e.is_some() && h.active_epoch() == *e);
         match *self.rx.borrow() {
@@ -529,7 +529,7 @@ mod tests {
     /// Standby's coordinator, cancelled when the HA term ends, started again at a promotion (same group
     /// term, new failover epoch).
     #[tokio::test(start_paused = true)]
-    async fn with_ha_the_singleton_runs_only_in_the_clusters_term() {
+    async fn behind_a_term_gate_the_singleton_runs_only_in_a_term() {
         use crate::ownership::term_gate::manual::ManualGate;
         use crate::token::FailoverEpoch;
         let ha = ManualGate::new();

@@ -55,7 +55,7 @@ async fn ack_drained(gate: Arc<dyn TermGate>, own: Ownership) {
     loop {
         let requested = *rx.borrow_and_update();
         match requested {
-            None => own.set_ha_drained(None),
+            None => own.set_gate_drained(None),
             Some(e) => {
                 while !own.idle() {
                     tokio::select! {
@@ -66,7 +66,7 @@ async fn ack_drained(gate: Arc<dyn TermGate>, own: Ownership) {
                 }
                 if *rx.borrow() == Some(e) && own.idle() {
                     tracing::info!(epoch = %e, "HA: drained for the demotion");
-                    own.set_ha_drained(Some(e));
+                    own.set_gate_drained(Some(e));
                 }
             }
         }

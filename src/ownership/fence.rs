@@ -205,7 +205,7 @@ fn valid_until(
         (Some(gate), Some(f)) if gate.active_epoch() == Some(f) => {
             Ok(until.min(inner.clock.now().plus(gate.term_remaining())))
         }
-        (Some(_), _) => Err(FenceError::HaTermEnded { shard, epoch }),
+        (Some(_), _) => Err(FenceError::TermEnded { shard, epoch }),
     }
 }
 
@@ -228,10 +228,10 @@ pub enum FenceError {
         /// The shard.
         shard: u32,
     },
-    /// Cross-cluster HA: the cluster's term at the permit's failover epoch has ended (a Standby now, or a
+    /// Behind a term gate (cross-cluster HA): the term at the permit's failover epoch has ended (no term now, or a
     /// new epoch).
-    #[error("fence {shard}/{epoch}: the HA term it was issued under has ended")]
-    HaTermEnded {
+    #[error("fence {shard}/{epoch}: the term it was issued under has ended")]
+    TermEnded {
         /// The shard.
         shard: u32,
         /// The epoch.

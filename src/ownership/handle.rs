@@ -90,7 +90,7 @@ pub(crate) struct Inner {
     /// Where fences and fenced requests report (none by default; see [`super::observe`]).
     pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
     /// The failover epoch whose demotion this member has drained (its `ha-drained` ack).
-    ha_drained: Mutex<Option<crate::token::FailoverEpoch>>,
+    gate_drained: Mutex<Option<crate::token::FailoverEpoch>>,
 }
 
 /// Why a member admits nothing although it owns shards. Each cause is its own bit: a gate sets and clears
@@ -221,7 +221,7 @@ impl Ownership {
                 hold: std::sync::atomic::AtomicU8::new(0),
                 gate: std::sync::OnceLock::new(),
                 observer: std::sync::OnceLock::new(),
-                ha_drained: Mutex::new(None),
+                gate_drained: Mutex::new(None),
             }),
         }
     }
@@ -423,21 +423,21 @@ impl Ownership {
             .all(|g| g.in_flight() == 0)
     }
 
-    /// The failover epoch whose demotion this member acknowledges as drained (`kube-shard.io/ha-drained`
-    /// in its member Lease, written at its next renewal).
+    /// The failover epoch whose term this member acknowledges as drained at its term gate's request
+    /// (`kube-shard.io/ha-drained` in its member Lease, written at its next renewal).
     #[must_use]
-    pub fn ha_drained(&self) -> Option<crate::token::FailoverEpoch> {
+    pub fn gate_drained(&self) -> Option<crate::token::FailoverEpoch> {
         *self
             .inner
-            .ha_drained
+            .gate_drained
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_ha_drained(&self, e: Option<crate::token::FailoverEpoch>) {
+    pub(crate) fn set_gate_drained(&self, e: Option<crate::token::FailoverEpoch>) {
         *self
             .inner
-            .ha_drained
+            .gate_drained
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = e;
     }

@@ -7,7 +7,7 @@
 //!    conflicts and re-reads), stops admitting, ends its fences, and keeps renewing in that state (so a
 //!    witness never sees the Active stale: a Standby never auto-promotes from a `demoting` record);
 //! 2. wait until every member Lease of the Active's shard group acknowledges `ha-drained(epoch)`
-//!    ([`kube_shard::group::report::HA_DRAINED`]: written once the member's permits and fences under the
+//!    ([`kube_shard::group::report::GATE_DRAINED`]: written once the member's permits and fences under the
 //!    term have ended), or, without a group, wait out the term's last possible end plus the longest
 //!    fenced-write timeout; a member that does not ack within `drain_timeout` fails the demotion with its
 //!    name, and **no token is issued**;
@@ -77,7 +77,7 @@ use crate::handle::LocalClock;
 use crate::metrics::HaMetrics;
 use crate::promotion::{check_promotion, PromotionChecks, PromotionPath};
 use crate::record::{self, HaState, Record, STATE_ANNOTATION};
-use kube_shard::group::report::{GROUP_LABEL, HA_DRAINED, ROLE_LABEL};
+use kube_shard::group::report::{GROUP_LABEL, GATE_DRAINED, ROLE_LABEL};
 
 /// Settings of [`demote`].
 #[derive(Clone, Debug)]
@@ -352,7 +352,7 @@ async fn wait_acks(
                 l.metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(HA_DRAINED))
+                    .and_then(|a| a.get(GATE_DRAINED))
                     != Some(&want)
             })
             .map(|l| l.metadata.name.clone().unwrap_or_default())

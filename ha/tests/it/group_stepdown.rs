@@ -374,11 +374,11 @@ async fn long_reconcile_across_re_promotion(late: Late) -> LongRun {
         Late::Fenced => {
             // its permit and fence name 1001: neither gives a fence under 3001
             assert!(
-                matches!(permit.fence(), Err(FenceError::HaTermEnded { .. })),
+                matches!(permit.fence(), Err(FenceError::TermEnded { .. })),
                 "{:?}",
                 permit.fence().map(|f| f.token().to_string())
             );
-            assert!(matches!(fence.check(), Err(FenceError::HaTermEnded { .. })));
+            assert!(matches!(fence.check(), Err(FenceError::TermEnded { .. })));
             fenced
                 .replace(&fence, "obj", &stale)
                 .await
@@ -431,7 +431,7 @@ fn assert_refused_and_reconciled_again(r: &LongRun) {
 async fn ha_group_a_long_reconcile_across_step_down_and_re_promotion_cannot_write_late() {
     let r = long_reconcile_across_re_promotion(Late::Fenced).await;
     assert!(
-        r.late.as_ref().unwrap_err().contains("HaTermEnded"),
+        r.late.as_ref().unwrap_err().contains("TermEnded"),
         "{r:?}",
         r = r.late
     );

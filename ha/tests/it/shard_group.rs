@@ -276,7 +276,7 @@ async fn ha_group_an_active_cut_from_its_apiserver_stops_admitting_within_renew_
     assert!(took <= HA_RENEW, "{took:?}");
     assert!(matches!(
         f.check(),
-        Err(kube_shard::ownership::FenceError::HaTermEnded { .. })
+        Err(kube_shard::ownership::FenceError::TermEnded { .. })
     ));
     until(Duration::from_secs(2), "the HA hold bit set", || {
         a.ownership().admission_hold() == Some("this cluster is not the active HA cluster")

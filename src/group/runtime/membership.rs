@@ -70,9 +70,9 @@ impl Runtime {
         ann.insert(INCARNATION.into(), self.me.incarnation.to_string());
         ann.insert(REPORT.into(), self.report().encode());
         ann.remove(TAKEN_OVER);
-        match self.ownership.ha_drained() {
-            Some(e) => ann.insert(HA_DRAINED.into(), e.wire().to_string()),
-            None => ann.remove(HA_DRAINED),
+        match self.ownership.gate_drained() {
+            Some(e) => ann.insert(GATE_DRAINED.into(), e.wire().to_string()),
+            None => ann.remove(GATE_DRAINED),
         };
         self.hint_consumed(ann);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
