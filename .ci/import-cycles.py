@@ -2,6 +2,7 @@
 """Import-cycle check between the .rs files of a Rust crate (Python 3, standard library only).
 
     python3 .ci/import-cycles.py <crate-src-dir> [<crate-src-dir> ...] [--folder <relative-folder>]
+    python3 .ci/import-cycles.py --self-test   (a planted two-file cycle must be found)
     e.g.  python3 .ci/import-cycles.py src ha/src        python3 .ci/import-cycles.py src --folder ownership
 
 Nodes are the crate's non-test .rs files; an edge A -> B means "A names something that file B defines". Every
@@ -366,7 +367,32 @@ def check(src, folder):
     return not cycles
 
 
+def self_test():
+    """The check fails on a planted cycle (a.rs and b.rs naming each other) and passes without it."""
+    import contextlib, io, tempfile
+    crates = {
+        "cyclic": {"lib.rs": "pub mod a;\npub mod b;\n", "a.rs": "use crate::b::B;\npub struct A(pub B);\n",
+                   "b.rs": "pub struct B;\npub fn make() -> crate::a::A { crate::a::A(B) }\n"},
+        "acyclic": {"lib.rs": "pub mod a;\npub mod b;\n", "a.rs": "use crate::b::B;\npub struct A(pub B);\n",
+                    "b.rs": "pub struct B;\n// crate::a::A in a comment is no edge\n"},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        got = {}
+        for name, files in crates.items():
+            os.makedirs(os.path.join(tmp, name))
+            for f, text in files.items():
+                with open(os.path.join(tmp, name, f), "w") as out:
+                    out.write(text)
+            with contextlib.redirect_stdout(io.StringIO()):
+                got[name] = check(os.path.join(tmp, name), None)
+    assert got == {"cyclic": False, "acyclic": True}, f"self-test: {got}"
+    print("self-test: the planted cycle is found, the acyclic crate passes")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
     ap = argparse.ArgumentParser(description="Fail when the .rs files of a Rust crate import each other in a cycle.")
     ap.add_argument("dirs", nargs="+", metavar="crate-src-dir")
     ap.add_argument("--folder", help="check only the files under this folder of each dir, e.g. ownership")
