@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-
 use crate::config::HaConfig;
 use crate::driver::{spawn, HaClients, PromoteError};
 use crate::elector::ForceError;

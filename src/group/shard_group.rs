@@ -40,10 +40,11 @@ pub struct ShardGroup {
     gate: Option<GateSetup>,
 }
 
-/// A term gate in front of admission ([`ShardGroupBuilder::term_gate`]) and the tasks that keep it.
+/// A term gate in front of admission ([`ShardGroupBuilder::term_gate`]) and the tasks that keep it (aborted
+/// if the builder or the group is dropped without starting).
 struct GateSetup {
     gate: Arc<dyn TermGate>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: AbortOnDrop,
 }
 
 impl std::fmt::Debug for ShardGroup {
@@ -121,14 +122,12 @@ impl ShardGroup {
         let (leave_tx, leave_rx) = oneshot::channel();
         let (leader_tx, leader_rx) = watch::channel(None);
         let (gate, gate_tasks) = match self.gate {
-            Some(setup) => {
+            Some(mut setup) => {
                 let ours = super::term_gate::install(setup.gate.clone(), &ownership);
-                (
-                    Some(setup.gate),
-                    setup.tasks.into_iter().chain(ours).collect(),
-                )
+                setup.tasks.0.extend(ours);
+                (Some(setup.gate), setup.tasks)
             }
-            None => (None, Vec::new()),
+            None => (None, AbortOnDrop(Vec::new())),
         };
         let handle = GroupHandle {
             gate,
@@ -142,7 +141,7 @@ impl ShardGroup {
         let (client, config) = (self.client, self.config);
         let (dedicated, spawner) = (self.dedicated, self.spawner);
         (handle, async move {
-            let _gate = AbortOnDrop(gate_tasks);
+            let _gate = gate_tasks;
             if let Some(kube_config) = dedicated {
                 return run_dedicated(
                     kube_config,
@@ -380,7 +379,8 @@ impl ShardGroupBuilder {
     /// by the term's deadline; without a term nothing is admitted (the reconcile wrapper returns
     /// `await_change()`), and a new term re-enqueues every owned shard. The group's singleton work
     /// ([`GroupHandle::leadership`]) runs only in a term too. `tasks` are the gate's own (an elector):
-    /// they are aborted when the member's task ends.
+    /// they are aborted when the member's task ends, or when the builder or the group is dropped without
+    /// starting.
     ///
     /// [`Permit::failover_epoch`]: crate::ownership::Permit::failover_epoch
     pub fn term_gate(
@@ -390,7 +390,7 @@ impl ShardGroupBuilder {
     ) -> Self {
         self.gate = Some(GateSetup {
             gate,
-            tasks: tasks.into_iter().collect(),
+            tasks: AbortOnDrop(tasks.into_iter().collect()),
         });
         self
     }

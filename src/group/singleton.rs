@@ -140,7 +140,9 @@ impl Leadership {
     }
 
     fn gate_active(&self) -> bool {
-        self.gate.as_ref().is_none_or(|g| g.active_epoch().is_some())
+        self.gate
+            .as_ref()
+            .is_none_or(|g| g.active_epoch().is_some())
     }
 
     fn gate_epoch(&self) -> Option<crate::token::FailoverEpoch> {

@@ -77,7 +77,7 @@ use crate::handle::LocalClock;
 use crate::metrics::HaMetrics;
 use crate::promotion::{check_promotion, PromotionChecks, PromotionPath};
 use crate::record::{self, HaState, Record, STATE_ANNOTATION};
-use kube_shard::group::report::{GROUP_LABEL, GATE_DRAINED, ROLE_LABEL};
+use kube_shard::group::report::{GATE_DRAINED, GROUP_LABEL, ROLE_LABEL};
 
 /// Settings of [`demote`].
 #[derive(Clone, Debug)]

@@ -484,3 +484,23 @@ async fn ha_group_the_legacy_gate_lifting_does_not_open_a_standby() {
     a.kill();
     b.kill();
 }
+
+/// An elector attached to a builder that is dropped unstarted (a configuration error before `start`)
+/// stops with it: no elector keeps renewing the HA Leases for a member that never ran.
+#[tokio::test(start_paused = true)]
+async fn ha_an_attached_builder_dropped_unstarted_stops_its_elector() {
+    let (sa, sb) = two_servers().await;
+    let b = ha_builder("a1", "a", 1, HaMode::Active, &sa, &sb);
+    let (group, ha) = b.ha.to(b.group);
+    let control = ha.expect("an HA mode attaches").control;
+    assert!(
+        control.status().await.is_ok(),
+        "the elector runs once attached"
+    );
+    drop(group);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        control.status().await.is_err(),
+        "the elector of a dropped, unstarted builder still runs"
+    );
+}

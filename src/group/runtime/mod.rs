@@ -32,7 +32,7 @@ use super::coordinator::{self, Observed, StepInput};
 use super::events::{Events, Kind};
 use super::metrics::GroupMetrics;
 use super::report::{
-    MemberReport, GROUP_LABEL, GATE_DRAINED, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER,
+    MemberReport, GATE_DRAINED, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER,
 };
 use super::singleton::{LeaderTerm, TERM_ANNOTATION};
 use super::status::{GroupStatus, Health};
