@@ -70,7 +70,7 @@ pub enum Fault {
     /// For `secs`, Widget WATCHes ignore `shardSelector` while LISTs honour it (kubernetes#140510).
     UnfilteredWatch { secs: u64 },
     /// A member configured with another `S` joins for `secs`, then dies: it must refuse the assignment,
-    /// admit nothing and write nothing (F1).
+    /// admit nothing and write nothing.
     AnotherS { secs: u64 },
     /// A restored backup of the assignment with owners changed since: its text is read, a member joins
     /// and the moves to it complete, then the old text is written back at its old generation (running

@@ -295,12 +295,12 @@ pub struct Flaws {
     /// Create a missing Lease at once.
     pub create_missing_at_once: bool,
     /// Wait only this process's own `lease_duration` (+ grace) before a takeover, ignoring the timings
-    /// the holder published (H8: a holder with a longer `renew_deadline` still holds).
+    /// the holder published (a holder with a longer `renew_deadline` still holds).
     pub ignore_published_timings: bool,
     /// Leave the renewals to another member of the cluster and read the Leases instead, counting a read
     /// that shows this cluster's record at the led epoch as a renewal dated at the read's receipt: a
     /// member trusting a term someone else's renewal (or an old, unchanged version) gave it, instead of
-    /// dating it from its own writes (H5 a).
+    /// dating it from its own writes.
     pub hold_from_reads: bool,
     /// Judge records by cluster id alone, ignoring the writer's identity (two clusters given one id each
     /// take the other's record for their own term).
@@ -1124,7 +1124,7 @@ impl Elector {
             return;
         }
         // only over a witness record (never at bootstrap, when every Lease is missing: the flag decides),
-        // and never from a `demoting` one: that holder hands over with a token (H9)
+        // and never from a `demoting` one: that holder hands over with a token
         let witness_record = matches!(
             &self.view(Slot::Witness).seen,
             Seen::Present {

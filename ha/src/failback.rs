@@ -1,6 +1,6 @@
-//! Failback (HA.md "Promotion and adoption"; `review-ha.md` H18 a): the old Active, now a Standby,
-//! turns its own objects into copies of the new Active's ([`Failback`]), and a Standby holding objects
-//! that are not copies is refused as a promotion target ([`divergent_objects`], [`promotable`]).
+//! Failback (HA.md "Promotion and adoption"): the old Active, now a Standby, turns its own objects into
+//! copies of the new Active's ([`Failback`]), and a Standby holding objects that are not copies is refused as
+//! a promotion target ([`divergent_objects`], [`promotable`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,8 +1,7 @@
-//! The HA Lease codec. What every version can read lives in fields of its own (`review-ha.md` H2 d):
-//! `spec.holderIdentity` = `<cluster-id>/<epoch>` and `spec.leaseTransitions` = the epoch's wire form; the
-//! writer's `renew_deadline` and request timeout are published in a versioned annotation next to
-//! `spec.leaseDurationSeconds` (H8). A Lease that does not decode is never overwritten: the elector treats it
-//! as "a higher epoch may exist".
+//! The HA Lease codec. What every version can read lives in fields of its own: `spec.holderIdentity` =
+//! `<cluster-id>/<epoch>` and `spec.leaseTransitions` = the epoch's wire form; the writer's `renew_deadline`
+//! and request timeout are published in a versioned annotation next to `spec.leaseDurationSeconds`. A Lease
+//! that does not decode is never overwritten: the elector treats it as "a higher epoch may exist".
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -38,7 +38,7 @@ pub const DATA_KEY: &str = "assignment";
 pub const REBUILT_ANNOTATION: &str = "kube-shard.io/rebuilt-generation";
 
 /// How far (ms) a generation may lead both the reader's wall clock and the highest generation it accepted
-/// (one day). Generations are wall-clock ms; a larger one is refused as hostile or broken (F13).
+/// (one day). Generations are wall-clock ms; a larger one is refused as hostile or broken.
 pub const MAX_GENERATION_STEP: u64 = 24 * 60 * 60 * 1000;
 
 /// The format version this code writes and reads.
@@ -502,7 +502,7 @@ mod tests {
         assert_eq!(Assignment::next_generation(u64::MAX, 0), u64::MAX);
     }
 
-    /// F13: one forward-skewed clock moves a generation by at most the bound per write (members refuse
+    /// One forward-skewed clock moves a generation by at most the bound per write (members refuse
     /// only what is further ahead), and the first generation is the wall clock.
     #[test]
     fn a_skewed_clock_moves_generations_by_at_most_the_bound() {

@@ -62,7 +62,7 @@ pub struct GroupConfig {
 
 impl GroupConfig {
     /// How long a move may stay `Draining` without the source's release before the coordinator cancels
-    /// it, re-granting the source at a new epoch (F9): `max(move_timeout, 2 × lease_duration +
+    /// it, re-granting the source at a new epoch: `max(move_timeout, 2 × lease_duration +
     /// drain_timeout)` — time for a source whose assignment watch is stuck to be told through its Lease
     /// (a lease period), drain, and publish its release (another lease period at most).
     #[must_use]
@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(ok().member_lease(), "widgets-pod-0");
     }
 
-    /// F4: a fence issued while Owned lasts up to `renew_deadline − fence_margin`, and a fenced request
+    /// A fence issued while Owned lasts up to `renew_deadline − fence_margin`, and a fenced request
     /// sent with it runs that long; a drain that may release earlier lets the next owner act while it is in
     /// flight. Such configurations are refused; the boundary is accepted.
     #[test]

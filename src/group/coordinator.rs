@@ -13,7 +13,7 @@
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B live | `Owned(B, epoch = generation)` |
 //! | `Draining(m → B)` | owner acked `released(s, m)`, B not live | cancel after release: `Owned(owner, epoch = generation)` |
 //! | `Draining(m → B)` | B not live, no release seen | cancel: `Owned(owner, epoch = generation)` — a release may have happened unseen, so always a new epoch |
-//! | `Draining(m → B)` | no release within `drain_stall_timeout` | cancel: `Owned(owner, epoch = generation)` (F9) |
+//! | `Draining(m → B)` | no release within `drain_stall_timeout` | cancel: `Owned(owner, epoch = generation)` |
 //! | any, owner live | the owner reports the entry's epoch stale: it holds the shard higher, or released it (a rolled-back assignment) | `Owned(owner, epoch = generation)`, generation above the owner's seen generation |
 //! | any | owner taken over | `Owned(B or planner's choice, epoch = generation)` |
 //! | unowned | planning allowed | `Owned(planner's choice, epoch = generation)` |
@@ -86,7 +86,7 @@ pub struct StepInput<'a> {
     pub move_ages: &'a BTreeMap<MoveId, Duration>,
     /// A `Moving` handoff older than this is cancelled.
     pub move_timeout: Duration,
-    /// A `Draining` handoff older than this is cancelled, the source re-granted at a new epoch (F9: a
+    /// A `Draining` handoff older than this is cancelled, the source re-granted at a new epoch (a
     /// source that never applies `Draining`, its assignment watch stuck, must not stall the shard's move
     /// — nor count against `max_concurrent_moves` — forever).
     pub drain_stall_timeout: Duration,
@@ -224,7 +224,7 @@ impl Ctx<'_> {
         self.by_id.get(id).is_some_and(|m| m.live())
     }
 
-    /// Gone only by evidence (F2): a member absent from the observations is unknown, never gone.
+    /// Gone only by evidence: a member absent from the observations is unknown, never gone.
     fn gone(&self, id: &MemberId) -> bool {
         #[cfg(feature = "planted-bugs")]
         if crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone) {
@@ -571,7 +571,7 @@ fn plan(ctx: &Ctx<'_>, pass: &mut Pass, may_move: bool) {
     }
 }
 
-/// Move ids are taken from the generation (F17): the first move of generation `g` is `g · 2¹⁶` (S ≤ 2¹⁶
+/// Move ids are taken from the generation: the first move of generation `g` is `g · 2¹⁶` (S ≤ 2¹⁶
 /// moves per write), so ids are never reused, even by an assignment re-created from scratch — a member's
 /// `released(shard, id)` ack of an earlier move can never complete a later one.
 fn first_move_id(gen: u64) -> MoveId {
@@ -1165,7 +1165,7 @@ mod tests {
         assert_eq!(e.epoch, next.view.generation);
     }
 
-    /// F9: a source that never releases (its assignment watch stuck: it never applied `Draining`) while
+    /// A source that never releases (its assignment watch stuck: it never applied `Draining`) while
     /// the target is live and warm. Before the fix the move stayed `Draining` forever. After
     /// `drain_stall_timeout` in that phase it is cancelled: the source re-granted at a new epoch.
     #[test]
@@ -1201,7 +1201,7 @@ mod tests {
         assert!(e.epoch > old_epoch, "a new epoch, never the old one");
     }
 
-    /// F2: an owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and
+    /// An owner the coordinator has not observed is unknown (limbo), never gone: its shards stay, and
     /// nothing is planned around it.
     #[test]
     fn an_unobserved_owner_keeps_its_shards() {
@@ -1222,7 +1222,7 @@ mod tests {
         assert!(step(&input(&cur, &members, &ages)).assignment.is_none());
     }
 
-    /// F17: move ids come from the generation, so an assignment re-created from scratch (next id 1) never
+    /// Move ids come from the generation, so an assignment re-created from scratch (next id 1) never
     /// reuses the id of an earlier move.
     #[test]
     fn move_ids_are_never_reused_after_a_fresh_assignment() {

@@ -1086,11 +1086,12 @@ fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
     out
 }
 
-/// F17 (join order, the planner's half): `joined` is a time since a fixed origin, smaller is earlier. A
+/// Join order, the planner's half: `joined` is a time since a fixed origin, smaller is earlier. A
 /// leaver's set goes whole to the fresh member that joined **first**, and pins between two incarnations of
 /// one name go to the earlier one, in whatever order the members are listed. The fresh members' names sort
 /// against their join order, so neither the id order nor the listing order can pick the same member by
-/// chance. (The runtime's half — first-seen time, not an age — is `safety_group::f17_*`.)
+/// chance. (The runtime's half — first-seen time, not an age — is
+/// `safety_group::a_leavers_set_goes_to_the_earliest_joined_member`.)
 #[test]
 fn successor_and_pins_follow_join_order_whatever_the_listing_order() {
     let s = sc(16);

@@ -26,7 +26,7 @@ pub const INCARNATION: &str = "kube-shard.io/incarnation";
 pub const REPORT: &str = "kube-shard.io/report";
 /// The taken-over annotation.
 pub const TAKEN_OVER: &str = "kube-shard.io/taken-over";
-/// Member Lease annotation written by the coordinator (the Lease as control channel, F9): the assignment
+/// Member Lease annotation written by the coordinator (the Lease as control channel): the assignment
 /// generation this member is behind on. The member reads its own Lease at every renewal, so this reaches
 /// it when its assignment watch is stuck; it then reads the assignment directly.
 pub const ASSIGNMENT_HINT: &str = "kube-shard.io/assignment-hint";
@@ -565,9 +565,9 @@ mod tests {
         text
     }
 
-    /// F11: ~15 000 move ids each acking all 4096 shards fit in 256 KiB and used to expand into ~6·10⁷ acks
-    /// (~1 GB). Refused now; an honest report at the limit (every shard warm and released once, 2·S move
-    /// ids) keeps every entry.
+    /// A hostile report: ~15 000 move ids each acking all 4096 shards fit in 256 KiB and used to expand into
+    /// ~6·10⁷ acks (~1 GB). Refused now; an honest report at the limit (every shard warm and released once,
+    /// 2·S move ids) keeps every entry.
     #[test]
     fn hostile_ack_sets_are_refused_and_honest_ones_kept() {
         let big = ShardCount::new(4096).unwrap();

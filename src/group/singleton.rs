@@ -55,7 +55,7 @@ impl LeaderTerm {
         LeaderTerm::new_on(term, valid_until, &Clock::system())
     }
 
-    /// A term that lasts `life` from `start`, read on both clocks when its renewal request was sent (F17): a
+    /// A term that lasts `life` from `start`, read on both clocks when its renewal request was sent: a
     /// suspend while the request was in flight counts against the term, on the boot clock too.
     pub(crate) fn started(term: u64, start: Now, life: Duration) -> Self {
         let deadline = start.plus(life);
@@ -406,9 +406,9 @@ mod tests {
             .unwrap();
     }
 
-    /// F17 follow-up: a term's boot-clock deadline counts from its renewal's start, so a suspend while the
-    /// request was in flight shortens it. Before, the term was built after the answer
-    /// (`LeaderTerm::new(term, t0 + life)`) and its boot deadline counted from then.
+    /// A term's boot-clock deadline counts from its renewal's start, so a suspend while the request was in
+    /// flight shortens it. Before, the term was built after the answer (`LeaderTerm::new(term, t0 + life)`)
+    /// and its boot deadline counted from then.
     #[tokio::test(start_paused = true)]
     async fn a_suspend_during_the_renewal_request_counts_against_the_term() {
         let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
@@ -429,8 +429,8 @@ mod tests {
         );
     }
 
-    /// F17 "singleton terms use the runtime clock only": a suspend that only the boot clock sees (the
-    /// runtime clock stops while the machine sleeps) must end the term, as it expires fences.
+    /// A suspend that only the boot clock sees (the runtime clock stops while the machine sleeps) must end
+    /// the term, as it expires fences.
     #[tokio::test(start_paused = true)]
     async fn singleton_term_ends_on_a_suspend_only_the_boot_clock_saw() {
         let boot = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));

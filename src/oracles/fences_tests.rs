@@ -130,7 +130,7 @@ fn an_incarnation_change_is_another_member() {
 const DRAIN_WITHOUT_WAIT: &str = include_str!("fixtures/drain_without_wait_history.json");
 
 #[test]
-fn the_oracle_flags_the_f04_history_recorded_before_the_fix() {
+fn the_oracle_flags_the_drain_without_wait_history_recorded_before_the_fix() {
     let h: FenceHistory = serde_json::from_str(DRAIN_WITHOUT_WAIT).unwrap();
     let v = check(&h);
     assert!(
@@ -148,7 +148,7 @@ fn the_oracle_flags_the_f04_history_recorded_before_the_fix() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_f04_scenario_is_clean_after_the_fix() {
+async fn the_same_handoff_is_clean_now_that_drains_wait() {
     let h = crate::ownership::handle_tests::fenced::handoff_history().await;
     assert_eq!(h.fences.len(), 2, "{h:?}");
     assert_eq!(h.requests.len(), 2, "{h:?}");
@@ -157,7 +157,7 @@ async fn the_f04_scenario_is_clean_after_the_fix() {
 
 #[tokio::test(start_paused = true)]
 #[ignore = "prints the drain-without-wait history as JSON: run by hand to re-record the fixture"]
-async fn print_the_f04_history() {
+async fn print_the_handoff_history() {
     let h = crate::ownership::handle_tests::fenced::handoff_history().await;
     println!("{}", serde_json::to_string_pretty(&h).unwrap());
 }

@@ -15,8 +15,8 @@
 //!   resourceVersion of its last write and never re-creates its Lease under the same incarnation after a
 //!   404 or a conflict (DESIGN, "Membership"), so a displacement ends its renewals for good, as a takeover
 //!   mark does: it is the claimant's (or the deleter's) takeover write. The library then waits
-//!   `lease_duration + grace` after the displaced incarnation's last renewal it saw (review F3's fix, and
-//!   F10 for a deleted Lease) before it counts it gone; that wait, like the one before a takeover mark, is
+//!   `lease_duration + grace` after the displaced incarnation's last renewal it saw (for a claimed Lease
+//!   and a deleted one alike) before it counts it gone; that wait, like the one before a takeover mark, is
 //!   not this oracle's to judge: the fence oracle sees a reassignment that came too early.
 //!
 //! A committed (not deleted) version that no longer names a shard its last known owner held **drops** it:
@@ -29,8 +29,8 @@
 //! than the one they hold, and never activate a grant at or below a generation they applied, so the last
 //! known owner stays; the coordinator then names it again, or gives the shard away with evidence.
 //!
-//! A shard that nobody owned before (cold start) may be given to anyone. This is the review's rule: an
-//! owner is gone only by evidence — its own release, or the coordinator's takeover write.
+//! A shard that nobody owned before (cold start) may be given to anyone. The rule it checks: an owner
+//! is gone only by evidence — its own release, or the coordinator's takeover write.
 
 use std::{collections::BTreeMap, fmt};
 

@@ -1,7 +1,7 @@
 //! The ownership-history oracle on a clean handoff and takeover, on hand-built violations derived from
-//! the review's F1 (a coordinator that could not decode the assignment re-plans from scratch) and F2 (an
-//! owner not yet observed counts as gone) interleavings, and on the F1 and F2 histories recorded before the
-//! fixes (`fixtures/`, recorded at 886ae0b by `fixtures/record_at_886ae0b.rs.txt`).
+//! two interleavings (a coordinator that could not decode the assignment re-plans from scratch; an owner
+//! not yet observed counts as gone), and on both histories recorded before the fixes (`fixtures/`,
+//! recorded at 886ae0b by `fixtures/record_at_886ae0b.rs.txt`).
 
 use std::collections::BTreeMap;
 
@@ -140,8 +140,8 @@ fn a_takeover_mark_of_another_incarnation_does_not_count() {
     assert!(v[0].to_string().contains("a/1 -> b/1"), "{}", v[0]);
 }
 
-/// F2 (review): the coordinator has not observed b's Lease yet, counts b as gone and gives its shard to c
-/// with no release and no takeover.
+/// The coordinator has not observed b's Lease yet, counts b as gone and gives its shard to c with no
+/// release and no takeover.
 #[test]
 fn an_unobserved_owner_given_away_is_flagged() {
     let (b, c) = (h("b", "1"), h("c", "1"));
@@ -174,8 +174,8 @@ fn an_unobserved_owner_given_away_is_flagged() {
     );
 }
 
-/// F1 (review): the assignment is deleted (or cannot be decoded); a coordinator re-plans from scratch: the
-/// shards' previous owner is still the last known one through the deletion.
+/// The assignment is deleted (or cannot be decoded); a coordinator re-plans from scratch: the shards'
+/// previous owner is still the last known one through the deletion.
 #[test]
 fn a_replan_from_scratch_after_a_deletion_is_flagged() {
     let (a, b) = (h("a", "1"), h("b", "1"));
@@ -226,14 +226,15 @@ fn settled_before(hist: &OwnershipHistory, rv: u64) -> &AssignmentVersion {
         .expect("a settled version")
 }
 
-/// F1 recorded before the fix (`record_f01_deleted`): `a`, `b`, `c` settled; the coordinator Lease and then
-/// the assignment were deleted; a fresh `d`, with no view, led and re-created the assignment from scratch:
-/// first empty (every shard dropped from its live owner), then planned over `a`–`d`.
-const F01_BEFORE_FIX: &str = include_str!("fixtures/f01_history_before_fix.json");
+/// A deleted assignment, recorded before the fix (`record_deleted_assignment`): `a`, `b`, `c` settled; the
+/// coordinator Lease and then the assignment were deleted; a fresh `d`, with no view, led and re-created the
+/// assignment from scratch: first empty (every shard dropped from its live owner), then planned over `a`–`d`.
+const DELETED_ASSIGNMENT_BEFORE_FIX: &str =
+    include_str!("fixtures/deleted_assignment_history_before_fix.json");
 
 #[test]
-fn the_oracle_flags_the_f01_history_recorded_before_the_fix() {
-    let hist: OwnershipHistory = serde_json::from_str(F01_BEFORE_FIX).unwrap();
+fn the_oracle_flags_the_deleted_assignment_history_recorded_before_the_fix() {
+    let hist: OwnershipHistory = serde_json::from_str(DELETED_ASSIGNMENT_BEFORE_FIX).unwrap();
     let deleted = hist
         .assignments
         .iter()
@@ -269,11 +270,11 @@ fn the_oracle_flags_the_f01_history_recorded_before_the_fix() {
     );
 }
 
-/// F1 without the drop: the same recording with the empty re-creation left out (as if `d` had planned in
+/// Without the drop: the same recording with the empty re-creation left out (as if `d` had planned in
 /// its first write). The owner changes of the plan from scratch are flagged on their own.
 #[test]
-fn the_f01_plan_from_scratch_recorded_before_the_fix_is_flagged_on_its_own() {
-    let mut hist: OwnershipHistory = serde_json::from_str(F01_BEFORE_FIX).unwrap();
+fn the_plan_from_scratch_recorded_before_the_fix_is_flagged_on_its_own() {
+    let mut hist: OwnershipHistory = serde_json::from_str(DELETED_ASSIGNMENT_BEFORE_FIX).unwrap();
     let deleted = hist
         .assignments
         .iter()
@@ -292,14 +293,15 @@ fn the_f01_plan_from_scratch_recorded_before_the_fix_is_flagged_on_its_own() {
     eprintln!("{}", failure(&hist));
 }
 
-/// F2 recorded before the fix (`record_f02`): `a`, `b`, `c` settled; the coordinator Lease was deleted and a
-/// fresh `d` whose lease watch never listed led: it saw no owner alive and wrote an assignment without any
-/// shard, dropping all 16 from their live owners.
-const F02_BEFORE_FIX: &str = include_str!("fixtures/f02_history_before_fix.json");
+/// An unobserved owner, recorded before the fix (`record_unobserved_owner`): `a`, `b`, `c` settled; the
+/// coordinator Lease was deleted and a fresh `d` whose lease watch never listed led: it saw no owner alive
+/// and wrote an assignment without any shard, dropping all 16 from their live owners.
+const UNOBSERVED_OWNER_BEFORE_FIX: &str =
+    include_str!("fixtures/unobserved_owner_history_before_fix.json");
 
 #[test]
-fn the_oracle_flags_the_f02_history_recorded_before_the_fix() {
-    let hist: OwnershipHistory = serde_json::from_str(F02_BEFORE_FIX).unwrap();
+fn the_oracle_flags_the_unobserved_owner_history_recorded_before_the_fix() {
+    let hist: OwnershipHistory = serde_json::from_str(UNOBSERVED_OWNER_BEFORE_FIX).unwrap();
     assert!(
         hist.assignments.iter().all(|v| !v.deleted),
         "nobody deleted it"

@@ -1,5 +1,6 @@
 //! The quiescence oracle: fence epochs per uid, and latest generations reconciled by their owners; and the
-//! epoch check on the F1 history recorded before the fix (`fixtures/f01_commits_before_fix.json`).
+//! epoch check on a shard count change recorded before the fix
+//! (`fixtures/shard_count_change_commits_before_fix.json`).
 
 use std::collections::BTreeMap;
 
@@ -25,7 +26,7 @@ fn epochs_that_only_go_up_per_uid_pass_even_across_shard_counts() {
     assert_eq!(check_epochs(&commits), vec![]);
 }
 
-/// The issue's F1 report, as the review's interleaving: the old generation's member (epoch 10) kept writing
+/// A shard count change, as the issue reported it: the old generation's member (epoch 10) kept writing
 /// a Widget after a member of the new group had committed epoch 11 for it.
 #[test]
 fn a_lower_epoch_committed_after_a_higher_one_is_flagged() {
@@ -108,12 +109,14 @@ fn a_latest_generation_seen_only_by_the_previous_owner_is_flagged() {
     assert!(msg.contains("quiescence oracle: 2 violation(s)"), "{msg}");
 }
 
-/// F1 recorded before the fix (`record_f01_s_change` in `fixtures/record_at_886ae0b.rs.txt`, at 886ae0b):
-/// `a` at S = 16 and `c` at S = 32 in one group, each patching every object it admits through `FencedApi`
-/// every 200 ms; `a` left, `c` led, could not decode the S = 16 assignment and overwrote it with its own at
-/// a higher generation, while `a` (its leave never finishing) kept writing at its old epochs. Every
-/// committed version of the 8 objects, with its `kube-shard.io/fence` annotation.
-const F01_COMMITS_BEFORE_FIX: &str = include_str!("fixtures/f01_commits_before_fix.json");
+/// A shard count change, recorded before the fix (`record_shard_count_change` in
+/// `fixtures/record_at_886ae0b.rs.txt`, at 886ae0b): `a` at S = 16 and `c` at S = 32 in one group, each
+/// patching every object it admits through `FencedApi` every 200 ms; `a` left, `c` led, could not decode the
+/// S = 16 assignment and overwrote it with its own at a higher generation, while `a` (its leave never
+/// finishing) kept writing at its old epochs. Every committed version of the 8 objects, with its
+/// `kube-shard.io/fence` annotation.
+const SHARD_COUNT_CHANGE_COMMITS_BEFORE_FIX: &str =
+    include_str!("fixtures/shard_count_change_commits_before_fix.json");
 
 fn epoch(token: &str) -> u64 {
     token
@@ -124,8 +127,9 @@ fn epoch(token: &str) -> u64 {
 }
 
 #[test]
-fn the_oracle_flags_the_f01_commits_recorded_before_the_fix() {
-    let commits: Vec<FencedCommit> = serde_json::from_str(F01_COMMITS_BEFORE_FIX).unwrap();
+fn the_oracle_flags_the_shard_count_change_commits_recorded_before_the_fix() {
+    let commits: Vec<FencedCommit> =
+        serde_json::from_str(SHARD_COUNT_CHANGE_COMMITS_BEFORE_FIX).unwrap();
     let v = check_epochs(&commits);
     assert!(!v.is_empty(), "no epoch went back");
     for v in &v {

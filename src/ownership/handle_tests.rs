@@ -601,7 +601,8 @@ async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
     let action = reconcile(mine.clone(), ctx.clone()).await.unwrap();
     assert_ne!(action, Action::await_change());
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    // self-fenced: no call (and no requeue: un-fencing re-enqueues, see f17_held_requeue_loop_stops)
+    // self-fenced: no call (and no requeue: un-fencing re-enqueues, see
+    // held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue)
     drv.apply(&AssignmentView::new(3).with(0, ShardAssignment::owned(me(), 1)));
     tokio::time::advance(Duration::from_secs(20)).await;
     let _ = reconcile(mine, ctx.clone()).await.unwrap();
@@ -623,9 +624,9 @@ async fn wrapper_unowned_never_calls_the_user_fn_and_held_requeues() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-/// F17 "requeue loop forever": an object held back by a member-wide hold (shadow mode, a live legacy
-/// leader) or by self-fencing is not requeued every 2 s: lifting the hold and un-fencing re-enqueue every
-/// Owned shard through the transitions stream, so the wrapper waits for that.
+/// An object held back by a member-wide hold (shadow mode, a live legacy leader) or by self-fencing is not
+/// requeued every 2 s: lifting the hold and un-fencing re-enqueue every Owned shard through the transitions
+/// stream, so the wrapper waits for that.
 #[tokio::test(start_paused = true)]
 async fn held_requeue_loop_stops_held_and_self_fenced_wait_for_the_reenqueue() {
     let (own, drv, _) = owning();
@@ -834,7 +835,7 @@ pub(crate) mod fenced {
         }
     }
 
-    /// F4: a fenced request sent while Owned runs until its fence's validity (1.8 s here); a drain whose
+    /// A fenced request sent while Owned runs until its fence's validity (1.8 s here); a drain whose
     /// deadline (1 s) comes first must not release the shard while that request is in flight.
     #[tokio::test(start_paused = true)]
     async fn drain_waits_for_a_fenced_request_sent_while_owned() {
@@ -876,9 +877,10 @@ pub(crate) mod fenced {
         server.abort();
     }
 
-    /// The F4 handoff with two members recorded by the fence oracle: `a` sends a fenced write of `u1` while
-    /// Owned that is never answered, shard 0 moves to `b`, which fences and writes `u1` as soon as `a` has
-    /// released. Returns what the recorder saw once `a`'s request has ended.
+    /// The handoff of `drain_waits_for_a_fenced_request_sent_while_owned` with two members, recorded by the
+    /// fence oracle: `a` sends a fenced write of `u1` while Owned that is never answered, shard 0 moves to
+    /// `b`, which fences and writes `u1` as soon as `a` has released. Returns what the recorder saw once
+    /// `a`'s request has ended.
     pub(crate) async fn handoff_history() -> crate::oracles::fences::FenceHistory {
         let recorder = crate::oracles::fences::FenceRecorder::new();
         let (a, drv_a, _) = owning_with(fence_outlives_drain(), me());

@@ -129,7 +129,7 @@ pub(crate) struct Index<K> {
     by_shard: BTreeMap<u32, BTreeSet<Arc<str>>>,
     tombstones: BTreeMap<Arc<str>, Option<u64>>,
     /// Relist floors: `ranges` were listed at `rv`, so an object of those ranges that is not held and whose
-    /// version is not newer was deleted by then — a replayed create of it is ignored (F14).
+    /// version is not newer was deleted by then — a replayed create of it is ignored.
     floors: Vec<(RangeSet, u64)>,
     projected: Vec<bool>,
     /// Names the consumer holds (those with `emitted` set).
@@ -1006,7 +1006,7 @@ mod tests {
         assert_eq!(ix.len(), 1);
     }
 
-    /// F14: a relist at rv 20 means a not-held object of its ranges at rv ≤ 20 was deleted by then: a
+    /// A relist at rv 20 means a not-held object of its ranges at rv ≤ 20 was deleted by then: a
     /// sub-watch still behind that relist replays its create, which must not be applied.
     #[test]
     fn replayed_creates_below_a_relist_floor_are_ignored() {

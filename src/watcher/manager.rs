@@ -89,7 +89,7 @@ struct Sub {
     /// The version of its last (re)list, or the version it was started from: `Some` once synced.
     synced_rv: Option<String>,
     /// The newest version the manager processed for it (events, bookmarks, lists), and its exact text:
-    /// re-watches (narrowing, merging, back to server mode) resume from here, never from `synced_rv` (F14).
+    /// re-watches (narrowing, merging, back to server mode) resume from here, never from `synced_rv`.
     passed: Option<u64>,
     passed_rv: Option<String>,
     /// Synced by a consistent LIST issued after it started (see `Barrier::first_sub`).
@@ -403,7 +403,7 @@ where
                     activating.insert(shard, epoch);
                     // a re-grant of a shard projected until now (a move cancelled while Draining, a new
                     // epoch for its owner) stays projected: no Delete-then-Apply of the whole shard in
-                    // the store; admission waits for the activation either way (F17 c)
+                    // the store; admission waits for the activation either way
                     if self.settings.role == Role::Secondary || self.index.is_projected(shard) {
                         projected.push(shard);
                     }
@@ -1146,7 +1146,7 @@ where
         if full_watch && !due.is_empty() {
             // one full watch reads every shard, and a barrier LIST without a selector lists the whole
             // collection: one LIST settles every barrier whose target is known — due or not (a takeover
-            // of many shards costs one LIST, not one per shard; F16)
+            // of many shards costs one LIST, not one per shard)
             let batch: Vec<(u32, u64, u64)> = self
                 .barriers
                 .iter()
@@ -1190,7 +1190,7 @@ where
             return;
         }
         // a marker waits until a synced sub-watch covers its shard: before that the index may not hold the
-        // shard's objects yet, and an empty marker taken now would be lost for them (F15)
+        // shard's objects yet, and an empty marker taken now would be lost for them
         let due: Vec<u32> = self
             .reenqueue_wait
             .iter()
@@ -1265,7 +1265,7 @@ async fn dep_changed(rx: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Opti
 
 /// Where a barrier LIST reads from: not older than every target, or a consistent read when a target is
 /// unknown (an unparseable version, `u64::MAX`) — never `resourceVersion=0`, which any cached state
-/// satisfies (F17 a).
+/// satisfies.
 fn barrier_list_from(targets: impl IntoIterator<Item = u64>) -> ListFrom {
     let mut max = None;
     for t in targets {
@@ -1339,7 +1339,7 @@ async fn sleep_until(t: Option<Instant>) {
 mod tests {
     use super::*;
 
-    /// F17 (a): an unknown barrier version is settled by a consistent read, never `resourceVersion=0`.
+    /// An unknown barrier version is settled by a consistent read, never `resourceVersion=0`.
     #[test]
     fn unparseable_barrier_version_lists_consistently() {
         assert_eq!(barrier_list_from([u64::MAX]), ListFrom::Consistent);

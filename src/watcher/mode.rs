@@ -52,7 +52,7 @@ pub(crate) struct ModeDetector {
     probe_after: Option<Instant>,
     base: Duration,
     max: Duration,
-    /// An `invalid shard selector` alarm was raised: never re-probe (F17 b).
+    /// An `invalid shard selector` alarm was raised: never re-probe.
     invalid_selector: bool,
 }
 
@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(d.next_probe(), Some(t1 + Duration::from_secs(1800)));
     }
 
-    /// F17 (b): after an invalid-selector alarm, no re-probe brings the refused selectors back.
+    /// After an invalid-selector alarm, no re-probe brings the refused selectors back.
     #[tokio::test(start_paused = true)]
     async fn invalid_selector_stops_reprobes() {
         let base = Duration::from_secs(60);

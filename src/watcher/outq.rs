@@ -151,7 +151,7 @@ mod tests {
         std::iter::from_fn(|| q.pop()).map(|i| show(&i)).collect()
     }
 
-    /// F17 (d): many writes of few objects while nobody polls queue one event per object.
+    /// Many writes of few objects while nobody polls queue one event per object.
     #[test]
     fn unpolled_queue_is_bounded_by_the_names() {
         let mut q = OutQueue::default();

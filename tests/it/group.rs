@@ -439,7 +439,7 @@ fn invalid_group_configs_are_refused_at_build_time() {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("renew_deadline"));
-        // F4: a drain shorter than a fence's validity (renew deadline − margin) is refused
+        // a drain shorter than a fence's validity (renew deadline − margin) is refused
         let err = builder(&server, "a")
             .drain_timeout(DRAIN - Duration::from_millis(1))
             .build()

@@ -31,7 +31,7 @@ pub(crate) const RETRY: Duration = Duration::from_millis(500);
 pub(crate) const GRACE: Duration = Duration::from_millis(500);
 pub(crate) const MARGIN: Duration = Duration::from_millis(200);
 /// `RENEW − MARGIN`: a fence issued while Owned, and a request sent with it, may last that long, so a drain
-/// may not release a shard sooner (F4; `build()` refuses a shorter drain).
+/// may not release a shard sooner (`build()` refuses a shorter drain).
 pub(crate) const DRAIN: Duration = Duration::from_millis(1_800);
 
 pub(crate) fn s() -> ShardCount {

@@ -1,5 +1,6 @@
-//! The control-plane findings finished after the first round (`review-safety.md` F8 part B, F9) and the
-//! format rule of `docs/protocol.md` ("Formats"), on testserver's in-memory API server in paused time.
+//! Control-plane progress under a stuck or slow API (a stuck assignment watch, a hung lease LIST, a slow
+//! coordinator pass, a whole group restarted under its old names) and the format rule of `docs/protocol.md`
+//! ("Formats"), on testserver's in-memory API server in paused time.
 //! Each test failed before its fix (the failure is quoted in its doc comment).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,10 +167,10 @@ async fn move_ends(server: &TestServer, shard: u32, limit: Duration) -> Duration
     }
 }
 
-/// F9: a source whose assignment watch is stuck (frozen open) never applies `Draining`. Before the fix the
-/// move stayed `Draining` for good ("timed out after 120s waiting for the move to end"). Now the
-/// coordinator tells the source through its own Lease (read at every renewal), the source reads the
-/// assignment directly, drains and releases: the move completes although the watch stays frozen.
+/// A source whose assignment watch is stuck (frozen open) never applies `Draining`. Before the fix the move
+/// stayed `Draining` for good ("timed out after 120s waiting for the move to end"). Now the coordinator tells
+/// the source through its own Lease (read at every renewal), the source reads the assignment directly, drains
+/// and releases: the move completes although the watch stays frozen.
 #[tokio::test(start_paused = true)]
 async fn a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
     let (server, log) = group_server().await;
@@ -195,10 +196,10 @@ async fn a_source_with_a_stuck_assignment_watch_is_told_through_its_lease() {
     ends_owned_once(&refs, &log).await;
 }
 
-/// F9, when even the direct read fails (the source's assignment watch is frozen and every GET of the
-/// ConfigMap it sends fails): the move must not stay `Draining` forever. Before the fix: "timed out after
-/// 120s waiting for the move to end". After the stall timeout the coordinator cancels it and re-grants the
-/// source at a new epoch; the source keeps admitting the shard throughout.
+/// When even the direct read fails (the source's assignment watch is frozen and every GET of the ConfigMap it
+/// sends fails), the move must not stay `Draining` forever. Before the fix: "timed out after 120s waiting for
+/// the move to end". After the stall timeout the coordinator cancels it and re-grants the source at a new
+/// epoch; the source keeps admitting the shard throughout.
 #[tokio::test(start_paused = true)]
 async fn a_draining_move_without_release_is_cancelled_after_the_stall_timeout() {
     let (server, log) = group_server().await;
@@ -233,10 +234,10 @@ async fn a_draining_move_without_release_is_cancelled_after_the_stall_timeout() 
     check_fences(&log);
 }
 
-/// F9: the coordinator's lease watch hangs in a LIST that never answers (a black-holed connection: kube's
-/// watcher bounds neither a LIST nor a watch start). Before the fix it stayed blind for good and a new
-/// member never got shards ("timed out after 60s waiting for c owns shards"). Now a lease watch silent for
-/// a lease period is restarted, and the new LIST answers.
+/// The coordinator's lease watch hangs in a LIST that never answers (a black-holed connection: kube's watcher
+/// bounds neither a LIST nor a watch start). Before the fix it stayed blind for good and a new member never
+/// got shards ("timed out after 60s waiting for c owns shards"). Now a lease watch silent for a lease period
+/// is restarted, and the new LIST answers.
 #[tokio::test(start_paused = true)]
 async fn a_hung_lease_list_is_restarted() {
     let (server, log, mut ms) = settled_group(&["a", "b"]).await;
@@ -274,14 +275,14 @@ async fn a_hung_lease_list_is_restarted() {
     ends_owned_once(&refs, &log).await;
 }
 
-/// F8 part B: the coordinator's pass shares the member task with its renewals. Writes answered after
-/// 0.95 s (within the per-call bound of 1 s) — its coordinator Lease, a takeover, the assignment — made one
-/// pass outlast the coordinator's fence (RENEW − MARGIN = 1.8 s). Before the fix two things failed, each
-/// shown again with its fix planted away: the task took one watch event per slow round, so its lease
-/// watch looked silent and it judged nobody ("the victim's shards were not taken over"); and with the
-/// watches drained, it refused its own owned shards during slow passes ("the coordinator refused its owned
-/// shards 6 times during slow passes"). Now every delivered event is applied before acting, and a renewal
-/// that falls due goes between the pass's requests.
+/// The coordinator's pass shares the member task with its renewals. Writes answered after 0.95 s (within the
+/// per-call bound of 1 s) — its coordinator Lease, a takeover, the assignment — made one pass outlast the
+/// coordinator's fence (RENEW − MARGIN = 1.8 s). Before the fix two things failed, each shown again with its
+/// fix planted away: the task took one watch event per slow round, so its lease watch looked silent and it
+/// judged nobody ("the victim's shards were not taken over"); and with the watches drained, it refused its
+/// own owned shards during slow passes ("the coordinator refused its owned shards 6 times during slow
+/// passes"). Now every delivered event is applied before acting, and a renewal that falls due goes between
+/// the pass's requests.
 #[tokio::test(start_paused = true)]
 async fn a_slow_coordinator_pass_never_fences_the_coordinator() {
     let (server, log, ms) = settled_group(&["a", "b", "c"]).await;

@@ -1,6 +1,5 @@
-//! The control-plane findings of the safety review (`review-safety.md`, F1–F17), one test per finding,
-//! on testserver's in-memory API server in paused time. Each test failed before its fix (the failure is
-//! quoted in its doc comment).
+//! The control plane's safety and progress rules, one test per rule, on testserver's in-memory API server in
+//! paused time. Each test failed before its fix (the failure is quoted in its doc comment).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,10 +28,10 @@ async fn assignment_text(server: &TestServer) -> Option<String> {
 
 pub(crate) use crate::harness::renew_lease_forever;
 
-/// F1: a coordinator that cannot decode the assignment (here: a new member with another `S`, as in a
-/// rolling update that changes `S`) must never write over it; the old members keep owning, the new one
-/// admits nothing. Before the fix the S = 32 coordinator planned from scratch and replaced the ConfigMap
-/// while `a` kept admitting its S = 16 shards ("the S = 16 assignment was overwritten").
+/// A coordinator that cannot decode the assignment (here: a new member with another `S`, as in a rolling
+/// update that changes `S`) must never write over it; the old members keep owning, the new one admits
+/// nothing. Before the fix the S = 32 coordinator planned from scratch and replaced the ConfigMap while `a`
+/// kept admitting its S = 16 shards ("the S = 16 assignment was overwritten").
 #[tokio::test(start_paused = true)]
 async fn a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
     let (server, log, ms) = crate::support::settled_group(&["a"]).await;
@@ -75,8 +74,8 @@ async fn a_coordinator_never_overwrites_an_assignment_it_cannot_decode() {
     check_fences(&log);
 }
 
-/// F1 (b): a ConfigMap deleted while the coordinator changes is re-created from the members' published
-/// admitted sets, not planned from scratch: a fresh coordinator keeps every owner.
+/// A ConfigMap deleted while the coordinator changes is re-created from the members' published admitted sets,
+/// not planned from scratch: a fresh coordinator keeps every owner.
 #[tokio::test(start_paused = true)]
 async fn a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_sets() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b", "c"]).await;
@@ -129,9 +128,8 @@ async fn a_fresh_coordinator_recreates_a_deleted_assignment_from_the_admitted_se
     check_fences(&log);
 }
 
-/// F2: a fresh process that leads before its lease watch listed must not treat the owners it has not
-/// observed as gone. Before the fix `d` removed every shard from the assignment in one write ("shard 0
-/// lost its owner").
+/// A fresh process that leads before its lease watch listed must not treat the owners it has not observed as
+/// gone. Before the fix `d` removed every shard from the assignment in one write ("shard 0 lost its owner").
 #[tokio::test(start_paused = true)]
 async fn an_unobserved_owner_is_never_gone() {
     let (server, log, _ms) = crate::support::settled_group(&["a", "b", "c"]).await;
@@ -166,11 +164,11 @@ async fn an_unobserved_owner_is_never_gone() {
     check_fences(&log);
 }
 
-/// F17 (join order, the runtime's half): the coordinator orders members by when it first saw them (smaller
-/// is earlier), not by their age. `x` coordinates and holds half, `a` the other half; `b` joins, then `c`
-/// two seconds later, both still debouncing (a 30 s join debounce) when `a` leaves: `a`'s whole set goes to
-/// `b`, the earlier joiner. With the fix planted away (`joined` = the age, as at 886ae0b) it went to `c`:
-/// "a's set must go whole to b, the earlier joiner (b, c, x owned); left: (0, 8, 8), right: (8, 0, 8)".
+/// Join order (the runtime's half): the coordinator orders members by when it first saw them (smaller is
+/// earlier), not by their age. `x` coordinates and holds half, `a` the other half; `b` joins, then `c` two
+/// seconds later, both still debouncing (a 30 s join debounce) when `a` leaves: `a`'s whole set goes to `b`,
+/// the earlier joiner. With the fix planted away (`joined` = the age, as at 886ae0b) it went to `c`: "a's set
+/// must go whole to b, the earlier joiner (b, c, x owned); left: (0, 8, 8), right: (8, 0, 8)".
 #[tokio::test(start_paused = true)]
 async fn a_leavers_set_goes_to_the_earliest_joined_member() {
     let (server, log) = crate::support::group_server().await;
@@ -207,8 +205,8 @@ async fn a_leavers_set_goes_to_the_earliest_joined_member() {
     check_fences(&log);
 }
 
-/// F7: a deleted coordinator Lease is re-created by the members that had observed it, and takeovers
-/// resume. Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
+/// A deleted coordinator Lease is re-created by the members that had observed it, and takeovers resume.
+/// Before the fix nobody led again ("timed out after 15s waiting for a coordinator").
 #[tokio::test(start_paused = true)]
 async fn a_deleted_coordinator_lease_is_recreated() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
@@ -231,9 +229,9 @@ async fn a_deleted_coordinator_lease_is_recreated() {
     check_fences(&log);
 }
 
-/// F5: the legacy leader gate fails closed: a read error holds admission. Before the fix a member whose
-/// reads of the legacy Lease failed (a 403) kept admitting beside a legacy leader that acquired it
-/// ("timed out after 5s waiting for held on read errors").
+/// The legacy leader gate fails closed: a read error holds admission. Before the fix a member whose reads of
+/// the legacy Lease failed (a 403) kept admitting beside a legacy leader that acquired it ("timed out after
+/// 5s waiting for held on read errors").
 #[tokio::test(start_paused = true)]
 async fn the_legacy_gate_holds_on_read_errors() {
     let (server, log) = crate::support::group_server().await;
@@ -296,7 +294,7 @@ async fn the_legacy_gate_holds_on_read_errors() {
     check_fences(&log);
 }
 
-/// F12: a group-labelled Lease with an invalid member identity (empty `holderIdentity`, a name that is not
+/// A group-labelled Lease with an invalid member identity (empty `holderIdentity`, a name that is not
 /// `<group>-<holder>`) is ignored: the coordinator never writes an assignment members cannot decode. Before
 /// the fix the planner moved shards to the empty identity ("the assignment no longer decodes").
 #[tokio::test(start_paused = true)]
@@ -322,9 +320,9 @@ async fn invalid_member_identities_are_ignored() {
     check_fences(&log);
 }
 
-/// F13: an assignment with an absurd generation (`u64::MAX`) is refused, and once it is deleted the group
-/// goes on. Before the fix members applied it and every later generation saturated: the re-created
-/// assignment was never applied ("timed out after 30s waiting for c to own shards").
+/// An assignment with an absurd generation (`u64::MAX`) is refused, and once it is deleted the group goes on.
+/// Before the fix members applied it and every later generation saturated: the re-created assignment was
+/// never applied ("timed out after 30s waiting for c to own shards").
 #[tokio::test(start_paused = true)]
 async fn an_absurd_generation_is_refused_and_cannot_freeze_the_group() {
     let (server, log, mut ms) = crate::support::settled_group(&["a", "b"]).await;
@@ -364,9 +362,9 @@ async fn lease_incarnation(server: &TestServer, member: &str) -> Option<String> 
         .cloned()
 }
 
-/// F3: a second process with the same member name whose lease watch is silent (frozen) must not claim the
-/// Lease while its holder renews. Before the fix the claim was judged on the frozen watch and written with a
-/// fresh read's resourceVersion, so it succeeded ("b2 claimed b's Lease while b renews").
+/// A second process with the same member name whose lease watch is silent (frozen) must not claim the Lease
+/// while its holder renews. Before the fix the claim was judged on the frozen watch and written with a fresh
+/// read's resourceVersion, so it succeeded ("b2 claimed b's Lease while b renews").
 #[tokio::test(start_paused = true)]
 async fn a_same_name_claim_never_displaces_a_renewing_holder() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
@@ -385,9 +383,9 @@ async fn a_same_name_claim_never_displaces_a_renewing_holder() {
     check_fences(&log);
 }
 
-/// F10: a member Lease deleted while the coordinator's lease watch was down (it resumes through a 410 and a
-/// relist, which sends no `Delete` event) must not leave its owner in limbo forever. Before the fix the victim's shards were never
-/// reassigned ("timed out after 30s waiting for the victim's shards to move").
+/// A member Lease deleted while the coordinator's lease watch was down (it resumes through a 410 and a
+/// relist, which sends no `Delete` event) must not leave its owner in limbo forever. Before the fix the
+/// victim's shards were never reassigned ("timed out after 30s waiting for the victim's shards to move").
 #[tokio::test(start_paused = true)]
 async fn a_lease_deleted_during_a_relist_is_seen_deleted() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;
@@ -427,9 +425,9 @@ async fn a_lease_deleted_during_a_relist_is_seen_deleted() {
     check_fences(&log);
 }
 
-/// F6: while the coordinator's lease watch is silent (frozen) but its writes work, it judges nobody: no
-/// move is cancelled for a target that renews. Before the fix every move to the new member was cancelled
-/// "target not live" after a lease period of silence ("move to d cancelled while d renews").
+/// While the coordinator's lease watch is silent (frozen) but its writes work, it judges nobody: no move is
+/// cancelled for a target that renews. Before the fix every move to the new member was cancelled "target not
+/// live" after a lease period of silence ("move to d cancelled while d renews").
 #[tokio::test(start_paused = true)]
 async fn a_silent_lease_watch_cancels_no_move() {
     let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
@@ -488,12 +486,11 @@ async fn a_silent_lease_watch_cancels_no_move() {
     check_fences(&log);
 }
 
-/// F8: a slow apiserver (every request of `b` commits but is answered after 1.2 s, above the old fixed
-/// 1 s bound) must not leave
-/// `b` renewing — so never taken over — but self-fenced for good: within `LEASE × 3` b admits again (or its
-/// shards are owned by another member), and keeps its shards. On testserver the old 1 s bound ended in a needless
-/// takeover instead (b's renewals answered late, its Lease stalled between conflicts): before the fix
-/// "b was taken over although its writes commit".
+/// A slow apiserver (every request of `b` commits but is answered after 1.2 s, above the old fixed 1 s bound)
+/// must not leave `b` renewing — so never taken over — but self-fenced for good: within `LEASE × 3` b admits
+/// again (or its shards are owned by another member), and keeps its shards. On testserver the old 1 s bound
+/// ended in a needless takeover instead (b's renewals answered late, its Lease stalled between conflicts):
+/// before the fix "b was taken over although its writes commit".
 #[tokio::test(start_paused = true)]
 async fn a_slow_apiserver_leaves_no_member_renewing_but_fenced() {
     let (server, log, ms) = crate::support::settled_group(&["a", "b"]).await;

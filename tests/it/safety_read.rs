@@ -1,5 +1,7 @@
-//! The review's read-path findings (F14, F15 manager side, F16, F17 read-path items), each reproduced
-//! against testserver's in-memory API server in paused time.
+//! Read-path guarantees, each reproduced against testserver's in-memory API server in paused time:
+//! re-watches start from what was processed, a shard's re-enqueue marker waits for its objects, fallback
+//! barriers share one LIST, and the smaller rules (unparseable barrier versions, refused selectors, a
+//! cancelled drain's re-grant, an unpolled consumer's backlog).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -167,8 +169,8 @@ fn owned_all(o: &Ownership, shards: impl IntoIterator<Item = u32>) -> bool {
         .all(|s| matches!(states.get(&s), Some(ShardState::Owned { .. })))
 }
 
-/// F14: a narrowing re-watches from what the sub-watch processed, not from its first LIST: an object
-/// created and deleted since is never applied again.
+/// A narrowing re-watches from what the sub-watch processed, not from its first LIST: an object created and
+/// deleted since is never applied again.
 #[tokio::test(start_paused = true)]
 async fn narrowing_replays_no_deleted_object() {
     let (server, all) = crate::support::seeded(true, 100).await;
@@ -203,8 +205,8 @@ async fn narrowing_replays_no_deleted_object() {
     r.abort();
 }
 
-/// F14: after the server's history window has moved past the sub-watch's LIST, a narrowing still needs
-/// no LIST (bookmarks carried the sub-watch forward).
+/// After the server's history window has moved past the sub-watch's LIST, a narrowing still needs no LIST
+/// (bookmarks carried the sub-watch forward).
 #[tokio::test(start_paused = true)]
 async fn narrowing_after_the_history_window_lists_nothing() {
     let server = TestServer::builder()
@@ -247,8 +249,8 @@ async fn narrowing_after_the_history_window_lists_nothing() {
     r.abort();
 }
 
-/// F14: a targeted barrier LIST settles a shard while its sub-watch is behind; the sub-watch's later
-/// replay of an object created and deleted before that LIST must not apply it.
+/// A targeted barrier LIST settles a shard while its sub-watch is behind; the sub-watch's later replay of an
+/// object created and deleted before that LIST must not apply it.
 #[tokio::test(start_paused = true)]
 async fn barrier_relist_floor_ignores_replayed_creates() {
     let (server, all) = crate::support::seeded(true, 100).await;
@@ -309,8 +311,8 @@ async fn barrier_relist_floor_ignores_replayed_creates() {
     r.abort();
 }
 
-/// F14: back to server mode narrows the full watch from what it processed: an object created and deleted
-/// during fallback is not applied again.
+/// Back to server mode narrows the full watch from what it processed: an object created and deleted during
+/// fallback is not applied again.
 #[tokio::test(start_paused = true)]
 async fn back_to_server_replays_no_deleted_object() {
     let (server, all) = crate::support::seeded(false, 100).await;
@@ -343,8 +345,8 @@ async fn back_to_server_replays_no_deleted_object() {
     r.abort();
 }
 
-/// F16: in fallback mode, the barriers of a takeover of 8 shards that time out together cost one LIST of
-/// the collection, not one per shard.
+/// In fallback mode, the barriers of a takeover of 8 shards that time out together cost one LIST of the
+/// collection, not one per shard.
 #[tokio::test(start_paused = true)]
 async fn fallback_barriers_cost_one_full_list() {
     const N: usize = 10_000;
@@ -394,8 +396,8 @@ async fn fallback_barriers_cost_one_full_list() {
     r.abort();
 }
 
-/// F15 (manager side): a shard activated before its objects were read keeps its re-enqueue marker until
-/// they are: every object of the shard is re-enqueued.
+/// A shard activated before its objects were read keeps its re-enqueue marker until they are: every object of
+/// the shard is re-enqueued.
 #[tokio::test(start_paused = true)]
 async fn reenqueue_marker_waits_for_the_shards_objects() {
     let (server, all) = crate::support::seeded(true, 300).await;
@@ -435,8 +437,8 @@ async fn reenqueue_marker_waits_for_the_shards_objects() {
     r.abort();
 }
 
-/// F17 (a): a barrier whose version cannot be parsed is settled by a consistent LIST, never by
-/// `resourceVersion=0` (any cached state).
+/// A barrier whose version cannot be parsed is settled by a consistent LIST, never by `resourceVersion=0`
+/// (any cached state).
 #[tokio::test(start_paused = true)]
 async fn unparseable_barrier_version_lists_consistently() {
     use http_body_util::BodyExt;
@@ -497,8 +499,8 @@ async fn unparseable_barrier_version_lists_consistently() {
     r.abort();
 }
 
-/// F17 (b): after an `invalid shard selector` 500, a successful re-probe does not send the refused
-/// selectors again every quiet period.
+/// After an `invalid shard selector` 500, a successful re-probe does not send the refused selectors again
+/// every quiet period.
 #[tokio::test(start_paused = true)]
 async fn invalid_selector_is_not_retried_after_a_probe() {
     use http_body_util::BodyExt;
@@ -548,8 +550,8 @@ async fn invalid_selector_is_not_retried_after_a_probe() {
     r.abort();
 }
 
-/// F17 (c): a move cancelled while Draining re-grants the shard to its owner: the store keeps its
-/// objects (no Delete-then-Apply of the whole shard), and the activation re-enqueues them.
+/// A move cancelled while Draining re-grants the shard to its owner: the store keeps its objects (no
+/// Delete-then-Apply of the whole shard), and the activation re-enqueues them.
 #[tokio::test(start_paused = true)]
 async fn cancel_from_draining_regrant_keeps_the_store() {
     let (server, all) = crate::support::seeded(true, 200).await;
@@ -624,8 +626,8 @@ async fn cancel_from_draining_regrant_keeps_the_store() {
     r.abort();
 }
 
-/// F17 (d): a consumer that stops polling does not make the manager queue every event: queued events
-/// are coalesced per object, so the backlog is bounded by the objects, not by the writes.
+/// A consumer that stops polling does not make the manager queue every event: queued events are coalesced per
+/// object, so the backlog is bounded by the objects, not by the writes.
 #[tokio::test(start_paused = true)]
 async fn unpolled_consumer_backlog_is_bounded_by_objects() {
     const OBJECTS: usize = 20;

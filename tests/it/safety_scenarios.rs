@@ -496,10 +496,11 @@ async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renew
 // === 2. mixed S in one group ===
 
 /// `a` and `b` at S = 16 settle (full stack, Widgets); `c` at S = 32 joins the same group and namespace and
-/// becomes the coordinator once the old one leaves (`b` cannot take the coordinator Lease). `c` refuses
-/// the assignment loudly (a Warning `InvalidAssignment` Event), never writes over it, and reconciles
-/// nothing: no Widget is reconciled by two generations. Extends `safety_group::f01_*` with the whole
-/// stack, a second S = 16 member and the Event.
+/// becomes the coordinator once the old one leaves (`b` cannot take the coordinator Lease). `c` refuses the
+/// assignment loudly (a Warning `InvalidAssignment` Event), never writes over it, and reconciles nothing: no
+/// Widget is reconciled by two generations. Extends
+/// `safety_group::a_coordinator_never_overwrites_an_assignment_it_cannot_decode` with the whole stack, a
+/// second S = 16 member and the Event.
 #[tokio::test(start_paused = true)]
 async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing() {
     use k8s_openapi::api::core::v1::Event;
@@ -758,11 +759,12 @@ async fn changing_s_is_a_new_group_gated_on_the_old_coordinator_lease() {
 
 // === 4. observers with partial or lagging views ===
 
-/// Only the coordinator's Lease watch goes quiet (the fault is narrowed to `leases`; its assignment watch
-/// and every write work) during a scale-up with moves in flight. For three lease periods: no move to the
-/// joiner is cancelled ("target not live"), no shard leaves its owner for anyone but the joiner (no
-/// takeover of a renewing member, no Draining re-granted to its source). Extends `safety_group::f06_*`
-/// (which freezes every watch of the coordinator) to the narrowed fault and to every shard.
+/// Only the coordinator's Lease watch goes quiet (the fault is narrowed to `leases`; its assignment watch and
+/// every write work) during a scale-up with moves in flight. For three lease periods: no move to the joiner
+/// is cancelled ("target not live"), no shard leaves its owner for anyone but the joiner (no takeover of a
+/// renewing member, no Draining re-granted to its source). Extends
+/// `safety_group::a_silent_lease_watch_cancels_no_move` (which freezes every watch of the coordinator) to the
+/// narrowed fault and to every shard.
 #[tokio::test(start_paused = true)]
 async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
     use kube_shard::ownership::Handoff;
@@ -825,9 +827,9 @@ async fn a_lease_watch_down_during_a_scale_up_judges_nobody() {
     check_fences(&log);
 }
 
-/// F15: a watcher (and its Controller) registered after the group started, while the member is held by
-/// the legacy leader gate, sees every Widget once (the filter passes generation 1, the wrapper refuses);
-/// when the hold lifts, its shards' objects are re-enqueued to it and reconciled.
+/// A watcher (and its Controller) registered after the group started, while the member is held by the legacy
+/// leader gate, sees every Widget once (the filter passes generation 1, the wrapper refuses); when the hold
+/// lifts, its shards' objects are re-enqueued to it and reconciled.
 #[tokio::test(start_paused = true)]
 async fn a_watcher_registered_after_the_start_gets_the_work_of_a_hold_lift() {
     let h = held_widget_worker(Some(Duration::from_secs(8))).await;

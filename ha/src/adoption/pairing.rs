@@ -1,5 +1,5 @@
-//! Failback pairing (HA.md "Promotion and adoption"; `review-ha.md` H18 a): the old Active, now a
-//! Standby, pairs each of its own objects with the new Active's by name and recorded source uid. Pure.
+//! Failback pairing (HA.md "Promotion and adoption"): the old Active, now a Standby, pairs each of its own
+//! objects with the new Active's by name and recorded source uid. Pure.
 //!
 //! - **equal** (same body, status, and user labels and annotations): label it as the new Active's
 //!   copy ([`Pairing::Label`]);

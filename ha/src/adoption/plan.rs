@@ -1,6 +1,6 @@
-//! The adoption plan at promotion (HA.md "Promotion and adoption"; `review-ha.md` H15, H16, H18 b):
-//! given the copies as read, the ordered writes that restore what the mirror kept aside in
-//! `kube-shard.io/source-*` annotations, before admission opens. Pure.
+//! The adoption plan at promotion (HA.md "Promotion and adoption"): given the copies as read, the ordered
+//! writes that restore what the mirror kept aside in `kube-shard.io/source-*` annotations, before admission
+//! opens. Pure.
 //!
 //! Order: one [`Restore`] per copy that needs one, owners before their dependents (so a child's
 //! reference and shard label point at an owner copy already adopted); then one [`Delete`] per copy

@@ -1,10 +1,9 @@
-//! Bringing one copy up to its source (HA.md "Writes"; `review-ha.md` H13): the worker re-reads the
-//! source by name at dequeue time, reads the copy, decides ([`decide`]), and writes with preconditions
-//! (the copy's uid and resourceVersion as read: a 409 means re-read and compare again). The marker is
-//! written last: an update writes `/status` first, then the main resource with the marker; a create
-//! writes the main resource without it, then `/status`, then the marker. A re-created source is a delete
-//! (preconditions) then a create; copies are deleted with `propagationPolicy: Orphan`, only when
-//! [`may_delete`] allows.
+//! Bringing one copy up to its source (HA.md "Writes"): the worker re-reads the source by name at dequeue
+//! time, reads the copy, decides ([`decide`]), and writes with preconditions (the copy's uid and
+//! resourceVersion as read: a 409 means re-read and compare again). The marker is written last: an update
+//! writes `/status` first, then the main resource with the marker; a create writes the main resource without
+//! it, then `/status`, then the marker. A re-created source is a delete (preconditions) then a create; copies
+//! are deleted with `propagationPolicy: Orphan`, only when [`may_delete`] allows.
 
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams, Preconditions,

@@ -1,11 +1,10 @@
-//! Catch-up to a demotion token (HA.md "Position"; `review-ha.md` H12): a quiet kind's token version is
-//! far above its last event, and bookmarks move it only about once a minute, so the mirror does not wait
-//! for events: each kind takes one consistent LIST at the token's version (`NotOlderThan`) and applies
-//! it as a diff (`task.rs`). Asked for in-process ([`super::Mirror::catch_up`]) or, from `promote
-//! --token` in another process, through the checkpoint ConfigMap's [`CATCH_UP_KEY`] (polled here). A
-//! request through the checkpoint is acknowledged under [`CAUGHT_UP_KEY`] only once every kind's
-//! catch-up LIST is applied and the mirror holds ([`super::hold`]): `promote --token` takes over after
-//! that, so no copy write can land on the new Active.
+//! Catch-up to a demotion token (HA.md "Position"): a quiet kind's token version is far above its last event,
+//! and bookmarks move it only about once a minute, so the mirror does not wait for events: each kind takes
+//! one consistent LIST at the token's version (`NotOlderThan`) and applies it as a diff (`task.rs`). Asked
+//! for in-process ([`super::Mirror::catch_up`]) or, from `promote --token` in another process, through the
+//! checkpoint ConfigMap's [`CATCH_UP_KEY`] (polled here). A request through the checkpoint is acknowledged
+//! under [`CAUGHT_UP_KEY`] only once every kind's catch-up LIST is applied and the mirror holds
+//! ([`super::hold`]): `promote --token` takes over after that, so no copy write can land on the new Active.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

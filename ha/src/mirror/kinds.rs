@@ -1,7 +1,6 @@
-//! Kind classification (HA.md "Kinds"; `review-ha.md` H20): every kind the operator's controllers
-//! watch is declared *mirrored* (copied to the Standby) or *derived* (re-created by reconcile); an
-//! unclassified kind is a build error, and kube-shard's own objects are never mirrored whatever the
-//! configuration ([`OwnObjects`]). Pure.
+//! Kind classification (HA.md "Kinds"): every kind the operator's controllers watch is declared *mirrored*
+//! (copied to the Standby) or *derived* (re-created by reconcile); an unclassified kind is a build error, and
+//! kube-shard's own objects are never mirrored whatever the configuration ([`OwnObjects`]). Pure.
 
 use std::collections::BTreeMap;
 

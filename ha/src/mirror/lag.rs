@@ -1,7 +1,7 @@
-//! Lag as confirmation (HA.md "Lag"; `review-ha.md` H17): every probe period a `limit=1` LIST reads the
-//! kind's current resourceVersion; the kind is confirmed up to the latest probe its watermark has passed,
-//! and the lag is the time since that probe — so a frozen watch shows as growing lag, never as 0. Pure:
-//! times are the caller's (local monotonic clock offsets).
+//! Lag as confirmation (HA.md "Lag"): every probe period a `limit=1` LIST reads the kind's current
+//! resourceVersion; the kind is confirmed up to the latest probe its watermark has passed, and the lag is the
+//! time since that probe — so a frozen watch shows as growing lag, never as 0. Pure: times are the caller's
+//! (local monotonic clock offsets).
 
 use std::collections::VecDeque;
 use std::time::Duration;

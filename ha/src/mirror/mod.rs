@@ -1,5 +1,5 @@
-//! The mirror (HA.md "The mirror"; `review-ha.md` H12–H17, H19 c, H20): run by the Standby, it copies
-//! the Active's mirrored kinds into the Standby's cluster, so that a promotion finds the Active's state.
+//! The mirror (HA.md "The mirror"): run by the Standby, it copies the Active's mirrored kinds into the
+//! Standby's cluster, so that a promotion finds the Active's state.
 //!
 //! Pure parts (no I/O):
 //! - [`kinds`]: every watched kind is *mirrored* or *derived* ([`KindSet`]); kube-shard's own objects

@@ -1,5 +1,5 @@
-//! The copy planner (HA.md "Writes"; `review-ha.md` H13, H15, H16): what the Standby's copy of a source
-//! object looks like, and which write brings a copy up to a source version. Pure.
+//! The copy planner (HA.md "Writes"): what the Standby's copy of a source object looks like, and which write
+//! brings a copy up to a source version. Pure.
 //!
 //! A copy keeps the source's name, namespace, labels, annotations and body. Server-owned fields are
 //! stripped, and so is everything derived from the source uid — owner references, the shard label, the
@@ -283,7 +283,8 @@ mod tests {
         let owners: Value = serde_json::from_str(&a[SOURCE_OWNERS]).unwrap();
         assert_eq!(owners[0]["uid"], "u-p");
         assert_eq!(a["note"], "n");
-        // another source's marker is never carried over (direction reversal, H14)
+        // a marker the source itself carries (from a mirror in the other direction) names another source's
+        // versions: it is never carried over
         assert!(!a.contains_key(SOURCE_RV));
         assert_eq!(p.body.get("spec"), Some(&json!({"size": 2})));
         assert!(!p.body.contains_key("status") && !p.body.contains_key("metadata"));

@@ -1,6 +1,6 @@
-//! Source resourceVersions (HA.md "Comparisons"; `review-ha.md` H14): compared only as integers, by
-//! `CompareResourceVersion` rules (a positive integer without leading zeros; anything else is an
-//! error, never a string comparison), and only within one [`SourceId`]. Pure.
+//! Source resourceVersions (HA.md "Comparisons"): compared only as integers, by `CompareResourceVersion`
+//! rules (a positive integer without leading zeros; anything else is an error, never a string comparison),
+//! and only within one [`SourceId`]. Pure.
 
 use std::fmt;
 
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn versions_compare_as_integers_never_as_strings() {
-        // "999" > "1000" as strings: the H14 bug that skips a newer version
+        // "999" > "1000" as strings: compared that way, a newer version would be skipped
         let (a, b) = (
             parse_rv("999", "t").unwrap(),
             parse_rv("1000", "t").unwrap(),

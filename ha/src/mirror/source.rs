@@ -1,8 +1,8 @@
-//! The list/watch loop of one kind on the source (the Active): its own state machine, because
-//! kube-runtime's watcher neither surfaces bookmarks nor resumes from a resourceVersion (`review-ha.md`
-//! H12). It resumes from a given version (the checkpoint), watches with `allowWatchBookmarks`, re-watches
-//! from the last version seen when a watch ends, and relists only on 410 Gone (or when it has no version).
-//! Every delivery goes to the kind's task over a channel, in order.
+//! The list/watch loop of one kind on the source (the Active): its own state machine, because kube-runtime's
+//! watcher neither surfaces bookmarks nor resumes from a resourceVersion. It resumes from a given version
+//! (the checkpoint), watches with `allowWatchBookmarks`, re-watches from the last version seen when a watch
+//! ends, and relists only on 410 Gone (or when it has no version). Every delivery goes to the kind's task
+//! over a channel, in order.
 
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
-//! The mirror's position of one kind (HA.md "Position"; `review-ha.md` H12): a **low watermark**, the
-//! highest resourceVersion R such that the watch has delivered everything up to R (an event, a bookmark
-//! or a LIST at or above R) and no change at or below R is still queued, in flight, retrying or failed.
-//! Never the highest version applied. It only rises: a relist re-delivering old versions does not pull it
-//! back, since everything at or below it was applied. Pure.
+//! The mirror's position of one kind (HA.md "Position"): a **low watermark**, the highest resourceVersion R
+//! such that the watch has delivered everything up to R (an event, a bookmark or a LIST at or above R) and no
+//! change at or below R is still queued, in flight, retrying or failed. Never the highest version applied. It
+//! only rises: a relist re-delivering old versions does not pull it back, since everything at or below it was
+//! applied. Pure.
 
 /// The watermark of one kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,7 +52,8 @@ mod tests {
 
     #[test]
     fn a_retrying_change_below_a_later_applied_one_holds_the_position() {
-        // H12 interleaving 1: Y's change at 100 retries, X's at 105 is applied; the token is 102
+        // Y's change at 100 retries, X's at 105 is applied; the token is 102: the highest version applied
+        // (105) would pass it and lose Y's change
         let t = Duration::ZERO;
         let mut q = RetryQueue::new(Backoff::default());
         let mut w = Watermark::resume(Some(90));

@@ -1,7 +1,7 @@
-//! The promotion target's checks (HA.md "Promotion and adoption"; `review-ha.md` H18 b): a Standby
-//! holding objects that are not copies of the peer's is refused ([`NotPromotable`]); for an unplanned
-//! promotion, a mirrored kind that never completed a full LIST from the peer is refused unless allowed
-//! (everything of that kind would be lost), and every kind's checkpointed position is reported.
+//! The promotion target's checks (HA.md "Promotion and adoption"): a Standby holding objects that are not
+//! copies of the peer's is refused ([`NotPromotable`]); for an unplanned promotion, a mirrored kind that
+//! never completed a full LIST from the peer is refused unless allowed (everything of that kind would be
+//! lost), and every kind's checkpointed position is reported.
 
 use std::collections::BTreeMap;
 

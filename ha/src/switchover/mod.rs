@@ -1,5 +1,5 @@
-//! Planned switchover (HA.md contract 2; `review-ha.md` H9, H10, H11, H19 a). The CLI (`kshard ha
-//! demote | promote --token | switchover | demote --cancel`) only parses and prints; this is the engine.
+//! Planned switchover (HA.md contract 2). The CLI (`kshard ha demote | promote --token | switchover |
+//! demote --cancel`) only parses and prints; this is the engine.
 //!
 //! **Demote** ([`demote`], run against the Active):
 //! 1. mark the Active's own HA Lease `demoting` (a state with a rising `seq`, [`HaState`]); every process

@@ -1,5 +1,5 @@
-//! Adoption at promotion and failback (HA.md "Promotion and adoption"; `review-ha.md` H15, H16, H18)
-//! on two testservers (the old Active's RVs from 10^9), garbage collection on, paused time.
+//! Adoption at promotion and failback (HA.md "Promotion and adoption") on two testservers (the old Active's
+//! RVs from 10^9), garbage collection on, paused time.
 //!
 //! Promotion: B mirrors A, then B's elector becomes Active (bootstrap, A's cluster holds no HA Lease)
 //! with [`Adoption`] hooked on its handle. A probe admits through the handle every 10 ms and, at the

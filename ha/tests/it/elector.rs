@@ -1,4 +1,4 @@
-//! The HA elector's I/O driver on two testservers (three with a witness), paused time, with the T6
+//! The HA elector's I/O driver on two testservers (three with a witness), paused time, with the
 //! cross-cluster overlap checker (`kube_shard_ha::overlap`) fed by a worker per cluster that
 //! admits through `HaHandle::admit` and keeps each request in flight 300 ms (below the request timeout).
 
@@ -430,9 +430,8 @@ async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
     v
 }
 
-/// review-ha.md T8 (this part's last item): witness seeds at clock rates inside the documented bound pass
-/// (ρ = 10 %); just outside it (ρ = 30 %: A's term outlives B's wait in real time) the overlap checker finds
-/// an overlap.
+/// Witness seeds at clock rates inside the documented bound pass (ρ = 10 %); just outside it (ρ = 30 %: A's
+/// term outlives B's wait in real time) the overlap checker finds an overlap, which shows the checker works.
 #[tokio::test(start_paused = true)]
 async fn ha_witness_seeds_inside_the_clock_rate_bound_pass_and_outside_it_overlap() {
     for seed in 0..4 {

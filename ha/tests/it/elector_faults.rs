@@ -1,6 +1,6 @@
-//! The elector's Lease rules under faults (review-ha.md T8, part D; HA.md "The elector"), on two testservers
-//! (three with a witness), paused time, with the cross-cluster overlap checker. Each rule whose breaking
-//! the checker can see is also run with the rule broken (`Flaws`), and the test shows the breakage caught.
+//! The elector's Lease rules under faults (HA.md "The elector"), on two testservers (three with a witness),
+//! paused time, with the cross-cluster overlap checker. Each rule whose breaking the checker can see is also
+//! run with the rule broken (`Flaws`), and the test shows the breakage caught.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -68,7 +68,7 @@ async fn force_until_armed(op: &Op) -> kube_shard_ha::FailoverEpoch {
     panic!("never armed within 60 s");
 }
 
-/// H2 a, first half: someone else's write to the Active's own Lease that keeps the record (a label added
+/// Conflict, first half: someone else's write to the Active's own Lease that keeps the record (a label added
 /// by kubectl) makes the next renewal conflict; the re-read still names this cluster at this epoch, so the
 /// Active retries with the new resourceVersion and never stops admitting.
 #[tokio::test(start_paused = true)]
@@ -100,7 +100,7 @@ async fn ha_a_renewal_conflict_that_keeps_the_record_is_retried_without_a_pause(
     b.stop();
 }
 
-/// H2 a, second half: a conflict whose re-read names another record (here a third cluster at a higher
+/// Conflict, second half: a conflict whose re-read names another record (here a third cluster at a higher
 /// epoch) steps the Active down at once, and it never writes over that record.
 #[tokio::test(start_paused = true)]
 async fn ha_a_renewal_conflict_naming_another_record_steps_the_active_down_at_once() {
@@ -127,8 +127,8 @@ async fn ha_a_renewal_conflict_naming_another_record_steps_the_active_down_at_on
     b.stop();
 }
 
-/// H2 c: a deleted Lease is *unknown*, not free. Its holder stops counting it at the 404 (so the Active
-/// stops admitting), and it is created again only after it has been seen missing for `lease_duration +
+/// Missing Lease: a deleted Lease is *unknown*, not free. Its holder stops counting it at the 404 (so the
+/// Active stops admitting), and it is created again only after it has been seen missing for `lease_duration +
 /// grace` (15 s + 2 s). With the rule broken (create at once) the Lease is back within a retry period.
 async fn deleted_lease(flaws: Flaws) -> Duration {
     let o = HaOverlap::default();
@@ -186,7 +186,7 @@ async fn ha_the_deleted_lease_check_finds_an_elector_that_creates_it_at_once() {
     assert!(back < Duration::from_secs(17), "{back:?}");
 }
 
-/// H2 d: an undecodable Lease means "a higher epoch may exist": stop admitting, raise the alarm, and never
+/// An undecodable Lease means "a higher epoch may exist": stop admitting, raise the alarm, and never
 /// overwrite it (a human or a newer version of the operator decides).
 #[tokio::test(start_paused = true)]
 async fn ha_an_undecodable_lease_stops_the_active_with_an_alarm_and_is_never_overwritten() {
@@ -218,7 +218,7 @@ async fn ha_an_undecodable_lease_stops_the_active_with_an_alarm_and_is_never_ove
     b.stop();
 }
 
-/// H3: two forced promotions, each over a stopped Active: the epoch rises each time (2 then 3), the
+/// Two forced promotions, each over a stopped Active: the epoch rises each time (2 then 3), the
 /// returning side steps down by itself, and no two epochs' intervals overlap.
 #[tokio::test(start_paused = true)]
 async fn ha_two_forced_promotions_raise_the_epoch_each_time_without_overlap() {
@@ -256,7 +256,7 @@ async fn ha_two_forced_promotions_raise_the_epoch_each_time_without_overlap() {
     b2.stop();
 }
 
-/// H4: an Active already running keeps running when the peer becomes unreachable; a process that starts
+/// An Active already running keeps running when the peer becomes unreachable; a process that starts
 /// while the peer is unreachable is Standby with an alarm and admits nothing until it has read the peer's
 /// Lease and found no higher epoch.
 #[tokio::test(start_paused = true)]
@@ -288,8 +288,8 @@ async fn ha_a_restart_with_the_peer_unreachable_waits_for_the_peer_before_acting
     b.stop();
 }
 
-/// H8: the two sides run different timings. B's own `lease_duration` (6 s) is shorter than A's published
-/// `renew_deadline + request timeout` (12.5 s), so a taker that waits only its own lease takes the
+/// Published timings: the two sides run different timings. B's own `lease_duration` (6 s) is shorter than A's
+/// published `renew_deadline + request timeout` (12.5 s), so a taker that waits only its own lease takes the
 /// witness while A still holds its term.
 async fn mismatched(flaws: Flaws) -> HaOverlap {
     let o = HaOverlap::default();
@@ -337,7 +337,7 @@ async fn ha_the_overlap_checker_finds_a_taker_that_ignores_published_timings() {
     );
 }
 
-/// H3: a forced promotion that crashes between its two epoch writes (the own Lease written, the peer's not:
+/// A forced promotion that crashes between its two epoch writes (the own Lease written, the peer's not:
 /// the peer's apiserver was unreachable). The own Lease is the durable record: restarted, B resumes at its
 /// epoch once it reads the peer, writes the peer's Lease, and the returning A stands by.
 #[tokio::test(start_paused = true)]

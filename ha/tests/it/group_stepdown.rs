@@ -1,5 +1,5 @@
-//! review-ha.md T8, "HA in a shard group" (H5): a member's delayed HA view, and a step-down and re-promotion
-//! under a long reconcile. Two testservers, paused time, the cross-cluster overlap checker
+//! HA in a shard group (HA.md "HA in a shard group"): a member's delayed HA view, and a step-down and
+//! re-promotion under a long reconcile. Two testservers, paused time, the cross-cluster overlap checker
 //! (`kube_shard_ha::overlap`) fed by every member's worker (`ha_group::work`); each run is repeated
 //! with a planted flaw the checker (or an assertion on the object) must catch.
 
@@ -59,7 +59,7 @@ async fn b_has_read_a(b: &Side) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// 1. A member's delayed HA view (H5 a)
+// 1. A member's delayed HA view
 // ---------------------------------------------------------------------------------------------------------
 
 struct Delayed {
@@ -195,7 +195,7 @@ async fn ha_group_the_overlap_checker_finds_a_member_dating_its_term_from_reads(
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// 2. A step-down and a re-promotion under a long reconcile (H5 b)
+// 2. A step-down and a re-promotion under a long reconcile
 // ---------------------------------------------------------------------------------------------------------
 
 const APP_NS: &str = "apps";

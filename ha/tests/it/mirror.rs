@@ -1065,17 +1065,17 @@ async fn a_differently_defined_kind_refuses_to_start_the_mirror() {
     start(&a, &b, config()).await.stop().await;
 }
 
-/// review-ha.md T8 "a failing status write" and "a poison object" (H13 b, H19 c): the Standby refuses the
-/// copy's status write for good (a 422). The marker (written last) never claims the version, the object
-/// goes to the failed list, and the position stays below it (so a token wait reports it); once the
-/// Standby accepts again, the next source change brings the copy — status and marker — up to date.
+/// A failing status write and a poison object: the Standby refuses the copy's status write for good (a 422).
+/// The marker (written last) never claims the version, the object goes to the failed list, and the position
+/// stays below it (so a token wait reports it); once the Standby accepts again, the next source change brings
+/// the copy — status and marker — up to date.
 #[tokio::test(start_paused = true)]
 async fn a_status_write_refused_for_good_is_a_failed_object_and_holds_the_position() {
     status_refused_for_good(false).await;
 }
 
-/// The same with the marker written first (the planted H13 b bug): the copy claims a version whose status
-/// it does not hold.
+/// The same with the marker written first (a planted bug): the copy claims a version whose status it does not
+/// hold.
 #[tokio::test(start_paused = true)]
 #[should_panic(expected = "a marker without the status")]
 async fn the_refused_status_check_catches_a_marker_written_first() {
@@ -1148,10 +1148,10 @@ async fn status_refused_for_good(marker_first: bool) {
     m.stop().await;
 }
 
-/// review-ha.md T8 "re-creation with an immutable field" (H13 c): a source re-created under the same name
-/// with another value of a field the server keeps immutable (an `immutable: true` ConfigMap's data). An
-/// in-place update of the copy is refused for good (shown first, as the server answers it); the mirror
-/// re-creates the copy (delete with preconditions, then create) and nothing lands on the failed list.
+/// Re-creation with an immutable field: a source re-created under the same name with another value of a field
+/// the server keeps immutable (an `immutable: true` ConfigMap's data). An in-place update of the copy is
+/// refused for good (shown first, as the server answers it); the mirror re-creates the copy (delete with
+/// preconditions, then create) and nothing lands on the failed list.
 #[tokio::test(start_paused = true)]
 async fn a_source_recreated_with_an_immutable_field_changed_is_copied_by_delete_and_create() {
     let (a, b) = pair().await;

@@ -22,9 +22,9 @@
 //! Default runs are depth-first and capped at `DEFAULT_STATES`; `KSHARD_MODEL_DEEP=1` runs breadth-first to
 //! exhaustion with two faults, faults on B too, deleted and undecodable Leases.
 //!
-//! Checked, as T6 measures it: per (cluster, epoch), the interval from its first admission to its last
-//! completion never overlaps another's, and a first admission's epoch is above every epoch admitted
-//! before.
+//! Checked, as the cross-cluster overlap checker measures it: per (cluster, epoch), the interval from its
+//! first admission to its last completion never overlaps another's, and a first admission's epoch is above
+//! every epoch admitted before.
 
 use std::time::Duration;
 
@@ -73,7 +73,8 @@ pub struct St {
     faults: u8,
     /// The planned switchover's commands (`kshard ha demote`, `--cancel`, `promote --token`).
     demo: Demo,
-    /// T6: tags (cluster, epoch) seen admitting, and the tag of the last admission or completion.
+    /// For the overlap check: tags (cluster, epoch) seen admitting, and the tag of the last admission or
+    /// completion.
     tags: Vec<(u8, FailoverEpoch)>,
     last_tag: Option<(u8, FailoverEpoch)>,
     violation: Option<&'static str>,
@@ -142,7 +143,8 @@ pub struct Ha {
     fault_b: bool,
     /// The planned switchover's commands are enabled.
     switchover: bool,
-    /// Planted: the token is taken without waiting for the drain (review-ha.md H10).
+    /// Planted: the token is taken without waiting for the drain (a write still in flight would commit after
+    /// the token).
     token_before_drain: bool,
     /// Both clusters were given one cluster id (`a`); each process still knows its own `kube-system` uid,
     /// and follows a term its cluster id leads (as the driver does).
@@ -362,7 +364,7 @@ impl Ha {
         }
     }
 
-    /// T6: an admission or completion of `tag`.
+    /// For the overlap check: an admission or completion of `tag`.
     fn event(st: &mut St, tag: (u8, FailoverEpoch), first: bool) {
         if first && !st.tags.contains(&tag) {
             if st.tags.iter().any(|&(_, e)| e >= tag.1) {
@@ -860,10 +862,10 @@ fn ha_model_finds_a_takeover_whose_precondition_comes_from_a_later_read() {
     );
 }
 
-/// The planned switchover (HA.md contract 2, review-ha.md H9/H10): `demote` marks the Leases demoting, the
+/// The planned switchover (HA.md contract 2): `demote` marks the Leases demoting, the
 /// token is taken only after A stopped admitting with nothing in flight, `promote --token` takes each Lease
 /// over with no wait, `demote --cancel` may race it; with crashes, pauses, partitions, dropped answers and
-/// late commits. The property is T6's; non-vacuity: B admits (by the token).
+/// late commits. The property is the overlap check's; non-vacuity: B admits (by the token).
 /// Default: no faults, explored to exhaustion; `KSHARD_MODEL_DEEP=1`: one fault of any kind (crash, pause,
 /// partition, dropped answer → late commit), breadth first up to [`DEEP_STATES`].
 fn switchover_model(witness: bool) -> Ha {

@@ -420,7 +420,7 @@ async fn ha_group_the_overlap_checker_finds_a_worker_that_ignores_its_fences() {
     );
 }
 
-/// T8 "the legacy gate together with HA": the Standby's group also migrates from a leader-elected
+/// The legacy gate together with HA: the Standby's group also migrates from a leader-elected
 /// deployment. When the legacy leader goes away the legacy gate lifts its own hold bit only: the Standby
 /// still admits nothing (a single-value hold would have been cleared here).
 #[tokio::test(start_paused = true)]

@@ -603,9 +603,9 @@ fn witness_builder(
     }
 }
 
-/// T8 "demotion against automatic promotion" (H9): with a witness, a demoting Active keeps its Leases in
-/// the state `demoting(token)`, and the Standby never promotes itself from it — not even once the old
-/// Active is gone for far longer than the takeover wait; the token promotes it without a wait.
+/// Demotion against automatic promotion: with a witness, a demoting Active keeps its Leases in the state
+/// `demoting(token)`, and the Standby never promotes itself from it — not even once the old Active is gone
+/// for far longer than the takeover wait; the token promotes it without a wait.
 #[tokio::test(start_paused = true)]
 async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_over() {
     let (sa, sb) = two_servers().await;

@@ -1,4 +1,4 @@
-//! The member Lease as control channel (DESIGN §2, F9): a member whose assignment watch is stuck (frozen
+//! The member Lease as control channel (DESIGN §2): a member whose assignment watch is stuck (frozen
 //! open, a LIST that never answers) still renews, and reads its own Lease back at every renewal. The
 //! coordinator writes the generation a member is behind on into that Lease; the member then reads the
 //! assignment directly (one bounded GET) and applies it as if its watch had delivered it.

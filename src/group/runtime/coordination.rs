@@ -87,7 +87,7 @@ impl Runtime {
         self.health.set_assignment_refused(None);
     }
 
-    /// F13: a generation more than [`MAX_GENERATION_STEP`] above both our wall clock and the highest
+    /// A generation more than [`MAX_GENERATION_STEP`] above both our wall clock and the highest
     /// generation we accepted is refused (a hostile or buggy write, e.g. `u64::MAX`, would otherwise freeze
     /// the group: generations only grow). A forward-skewed coordinator cannot trip this: it caps each new
     /// generation at the previous one plus the same bound.
@@ -209,7 +209,7 @@ impl Runtime {
             };
             self.events.emit(Kind::Normal, "Rebalance", summary);
         }
-        // F8: a renewal that falls due goes between the pass's requests; a pass that lost the
+        // a renewal that falls due goes between the pass's requests; a pass that lost the
         // coordinator Lease or our own Lease meanwhile stops
         // a blind re-creation waits until every member that stopped renewing is gone; one the (unknown)
         // assignment may name is only known by its expired Lease, so it is taken over too — else a dead
@@ -520,9 +520,9 @@ impl Runtime {
         }
     }
 
-    /// Whether this pass may decide anything. Never over a ConfigMap this member cannot apply (F1: it may
-    /// be another `S`, key or format, whose owners admit on it); never before both watches listed (F2: an
-    /// owner not yet observed would look absent); never while the lease watch is silent (F6).
+    /// Whether this pass may decide anything. Never over a ConfigMap this member cannot apply (it may
+    /// be another `S`, key or format, whose owners admit on it); never before both watches listed (an
+    /// owner not yet observed would look absent); never while the lease watch is silent.
     fn may_coordinate(&mut self, now: Instant) -> bool {
         if let Some(why) = &self.assignment_refused {
             debug!(reason = %why, "the coordinator cannot apply the assignment and writes nothing over it");
@@ -623,7 +623,7 @@ impl Runtime {
             Err(err) if is_conflict(&err) => {
                 debug!(member = %victim, "takeover conflicted: it renewed; re-observing");
             }
-            // F10: the Lease is gone; the member is gone once `lease_duration + grace` passed since its last
+            // the Lease is gone; the member is gone once `lease_duration + grace` passed since its last
             // renewal we saw (already true for a takeover candidate)
             Err(err) if is_not_found(&err) => {
                 debug!(member = %victim, "takeover: the Lease was deleted");
@@ -716,7 +716,7 @@ impl Runtime {
                 true
             }
             // our view is behind: read the assignment directly rather than trust our watch to catch up
-            // (F9: it may be stuck)
+            // (it may be stuck)
             Err(err) if is_conflict(&err) => {
                 // the fence parameters raised for it stay: another coordinator may have committed those
                 // epochs (see `fence_params`)

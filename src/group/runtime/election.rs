@@ -69,7 +69,7 @@ impl Runtime {
         let name = self.cfg.coordinator_lease();
         let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
         let now = Instant::now();
-        // a Lease seen deleted is absent: create it again (F7), never replace a copy of what is gone
+        // a Lease seen deleted is absent: create it again, never replace a copy of what is gone
         let observed = self.observed.get(&name).filter(|o| o.deleted_at.is_none());
         let current = observed.map(|o| o.lease.clone());
         let held_by_me = observed.is_some_and(|o| o.holder.as_deref() == Some(&holder_me));

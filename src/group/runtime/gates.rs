@@ -5,7 +5,7 @@ use super::*;
 
 impl Runtime {
     /// Members without read streams have nothing to sync: warm and activation are immediate.
-    /// Judged on each use (F15): a watcher registered after the runtime started has its barrier awaited.
+    /// Judged on each use: a watcher registered after the runtime started has its barrier awaited.
     pub(super) fn vacuous_progress(&self) {
         if !self.ownership.inner.readers.is_empty() {
             return;
@@ -61,7 +61,7 @@ impl Runtime {
                     && now.duration_since(changed_at) < duration
             }
             Ok(None) => false,
-            // cannot tell: fail closed (F5), hold until a read shows no live holder
+            // cannot tell: fail closed, hold until a read shows no live holder
             Err(err) => {
                 if !self.legacy_alarm {
                     error!(lease = %spec, error = %err, "ALARM: cannot read the legacy leader lease: admitting nothing until a read shows no live holder");

@@ -126,7 +126,7 @@ impl Runtime {
                         .and_then(|a| a.get(TAKEN_OVER))
                         == theirs.as_ref();
                 let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
-                // stale on our own clock, with a watch that is not silent (F3, F6)
+                // stale on our own clock, with a watch that is not silent
                 let watched_stale = !self.lease_watch_silent(t0)
                     && self
                         .observed
@@ -159,7 +159,7 @@ impl Runtime {
                     self.health.set_collision(true);
                     return;
                 }
-                // F3: a claim judged stale from our observation is conditional on the resourceVersion we
+                // a claim judged stale from our observation is conditional on the resourceVersion we
                 // observed: a renewal since (that our watch has not shown yet) makes it conflict
                 let base = match self.observed.get(&name) {
                     _ if read_stale && !watched_stale => l,

@@ -373,7 +373,7 @@ impl Runtime {
         self.renewal_timeout()
     }
 
-    /// How long a renewal may take and still be worth having (F8): the fence it yields lasts
+    /// How long a renewal may take and still be worth having: the fence it yields lasts
     /// `renew_deadline − fence_margin` from its start, so an answer within that renews and un-fences.
     /// A fixed 1–2 s bound left a member whose writes commit just above it renewing (so never taken over)
     /// but never recording a renewal.

@@ -98,7 +98,7 @@ async fn failover_epochs_first_then_the_shard_rules_and_mirror_skips_them() {
         .await
         .unwrap()
         .ends_with(messages::SHARD));
-    // higher: accepted whatever the shard part says (B's group's epochs are older: H6)
+    // higher: accepted whatever the shard part says (B's group's epochs are older)
     assert_eq!(write("2002:9/1").await, None);
     // lower: refused whatever the shard part says
     let m = write("1001:9/999999").await.unwrap();

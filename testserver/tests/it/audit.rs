@@ -196,7 +196,8 @@ async fn a_planted_lower_failover_epoch_commit_is_flagged() {
         }
     };
     write("a", "1001:3/500", "1").await;
-    // B promoted at 2002: its group's shard epochs are older (H6), and it writes over A's stamp
+    // B promoted at 2002: its group's shard epochs are older (a shard epoch is compared only within one
+    // failover epoch), and it writes over A's stamp
     write("b", "2002:9/7", "2").await;
     // B's mirror at failover epoch 2002: no shard epoch to compare
     write("mirror", "2002:mirror", "3").await;
