@@ -6,7 +6,29 @@
 //! leave, pause or die, and read through Kubernetes KEP-5866 server-side `shardSelector` list/watch (with
 //! a local hash filter whenever the server does not filter).
 //!
-//! The crate is layered as `docs/DESIGN.md` describes; the data flows down this list:
+//! ## Start here
+//!
+//! A replica joins a shard group, reads only the objects of its shards, and reconciles each one only while
+//! it owns it:
+//!
+//! - [`ShardGroup::builder`] → [`ShardGroupBuilder`] → [`ShardGroup::start`] → [`GroupHandle`]: membership,
+//!   the live assignment, drain-before-activate handoff, failure takeover, status and health.
+//! - [`watcher()`], [`metadata_watcher()`], [`reflector()`]: drop-ins for `kube_runtime`'s, driving the
+//!   KEP-5866 `shardSelector` (or a local filter) for the member's [`Ownership`]; [`ShardedWatcher`] for
+//!   re-enqueues and secondary caches.
+//! - [`ownership::reconcile::wrap`] / [`wrap_fenced`](ownership::reconcile::wrap_fenced): the reconcile
+//!   wrapper for `Controller::run`, admitting by ownership ([`Permit`], [`AdmitError`]); [`Fence`] and
+//!   [`FencedApi`]: writes a deposed owner can no longer make ([`FenceError`]).
+//! - [`Leadership`] / [`SingletonGuard`]: work that runs once per group.
+//!
+//! Cross-cluster Active/Standby is the `kube-shard-ha` crate, attached to a group through
+//! [`ShardGroupBuilder::term_gate`].
+//!
+//! ## Layers
+//!
+//! The data flows down this list; the repository's `docs/` explain each (`docs/architecture.md` is the map,
+//! `docs/protocol.md` the ownership and handoff rules, `docs/control-plane.md` the group, `docs/read-path.md`
+//! the watchers):
 //!
 //! - [`hash`]: FNV-1a 64 exactly as kube-apiserver computes it, and [`hash::ShardKey`] (`uid` or
 //!   `namespace`) extraction from any object.
@@ -14,15 +36,19 @@
 //! - [`shard`]: `S` logical shards, `shard_of`, `range_of`, and minimal range sets of shard sets.
 //! - [`selector`]: the KEP-5866 selector in the server's canonical form, and a strict parser that refuses
 //!   everything the server refuses (so we never send a selector that earns an HTTP 500).
-//!
-//! - [`token`]: the `"<failover-epoch>:<shard>/<epoch>"` fence token fenced writes carry (header and annotation names).
+//! - [`token`]: the `"<failover-epoch>:<shard>/<epoch>"` fence token fenced writes carry.
 //!
 //! Everything listed so far is pure: no I/O, no async.
 //!
+//! - [`fence_policy`]: the ValidatingAdmissionPolicies with which the API server itself refuses stale
+//!   fence tokens.
 //! - [`ownership`]: the per-member ownership state machine (pure core, model-checked), permits and fences
-//!   on two clocks, re-enqueue signals, the reconcile wrapper for `Controller::run`, fenced writes, static mode.
-//! - [`group`]: the shard-group control plane; so far its pure, deterministic assignment planner (movement
-//!   first, contiguity as the tie-break, weights, pins, succession) and the cold-start settle / join debounce.
+//!   on two clocks, re-enqueue signals, the reconcile wrapper, fenced writes, static mode, the term gate.
+//! - [`watcher`](mod@watcher): the sharded read path: server-side or local filtering, the activation barrier,
+//!   re-enqueues, dependent (secondary) caches.
+//! - [`group`]: the shard-group control plane: membership Leases, the coordinator and its pure planner
+//!   (movement first, contiguity as the tie-break, weights, pins, succession), handoff and takeover, the
+//!   singleton leadership.
 //!
 //! ```
 //! use kube_shard::{hash::{fnv1a64, ShardKey}, selector::ShardSelector, shard::{ShardCount, ShardSet}};
@@ -70,7 +96,11 @@ pub use selector::{SelectorError, ShardSelector};
 pub use shard::{ShardCount, ShardError, ShardSet};
 pub use token::{FenceToken, TokenError};
 
-pub use ownership::{Fence, Ownership, OwnershipConfig, Permit};
+pub use group::{
+    GroupError, GroupHandle, Leadership, ShardGroup, ShardGroupBuilder, SingletonGuard,
+};
+pub use ownership::fenced_write::FencedApi;
+pub use ownership::{AdmitError, Fence, FenceError, Ownership, OwnershipConfig, Permit};
 pub use watcher::{
     dependent_reflector, dependent_watcher, metadata_watcher, reflector, watcher, ShardedWatcher,
 };

@@ -1,6 +1,6 @@
 //! Shard-group settings and their validation.
 //!
-//! Defaults follow `docs/DESIGN.md` ("Defaults"): S = 256, lease 15 s, renew deadline 10 s, retry 2 s,
+//! Defaults (`docs/control-plane.md`): S = 256, lease 15 s, renew deadline 10 s, retry 2 s,
 //! takeover grace 2 s, drain timeout 10 s — sized so a graceful leave fits Kubernetes' default 30 s
 //! termination grace period.
 

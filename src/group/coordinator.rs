@@ -1,7 +1,7 @@
 //! The coordinator's decision step: from the current assignment and what it observes of the members, the
 //! next assignment and the takeovers to attempt.
 //!
-//! Every transition is justified by a fact that cannot be revoked (`docs/DESIGN.md` §3): an ack for this
+//! Every transition is justified by a fact that cannot be revoked (`docs/protocol.md`): an ack for this
 //! move id in the member's own Lease, or a successful takeover write. The leader Lease only decides who
 //! computes; two coordinators at once are harmless, because the assignment is written with a
 //! resourceVersion precondition.

@@ -1,4 +1,4 @@
-//! The shard-group control plane (`docs/DESIGN.md` §2, §3, §7): membership, the coordinator, the
+//! The shard-group control plane (`docs/control-plane.md`): membership, the coordinator, the
 //! assignment planner, handoff, takeover and lifecycle.
 //!
 //! Start a member with [`ShardGroup::builder`]; its [`GroupHandle`] gives the [`Ownership`](crate::ownership::Ownership)

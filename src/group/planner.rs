@@ -5,7 +5,7 @@
 //! [`PlanReport`]. The coordinator calls it whenever membership, weights or pins change (and once more after
 //! each batch of moves completes), turns the moves into handoffs, and writes the target.
 //!
-//! # Rules (`docs/DESIGN.md` §3, in priority order)
+//! # Rules (`docs/control-plane.md`, in priority order)
 //!
 //! 1. **Movement first.** Every planned member gets a quota; with equal weights the quotas are ⌈S/N⌉ and
 //!    ⌊S/N⌋, with weights they are the largest-remainder apportionment of `S` by weight (every quota within

@@ -1,5 +1,5 @@
 //! Safety oracles for tests (feature `test-util`): checkers that read what a run did and assert the safety
-//! contract of `docs/DESIGN.md` on it, instead of sampling states.
+//! contract of `docs/protocol.md` on it, instead of sampling states.
 //!
 //! - [`fences`]: exclusive fences, including requests in flight — per shard and per object uid, labelled
 //!   `name/incarnation`. Fed by the [`FenceObserver`](crate::ownership::observe::FenceObserver) hook of

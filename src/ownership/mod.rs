@@ -1,7 +1,7 @@
 //! Ownership: the per-member state machine, admission (permits), fences, re-enqueue signals, the reconcile
 //! wrapper, fenced writes and static mode.
 //!
-//! Data flows as in `docs/DESIGN.md` §4:
+//! Data flows as `docs/protocol.md` describes:
 //!
 //! - [`state`]: the pure transition function ([`MemberState::apply`]), driven by assignment views in strictly
 //!   increasing generation and local events. Model-checked (`tests/it/model_*.rs`).
@@ -61,7 +61,7 @@ pub use term_gate::TermGate;
 
 use crate::{hash::ShardKey, shard::ShardCount};
 
-/// Ownership settings. Defaults follow `docs/DESIGN.md` ("Defaults").
+/// Ownership settings. Defaults as in `docs/control-plane.md`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OwnershipConfig {
