@@ -3,13 +3,7 @@
 //! policy refuses the operator identities' creates and updates below it, and all their deletes while the
 //! role is `standby` (deletes carry no stamp). Pure: JSON only.
 
-use serde_json::{json, Value};
-
-use super::{
-    messages,
-    policies::{failover, Carrier},
-    FencePolicyConfig, ParamsRef, PolicyError, TOKEN_PATTERN,
-};
+use super::types::{ParamsRef, PolicyError};
 
 /// The suffix of the minimum-epoch policy's and binding's name (`kube-shard-fence-min-epoch` by default).
 pub const MIN_EPOCH_SUFFIX: &str = "-min-epoch";
@@ -56,84 +50,4 @@ impl MinEpoch {
             None => Ok(()),
         }
     }
-}
-
-/// The parameter ConfigMap as generated: `role: active`, `minFailoverEpoch: "0"` (no floor).
-pub(super) fn initial_params(p: &ParamsRef) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": p.name, "namespace": p.namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-        "data": {MIN_EPOCH_KEY: "0", ROLE_KEY: "active"},
-    })
-}
-
-pub(super) fn policy(config: &FencePolicyConfig, name: &str, m: &MinEpoch) -> Value {
-    let mut rules: Vec<Value> = config
-        .resources
-        .iter()
-        .map(|r| {
-            json!({
-                "apiGroups": [r.group], "apiVersions": ["*"],
-                "resources": [r.plural, format!("{}/status", r.plural)],
-                "operations": ["CREATE", "UPDATE", "DELETE"],
-            })
-        })
-        .collect();
-    rules.push(json!({
-        "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
-        "operations": ["CREATE"], "resourceNames": [MIN_EPOCH_PROBE],
-    }));
-    let ids: Vec<String> = m.identities.iter().map(|i| format!("'{i}'")).collect();
-    let annotation = Carrier::Annotation(&config.annotation).read("object");
-    // on a CRD's `/status` the annotation is the stored one: only the status field carries the writer's token
-    let on_status = match &config.status_field {
-        Some(f) => Carrier::Status(f).read("object"),
-        None => annotation.clone(),
-    };
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {
-                "resourceRules": rules,
-                "excludeResourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
-                    "operations": ["*"], "resourceNames": [m.params.name],
-                }],
-            },
-            "variables": [
-                {"name": "probe", "expression": format!("request.resource.group == '' && request.resource.resource == 'configmaps' && request.name == '{MIN_EPOCH_PROBE}'")},
-                {"name": "mine", "expression": format!("variables.probe || request.userInfo.username in [{}]", ids.join(", "))},
-                {"name": "min", "expression": format!("has(params.data) && '{MIN_EPOCH_KEY}' in params.data ? params.data['{MIN_EPOCH_KEY}'] : ''")},
-                {"name": "minOk", "expression": "variables.min.matches('^[0-9]{1,10}$')"},
-                {"name": "standby", "expression": format!("has(params.data) && '{ROLE_KEY}' in params.data && params.data['{ROLE_KEY}'] == 'standby'")},
-                {"name": "fence", "expression": format!("request.operation == 'DELETE' ? '' : (request.subResource == 'status' ? ({on_status}) : ({annotation}))")},
-                {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
-                {"name": "f", "expression": failover("fence", "ok")},
-            ],
-            "validations": [
-                {
-                    "expression": "!variables.mine || variables.min == '' || variables.minOk",
-                    "message": messages::MIN_EPOCH_MALFORMED,
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": "!variables.mine || request.operation != 'DELETE' || !variables.standby",
-                    "message": messages::MIN_EPOCH_DELETE,
-                    "reason": "Forbidden",
-                },
-                {
-                    // an unfenced (or malformed) write passes while active, and is refused while standby
-                    "expression": "!variables.mine || request.operation == 'DELETE' || !variables.minOk || (variables.ok ? variables.f >= int(variables.min) : !variables.standby)",
-                    "message": messages::MIN_EPOCH_STALE,
-                    "reason": "Forbidden",
-                },
-            ],
-        },
-    })
 }

@@ -7,8 +7,12 @@
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{
-    messages, FencePolicyConfig, ParamsRef, StatusFenceField, EPOCH_PATTERN, TOKEN_PATTERN,
+use super::config::{FencePolicyConfig, PolicySet};
+use super::min_epoch::{MinEpoch, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, MIN_EPOCH_SUFFIX, ROLE_KEY};
+use super::status_field::StatusFenceField;
+use super::types::{
+    messages, ParamsRef, PolicyError, EPOCH_PATTERN, SHARD_POLICY_SUFFIX, STATUS_POLICY_SUFFIX,
+    TOKEN_PATTERN,
 };
 use crate::token::MIRROR;
 
@@ -221,4 +225,132 @@ pub(super) fn per_object_policy(
             ],
         },
     })
+}
+
+/// The parameter ConfigMap as generated: `role: active`, `minFailoverEpoch: "0"` (no floor).
+pub(super) fn min_epoch_params(p: &ParamsRef) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": p.name, "namespace": p.namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "data": {MIN_EPOCH_KEY: "0", ROLE_KEY: "active"},
+    })
+}
+
+pub(super) fn min_epoch_policy(config: &FencePolicyConfig, name: &str, m: &MinEpoch) -> Value {
+    let mut rules: Vec<Value> = config
+        .resources
+        .iter()
+        .map(|r| {
+            json!({
+                "apiGroups": [r.group], "apiVersions": ["*"],
+                "resources": [r.plural, format!("{}/status", r.plural)],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+            })
+        })
+        .collect();
+    rules.push(json!({
+        "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
+        "operations": ["CREATE"], "resourceNames": [MIN_EPOCH_PROBE],
+    }));
+    let ids: Vec<String> = m.identities.iter().map(|i| format!("'{i}'")).collect();
+    let annotation = Carrier::Annotation(&config.annotation).read("object");
+    // on a CRD's `/status` the annotation is the stored one: only the status field carries the writer's token
+    let on_status = match &config.status_field {
+        Some(f) => Carrier::Status(f).read("object"),
+        None => annotation.clone(),
+    };
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": rules,
+                "excludeResourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["*"], "resources": ["configmaps"],
+                    "operations": ["*"], "resourceNames": [m.params.name],
+                }],
+            },
+            "variables": [
+                {"name": "probe", "expression": format!("request.resource.group == '' && request.resource.resource == 'configmaps' && request.name == '{MIN_EPOCH_PROBE}'")},
+                {"name": "mine", "expression": format!("variables.probe || request.userInfo.username in [{}]", ids.join(", "))},
+                {"name": "min", "expression": format!("has(params.data) && '{MIN_EPOCH_KEY}' in params.data ? params.data['{MIN_EPOCH_KEY}'] : ''")},
+                {"name": "minOk", "expression": "variables.min.matches('^[0-9]{1,10}$')"},
+                {"name": "standby", "expression": format!("has(params.data) && '{ROLE_KEY}' in params.data && params.data['{ROLE_KEY}'] == 'standby'")},
+                {"name": "fence", "expression": format!("request.operation == 'DELETE' ? '' : (request.subResource == 'status' ? ({on_status}) : ({annotation}))")},
+                {"name": "ok", "expression": format!("variables.fence.matches('{TOKEN_PATTERN}')")},
+                {"name": "f", "expression": failover("fence", "ok")},
+            ],
+            "validations": [
+                {
+                    "expression": "!variables.mine || variables.min == '' || variables.minOk",
+                    "message": messages::MIN_EPOCH_MALFORMED,
+                    "reason": "Invalid",
+                },
+                {
+                    "expression": "!variables.mine || request.operation != 'DELETE' || !variables.standby",
+                    "message": messages::MIN_EPOCH_DELETE,
+                    "reason": "Forbidden",
+                },
+                {
+                    // an unfenced (or malformed) write passes while active, and is refused while standby
+                    "expression": "!variables.mine || request.operation == 'DELETE' || !variables.minOk || (variables.ok ? variables.f >= int(variables.min) : !variables.standby)",
+                    "message": messages::MIN_EPOCH_STALE,
+                    "reason": "Forbidden",
+                },
+            ],
+        },
+    })
+}
+
+impl FencePolicyConfig {
+    /// The policies and their bindings.
+    pub fn generate(&self) -> Result<PolicySet, PolicyError> {
+        self.validate()?;
+        let annotation = Carrier::Annotation(&self.annotation);
+        let mut set = PolicySet {
+            policies: vec![typed(per_object_policy(self, &self.name, annotation))],
+            bindings: vec![typed(binding(&self.name, None))],
+            params: None,
+            min_epoch_params: None,
+        };
+        if let Some(p) = &self.params {
+            let name = format!("{}{SHARD_POLICY_SUFFIX}", self.name);
+            set.policies
+                .push(typed(per_shard_policy(self, &name, p, annotation)));
+            set.bindings.push(typed(binding(&name, Some(p))));
+        }
+        if let Some(field) = &self.status_field {
+            let status = Carrier::Status(field);
+            let name = format!("{}{STATUS_POLICY_SUFFIX}", self.name);
+            set.policies
+                .push(typed(per_object_policy(self, &name, status)));
+            set.bindings.push(typed(binding(&name, None)));
+            if let Some(p) = &self.params {
+                let name = format!("{name}{SHARD_POLICY_SUFFIX}");
+                set.policies
+                    .push(typed(per_shard_policy(self, &name, p, status)));
+                set.bindings.push(typed(binding(&name, Some(p))));
+            }
+        }
+        if let Some(m) = &self.min_epoch {
+            let name = format!("{}{MIN_EPOCH_SUFFIX}", self.name);
+            set.policies.push(typed(min_epoch_policy(self, &name, m)));
+            set.bindings.push(typed(binding(&name, Some(&m.params))));
+            set.min_epoch_params = Some(typed(min_epoch_params(&m.params)));
+        }
+        if let Some(p) = &self.params {
+            set.params = Some(typed(json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": p.name, "namespace": p.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "kube-shard"}},
+            })));
+        }
+        Ok(set)
+    }
 }

@@ -12,7 +12,7 @@ use std::{fmt, str::FromStr};
 
 use serde_json::{Map, Value};
 
-use super::PolicyError;
+use super::types::PolicyError;
 
 /// CEL's reserved words: not usable as a field name in a policy expression without escaping.
 const CEL_RESERVED: &[&str] = &[

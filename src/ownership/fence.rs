@@ -15,9 +15,9 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{
-    admission::Gate,
     clock::Deadline,
-    handle::{Inner, Snapshot},
+    inflight::Gate,
+    inner::{Inner, Snapshot},
     observe::{next_id, FenceEvent, Tracked},
     state::ShardState,
 };

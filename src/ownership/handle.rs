@@ -20,151 +20,14 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, info_span, warn};
 
 use super::{
-    admission::{self, AdmitError, Gate, Permit},
+    admission::{self, AdmitError, Permit},
     clock::{Clock, Deadline, Now},
+    config::OwnershipConfig,
     gates::ShardGates,
+    inflight::Gate,
+    inner::{Hold, Inner, Snapshot},
     state::{Applied, AssignmentView, Event, MemberId, MemberState, ShardState, ShardTransition},
-    OwnershipConfig,
 };
-
-/// An immutable view of the member's ownership at one moment.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub(crate) state: MemberState,
-    /// Per shard: the gate it is admitted (or drained) under now, and the retired gates kept while
-    /// requests admitted under them may still be in flight.
-    gates: BTreeMap<u32, ShardGates<Arc<Gate>>>,
-    pub(crate) renewal: Option<Deadline>,
-    drains: BTreeMap<u32, Deadline>,
-}
-
-impl Snapshot {
-    /// The pure state.
-    #[must_use]
-    pub fn state(&self) -> &MemberState {
-        &self.state
-    }
-
-    /// The gate `shard` is admitted (or drained) under now.
-    pub(crate) fn gate(&self, shard: u32) -> Option<Arc<Gate>> {
-        self.gates.get(&shard)?.current().cloned()
-    }
-
-    /// Whether `gate` is the one `shard` is admitted (or drained) under now, not a retired one.
-    pub(crate) fn is_current_gate(&self, shard: u32, gate: &Arc<Gate>) -> bool {
-        self.gates
-            .get(&shard)
-            .and_then(ShardGates::current)
-            .is_some_and(|g| Arc::ptr_eq(g, gate))
-    }
-
-    /// How many retired gates `shard` still keeps.
-    #[cfg(test)]
-    pub(crate) fn retired_gates(&self, shard: u32) -> usize {
-        self.gates.get(&shard).map_or(0, |g| g.retired().len())
-    }
-
-    pub(crate) fn drain_deadline(&self, shard: u32) -> Option<Deadline> {
-        self.drains.get(&shard).copied()
-    }
-
-    /// The fence deadline of the last renewal (`None`: never renewed, or self-fenced by a takeover).
-    #[must_use]
-    pub fn renewal_deadline(&self) -> Option<Deadline> {
-        self.renewal
-    }
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: OwnershipConfig,
-    pub(crate) clock: Clock,
-    snapshot: ArcSwap<Snapshot>,
-    writer: Mutex<Vec<mpsc::UnboundedSender<ShardTransition>>>,
-    changed: watch::Sender<u64>,
-    /// The read streams registered by the read path (warm and activation need all of them).
-    pub(crate) readers: Arc<super::readers::Readers>,
-    /// The member-wide admission holds, one bit per [`Hold`] (0 = none).
-    hold: std::sync::atomic::AtomicU8,
-    /// Cross-cluster HA: the cluster's term (admission and fences need it), when configured.
-    pub(crate) gate: std::sync::OnceLock<std::sync::Arc<dyn super::term_gate::TermGate>>,
-    /// Where fences and fenced requests report (none by default; see [`super::observe`]).
-    pub(crate) observer: std::sync::OnceLock<Arc<dyn super::observe::FenceObserver>>,
-    /// The failover epoch whose demotion this member has drained (its `ha-drained` ack).
-    gate_drained: Mutex<Option<crate::token::FailoverEpoch>>,
-}
-
-/// Why a member admits nothing although it owns shards. Each cause is its own bit: a gate sets and clears
-/// only its own, so one gate lifting (the legacy leader gone) never clears another's hold (the HA Standby).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Hold {
-    /// Shadow mode: ownership is computed and reported, nothing is admitted.
-    Shadow,
-    /// A legacy leader-election Lease still has a live holder (migration from leader election).
-    LegacyLeader,
-    /// A member of the group writes another report format (another build): the members cannot be
-    /// sure they read each other's acks alike, so nothing is admitted until it is gone.
-    ForeignFormat,
-    /// The installed [`TermGate`](super::TermGate) grants no term (cross-cluster HA: this cluster is
-    /// not the Active one).
-    Term,
-}
-
-impl Hold {
-    /// Strongest first: the reason reported when several bits are set.
-    const ALL: [Hold; 4] = [
-        Hold::Shadow,
-        Hold::ForeignFormat,
-        Hold::Term,
-        Hold::LegacyLeader,
-    ];
-
-    fn bit(self) -> u8 {
-        match self {
-            Hold::Shadow => 1,
-            Hold::LegacyLeader => 2,
-            Hold::ForeignFormat => 4,
-            Hold::Term => 8,
-        }
-    }
-
-    pub(crate) fn reason_text(self) -> &'static str {
-        self.text()
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            Hold::Shadow => "shadow mode",
-            Hold::LegacyLeader => "a legacy leader-election lease has a live holder",
-            Hold::ForeignFormat => "a member of another build (report format) is in the group",
-            Hold::Term => "this cluster is not the active HA cluster",
-        }
-    }
-
-    fn reason(bits: u8) -> Option<&'static str> {
-        Hold::ALL
-            .iter()
-            .find(|h| bits & h.bit() != 0)
-            .map(|h| h.text())
-    }
-}
-
-impl Inner {
-    /// The member-wide admission hold, if any.
-    pub(crate) fn hold_reason(&self) -> Option<&'static str> {
-        Hold::reason(self.hold.load(std::sync::atomic::Ordering::Acquire))
-    }
-
-    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.load_full()
-    }
-
-    /// Whether the last renewal still covers now on both clocks (`false` if never renewed).
-    pub(crate) fn renewal_valid(&self, snap: &Snapshot) -> bool {
-        snap.renewal
-            .is_some_and(|d| !d.remaining(self.clock.now()).is_zero())
-    }
-}
 
 /// The member's ownership: which logical shards it holds in which state, admission, fences, and the stream
 /// of shard transitions (re-enqueue signals).
@@ -201,6 +64,15 @@ impl fmt::Debug for Ownership {
 }
 
 impl Ownership {
+    /// Register a read stream (a sharded watcher): a shard is warm, and activated, only once every
+    /// registered stream reported it.
+    pub(crate) fn register_reader(&self) -> super::readers::ReaderGuard {
+        let me = self.clone();
+        self.inner.readers.register(move |e| {
+            me.apply_event(e);
+        })
+    }
+
     /// A fresh member state: nothing held, self-fenced until the first renewal. Crate-internal: the control
     /// plane owns it.
     pub(crate) fn new(config: OwnershipConfig, me: MemberId, clock: Clock) -> Self {
@@ -304,7 +176,7 @@ impl Ownership {
     /// Every shard transition from now on, in order, never dropped (unbounded: transitions are per shard and
     /// rare). A transition with `admitted` set is a re-enqueue signal: the read path turns it into
     /// `ObjectRef`s for `Controller::reconcile_on` once its store holds that shard's objects, paced and
-    /// jittered with [`jitter`](super::jitter) so a shard's objects do not arrive as one burst.
+    /// jittered with [`jitter`](super::random::jitter) so a shard's objects do not arrive as one burst.
     pub fn transitions(&self) -> Transitions {
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
@@ -626,7 +498,7 @@ impl Ownership {
     /// The time a refused-but-held object should wait before it is retried.
     #[must_use]
     pub fn requeue_delay(&self) -> Duration {
-        super::jitter(self.inner.config.not_admitted_requeue)
+        super::random::jitter(self.inner.config.not_admitted_requeue)
     }
 }
 

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{api::ObjectMeta, runtime::controller::Action};
 
 use super::{
-    admission::Gate,
     clock::Clock,
+    inflight::Gate,
     state::*,
     testing::{self, TestDriver},
     AdmitError, FenceError, Ownership, OwnershipConfig,

@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod clock;
+mod config;
 pub mod fence;
 pub mod fenced_write;
 #[cfg(feature = "test-util")]
@@ -27,6 +28,8 @@ pub mod gates;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod gates;
 pub mod handle;
+mod inflight;
+mod inner;
 pub mod observe;
 #[cfg(feature = "planted-bugs")]
 #[doc(hidden)]
@@ -48,80 +51,14 @@ mod state_tests;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 
-use std::time::Duration;
-
 pub use admission::{AdmitError, Permit};
+pub use config::OwnershipConfig;
 pub use fence::{Fence, FenceError};
-pub use handle::{Hold, Ownership, Snapshot, Transitions};
+pub use handle::{Ownership, Transitions};
+pub use inner::{Hold, Snapshot};
+pub use random::jitter;
 pub use state::{
     Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
     ShardState, ShardTransition,
 };
 pub use term_gate::TermGate;
-
-use crate::{hash::ShardKey, shard::ShardCount};
-
-/// Ownership settings. Defaults as in `docs/control-plane.md`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct OwnershipConfig {
-    /// `S`, the number of logical shards of the group.
-    pub shards: ShardCount,
-    /// The key objects are placed by.
-    pub key: ShardKey,
-    /// A member whose last successful renewal *started* longer ago than this is self-fenced (default 10 s).
-    pub renew_deadline: Duration,
-    /// Fences end this much before the renew deadline (default 1 s): covers clock-rate error and the time
-    /// between the fence check and the request reaching the server.
-    pub fence_margin: Duration,
-    /// How long an Outgoing shard waits for in-flight work before it is released anyway (default 10 s; fences
-    /// issued while Outgoing expire by then).
-    pub drain_timeout: Duration,
-    /// The requeue delay for an object held but not admitted now (default 2 s, jittered ±20 %).
-    pub not_admitted_requeue: Duration,
-}
-
-impl Default for OwnershipConfig {
-    fn default() -> Self {
-        OwnershipConfig {
-            shards: ShardCount::DEFAULT,
-            key: ShardKey::Uid,
-            renew_deadline: Duration::from_secs(10),
-            fence_margin: Duration::from_secs(1),
-            drain_timeout: Duration::from_secs(10),
-            not_admitted_requeue: Duration::from_secs(2),
-        }
-    }
-}
-
-impl OwnershipConfig {
-    /// The defaults for `S` shards placed by `key`.
-    ///
-    /// ```
-    /// use kube_shard::{ownership::OwnershipConfig, ShardCount, ShardKey};
-    /// let c = OwnershipConfig::new(ShardCount::new(16).unwrap(), ShardKey::Namespace);
-    /// assert_eq!(c.renew_deadline.as_secs(), 10);
-    /// ```
-    #[must_use]
-    pub fn new(shards: ShardCount, key: ShardKey) -> Self {
-        OwnershipConfig {
-            shards,
-            key,
-            ..OwnershipConfig::default()
-        }
-    }
-}
-
-/// `d` jittered by up to ±20 %: spreads requeues and re-enqueues of many objects so they do not arrive as one
-/// burst. The read path paces re-enqueue `ObjectRef`s with it.
-///
-/// ```
-/// use std::time::Duration;
-/// let d = kube_shard::ownership::jitter(Duration::from_secs(10));
-/// assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
-/// ```
-#[must_use]
-pub fn jitter(d: Duration) -> Duration {
-    let r = random::next_u64() % 4001; // 0..=4000 → factor 0.8..=1.2
-    d.mul_f64(0.8 + r as f64 / 10_000.0)
-}

@@ -1,4 +1,4 @@
-//! The library's own randomness — [`jitter`](super::jitter), member incarnations, Event names — from one
+//! The library's own randomness — [`jitter`], member incarnations, Event names — from one
 //! per-thread source that a simulator can seed.
 //!
 //! Unseeded (the default) every draw comes from the operating system's randomness (`rand::random`). After
@@ -7,6 +7,7 @@
 //! gets the same incarnations, Event names and jitter on every run. Other threads are unaffected.
 
 use std::cell::Cell;
+use std::time::Duration;
 
 thread_local! {
     static STATE: Cell<Option<u64>> = const { Cell::new(None) };
@@ -47,6 +48,20 @@ pub fn next_u64() -> u64 {
     })
 }
 
+/// `d` jittered by up to ±20 %: spreads requeues and re-enqueues of many objects so they do not arrive as one
+/// burst. The read path paces re-enqueue `ObjectRef`s with it.
+///
+/// ```
+/// use std::time::Duration;
+/// let d = kube_shard::ownership::jitter(Duration::from_secs(10));
+/// assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+/// ```
+#[must_use]
+pub fn jitter(d: Duration) -> Duration {
+    let r = next_u64() % 4001; // 0..=4000 → factor 0.8..=1.2
+    d.mul_f64(0.8 + r as f64 / 10_000.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,9 +100,9 @@ mod tests {
     fn seeded_jitter_repeats() {
         let d = std::time::Duration::from_secs(10);
         seed_thread(9);
-        let a = super::super::jitter(d);
+        let a = super::jitter(d);
         seed_thread(9);
-        assert_eq!(a, super::super::jitter(d));
+        assert_eq!(a, super::jitter(d));
         unseed_thread();
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{state::Event, MoveId, Ownership};
+use super::state::{Event, MoveId};
 
 #[derive(Debug, Default)]
 struct ReaderState {
@@ -27,18 +27,28 @@ struct Inner {
     activated_sent: BTreeSet<(u32, u64)>,
 }
 
-/// The registry, shared by every handle of one member's [`Ownership`].
+/// The registry, shared by every handle of one member's [`Ownership`](super::Ownership).
 #[derive(Debug, Default)]
 pub(crate) struct Readers {
     inner: Mutex<Inner>,
 }
 
+/// Where a reader's reports go: the member's state machine.
+type Apply = Arc<dyn Fn(Event) + Send + Sync>;
+
 /// A registration; dropping it deregisters the reader.
-#[derive(Debug)]
 pub(crate) struct ReaderGuard {
     id: u64,
-    ownership: Ownership,
+    apply: Apply,
     readers: Weak<Readers>,
+}
+
+impl std::fmt::Debug for ReaderGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderGuard")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Readers {
@@ -46,15 +56,18 @@ impl Readers {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Register a reader.
-    pub(crate) fn register(self: &Arc<Self>, ownership: &Ownership) -> ReaderGuard {
+    /// Register a reader whose reports `apply` hands to the member's state machine.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        apply: impl Fn(Event) + Send + Sync + 'static,
+    ) -> ReaderGuard {
         let mut inner = self.lock();
         inner.next += 1;
         let id = inner.next;
         inner.readers.insert(id, ReaderState::default());
         ReaderGuard {
             id,
-            ownership: ownership.clone(),
+            apply: Arc::new(apply),
             readers: Arc::downgrade(self),
         }
     }
@@ -125,7 +138,7 @@ impl ReaderGuard {
                 }
             }
             for event in readers.evaluate() {
-                self.ownership.apply_event(event);
+                (self.apply)(event);
             }
         }
     }
@@ -172,7 +185,7 @@ impl Drop for ReaderGuard {
         if let Some(readers) = self.readers.upgrade() {
             readers.lock().readers.remove(&self.id);
             for event in readers.evaluate() {
-                self.ownership.apply_event(event);
+                (self.apply)(event);
             }
         }
     }

@@ -29,7 +29,8 @@ use kube::Resource;
 use tokio::sync::watch;
 
 use super::depkey::{self, LABEL_MAX_SHARDS};
-use super::index::{Observed, Observer, Placement, RefKey};
+use super::index::{Observed, Observer, Placement};
+use super::types::RefKey;
 use crate::hash::{fnv1a64, ShardKey};
 use crate::ownership::OwnershipConfig;
 use crate::shard::ShardCount;

@@ -18,13 +18,10 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use kube::Resource;
 
-use super::outq::release_idle;
+use super::types::{parse_rv, release_idle, RefKey};
 use crate::hash::ShardKey;
 use crate::range::RangeSet;
 use crate::shard::ShardCount;
-
-/// `(namespace, name)`: what kube's store keys by (within one resource type).
-pub(crate) type RefKey = (Option<String>, String);
 
 /// A [`RefKey`] held once per uid and shared by the index's maps (`entries`, `names`): one copy of the
 /// namespace and name strings per object.
@@ -38,12 +35,6 @@ struct Name {
     uids: Vec<Arc<str>>,
     /// The uid and resourceVersion last emitted for this name, while the consumer holds it.
     emitted: Option<(Arc<str>, Option<u64>)>,
-}
-
-/// A parsed resourceVersion. Kubernetes calls them opaque, but kube-apiserver's are etcd revisions; a
-/// non-numeric one is treated as "unknown" and never wins a comparison against a known one.
-pub(crate) fn parse_rv(rv: Option<&str>) -> Option<u64> {
-    rv.and_then(|s| s.parse().ok())
 }
 
 struct Entry<K> {
@@ -822,7 +813,7 @@ mod tests {
     /// queues, and one copy of each name, shared by its maps.
     #[test]
     fn after_the_initial_sync_queues_are_released_and_names_shared() {
-        use crate::watcher::outq::IDLE_CAPACITY;
+        use crate::watcher::types::IDLE_CAPACITY;
         use std::sync::Mutex;
         let store: Arc<Mutex<BTreeMap<RefKey, ConfigMap>>> = Arc::default();
         let reader = store.clone();

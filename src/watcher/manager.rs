@@ -22,28 +22,21 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::dependent::{ChangedFn, MapShared};
-use super::index::{parse_rv, Index, Observer, Placement, Relist};
+use super::index::{Index, Observer, Placement, Relist};
 use super::mode::{FlipCause, ModeDetector, ReadMode};
 use super::outq::OutQueue;
 use super::plan::{self, Action, SubView};
 use super::request::{ListFrom, Requests};
+use super::stats::Stats;
 use super::subwatch::{self, Start, SubId, SubMsg, SubWatch};
-use super::{Role, Stats};
+use super::types::parse_rv;
+use super::types::{Out, Role};
 use crate::hash::ShardKey;
 use crate::ownership::readers::ReaderGuard;
 use crate::ownership::{Ownership, ShardState, ShardTransition};
 use crate::range::{HashRange, RangeSet};
 use crate::selector::ShardSelector;
 use crate::shard::ShardCount;
-
-/// What the manager hands to the consumer side, in order.
-pub(crate) enum Out<K: Resource> {
-    Event(watcher::Event<K>),
-    /// Re-enqueue these: their shard became admitted and the events before this marker hold them.
-    Reenqueue(Vec<ObjectRef<K>>),
-    /// An informational, rate-limited error item.
-    Error(watcher::Error),
-}
 
 /// A user transform applied to every object before it is indexed.
 pub(crate) type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
@@ -206,7 +199,7 @@ where
         let config = ownership.config().clone();
         let (sub_tx, sub_rx) = mpsc::channel(256);
         let (ctl_tx, ctl_rx) = mpsc::channel(64);
-        let reader = ownership.inner.readers.register(&ownership);
+        let reader = ownership.register_reader();
         Manager {
             client,
             requests: Arc::new(requests),

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{Stats, WatcherStats};
+use super::stats::{Stats, WatcherStats};
 
 /// A prometheus-client [`Collector`] over the [`WatcherStats`] of every watcher it tracks, labelled by
 /// `resource` (the watcher's name, by default its collection URL).

@@ -18,22 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use kube::runtime::watcher::Event;
 use kube::Resource;
 
-use super::index::RefKey;
-use super::manager::Out;
-
-/// Slots a drained queue keeps. A cold start queues one event per object at once (a `DynamicObject`'s
-/// event is about 450 bytes inline), and a `VecDeque` keeps its capacity when it drains: left alone, the
-/// index's output, this queue and the handover list would hold ≈ 1.5 KiB per object held for good, 40 %
-/// on top of the objects themselves (`docs/performance.md`, `read`).
-pub(crate) const IDLE_CAPACITY: usize = 64;
-
-/// Give back what a drained queue holds beyond [`IDLE_CAPACITY`] slots (a no-op while it has items, or
-/// when it never grew past that: a steady trickle of events does not reallocate).
-pub(crate) fn release_idle<T>(queue: &mut VecDeque<T>) {
-    if queue.is_empty() && queue.capacity() > IDLE_CAPACITY {
-        queue.shrink_to(IDLE_CAPACITY);
-    }
-}
+use super::types::{release_idle, Out, RefKey};
 
 /// A FIFO of [`Out`] items that coalesces queued `Apply`/`Delete` events of one name.
 pub(crate) struct OutQueue<K: Resource> {
@@ -112,6 +97,7 @@ impl<K: Resource> OutQueue<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watcher::types::IDLE_CAPACITY;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
     use kube::runtime::reflector::ObjectRef;

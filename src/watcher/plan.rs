@@ -16,8 +16,8 @@
 //!
 //! Pure: no I/O, no async.
 
-use super::index::parse_rv;
 use super::subwatch::{Start, SubId};
+use super::types::parse_rv;
 use crate::hash::ShardKey;
 use crate::range::RangeSet;
 use crate::selector::ShardSelector;

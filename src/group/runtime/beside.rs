@@ -14,36 +14,8 @@
 
 use futures::future::BoxFuture;
 
+use super::answers::{Beside, MemberAnswer, MemberRenewal};
 use super::*;
-
-/// One answered renewal, with what it needs to be applied.
-pub(super) enum Beside {
-    /// Our member Lease.
-    Member(MemberRenewal),
-    /// The coordinator Lease (an acquisition or a renewal of ours).
-    Coordinator(super::election::CoordinatorWrite),
-}
-
-/// The answer to a renewal of our own Lease.
-pub(super) struct MemberRenewal {
-    /// The incarnation that wrote it: an answer for an earlier one is dropped.
-    pub(super) incarnation: String,
-    /// Both clocks, read before the request was sent.
-    pub(super) start: crate::ownership::clock::Now,
-    pub(super) t0: Instant,
-    /// The report the write carried.
-    pub(super) report: String,
-    /// Whether a conflict that is not a takeover may be retried at once.
-    pub(super) retry: bool,
-    pub(super) answer: MemberAnswer,
-}
-
-pub(super) enum MemberAnswer {
-    Written(Lease),
-    /// Someone else wrote our Lease: what a GET read back.
-    Conflict(Result<Option<Lease>, kube::Error>),
-    Failed(kube::Error),
-}
 
 /// A request's answer within `limit`, or a timeout error.
 pub(super) async fn limited<T>(

@@ -2,7 +2,9 @@
 
 use futures::future::BoxFuture;
 
-use super::beside::{limited, Beside};
+use super::answers::Beside;
+use super::answers::{CoordinatorWrite, Written};
+use super::beside::limited;
 use super::*;
 
 impl Runtime {
@@ -242,24 +244,4 @@ impl Runtime {
             })
         })
     }
-}
-
-/// The answer to a write of the coordinator Lease, with what it needs to be applied.
-pub(super) struct CoordinatorWrite {
-    /// The incarnation that wrote it.
-    incarnation: String,
-    what: Written,
-    result: Result<Lease, kube::Error>,
-}
-
-enum Written {
-    /// An acquisition or renewal for `term`, sent at `start` (`now` on our monotonic clock).
-    Elect {
-        term: u64,
-        renewing: bool,
-        start: crate::ownership::clock::Now,
-        now: Instant,
-    },
-    /// The Lease handed back.
-    Release,
 }

@@ -27,40 +27,6 @@ use super::*;
 use crate::group::coordinator::Observed;
 use crate::ownership::{AssignmentView, Handoff};
 
-/// What this coordinator last read (or wrote) of the parameter ConfigMap. Keys only rise, so a cached
-/// value is never above the stored one.
-#[derive(Debug, Default)]
-pub(super) struct Floors {
-    /// shard → published epoch.
-    by_shard: BTreeMap<u32, u64>,
-    /// When read last (on our clock); `None`: never.
-    read_at: Option<Instant>,
-    /// Keys out of reach of any re-grant, alarmed once each: (shard, key).
-    alarmed: BTreeSet<(u32, u64)>,
-    /// The object this pass's repair read, for the publish of the same pass: one read fewer on the path
-    /// to the assignment write. Safe however old: the write is conditional on its resourceVersion.
-    this_pass: Option<Option<ConfigMap>>,
-}
-
-impl Floors {
-    /// What the stored ConfigMap says now, as read: it replaces the cache (an admin may have corrected a
-    /// key this coordinator alarmed about; the library itself never lowers one).
-    fn read(&mut self, data: &BTreeMap<String, String>) {
-        self.by_shard.clear();
-        self.learn(data);
-    }
-
-    /// Keys we just raised.
-    fn learn(&mut self, data: &BTreeMap<String, String>) {
-        for (k, v) in data {
-            if let (Ok(s), Ok(e)) = (k.parse::<u32>(), v.parse::<u64>()) {
-                let f = self.by_shard.entry(s).or_insert(e);
-                *f = (*f).max(e);
-            }
-        }
-    }
-}
-
 /// Pure: the keys to raise so that every shard of `next` has at least its epoch there. A present value
 /// that is not a decimal epoch counts as absent (it is overwritten). Never lowers a key.
 pub(super) fn to_raise(

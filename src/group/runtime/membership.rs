@@ -235,8 +235,8 @@ impl Runtime {
     /// Apply the answer to a renewal of our Lease. A conflict that is not a takeover (the coordinator wrote
     /// an assignment hint into it) is renewed again at once with what we read back, so it costs the
     /// renewal no retry period.
-    pub(super) fn renewal_answered(&mut self, r: super::beside::MemberRenewal) {
-        use super::beside::MemberAnswer;
+    pub(super) fn renewal_answered(&mut self, r: super::answers::MemberRenewal) {
+        use super::answers::MemberAnswer;
         if r.incarnation != *self.me.incarnation || self.own.is_none() {
             // an answer for an incarnation taken over meanwhile, or a Lease we deleted
             return;

@@ -39,11 +39,13 @@ use super::status::{GroupStatus, Health};
 use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
+mod answers;
 mod beside;
 mod channel;
 mod coordination;
 mod election;
 mod fence_params;
+mod floors;
 mod gates;
 mod membership;
 mod observe;
@@ -149,7 +151,7 @@ pub(crate) struct Runtime {
     /// During a relist of the lease watch: the Lease names in it (the others were deleted meanwhile).
     leases_relisted: Option<BTreeSet<String>>,
     /// The fence parameters as last read or written (`fence_params`).
-    fence_floors: fence_params::Floors,
+    fence_floors: floors::Floors,
     /// When the lease watch last delivered anything (a gap in it is a gap in our observations).
     last_lease_event: Option<Instant>,
     /// Incarnations replaced on their Lease by another one of the same name: when their renewal was last
@@ -183,7 +185,7 @@ pub(crate) struct Runtime {
     /// Joining over another incarnation's Lease: the resourceVersion we read, and when we first read it.
     claim_seen: Option<(String, Instant)>,
     /// The renewals in flight, answered beside whatever this task awaits (`beside.rs`).
-    beside: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, beside::Beside>>,
+    beside: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, answers::Beside>>,
     /// A renewal of our Lease is in flight.
     renewal_in_flight: bool,
     /// When the last renewal of our Lease was sent (on our clock).
