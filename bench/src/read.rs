@@ -188,7 +188,7 @@ async fn fixed(server: &TestServer, n: usize) -> Result<Vec<Replica>, BenchError
     for i in 0..n as u32 {
         let ownership = Ownership::new_static(OwnershipConfig::default(), i, n as u32)
             .map_err(|e| BenchError::Library(format!("static mode: {e}")))?;
-        let owned = kube_shard::ownership::static_mode::static_shards(s, i, n as u32)
+        let owned = kube_shard::ownership::static_shards(s, i, n as u32)
             .map_err(|e| BenchError::Library(format!("static mode: {e}")))?;
         let id = format!("static-{i}-read");
         let sharded = ShardedWatcher::new_with(

@@ -9,7 +9,7 @@
 //! `docs/control-plane.md`.
 
 pub mod assignment;
-pub mod config;
+mod config;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod coordinator;
@@ -21,14 +21,14 @@ pub mod planner;
 pub mod report;
 mod runtime;
 mod shard_group;
-pub mod singleton;
-pub mod status;
+mod singleton;
+mod status;
 mod term_gate;
 
-pub use config::{ConfigError, GroupConfig};
+pub use config::{default_member_name, ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};
 pub use runtime::next_stamp;
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
-pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard};
+pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard, TERM_ANNOTATION};
 pub use status::{GroupStatus, Health};

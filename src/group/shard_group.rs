@@ -14,7 +14,7 @@ use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
 use crate::hash::ShardKey;
-use crate::ownership::spawn::Spawner;
+use crate::ownership::Spawner;
 use crate::ownership::{clock::Clock, MemberId, Ownership, OwnershipConfig, TermGate};
 use crate::shard::ShardCount;
 

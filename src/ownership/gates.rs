@@ -3,7 +3,7 @@
 //!
 //! A holding of a shard (Owned, or Outgoing at the epoch it was Owned at) admits under one gate. A re-grant
 //! at a new epoch, a cancel-back or a release *retires* that gate: nothing is admitted under it any more,
-//! and its permits and fences can no longer mint or pass a fence (see [`super::fence`]). Requests sent
+//! and its permits and fences can no longer mint or pass a fence (see [`Fence`](super::Fence)). Requests sent
 //! under it may still be in flight, so the shard keeps it, and every later drain of the shard waits for it
 //! as for its current gate, until nothing is in flight on it and its last fence's validity has passed.
 //!

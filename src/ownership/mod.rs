@@ -5,29 +5,29 @@
 //!
 //! - [`state`]: the pure transition function ([`MemberState::apply`]), driven by assignment views in strictly
 //!   increasing generation and local events. Model-checked (`tests/it/model_*.rs`).
-//! - [`Ownership`] ([`handle`]): the cheap-to-clone handle; arc-swap snapshots, change notifications, the
+//! - [`Ownership`]: the cheap-to-clone handle; arc-swap snapshots, change notifications, the
 //!   [`Transitions`] stream (re-enqueue signals).
 //! - `readers`: the member's registered read streams; a shard is warm (activated) only once every one of
 //!   them synced it (passed its activation barrier).
-//! - [`admission`]: [`Permit`]s, in-flight counts, drains; `gates`: a shard's gates across holdings
-//!   (a drain waits for every one still in flight). [`fence`]: [`Fence`]s checked on both [`clock`]s.
+//! - Admission: [`Permit`]s, in-flight counts, drains; `gates`: a shard's gates across holdings
+//!   (a drain waits for every one still in flight). [`Fence`]s, checked on both [`clock`]s.
 //! - [`reconcile`]: the wrapper for `Controller::run`. [`fenced_write`]: uid/resourceVersion-preconditioned,
-//!   fence-stamped writes. [`static_mode`]: member *i* of *n*, no membership.
+//!   fence-stamped writes. Static mode ([`static_shards`]): member *i* of *n*, no membership.
 //!
 //! The safety contract, what a fence does and does not guarantee, and the assumptions are in
 //! `docs/protocol.md`.
 
-pub mod admission;
+mod admission;
 pub mod clock;
 mod config;
-pub mod fence;
+mod fence;
 pub mod fenced_write;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod gates;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod gates;
-pub mod handle;
+mod handle;
 mod inflight;
 mod inner;
 pub mod observe;
@@ -37,10 +37,10 @@ pub mod planted;
 pub mod random;
 pub(crate) mod readers;
 pub mod reconcile;
-pub mod spawn;
+mod spawn;
 pub mod state;
-pub mod static_mode;
-pub mod term_gate;
+mod static_mode;
+pub(crate) mod term_gate;
 
 #[cfg(test)]
 pub(crate) mod handle_tests;
@@ -57,8 +57,10 @@ pub use fence::{Fence, FenceError};
 pub use handle::{Ownership, Transitions};
 pub use inner::{Hold, Snapshot};
 pub use random::jitter;
+pub use spawn::Spawner;
 pub use state::{
     Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
     ShardState, ShardTransition,
 };
+pub use static_mode::{static_shards, StaticError};
 pub use term_gate::TermGate;

@@ -69,7 +69,7 @@ pub fn static_shards(
 
 impl Ownership {
     /// Static mode: member `index` of `count` owns its block of shards at epoch 0; every fence succeeds.
-    /// Unsafe under reconfiguration (see [`static_mode`](super::static_mode)).
+    /// Unsafe under reconfiguration (see [`static_shards`](super::static_shards)).
     ///
     /// ```
     /// use kube_shard::ownership::{Ownership, OwnershipConfig};

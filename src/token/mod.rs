@@ -3,7 +3,7 @@
 //! [`FENCE_HEADER`] request header (every write, status writes included) and in the [`FENCE_ANNOTATION`]
 //! annotation (main-resource writes). testserver's fence audit reads the same format.
 //!
-//! The failover epoch is the wire integer of [`FailoverEpoch`] (`n·K + rank`, see [`failover`]); a writer
+//! The failover epoch is the wire integer of [`FailoverEpoch`] (`n·K + rank`, see [`FailoverEpoch`]); a writer
 //! without cross-cluster HA stamps `0`. **Order** ([`FenceToken::refusal_over`], what the generated
 //! policies enforce): failover epochs first — lower → refuse, higher → accept whatever the shard part
 //! says; equal → the shard rules (same shard, shard epoch not lower), which `mirror` tokens skip. A
@@ -20,9 +20,9 @@
 
 use std::{fmt, str::FromStr};
 
-pub mod failover;
+mod failover;
 
-pub use failover::{FailoverEpoch, FailoverEpochError};
+pub use failover::{FailoverEpoch, FailoverEpochError, MAX_N, RANKS};
 
 /// The annotation fenced writes stamp on main-resource writes.
 pub const FENCE_ANNOTATION: &str = "kube-shard.io/fence";

@@ -64,7 +64,7 @@
 //! a slot in a B-tree by uid, by name and by shard). The cold start queues one event per object; drained
 //! queues give that capacity back. `docs/performance.md` (`read`) has the heap profile.
 
-pub mod dependent;
+mod dependent;
 pub mod depkey;
 mod index;
 mod manager;
@@ -91,7 +91,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-pub use dependent::{Dependency, DependencyMap, DependentError};
+pub use dependent::{owner_shard, Dependency, DependencyMap, DependentError};
 use manager::{Manager, Settings};
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
@@ -352,7 +352,7 @@ impl<K: Resource> Settings<K> {
             depends: None,
             depends_changed: None,
             dep_observer: None,
-            spawner: crate::ownership::spawn::Spawner::tokio(),
+            spawner: crate::ownership::Spawner::tokio(),
         }
     }
 }
@@ -411,7 +411,7 @@ where
 
     /// Where this watcher starts its tasks (its manager, sub-watches and barrier LISTs); default
     /// `tokio::spawn`. A simulator passes the member's pausable spawner, so pausing the member freezes them.
-    pub fn spawner(mut self, spawner: crate::ownership::spawn::Spawner) -> Self {
+    pub fn spawner(mut self, spawner: crate::ownership::Spawner) -> Self {
         self.settings.spawner = spawner;
         self
     }
@@ -424,7 +424,7 @@ where
 
     /// A **secondary** watcher placed by `dependency` (children by their owner, referenced objects by their
     /// referrers, the shard label): [`Role::Secondary`], and read with the server filter, the shard label
-    /// selector or a full watch filtered locally, as the strategy allows. See [`dependent`].
+    /// selector or a full watch filtered locally, as the strategy allows. See [`Dependency`].
     ///
     /// # Errors
     /// A strategy the group cannot use (see [`DependentError`]).

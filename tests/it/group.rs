@@ -1239,7 +1239,7 @@ async fn singleton_runs_on_one_member_with_a_fencing_term_through_failover_and_l
         Api::namespaced(server.client("admin"), CP_NS);
     let lease = leases.get(&format!("{GROUP}-coordinator")).await.unwrap();
     assert_eq!(
-        lease.metadata.annotations.unwrap()[kube_shard::group::singleton::TERM_ANNOTATION],
+        lease.metadata.annotations.unwrap()[kube_shard::group::TERM_ANNOTATION],
         first_term.to_string()
     );
 

@@ -201,7 +201,7 @@ pub(crate) struct Runtime {
     lease_rx: Feed<Lease>,
     /// What the assignment watch delivered.
     cm_rx: Feed<ConfigMap>,
-    spawner: crate::ownership::spawn::Spawner,
+    spawner: crate::ownership::Spawner,
 }
 
 /// A watch read by a task of its own: each item with its arrival time on our clock (`None`: it ended).
@@ -209,7 +209,7 @@ type Feed<K> = tokio::sync::mpsc::UnboundedReceiver<(Instant, Option<watcher::Re
 
 /// Read `stream` on a task of its own until the receiver is dropped.
 fn feed<K: Send + 'static>(
-    spawner: &crate::ownership::spawn::Spawner,
+    spawner: &crate::ownership::Spawner,
     mut stream: futures::stream::BoxStream<'static, watcher::Result<Event<K>>>,
 ) -> Feed<K> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -263,7 +263,7 @@ impl Runtime {
         health: Health,
         metrics: GroupMetrics,
         leadership: watch::Sender<Option<LeaderTerm>>,
-        spawner: crate::ownership::spawn::Spawner,
+        spawner: crate::ownership::Spawner,
     ) -> Self {
         let now = Instant::now();
         let events = Events::new(
