@@ -43,7 +43,7 @@ pub enum StaticError {
 /// The shards member `index` of `count` owns in static mode.
 ///
 /// ```
-/// use kube_shard::{ownership::static_mode::static_shards, ShardCount};
+/// use kube_shard::{ownership::static_shards, ShardCount};
 /// let s = ShardCount::new(8).unwrap();
 /// assert_eq!(static_shards(s, 1, 4).unwrap().to_string(), "2-3");
 /// ```
