@@ -224,20 +224,7 @@ impl HaHandle {
     /// a lost term). A Standby's reconciler awaits this instead of requeueing. Also resolves when the
     /// current term's deadline passes, since that ends admission without the driver.
     pub async fn await_change(&self) {
-        let mut rx = self.shared.changes.subscribe();
-        let remaining = self.term().map(|_| self.term_remaining());
-        match remaining {
-            Some(d) if !d.is_zero() => {
-                tokio::select! {
-                    biased; // a change first; either ends the wait
-                    _ = rx.changed() => {}
-                    () = tokio::time::sleep(d) => {}
-                }
-            }
-            _ => {
-                let _ = rx.changed().await;
-            }
-        }
+        kube_shard::ownership::TermGate::changed(self).await;
     }
 
     /// The epoch whose term this process's elector leads in the state `demoting` (a planned switchover:
@@ -298,10 +285,6 @@ impl kube_shard::ownership::TermGate for HaHandle {
 
     fn term_remaining(&self) -> Duration {
         HaHandle::term_remaining(self)
-    }
-
-    fn changed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.await_change())
     }
 
     fn term_changes(&self) -> watch::Receiver<u64> {

@@ -27,15 +27,30 @@ pub trait TermGate: Send + Sync + Debug + 'static {
     fn active_epoch(&self) -> Option<FailoverEpoch>;
     /// The time the current term has left (zero without one).
     fn term_remaining(&self) -> Duration;
-    /// Resolves at the next change of the term (granted, ended, another epoch), or when the current
-    /// term's deadline passes.
-    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
     /// A counter that changes with the term (for a task that follows it: it also waits for the term's
     /// deadline, since a term ends then without a change).
     fn term_changes(&self) -> watch::Receiver<u64>;
     /// The epoch whose term the gate asks the member to drain (`None`: no request): nothing more is
     /// admitted under it, and the member acknowledges once everything it admitted has ended.
     fn drain_requests(&self) -> watch::Receiver<Option<FailoverEpoch>>;
+    /// Resolves at the next change of the term (granted, ended, another epoch), or when the current
+    /// term's deadline passes: [`term_changes`](Self::term_changes) and
+    /// [`term_remaining`](Self::term_remaining) read once, now.
+    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let mut rx = self.term_changes();
+        let remaining = self.term_remaining();
+        Box::pin(async move {
+            if remaining.is_zero() {
+                let _ = rx.changed().await;
+            } else {
+                tokio::select! {
+                    biased; // a change first; either ends the wait
+                    _ = rx.changed() => {}
+                    () = tokio::time::sleep(remaining) => {}
+                }
+            }
+        })
+    }
 }
 
 /// A gate a unit test sets by hand: a term at an epoch until a deadline on tokio's clock.
@@ -87,23 +102,6 @@ pub(crate) mod manual {
         fn term_remaining(&self) -> Duration {
             self.live()
                 .map_or(Duration::ZERO, |(_, d)| d - Instant::now())
-        }
-
-        fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-            let mut rx = self.changes.subscribe();
-            let deadline = self.live().map(|(_, d)| d);
-            Box::pin(async move {
-                match deadline {
-                    Some(d) => tokio::select! {
-                        biased; // a change first; either ends the wait
-                        _ = rx.changed() => {}
-                        () = tokio::time::sleep_until(d) => {}
-                    },
-                    None => {
-                        let _ = rx.changed().await;
-                    }
-                }
-            })
         }
 
         fn term_changes(&self) -> watch::Receiver<u64> {

@@ -51,6 +51,7 @@ use std::time::Duration;
 mod error;
 mod freeze;
 
+use crate::checkpoint::edit::edit_checkpoint;
 use crate::checkpoint::{caught_up, parse_hold, position};
 pub use crate::checkpoint::{
     DemotionToken, Kind, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY, USED_TOKENS_KEY,
@@ -565,13 +566,13 @@ pub async fn write_position(
     source: &str,
     rv: u64,
 ) -> Result<(), SwitchError> {
-    edit_checkpoint(client, cfg, |data| {
+    Ok(edit_checkpoint(client, cfg, |data| {
         data.insert(
             kind.to_string(),
             crate::mirror::checkpoint::position_text(source, rv),
         );
     })
-    .await
+    .await?)
 }
 
 /// Settings of [`promote_with_token`].
@@ -1031,17 +1032,6 @@ async fn resolve(k: &Kind, client: &Client) -> Result<(ApiResource, ApiCapabilit
         .into_iter()
         .find(|(r, _)| r.plural == k.plural)
         .ok_or_else(|| SwitchError::Input(format!("{k}: not served")))
-}
-
-/// [`crate::checkpoint::edit::edit_checkpoint`], failing as a switchover step.
-async fn edit_checkpoint(
-    client: &Client,
-    cfg: &HaConfig,
-    f: impl Fn(&mut BTreeMap<String, String>),
-) -> Result<(), SwitchError> {
-    crate::checkpoint::edit::edit_checkpoint(client, cfg, f)
-        .await
-        .map_err(SwitchError::from)
 }
 
 #[cfg(test)]
