@@ -82,6 +82,8 @@ pub mod token;
 pub mod fence_policy;
 mod yaml;
 
+pub mod rt;
+
 pub mod group;
 pub mod ownership;
 pub mod watcher;
@@ -95,6 +97,8 @@ pub use range::{HashRange, RangeError, RangeSet};
 pub use selector::{SelectorError, ShardSelector};
 pub use shard::{ShardCount, ShardError, ShardSet};
 pub use token::{FenceToken, TokenError};
+
+pub use rt::jitter;
 
 pub use group::{
     GroupError, GroupHandle, Leadership, ShardGroup, ShardGroupBuilder, SingletonGuard,

@@ -246,7 +246,7 @@ fn run_on_this_thread(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> 
     let mut rng = Rng::new(seed);
     let faults = faults.unwrap_or_else(|| fault::schedule(&mut rng, &opts.shape()));
     // the library's randomness (incarnations, Event names, jitter) and kube's backoff jitter
-    kube_shard::ownership::random::seed_thread(seed);
+    kube_shard::rt::seed_thread(seed);
     fastrand::seed(seed);
     let planted = crate::plant::switch_on(opts.plant.as_deref());
     let mut builder = tokio::runtime::Builder::new_current_thread();
@@ -266,7 +266,7 @@ fn run_on_this_thread(seed: u64, opts: &Options, faults: Option<Vec<Timed>>) -> 
     };
     drop(rt);
     crate::plant::switch_off(planted);
-    kube_shard::ownership::random::unseed_thread();
+    kube_shard::rt::unseed_thread();
     match run {
         Ok((findings, simulated_ms, checks, mut log, traced)) => {
             let traced = traced.min(log.len());

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::BoxFuture;
-use kube_shard::ownership::Spawner;
+use kube_shard::rt::Spawner;
 
 #[derive(Default)]
 struct State {

@@ -16,7 +16,7 @@ use kube_shard::fence_policy::FencePolicyConfig;
 use kube_shard::group::{GroupHandle, ShardGroup};
 use kube_shard::oracles::fences::FenceRecorder;
 use kube_shard::oracles::quiescence::Reconcile;
-use kube_shard::ownership::clock::Clock;
+use kube_shard::rt::Clock;
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_example_operator as example;

@@ -30,7 +30,7 @@ use kube::runtime::{controller, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::group::Leadership;
 use kube_shard::ownership::reconcile as admission;
-use kube_shard::ownership::Spawner;
+use kube_shard::rt::Spawner;
 use kube_shard::watcher::{Dependency, ReadPathMetrics, WatcherStats};
 use kube_shard::{Fence, Ownership, ShardKey, ShardedWatcher};
 use prometheus_client::metrics::counter::Counter;

@@ -175,7 +175,7 @@ async fn child(
         // it: it waits until the orphan collector (or the cluster's garbage collector) deletes it, then
         // creates its own
         Some(c) if controlled_by_another(&c, m.uid) => {
-            return Ok(Some(Action::requeue(kube_shard::ownership::jitter(
+            return Ok(Some(Action::requeue(kube_shard::jitter(
                 Duration::from_secs(1),
             ))));
         }
@@ -209,7 +209,7 @@ pub(crate) async fn reconcile_widget(
 ) -> Result<Action, ReconcileError> {
     match reconcile_fenced(w, ctx, permit).await {
         Err(ReconcileError::Write(e)) if e.is_fence_refused() => Ok(Action::requeue(
-            kube_shard::ownership::jitter(Duration::from_millis(500)),
+            kube_shard::jitter(Duration::from_millis(500)),
         )),
         other => other,
     }
@@ -272,5 +272,5 @@ pub(crate) fn error_policy(_w: Arc<Widget>, err: &ReconcileError, ctx: Arc<Ctx>)
     } else {
         Duration::from_millis(500)
     };
-    Action::requeue(kube_shard::ownership::jitter(base))
+    Action::requeue(kube_shard::jitter(base))
 }

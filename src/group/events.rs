@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::ownership::clock::Clock;
-use crate::ownership::Spawner;
+use crate::rt::Clock;
+use crate::rt::Spawner;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
@@ -89,7 +89,7 @@ impl Events {
         let name = format!(
             "{}.{:016x}",
             self.involved.name.as_deref().unwrap_or("kube-shard"),
-            crate::ownership::random::next_u64()
+            crate::rt::next_u64()
         );
         let event = Event {
             metadata: ObjectMeta {

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
 
-use crate::ownership::clock::{Clock, Deadline, Now};
+use crate::rt::{Clock, Deadline, Now};
 use crate::ownership::TermGate;
 
 /// The Lease annotation that carries the leader's term.

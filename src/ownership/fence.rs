@@ -15,12 +15,12 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{
-    clock::Deadline,
     inflight::Gate,
     inner::{Inner, Snapshot},
     observe::{next_id, FenceEvent, Tracked},
     state::ShardState,
 };
+use crate::rt::Deadline;
 use crate::token::FenceToken;
 
 /// A fence: `(shard, epoch, valid_until)`. While it lives it counts as an outstanding fenced request, so a

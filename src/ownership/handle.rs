@@ -21,13 +21,13 @@ use tracing::{debug, info, info_span, warn};
 
 use super::{
     admission::{self, AdmitError, Permit},
-    clock::{Clock, Deadline, Now},
     config::OwnershipConfig,
     gates::ShardGates,
     inflight::Gate,
     inner::{Hold, Inner, Snapshot},
     state::{Applied, AssignmentView, Event, MemberId, MemberState, ShardState, ShardTransition},
 };
+use crate::rt::{Clock, Deadline, Now};
 
 /// The member's ownership: which logical shards it holds in which state, admission, fences, and the stream
 /// of shard transitions (re-enqueue signals).
@@ -176,7 +176,7 @@ impl Ownership {
     /// Every shard transition from now on, in order, never dropped (unbounded: transitions are per shard and
     /// rare). A transition with `admitted` set is a re-enqueue signal: the read path turns it into
     /// `ObjectRef`s for `Controller::reconcile_on` once its store holds that shard's objects, paced and
-    /// jittered with [`jitter`](super::random::jitter) so a shard's objects do not arrive as one burst.
+    /// jittered with [`jitter`](crate::rt::jitter) so a shard's objects do not arrive as one burst.
     pub fn transitions(&self) -> Transitions {
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
@@ -498,7 +498,7 @@ impl Ownership {
     /// The time a refused-but-held object should wait before it is retried.
     #[must_use]
     pub fn requeue_delay(&self) -> Duration {
-        super::random::jitter(self.inner.config.not_admitted_requeue)
+        crate::rt::jitter(self.inner.config.not_admitted_requeue)
     }
 }
 

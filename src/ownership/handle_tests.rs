@@ -14,12 +14,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{api::ObjectMeta, runtime::controller::Action};
 
 use super::{
-    clock::Clock,
     inflight::Gate,
     state::*,
     testing::{self, TestDriver},
     AdmitError, FenceError, Ownership, OwnershipConfig,
 };
+use crate::rt::Clock;
 
 fn me() -> MemberId {
     MemberId::new("a", "1")

@@ -10,12 +10,12 @@ use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    clock::{Clock, Deadline},
     config::OwnershipConfig,
     gates::ShardGates,
     inflight::Gate,
     state::{MemberState, ShardTransition},
 };
+use crate::rt::{Clock, Deadline};
 
 /// An immutable view of the member's ownership at one moment.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@
 //! - `readers`: the member's registered read streams; a shard is warm (activated) only once every one of
 //!   them synced it (passed its activation barrier).
 //! - Admission: [`Permit`]s, in-flight counts, drains; `gates`: a shard's gates across holdings
-//!   (a drain waits for every one still in flight). [`Fence`]s, checked on both [`clock`]s.
+//!   (a drain waits for every one still in flight). [`Fence`]s, checked on both clocks of [`Clock`](crate::rt::Clock).
 //! - [`reconcile`]: the wrapper for `Controller::run`. [`fenced_write`]: uid/resourceVersion-preconditioned,
 //!   fence-stamped writes. Static mode ([`static_shards`]): member *i* of *n*, no membership.
 //!
@@ -18,7 +18,6 @@
 //! `docs/protocol.md`.
 
 mod admission;
-pub mod clock;
 mod config;
 mod fence;
 pub mod fenced_write;
@@ -34,10 +33,8 @@ pub mod observe;
 #[cfg(feature = "planted-bugs")]
 #[doc(hidden)]
 pub mod planted;
-pub mod random;
 pub(crate) mod readers;
 pub mod reconcile;
-mod spawn;
 pub mod state;
 mod static_mode;
 pub(crate) mod term_gate;
@@ -56,8 +53,6 @@ pub use config::OwnershipConfig;
 pub use fence::{Fence, FenceError};
 pub use handle::{Ownership, Transitions};
 pub use inner::{Hold, Snapshot};
-pub use random::jitter;
-pub use spawn::Spawner;
 pub use state::{
     Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
     ShardState, ShardTransition,

@@ -20,9 +20,9 @@ use std::{
 };
 
 use super::{
-    clock::{Deadline, Now},
     state::MemberId,
 };
+use crate::rt::{Deadline, Now};
 
 /// Receives [`FenceEvent`]s. See the [module docs](self).
 pub trait FenceObserver: Send + Sync + fmt::Debug {
@@ -105,7 +105,7 @@ pub(crate) fn next_id() -> u64 {
 pub(crate) struct Tracked {
     pub(crate) id: u64,
     pub(crate) observer: Arc<dyn FenceObserver>,
-    pub(crate) clock: super::clock::Clock,
+    pub(crate) clock: crate::rt::Clock,
 }
 
 impl Drop for Tracked {

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use super::{
-    clock::Clock,
     state::{MemberId, MemberState},
     Ownership, OwnershipConfig,
 };
+use crate::rt::Clock;
 use crate::shard::ShardSet;
 
 /// How long static fences last: effectively forever (a fenced write's timeout is capped separately).

@@ -15,10 +15,10 @@
 //! ```
 
 use super::{
-    clock::Clock,
     state::{Applied, AssignmentView, Event, MemberId, MoveId},
     Ownership, OwnershipConfig,
 };
+use crate::rt::Clock;
 
 /// Drives an [`Ownership`] the way the control plane and the read path will.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ impl TestDriver {
     }
 
     /// A renewal that started at `start`.
-    pub fn renew_at(&self, start: super::clock::Now) -> Applied {
+    pub fn renew_at(&self, start: crate::rt::Now) -> Applied {
         self.ownership.record_renewal(start)
     }
 

@@ -17,7 +17,7 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use crate::ownership::Spawner;
+use crate::rt::Spawner;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 

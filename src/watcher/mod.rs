@@ -352,7 +352,7 @@ impl<K: Resource> Settings<K> {
             depends: None,
             depends_changed: None,
             dep_observer: None,
-            spawner: crate::ownership::Spawner::tokio(),
+            spawner: crate::rt::Spawner::tokio(),
         }
     }
 }
@@ -411,7 +411,7 @@ where
 
     /// Where this watcher starts its tasks (its manager, sub-watches and barrier LISTs); default
     /// `tokio::spawn`. A simulator passes the member's pausable spawner, so pausing the member freezes them.
-    pub fn spawner(mut self, spawner: crate::ownership::Spawner) -> Self {
+    pub fn spawner(mut self, spawner: crate::rt::Spawner) -> Self {
         self.settings.spawner = spawner;
         self
     }
@@ -620,7 +620,7 @@ impl Pace {
         if self.tokens >= 1.0 {
             Poll::Ready(())
         } else {
-            let wait = crate::ownership::jitter(Duration::from_millis(100));
+            let wait = crate::rt::jitter(Duration::from_millis(100));
             let mut sleep = Box::pin(tokio::time::sleep(wait));
             if sleep.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(());

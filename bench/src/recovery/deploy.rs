@@ -195,7 +195,7 @@ async fn reconcile_member(
 fn error_policy(_obj: Arc<DynamicObject>, err: &Error, _ctx: Arc<Ctx>) -> Action {
     let quick = matches!(err, Error::Write(e) if e.is_conflict());
     let base = if quick { 200 } else { 500 };
-    Action::requeue(kube_shard::ownership::jitter(Duration::from_millis(base)))
+    Action::requeue(kube_shard::jitter(Duration::from_millis(base)))
 }
 
 /// How every replica of a configuration runs.

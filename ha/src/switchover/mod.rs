@@ -553,7 +553,7 @@ async fn take_token(
         uid: kube_system_uid(client).await?,
         epoch,
         kinds: out,
-        id: format!("{:016x}", kube_shard::ownership::random::next_u64()),
+        id: format!("{:016x}", kube_shard::rt::next_u64()),
     })
 }
 
@@ -729,7 +729,7 @@ pub(crate) async fn request_hold(
     source_epoch: u64,
     wait: Duration,
 ) -> Result<(String, bool), SwitchError> {
-    let id = format!("force-{:016x}", kube_shard::ownership::random::next_u64());
+    let id = format!("force-{:016x}", kube_shard::rt::next_u64());
     let text = format!("e={source_epoch} id={id}");
     edit_checkpoint(local, cfg, |d| {
         d.insert(HOLD_KEY.to_string(), text.clone());

@@ -17,7 +17,7 @@ pub(super) struct MemberRenewal {
     /// The incarnation that wrote it: an answer for an earlier one is dropped.
     pub(super) incarnation: String,
     /// Both clocks, read before the request was sent.
-    pub(super) start: crate::ownership::clock::Now,
+    pub(super) start: crate::rt::Now,
     pub(super) t0: Instant,
     /// The report the write carried.
     pub(super) report: String,
@@ -46,7 +46,7 @@ pub(super) enum Written {
     Elect {
         term: u64,
         renewing: bool,
-        start: crate::ownership::clock::Now,
+        start: crate::rt::Now,
         now: Instant,
     },
     /// The Lease handed back.

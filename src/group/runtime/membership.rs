@@ -203,7 +203,7 @@ impl Runtime {
         }
     }
 
-    pub(super) fn renewed(&mut self, start: crate::ownership::clock::Now, t0: Instant) {
+    pub(super) fn renewed(&mut self, start: crate::rt::Now, t0: Instant) {
         self.ownership.record_renewal(start);
         // a gap: none renewed before, one longer than the renew deadline, or one `missed_renewal` already
         // judged one (it fences at `>= renew_deadline`; a renewal landing exactly on the deadline after it

@@ -201,7 +201,7 @@ pub(crate) struct Runtime {
     lease_rx: Feed<Lease>,
     /// What the assignment watch delivered.
     cm_rx: Feed<ConfigMap>,
-    spawner: crate::ownership::Spawner,
+    spawner: crate::rt::Spawner,
 }
 
 /// A watch read by a task of its own: each item with its arrival time on our clock (`None`: it ended).
@@ -209,7 +209,7 @@ type Feed<K> = tokio::sync::mpsc::UnboundedReceiver<(Instant, Option<watcher::Re
 
 /// Read `stream` on a task of its own until the receiver is dropped.
 fn feed<K: Send + 'static>(
-    spawner: &crate::ownership::Spawner,
+    spawner: &crate::rt::Spawner,
     mut stream: futures::stream::BoxStream<'static, watcher::Result<Event<K>>>,
 ) -> Feed<K> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -263,7 +263,7 @@ impl Runtime {
         health: Health,
         metrics: GroupMetrics,
         leadership: watch::Sender<Option<LeaderTerm>>,
-        spawner: crate::ownership::Spawner,
+        spawner: crate::rt::Spawner,
     ) -> Self {
         let now = Instant::now();
         let events = Events::new(
@@ -350,7 +350,7 @@ impl Runtime {
     }
 
     /// The member's clocks (injectable: `ShardGroupBuilder::clock`).
-    pub(crate) fn clock(&self) -> &crate::ownership::clock::Clock {
+    pub(crate) fn clock(&self) -> &crate::rt::Clock {
         &self.ownership.inner.clock
     }
 
@@ -616,5 +616,5 @@ impl Runtime {
 
 /// A fresh random incarnation.
 pub(crate) fn new_incarnation() -> String {
-    format!("{:016x}", crate::ownership::random::next_u64())
+    format!("{:016x}", crate::rt::next_u64())
 }

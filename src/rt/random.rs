@@ -16,7 +16,7 @@ thread_local! {
 /// Make every later draw on the calling thread deterministic, starting from `seed`.
 ///
 /// ```
-/// use kube_shard::ownership::random;
+/// use kube_shard::rt;
 /// random::seed_thread(7);
 /// let a = (random::next_u64(), random::next_u64());
 /// random::seed_thread(7);
@@ -53,7 +53,7 @@ pub fn next_u64() -> u64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// let d = kube_shard::ownership::jitter(Duration::from_secs(10));
+/// let d = kube_shard::jitter(Duration::from_secs(10));
 /// assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
 /// ```
 #[must_use]

@@ -99,7 +99,7 @@ impl Clock {
     ///
     /// ```
     /// use std::{sync::{Arc, atomic::{AtomicU64, Ordering}}, time::Duration};
-    /// use kube_shard::ownership::clock::Clock;
+    /// use kube_shard::rt::Clock;
     /// let ms = Arc::new(AtomicU64::new(0));
     /// let m = ms.clone();
     /// let clock = Clock::with_boot(move || Duration::from_millis(m.load(Ordering::SeqCst)));
@@ -122,7 +122,7 @@ impl Clock {
     ///
     /// ```
     /// use std::time::{Duration, UNIX_EPOCH};
-    /// use kube_shard::ownership::clock::Clock;
+    /// use kube_shard::rt::Clock;
     /// let clock = Clock::system().with_wall(|| UNIX_EPOCH + Duration::from_secs(1_000));
     /// assert_eq!(clock.wall(), UNIX_EPOCH + Duration::from_secs(1_000));
     /// ```

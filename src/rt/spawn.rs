@@ -44,7 +44,7 @@ impl Spawner {
     ///
     /// ```
     /// use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
-    /// use kube_shard::ownership::Spawner;
+    /// use kube_shard::rt::Spawner;
     /// let started = Arc::new(AtomicUsize::new(0));
     /// let n = started.clone();
     /// let spawner = Spawner::new(move |task| {
