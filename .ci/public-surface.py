@@ -7,9 +7,9 @@ A measurement, not a CI gate. Build the JSON with the installed nightly, then ru
         -- -Z unstable-options --output-format json
     python3 .ci/public-surface.py target/doc/kube_shard.json [--list]
 
-Walks every module reachable from the crate root through public items and re-exports. A module counts once
-per path it is reachable at (the root counts); a type (struct, enum, union, trait, type alias) counts once,
-however many paths re-export it. Items of other crates re-exported here are not counted.
+Walks every module reachable from the crate root through public items and re-exports. A module (the root
+included) and a type (struct, enum, union, trait, type alias) each count once, however many paths re-export
+it; `--list` shows each at its first path. Items of other crates re-exported here are not counted.
 """
 import json
 import sys
@@ -27,13 +27,13 @@ def kind_of(item):
 def walk(doc):
     index = doc["index"]
     root = str(doc["root"])
-    modules, types, seen = [], {}, set()
+    modules, types, seen = {}, {}, set()
 
     def visit_module(mid, path):
         if (mid, path) in seen:
             return
         seen.add((mid, path))
-        modules.append(path)
+        modules.setdefault(mid, path)
         for cid in index[mid]["inner"]["module"]["items"]:
             visit(str(cid), path, None)
 
@@ -68,7 +68,7 @@ def walk(doc):
             types.setdefault(iid, f"{path}::{name}")
 
     visit_module(root, index[root]["name"])
-    return modules, sorted(types.values())
+    return list(modules.values()), sorted(types.values())
 
 
 def main():

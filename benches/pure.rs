@@ -93,8 +93,8 @@ fn ranges(c: &mut Criterion) {
 }
 
 fn planner(c: &mut Criterion) {
-    use kube_shard::group::planner::{Member, PlanInput};
     use kube_shard::ownership::MemberId;
+    use kube_shard::testing::planner::{Member, PlanInput};
 
     let s = ShardCount::new(4096).unwrap();
     let ids: Vec<MemberId> = (0..=128)

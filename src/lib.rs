@@ -1,54 +1,29 @@
 //! # kube-shard
 //!
-//! Active-active sharding for [kube-rs](https://kube.rs) operators. Instead of one leader doing all the
-//! work while standbys idle, every replica reconciles its own share of the objects: stable logical shards
-//! of the 64-bit FNV-1a hash space, owned under a live assignment that moves safely when replicas join,
-//! leave, pause or die, and read through Kubernetes KEP-5866 server-side `shardSelector` list/watch (with
-//! a local hash filter whenever the server does not filter).
+//! Active-active sharding for [kube-rs](https://kube.rs) operators: every replica reconciles its own share of
+//! the objects, by logical shards of the FNV-1a hash space, read through KEP-5866 `shardSelector` list/watch.
 //!
 //! ## Start here
-//!
-//! A replica joins a shard group, reads only the objects of its shards, and reconciles each one only while
-//! it owns it:
-//!
-//! - [`ShardGroup::builder`] → [`ShardGroupBuilder`] → [`ShardGroup::start`] → [`GroupHandle`]: membership,
-//!   the live assignment, drain-before-activate handoff, failure takeover, status and health.
-//! - [`watcher()`], [`metadata_watcher()`], [`reflector()`]: drop-ins for `kube_runtime`'s, driving the
-//!   KEP-5866 `shardSelector` (or a local filter) for the member's [`Ownership`]; [`ShardedWatcher`] for
-//!   re-enqueues and secondary caches.
-//! - [`ownership::reconcile::wrap`] / [`wrap_fenced`](ownership::reconcile::wrap_fenced): the reconcile
-//!   wrapper for `Controller::run`, admitting by ownership ([`Permit`], [`AdmitError`]); [`Fence`] and
-//!   [`FencedApi`]: writes a deposed owner can no longer make ([`FenceError`]).
+//! - [`ShardGroup::builder`] → [`ShardGroupBuilder`] → [`ShardGroup::start`] → [`GroupHandle`]: join a group.
+//! - [`watcher()`], [`metadata_watcher()`], [`reflector()`], [`ShardedWatcher`]: read only the member's shards.
+//! - [`reconcile::wrap`], [`wrap_fenced`](reconcile::wrap_fenced): admit by ownership ([`Permit`], [`AdmitError`]).
+//! - [`Fence`], [`FencedApi`]: writes a deposed owner can no longer make ([`FenceError`]).
 //! - [`Leadership`] / [`SingletonGuard`]: work that runs once per group.
-//!
-//! Cross-cluster Active/Standby is the `kube-shard-ha` crate, attached to a group through
-//! [`ShardGroupBuilder::term_gate`].
+//! - [`ShardGroupBuilder::term_gate`]: attach cross-cluster Active/Standby (the `kube-shard-ha` crate).
 //!
 //! ## Layers
-//!
-//! The data flows down this list; the repository's `docs/` explain each (`docs/architecture.md` is the map,
-//! `docs/protocol.md` the ownership and handoff rules, `docs/control-plane.md` the group, `docs/read-path.md`
-//! the watchers):
-//!
-//! - [`hash`]: FNV-1a 64 exactly as kube-apiserver computes it, and [`hash::ShardKey`] (`uid` or
-//!   `namespace`) extraction from any object.
+//! Data flows down this list; the first five are pure. `docs/architecture.md` maps each to its doc.
+//! - [`hash`]: FNV-1a 64 exactly as kube-apiserver computes it; [`hash::ShardKey`] (`uid` or `namespace`).
 //! - [`range`]: hash ranges `[start, end)` up to 2^64 and normalised range sets.
-//! - [`shard`]: `S` logical shards, `shard_of`, `range_of`, and minimal range sets of shard sets.
-//! - [`selector`]: the KEP-5866 selector in the server's canonical form, and a strict parser that refuses
-//!   everything the server refuses (so we never send a selector that earns an HTTP 500).
+//! - [`shard`]: `S` logical shards, `shard_of`, `range_of`, minimal range sets of shard sets.
+//! - [`selector`]: the KEP-5866 selector in canonical form, and a parser as strict as the server.
 //! - [`token`]: the `"<failover-epoch>:<shard>/<epoch>"` fence token fenced writes carry.
-//!
-//! Everything listed so far is pure: no I/O, no async.
-//!
-//! - [`fence_policy`]: the ValidatingAdmissionPolicies with which the API server itself refuses stale
-//!   fence tokens.
-//! - [`ownership`]: the per-member ownership state machine (pure core, model-checked), permits and fences
-//!   on two clocks, re-enqueue signals, the reconcile wrapper, fenced writes, static mode, the term gate.
-//! - [`watcher`](mod@watcher): the sharded read path: server-side or local filtering, the activation barrier,
-//!   re-enqueues, dependent (secondary) caches.
-//! - [`group`]: the shard-group control plane: membership Leases, the coordinator and its pure planner
-//!   (movement first, contiguity as the tie-break, weights, pins, succession), handoff and takeover, the
-//!   singleton leadership.
+//! - [`fence_policy`]: admission policies with which the API server itself refuses stale fence tokens.
+//! - [`rt`]: what every layer runs on: the clock (runtime, boot, wall), the spawner, seedable randomness.
+//! - [`ownership`]: the per-member state machine, permits, fences, the reconcile wrapper, fenced writes.
+//! - [`watcher`](mod@watcher): the sharded read path, the activation barrier, re-enqueues, secondary caches.
+//! - [`group`]: the control plane: membership, coordinator, planner, handoff, takeover, singleton work.
+//! - `testing` (feature `test-util`, unstable): oracles, drivers, fault points, the engines for tests.
 //!
 //! ```
 //! use kube_shard::{hash::{fnv1a64, ShardKey}, selector::ShardSelector, shard::{ShardCount, ShardSet}};
@@ -73,6 +48,18 @@
     unreachable_pub
 )]
 
+/// Whether the core fault point `$fault` (`testing::faults`) is planted on this thread: always `false`, and
+/// compiled away, without `test-util`.
+macro_rules! planted {
+    ($fault:ident) => {{
+        #[cfg(any(test, feature = "test-util"))]
+        let on = $crate::testing::faults::on($crate::testing::faults::$fault);
+        #[cfg(not(any(test, feature = "test-util")))]
+        let on = false;
+        on
+    }};
+}
+
 pub mod hash;
 pub mod range;
 pub mod selector;
@@ -90,7 +77,10 @@ pub mod watcher;
 
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-pub mod oracles;
+pub mod testing;
+
+#[cfg(test)]
+mod model_check;
 
 pub use hash::{fnv1a64, KeyError, ShardKey};
 pub use range::{HashRange, RangeError, RangeSet};
@@ -104,6 +94,8 @@ pub use group::{
     GroupError, GroupHandle, Leadership, ShardGroup, ShardGroupBuilder, SingletonGuard,
 };
 pub use ownership::fenced_write::FencedApi;
+#[doc(inline)]
+pub use ownership::{fenced_write, reconcile};
 pub use ownership::{AdmitError, Fence, FenceError, Ownership, OwnershipConfig, Permit};
 pub use watcher::{
     dependent_reflector, dependent_watcher, metadata_watcher, reflector, watcher, ShardedWatcher,

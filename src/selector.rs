@@ -1,17 +1,11 @@
 //! KEP-5866 shard selectors: `shardRange(object.metadata.uid, '0x…', '0x…') || …`.
 //!
-//! [`ShardSelector`]'s `Display` renders **only** the server's canonical form: comma and space between
-//! arguments, ` || ` between terms, single-quoted bounds of `0x` and exactly 16 lowercase hex digits
-//! (`0x10000000000000000`, i.e. 2^64, only as an end bound), terms in range order. The server echoes that
-//! form in `metadata.shardInfo.selector`, so what we send compares equal to what comes back.
+//! [`ShardSelector`]'s `Display` renders **only** the server's canonical form, which the server echoes in
+//! `metadata.shardInfo.selector`. [`FromStr`] accepts that form and its whitespace variants, and rejects
+//! everything kube-apiserver rejects (with HTTP 500, which a retrying watcher would hot-loop on), with one
+//! [`SelectorError`] variant per server rule; valid CEL we never send gets [`SelectorError::NotAccepted`].
 //!
-//! [`FromStr`] accepts the canonical form and its whitespace variants, keeps the terms in the order given
-//! (as the server echoes them), and rejects everything kube-apiserver rejects (it answers those with HTTP 500,
-//! which a retrying watcher would hot-loop on), with one [`SelectorError`] variant per server rule. The
-//! server's CEL lexer also accepts forms we never send and choose not to parse (comments, escape sequences,
-//! double, triple or raw quoting, parentheses); those get [`SelectorError::NotAccepted`], which says so.
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/selectors.md#selector-grammar`.
 
 use std::{fmt, str::FromStr};
 

@@ -16,8 +16,8 @@
 
 use std::collections::BTreeMap;
 
-use kube_shard::group::planner::{Member, PlanInput};
 use kube_shard::ownership::MemberId;
+use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSelector};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

@@ -14,9 +14,11 @@
 use std::time::Instant;
 
 use kube_shard::group::assignment::Assignment;
-use kube_shard::group::planner::{Member, PlanInput};
+use kube_shard::group::assignment::{AssignmentView, Handoff, ShardAssignment};
+use kube_shard::group::report::Ack;
 use kube_shard::group::report::MemberReport;
-use kube_shard::ownership::{Ack, AssignmentView, Handoff, MemberId, ShardAssignment};
+use kube_shard::ownership::MemberId;
+use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{ShardCount, ShardKey, ShardSet};
 use serde_json::json;
 

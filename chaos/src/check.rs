@@ -8,10 +8,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
-use kube_shard::oracles::history::{AssignmentVersion, LeaseVersion, OwnershipHistory};
-use kube_shard::oracles::quiescence::{FencedCommit, ObjectState};
-use kube_shard::oracles::{fences, history, quiescence};
 use kube_shard::ownership::ShardState;
+use kube_shard::testing::oracles::history::{AssignmentVersion, LeaseVersion, OwnershipHistory};
+use kube_shard::testing::oracles::quiescence::{FencedCommit, ObjectState};
+use kube_shard::testing::oracles::{fences, history, quiescence};
 use kube_shard::token::FENCE_ANNOTATION;
 use kube_shard::ShardKey;
 use kube_shard_testserver::{Commit, ResourceFilter, TestServer};
@@ -168,8 +168,8 @@ pub fn owned_by(w: &World) -> BTreeMap<u32, Vec<String>> {
     let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for i in w.live() {
         let m = &w.members[i];
-        let snap = m.handle.ownership().snapshot();
-        for (s, st) in snap.state().shards() {
+        let state = kube_shard::testing::member_state(&m.handle.ownership());
+        for (s, st) in state.shards() {
             if matches!(st, ShardState::Owned { .. }) {
                 out.entry(s).or_default().push(m.name.clone());
             }

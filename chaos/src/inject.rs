@@ -7,8 +7,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
+use kube_shard::group::assignment::Handoff;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::ownership::{Handoff, ShardState};
+use kube_shard::ownership::ShardState;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_example_operator::widget::{Widget, WidgetSpec, PLURAL};
 use kube_shard_testserver::{FailRule, GateSkew, Scope, Target, Verb};
@@ -507,7 +508,7 @@ async fn applied_by_live(w: &World, stored: u64) -> Option<(String, u64)> {
 fn uncovered(w: &World) -> Vec<u32> {
     let mut owned = std::collections::BTreeSet::new();
     for m in w.members.iter().filter(|m| m.alive() && !m.foreign) {
-        for (s, st) in m.handle.ownership().snapshot().state().shards() {
+        for (s, st) in kube_shard::testing::member_state(&m.handle.ownership()).shards() {
             if matches!(st, ShardState::Owned { .. }) {
                 owned.insert(s);
             }

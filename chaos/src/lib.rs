@@ -136,14 +136,8 @@ pub fn shrink(opts: &Options, failing: &Outcome, budget: usize) -> Outcome {
 #[must_use]
 pub fn replay_command(o: &Outcome, opts: &Options, faults: bool) -> String {
     let mut cmd = format!(
-        "cargo run -p kube-shard-chaos --release{} -- --seeds 1 --seed-start {} --members {}",
-        if opts.plant.is_some() {
-            " --features planted-bugs"
-        } else {
-            ""
-        },
-        o.seed,
-        opts.members
+        "cargo run -p kube-shard-chaos --release -- --seeds 1 --seed-start {} --members {}",
+        o.seed, opts.members
     );
     if let Some(p) = &opts.plant {
         cmd.push_str(&format!(" --plant {p}"));

@@ -35,7 +35,7 @@ struct Args {
     /// Replay this fault list (JSON, as printed for a failing seed) instead of the seed's own.
     #[arg(long)]
     faults: Option<String>,
-    /// Switch on a planted bug (needs `--features planted-bugs`).
+    /// Plant one of the library's fault points (`kube_shard::testing::faults`).
     #[arg(long)]
     plant: Option<String>,
     /// Re-runs allowed to shrink each failing seed's fault list (0: no shrinking).
@@ -79,7 +79,7 @@ fn main() {
     if let Some(p) = &args.plant {
         let names = kube_shard_chaos::plant::names();
         if !names.contains(&p.as_str()) {
-            eprintln!("chaos: no planted bug {p:?} in this build (available: {names:?}; build with --features planted-bugs)");
+            eprintln!("chaos: no fault point {p:?} (available: {names:?})");
             std::process::exit(2);
         }
     }

@@ -1,59 +1,28 @@
-//! Switching the library's planted bugs on for one seed (feature `planted-bugs`).
+//! Planting one of the library's fault points for one seed (`--plant NAME`).
 
-/// Switch `name` on for the calling thread; returns what to switch off afterwards.
+use kube_shard::testing::faults::{self, Fault};
+
+/// Plant `name` on the calling thread; returns what to lift afterwards.
 ///
 /// # Panics
-/// When `name` is not a planted bug, or the crate was built without `planted-bugs`.
-#[cfg(feature = "planted-bugs")]
-pub fn switch_on(name: Option<&str>) -> Option<kube_shard::ownership::planted::Bug> {
-    use kube_shard::ownership::planted::{set, Bug};
+/// When `name` is not a fault point of the core.
+pub fn switch_on(name: Option<&str>) -> Option<Fault> {
     let name = name?;
-    let bug = Bug::ALL
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, b)| *b)
-        .unwrap_or_else(|| panic!("no planted bug {name:?}"));
-    set(bug, true);
-    Some(bug)
+    let fault = faults::by_name(&faults::CORE, name)
+        .unwrap_or_else(|| panic!("no fault point {name:?}; known: {:?}", names()));
+    faults::set(fault, true);
+    Some(fault)
 }
 
-/// Switch it off again.
-#[cfg(feature = "planted-bugs")]
-pub fn switch_off(bug: Option<kube_shard::ownership::planted::Bug>) {
-    if let Some(b) = bug {
-        kube_shard::ownership::planted::set(b, false);
+/// Lift it again.
+pub fn switch_off(fault: Option<Fault>) {
+    if let Some(f) = fault {
+        faults::set(f, false);
     }
 }
 
-/// Without the feature there is nothing to plant.
-///
-/// # Panics
-/// When a bug is asked for.
-#[cfg(not(feature = "planted-bugs"))]
-pub fn switch_on(name: Option<&str>) -> Option<()> {
-    assert!(
-        name.is_none(),
-        "--plant needs the planted-bugs feature (cargo run -p kube-shard-chaos --features planted-bugs)"
-    );
-    None
-}
-
-/// Without the feature there is nothing to switch off.
-#[cfg(not(feature = "planted-bugs"))]
-pub fn switch_off(_: Option<()>) {}
-
-/// The names of the bugs that can be planted.
+/// The names of the fault points that can be planted.
 #[must_use]
 pub fn names() -> Vec<&'static str> {
-    #[cfg(feature = "planted-bugs")]
-    {
-        kube_shard::ownership::planted::Bug::ALL
-            .iter()
-            .map(|(n, _)| *n)
-            .collect()
-    }
-    #[cfg(not(feature = "planted-bugs"))]
-    {
-        Vec::new()
-    }
+    faults::CORE.iter().map(|f| f.name()).collect()
 }

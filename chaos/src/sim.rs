@@ -29,7 +29,7 @@ pub struct Options {
     pub max_faults: usize,
     /// After the faults: the bound within which the group must settle.
     pub settle: Duration,
-    /// The planted bug to switch on (feature `planted-bugs`).
+    /// The fault point to plant (`kube_shard::testing::faults`).
     pub plant: Option<String>,
     /// Draw only these fault kinds (`fault::KINDS`); empty: every kind.
     pub kinds: &'static [&'static str],
@@ -480,11 +480,11 @@ fn log_debug(w: &World) {
                         .iter()
                         .map(|(s, e)| {
                             let h = match &e.handoff {
-                                kube_shard::ownership::Handoff::Stable => String::new(),
-                                kube_shard::ownership::Handoff::Moving { id, to } => {
+                                kube_shard::group::assignment::Handoff::Stable => String::new(),
+                                kube_shard::group::assignment::Handoff::Moving { id, to } => {
                                     format!(" moving#{id}->{to}")
                                 }
-                                kube_shard::ownership::Handoff::Draining { id, to } => {
+                                kube_shard::group::assignment::Handoff::Draining { id, to } => {
                                     format!(" draining#{id}->{to}")
                                 }
                                 other => format!(" {other:?}"),

@@ -14,9 +14,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::fence_policy::FencePolicyConfig;
 use kube_shard::group::{GroupHandle, ShardGroup};
-use kube_shard::oracles::fences::FenceRecorder;
-use kube_shard::oracles::quiescence::Reconcile;
 use kube_shard::rt::Clock;
+use kube_shard::testing::oracles::fences::FenceRecorder;
+use kube_shard::testing::oracles::quiescence::Reconcile;
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_example_operator as example;
@@ -275,7 +275,7 @@ impl World {
             .expect("the simulator's group config is valid");
         let (handle, task) = group.start();
         let ownership = handle.ownership();
-        ownership.observe_fences(self.fences.clone());
+        kube_shard::testing::observe_fences(&ownership, self.fences.clone());
         let config = example::Config::new(name)
             .watch_namespace(Some(NS.to_owned()))
             .concurrency(1)

@@ -44,8 +44,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DynamicObject, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use kube_shard::group::planner::{Member, PlanInput};
 use kube_shard::ownership::{MemberId, Ownership, OwnershipConfig};
+use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::watcher::ReadMode;
 use kube_shard::{
     fnv1a64, HashRange, RangeSet, ShardCount, ShardKey, ShardSelector, ShardedWatcher,

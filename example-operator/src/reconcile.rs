@@ -80,7 +80,7 @@ async fn fenced<T>(
     let sent = (tokio::time::Instant::now(), std::time::SystemTime::now());
     // the incarnation the fence was issued to: a rejoin revokes every fence of the old one, so a write
     // that passes its fence check was sent by this incarnation
-    let member = ctx.ownership.snapshot().state().me().to_string();
+    let member = ctx.ownership.member().to_string();
     match write.await {
         Ok(v) => {
             ctx.metrics.writes.inc();

@@ -52,7 +52,7 @@ pub struct Attach {
     clock: LocalClock,
     metrics: HaMetrics,
     #[cfg(feature = "test-util")]
-    flaws: crate::elector::Flaws,
+    faults: crate::faults::Faults,
 }
 
 impl std::fmt::Debug for Attach {
@@ -72,7 +72,7 @@ impl Attach {
             clock: tokio_clock(),
             metrics: HaMetrics::default(),
             #[cfg(feature = "test-util")]
-            flaws: crate::elector::Flaws::default(),
+            faults: crate::faults::Faults::none(),
         }
     }
 
@@ -89,11 +89,11 @@ impl Attach {
         self
     }
 
-    /// The elector with deliberately broken rules, so a test can show its checker catches each (feature
-    /// `test-util`).
+    /// The elector with fault points planted ([`crate::faults`]), so a test can show its checker catches
+    /// each (feature `test-util`).
     #[cfg(feature = "test-util")]
-    pub fn flaws(mut self, flaws: crate::elector::Flaws) -> Self {
-        self.flaws = flaws;
+    pub fn faults(mut self, faults: crate::faults::Faults) -> Self {
+        self.faults = faults;
         self
     }
 
@@ -104,12 +104,12 @@ impl Attach {
             return (builder, None);
         }
         #[cfg(feature = "test-util")]
-        let (handle, control, task) = crate::driver::spawn_with_flaws(
+        let (handle, control, task) = crate::driver::spawn_with_faults(
             &self.config,
             self.clients,
             self.clock,
             self.metrics,
-            self.flaws,
+            self.faults,
         );
         #[cfg(not(feature = "test-util"))]
         let (handle, control, task) =

@@ -196,17 +196,17 @@ pub fn spawn(
     spawn_elector(cfg, clients, clock, metrics, |e| e)
 }
 
-/// [`spawn`] with deliberately broken elector rules, so a test can show its checker catches each
-/// (feature `test-util`).
+/// [`spawn`] with fault points planted in the elector ([`crate::faults`]), so a test can show its checker
+/// catches each (feature `test-util`).
 #[cfg(any(test, feature = "test-util"))]
-pub fn spawn_with_flaws(
+pub fn spawn_with_faults(
     cfg: &HaConfig,
     clients: HaClients,
     clock: LocalClock,
     metrics: HaMetrics,
-    flaws: crate::elector::Flaws,
+    faults: crate::faults::Faults,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
-    spawn_elector(cfg, clients, clock, metrics, move |e| e.with_flaws(flaws))
+    spawn_elector(cfg, clients, clock, metrics, move |e| e.with_faults(faults))
 }
 
 fn spawn_elector(

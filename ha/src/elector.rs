@@ -1,40 +1,13 @@
-//! The cluster elector as a pure step function (no I/O, no clock): HA.md "The elector", checked by the
-//! stateright model `tests/it/model_ha.rs`, which drives this very code.
+//! The cluster elector as a pure step function (no I/O, no clock), driven by the I/O driver and by the
+//! stateright model `ha/tests/it/model.rs`, which runs this very code.
 //!
-//! The caller (the I/O driver, or the model) asks [`Elector::poll`] for the requests to send now, sends each
-//! with a timeout, and feeds every answer back with [`Elector::on_answer`]. Times are readings of the
-//! caller's *local monotonic clock* (a `Duration` since any fixed origin); the elector never sees another
-//! machine's clock (`renewTime` is never read).
+//! The caller asks [`Elector::poll`] for the requests to send now, sends each with a timeout, and feeds
+//! every answer back with [`Elector::on_answer`]. Times are readings of the caller's local monotonic
+//! clock; the elector never sees another machine's clock (`renewTime` is never read).
+//! [`Elector::is_active`] is true only inside the term; without a witness, only
+//! [`Elector::force_promote`] starts a candidacy.
 //!
-//! # The rules
-//! - **Slots**: the own cluster's HA Lease, the peer's, and (witness mode) the witness Lease. The leader
-//!   writes `<me>/<epoch>` into each by conditional writes; everyone reads all of them every retry period.
-//! - **Hold**: a slot is held while my last successful write of it *started* less than `renew_deadline`
-//!   ago, and nothing since showed another record in it.
-//! - **Term**: without a witness, the own Lease held; with one, the own Lease held and the peer's or the
-//!   witness held. [`Elector::is_active`] is true only inside the term, at an epoch no higher one is known
-//!   above, with no alarm, and (no witness) after the peer's Lease was read.
-//! - **Takeover**: a write over another record carries the resourceVersion whose unchanged observation
-//!   started the wait; the wait is `max(own lease_duration, published renew_deadline + request timeout) +
-//!   grace` from the *receipt* of the first read that showed that version.
-//! - **Conflict**: re-read; renew with the new version only if it still names me at my epoch, else step
-//!   down at once. **Missing**: unknown, not free; created (never updated) only after it was seen missing
-//!   for `lease_duration + grace`; a holder stops counting it at the 404. **Undecodable**: stop admitting,
-//!   alarm, never overwrite.
-//! - **Order** (witness mode): a candidate writes the witness first (that write *is* the promotion), its own
-//!   Lease only while it holds the witness, the peer's only while it holds its own; a leader renews the
-//!   witness and the peer's only while it holds its own. Without a witness the own Lease is first.
-//! - **Step-down**: on a higher epoch in the own Lease or the witness (without a witness: also the peer's;
-//!   with one a record the witness does not confirm is a candidacy and ignored), on a conflict whose re-read
-//!   does not name me at an epoch not below mine (a lower one is a deposed writer's late commit), and after
-//!   `lease_duration` as leader without a term.
-//! - **Start**: `--ha-mode` matters only while every Lease is missing (bootstrap). A restarted process
-//!   resumes only on the Leases: with a witness when the witness names it at the highest epoch seen, without
-//!   one when its own Lease does and the peer's was read and shows nothing higher. Otherwise Standby; an
-//!   unreadable peer at start is an alarm, and a human decides ([`Elector::force_promote`]).
-//! - **Candidacy**: with a witness, automatic once the witness and the own Lease are both stale (and the
-//!   caller's lag gate allows); without one only by [`Elector::force_promote`], which needs the Standby
-//!   *armed* (the peer's Lease stale or unreadable for the full wait) and never shortens a wait.
+//! See `docs/ha.md#the-rules-what-the-code-does` for the rules it follows.
 
 use std::time::Duration;
 
@@ -284,29 +257,6 @@ pub enum HaRole {
     },
 }
 
-/// Deliberately broken rules, so the model can show it catches each (feature `test-util`).
-#[cfg(any(test, feature = "test-util"))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Flaws {
-    /// Date a takeover wait from the first observation of the Lease, not of the version written over (a
-    /// precondition from a later read than the one that started the wait).
-    pub precondition_from_later_read: bool,
-    /// Create a missing Lease at once.
-    pub create_missing_at_once: bool,
-    /// Wait only this process's own `lease_duration` (+ grace) before a takeover, ignoring the timings
-    /// the holder published (a holder with a longer `renew_deadline` still holds).
-    pub ignore_published_timings: bool,
-    /// Leave the renewals to another member of the cluster and read the Leases instead, counting a read
-    /// that shows this cluster's record at the led epoch as a renewal dated at the read's receipt: a
-    /// member trusting a term someone else's renewal (or an old, unchanged version) gave it, instead of
-    /// dating it from its own writes.
-    pub hold_from_reads: bool,
-    /// Judge records by cluster id alone, ignoring the writer's identity (two clusters given one id each
-    /// take the other's record for their own term).
-    pub ignore_identity: bool,
-}
-
 /// The elector's fixed settings.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -411,8 +361,9 @@ pub struct Elector {
     /// The identity the peer cluster published (its cluster id, and its `kube-system` uid and rank):
     /// a Standby writes no record, so this is how the Active sees the Standby's settings.
     peer_identity: Option<(String, Origin)>,
+    /// Fault points planted in this elector (tests only).
     #[cfg(any(test, feature = "test-util"))]
-    flaws: Flaws,
+    faults: crate::faults::Faults,
 }
 
 impl Elector {
@@ -435,26 +386,16 @@ impl Elector {
             lapsed_at: None,
             peer_identity: None,
             #[cfg(any(test, feature = "test-util"))]
-            flaws: Flaws::default(),
+            faults: crate::faults::Faults::none(),
         }
     }
 
-    /// The same elector with deliberately broken rules (model tests only).
+    /// The same elector with fault points planted ([`crate::faults`]; tests only).
     #[cfg(any(test, feature = "test-util"))]
     #[must_use]
-    pub fn with_flaws(mut self, flaws: Flaws) -> Self {
-        self.flaws = flaws;
+    pub fn with_faults(mut self, faults: crate::faults::Faults) -> Self {
+        self.faults = faults;
         self
-    }
-
-    #[cfg(any(test, feature = "test-util"))]
-    fn flaws(&self) -> Flaws {
-        self.flaws
-    }
-
-    #[cfg(not(any(test, feature = "test-util")))]
-    fn flaws(&self) -> FlawsOff {
-        FlawsOff::default()
     }
 
     /// The settings.
@@ -539,7 +480,7 @@ impl Elector {
     /// What the identity `(cluster, o)` of another writer says of our configuration (see
     /// [`Elector::misconfigured`]).
     fn conflicts(&self, cluster: &str, o: &Origin, slot: Slot) -> Option<Alarm> {
-        if self.flaws().ignore_identity {
+        if planted!(self, IGNORE_IDENTITY) {
             return None;
         }
         let uid = self.cfg.uid.as_ref()?;
@@ -634,7 +575,7 @@ impl Elector {
     fn names_us(&self, r: &Record) -> bool {
         r.cluster == self.cfg.cluster
             && match (&r.origin, &self.cfg.uid) {
-                (Some(o), Some(uid)) => o.uid == *uid || self.flaws().ignore_identity,
+                (Some(o), Some(uid)) => o.uid == *uid || planted!(self, IGNORE_IDENTITY),
                 _ => true,
             }
     }
@@ -646,7 +587,7 @@ impl Elector {
     /// The wait before taking over a version of `record` (`None`: missing or undecodable).
     fn wait(&self, record: Option<&Record>) -> Duration {
         let t = &self.cfg.timings;
-        if self.flaws().ignore_published_timings {
+        if planted!(self, IGNORE_PUBLISHED_TIMINGS) {
             return t.lease_duration + t.grace;
         }
         let published = record.map_or(Duration::ZERO, |r| {
@@ -667,7 +608,7 @@ impl Elector {
                 ..
             } => now >= *since + self.wait(Some(r)),
             Seen::Missing { since } => {
-                self.flaws().create_missing_at_once || now >= *since + self.wait(None)
+                planted!(self, CREATE_MISSING_AT_ONCE) || now >= *since + self.wait(None)
             }
             _ => false,
         }
@@ -940,7 +881,7 @@ impl Elector {
         now: Duration,
         out: &mut Vec<Transition>,
     ) {
-        let keep_since = self.flaws().precondition_from_later_read;
+        let keep_since = planted!(self, PRECONDITION_FROM_LATER_READ);
         let v = self.view_mut(slot);
         v.last_ok = Some(now);
         let recheck = std::mem::take(&mut v.recheck);
@@ -964,7 +905,7 @@ impl Elector {
             let mine = self.is_mine(&r, epoch);
             if mine {
                 self.adopt(&r);
-                if self.flaws().hold_from_reads {
+                if planted!(self, HOLD_FROM_READS) {
                     self.view_mut(slot).held_from = Some(now);
                 }
             } else {
@@ -1218,7 +1159,7 @@ impl Elector {
                 rv,
                 record: Some(r),
                 ..
-            } if self.is_mine(r, epoch) && self.flaws().hold_from_reads => Decision::Read,
+            } if self.is_mine(r, epoch) && planted!(self, HOLD_FROM_READS) => Decision::Read,
             Seen::Present {
                 rv,
                 record: Some(r),
@@ -1262,17 +1203,5 @@ enum Decision {
     Read,
 }
 
-/// Without `test-util` every flaw is off, and the compiler folds the checks away.
-#[cfg(not(any(test, feature = "test-util")))]
-#[derive(Clone, Copy, Default)]
-struct FlawsOff {
-    precondition_from_later_read: bool,
-    create_missing_at_once: bool,
-    ignore_published_timings: bool,
-    hold_from_reads: bool,
-    ignore_identity: bool,
-}
-
 #[cfg(test)]
-#[path = "elector_heal_tests.rs"]
 mod heal_tests;

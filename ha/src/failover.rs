@@ -69,9 +69,6 @@ pub struct ForceOptions {
     pub hold_wait: Duration,
     /// The promotion checks' cross-checks and overrides (the checks always run).
     pub checks: PromotionChecks,
-    /// PLANTED BUG for the tests: no hold of the mirror before the candidacy.
-    #[doc(hidden)]
-    pub planted_no_hold: bool,
 }
 
 impl ForceOptions {
@@ -82,7 +79,6 @@ impl ForceOptions {
             timeout,
             hold_wait: Duration::from_secs(10),
             checks: PromotionChecks::default(),
-            planted_no_hold: false,
         }
     }
 
@@ -121,7 +117,7 @@ async fn forced_checks(
     for k in &checked.kinds {
         progress(&k.loss(&m.source_cluster));
     }
-    Ok((!opts.planted_no_hold).then_some(opts.hold_wait))
+    Ok((!planted!(NO_MIRROR_HOLD)).then_some(opts.hold_wait))
 }
 
 /// [`force_promote`] with [`ForceOptions`]. First the promotion checks ([`check_promotion`]: the mirror

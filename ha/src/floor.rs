@@ -1,21 +1,13 @@
 //! The epoch floor: the highest failover epoch that survives outside the HA Leases, read once before the
-//! elector starts so that every epoch this process takes is above it ([`ElectorConfig::floor`]).
+//! elector starts so that every epoch this process takes is above it
+//! ([`ElectorConfig::floor`](super::ElectorConfig::floor)).
 //!
-//! When the Leases are lost (the operator reinstalled, the HA namespace recreated) a bootstrap would
-//! start again at n = 1, below the fence stamps on every object and below the minimum-epoch parameter,
-//! and the fence policies would refuse every write of the new Active. The floor is the maximum of:
+//! Sources: the minimum-epoch parameter and the checkpoint's `was-active` mark in each cluster, and the
+//! fence stamps on up to [`STAMP_SAMPLE`] objects per kind of
+//! [`HaConfigBuilder::stamped_kinds`](super::HaConfigBuilder::stamped_kinds) in both clusters. A source
+//! that cannot be read is skipped with a warning: a missed stamp costs liveness, never safety.
 //!
-//! - the minimum-epoch parameter (`minFailoverEpoch`) in each cluster it can read;
-//! - the mirror checkpoint's `was-active` mark in each cluster;
-//! - the fence stamps (`<epoch>:…`, copies `<epoch>:mirror`) on the objects of the kinds named with
-//!   [`HaConfigBuilder::stamped_kinds`](super::HaConfigBuilder::stamped_kinds), in this cluster and the
-//!   peer (at most [`STAMP_SAMPLE`] objects per kind and cluster).
-//!
-//! A source that cannot be read is skipped with a warning: a missed stamp costs liveness only (the
-//! policies refuse that object's writes, and the refusal names it), never safety (two Actives never share
-//! an epoch: ranks differ).
-//!
-//! [`ElectorConfig::floor`]: super::ElectorConfig::floor
+//! See `docs/ha.md#epochs-never-go-back`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,41 +1,34 @@
 //! # kube-shard-ha
 //!
-//! Cross-cluster Active/Standby for [`kube_shard`] operators (HA.md): one cluster's operator acts, the
-//! other stands by mirroring its resources, and a witness cluster may decide promotions automatically.
-//! A shard group gets it with [`attach()`]: the member's elector becomes the group's term gate
-//! ([`kube_shard::ownership::TermGate`]), so admission and fences need this cluster's term.
+//! Cross-cluster Active/Standby for [`kube_shard`] operators: one cluster's operator acts, the other
+//! stands by and mirrors its resources, and an optional witness cluster lets the Standby promote itself.
+//! [`attach()`] makes a shard group's admission and fences need this cluster's term (the group's
+//! [`kube_shard::ownership::TermGate`]). See `docs/ha.md`.
 //!
-//! - [`attach()`]: HA for a shard group ([`Attach`] for options), and what it returns ([`GroupHa`]).
-//!
-//! - [`epoch`]: the failover epoch (n, rank), one integer on the wire: the core's [`kube_shard::token::FailoverEpoch`].
-//! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
-//! - [`record`]: the HA Lease codec (`<cluster-id>/<epoch>`, published timings).
-//! - [`elector`]: the pure elector step (no I/O), model-checked by `tests/it/model_ha.rs`.
-//!
-//! Everything above is pure.
-//!
-//! - [`driver`]: the I/O driver on `kube::Api<Lease>` ([`spawn`]), its [`HaControl`] commands and
-//!   [`HaStatus`].
-//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `permit`, `await_change`; with
-//!   `require_adoption`, a new epoch admits only once `adopted`): the seam a
-//!   shard group's HA gate will consult.
-//! - [`permit`]: [`HaPermit`] ([`HaHandle::permit`]), what a reconcile without a shard group writes
-//!   under: checked before each write, it fails once the term it was taken in has ended.
-//! - [`metrics`]: [`HaMetrics`]. `events`: Kubernetes Events on the HA Lease.
+//! - [`adoption`]: at promotion, the mirror's copies become the new Active's own objects.
+//! - [`attach`](mod@attach): HA for a shard group ([`Attach`] for options; returns [`GroupHa`]).
 //! - [`check`]: `kshard ha check`, both sides' settings compared in one table.
-//! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
+//! - [`checkpoint`]: the checkpoint ConfigMap's protocol (covered kinds, demotion token, positions).
+//! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
+//! - [`driver`]: the elector's I/O loop ([`spawn`]), its [`HaControl`] commands and [`HaStatus`].
+//! - [`duty`]: mirror, adoption and failback as one duty of an operator process.
+//! - [`elector`] (pure): the elector step, model-checked by `ha/tests/it/model.rs`.
+//! - [`epoch`] (pure): the failover epoch (n, rank), one integer on the wire ([`FailoverEpoch`]).
+//! - `events` (private): the Kubernetes Events posted on the HA Lease ([`reason`]).
+//! - [`failback`]: a returning old Active's objects become copies of the new Active's again.
+//! - [`failover`]: the engine of `kshard ha promote --force`.
 //! - [`floor`]: the highest epoch surviving outside the Leases, read before the elector starts.
-//! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on the old Active's cluster.
-//! - [`checkpoint`] (pure): the checkpoint ConfigMap's protocol, shared by the mirror and the switchover:
-//!   covered kinds, the demotion token, keys, positions ([`checkpoint::edit`] writes it).
+//! - [`handle`]: [`HaHandle`], the admission guard (`is_active`, `admit`, `permit`, `await_change`).
+//! - [`identity`]: each side's published identity (`<name>-ha-identity`), compared by the electors.
+//! - [`metrics`]: [`HaMetrics`], the elector's Prometheus metrics.
+//! - [`min_epoch`]: the minimum-failover-epoch parameter a promotion sets on both clusters.
 //! - [`mirror`]: the Standby's copy of the Active's mirrored kinds.
-//! - The HA phases, each on the checkpoint and the mirror: [`promotion`] (the checks every promotion
-//!   path runs), [`adoption`] (the copies become the new Active's own), [`failback`] (a returning Active's
-//!   objects become copies again), and [`duty`] (what an operator process runs: mirror, adoption,
-//!   failback).
-//! - [`status`]: the engine of `kshard ha status`; [`failover`]: of `kshard ha promote --force`.
-//! - [`switchover`]: planned switchover: `kshard ha demote` (the mark, the members' `ha-drained` acks,
-//!   the freeze, the demotion token), `promote --token` (the token table), `demote --cancel`.
+//! - [`permit`]: [`HaPermit`], what a reconcile without a shard group writes under.
+//! - [`promotion`]: the checks every promotion path runs before it writes.
+//! - [`record`] (pure): the HA Lease codec (`<cluster-id>/<epoch>`, published timings, state).
+//! - [`status`]: the engine of `kshard ha status`.
+//! - [`switchover`]: planned switchover (`kshard ha demote`, `promote --token`, `demote --cancel`).
+//! - `faults` and `overlap` (feature `test-util`): fault points for tests, and the overlap checker.
 
 #![forbid(unsafe_code)]
 #![warn(
@@ -44,6 +37,25 @@
     rust_2018_idioms,
     unreachable_pub
 )]
+
+/// Whether the HA fault point `$fault` (`faults`) is planted: on the calling thread, or (with an
+/// instance) in that instance's `faults` set. Always `false`, and compiled away, without `test-util`.
+macro_rules! planted {
+    ($fault:ident) => {{
+        #[cfg(any(test, feature = "test-util"))]
+        let on = kube_shard::testing::faults::on($crate::faults::$fault);
+        #[cfg(not(any(test, feature = "test-util")))]
+        let on = false;
+        on
+    }};
+    ($instance:expr, $fault:ident) => {{
+        #[cfg(any(test, feature = "test-util"))]
+        let on = $instance.faults.on($crate::faults::$fault);
+        #[cfg(not(any(test, feature = "test-util")))]
+        let on = false;
+        on
+    }};
+}
 
 pub mod adoption;
 pub mod attach;
@@ -71,11 +83,14 @@ pub mod switchover;
 
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod faults;
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod overlap;
 
 pub use attach::{attach, Attach, GroupHa};
 #[cfg(any(test, feature = "test-util"))]
-pub use driver::spawn_with_flaws;
+pub use driver::spawn_with_faults;
 pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
 pub use handle::{HaHandle, LocalClock, NotActive};

@@ -19,7 +19,7 @@ use kube::{
 use tracing::{info_span, Instrument};
 
 use super::{config::HaConfig, epoch::FailoverEpoch};
-use kube_shard::fence_policy::{messages, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, ROLE_KEY};
+use kube_shard::fence_policy::{MinEpoch, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, ROLE_KEY};
 use kube_shard::token::{FenceToken, FENCE_ANNOTATION};
 
 /// The role the parameter records.
@@ -280,7 +280,7 @@ async fn wait_refused(
     let t0 = tokio::time::Instant::now();
     loop {
         let last = match api.create(&dry, &probe).await {
-            Err(kube::Error::Api(s)) if s.message.contains(messages::MIN_EPOCH_STALE) => {
+            Err(kube::Error::Api(s)) if MinEpoch::refused_below_minimum(&s.message) => {
                 return Ok(())
             }
             Err(e) => e.to_string(),

@@ -1,17 +1,11 @@
-//! The HA permit: what a reconcile writes under without a shard group (HA.md contract 1: a permit records
-//! the failover epoch of its term, and is good only while that term is still held at that epoch).
+//! The HA permit: what a reconcile writes under without a shard group (HA.md contract 1).
 //!
-//! [`HaHandle::admit`] answers whether to reconcile *now*; it says nothing about a write made 20 s later,
-//! after the term ended and the other cluster was promoted. An [`HaPermit`] is taken once at the top of a
-//! reconcile and checked at each write: [`HaPermit::check`] fails once the term it was taken in has ended
-//! (its deadline on the handle's local clock passed, a step-down, a new epoch, or a lapse even if the same
-//! epoch was regained), and [`HaPermit::send`] checks, then cuts the request at the term's end.
+//! [`HaHandle::admit`] answers whether to reconcile *now*; an [`HaPermit`], taken once at the top of a
+//! reconcile, guards each write: [`HaPermit::check`] fails for good once the term it was taken in has
+//! ended, and [`HaPermit::send`] checks, then cuts the request at the term's end. A request the server
+//! commits after the client gave up is safe only if the server finishes it within the request timeout.
 //!
-//! What it does not do: it cannot stop a request the server commits after the client gave up. The
-//! elector's wait before a promotion covers `renew_deadline + request_timeout` (docs/ha.md
-//! "Assumptions"), so a request cut at the term's end must also be one the server finishes within the
-//! request timeout. Writes on the Active's own cluster can be fenced by the server too (the
-//! minimum-epoch parameter, docs/ha.md "Fenced by the server").
+//! See `docs/ha.md#using-it` ("Why a permit, not `admit()`").
 
 use std::fmt;
 use std::future::Future;

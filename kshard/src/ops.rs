@@ -14,9 +14,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ListParams;
 use kube::{Api, Client};
+use kube_shard::group::assignment::Handoff;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
-use kube_shard::ownership::Handoff;
 use kube_shard::{ShardCount, ShardKey, ShardSet};
 use serde::Serialize;
 

@@ -37,6 +37,13 @@ impl MinEpoch {
         MinEpoch { params, identities }
     }
 
+    /// Whether an API server's refusal `message` is this policy's: a write below the cluster's minimum
+    /// failover epoch (what a promotion checks with a dry-run write before it opens admission).
+    #[must_use]
+    pub fn refused_below_minimum(message: &str) -> bool {
+        message.contains(super::messages::MIN_EPOCH_STALE)
+    }
+
     pub(super) fn validate(&self) -> Result<(), PolicyError> {
         if self.identities.is_empty() {
             return Err(PolicyError::Identity(String::new()));

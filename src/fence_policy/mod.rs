@@ -1,52 +1,14 @@
 //! Fences enforced by the apiserver itself: a generator of `ValidatingAdmissionPolicy` objects (CEL, GA since
 //! Kubernetes 1.30, no webhook server) that refuse the writes a deposed owner may still send.
 //!
-//! **Per object**: on an UPDATE of a main resource the policy compares the fence token in
-//! the annotation ([`FENCE_ANNOTATION`](crate::token::FENCE_ANNOTATION) by default, `"<failover-epoch>:<shard>/<epoch>"`, see
-//! [`crate::token`]) with the one on the stored object (`oldObject`). Failover epochs first: a **lower** one
-//! is refused, a **higher** one accepted whatever the shard part says. When they are equal and neither token
-//! is a mirror's (`<f>:mirror`), the shard rules: the write is refused when
+//! - **Per object**: an UPDATE is refused when its fence token ([`crate::token`]) is behind the stored
+//!   object's, names another shard, is malformed, or was removed.
+//! - **Status field** ([`FencePolicyConfig::status_field`]): the same rules on a CRD's `/status` writes.
+//! - **Per shard** ([`FencePolicyConfig::params`]): a write below its shard's current epoch, which the
+//!   coordinator publishes ([`crate::group::ShardGroupBuilder::fence_params`]), is refused.
+//! - **Minimum failover epoch** ([`FencePolicyConfig::min_epoch`]): the HA floor, probed by [`MIN_EPOCH_PROBE`].
 //!
-//! - its shard epoch is **lower** than the stored one (so committed fence tokens on one object never go
-//!   back, with no assumption about clients' clocks or pauses, also for writes that carry no
-//!   resourceVersion), or
-//! - its shard **differs** from the stored token's shard.
-//!
-//! Whatever the epochs, it is refused when it **removes** the fence, or when the new token is **malformed or
-//! oversized** (failover epoch more than 10 digits, shard more than 9, epoch more than 18: every `int()` in
-//! the policy is guarded by `matches()`, so a bad token is refused with a clear message, never with a CEL
-//! runtime error). A failover epoch is never compared with a shard epoch.
-//!
-//! An object without a fence, or whose stored token is malformed, may be stamped by any writer: a wrong shard
-//! on a first stamp is the audit's job (Kubernetes CEL has no hash function to check it against the uid).
-//! DELETEs carry no token and are not checked. `/status` UPDATEs are matched too: a built-in kind's status
-//! write may change annotations (checked on kube-apiserver 1.36: a Deployment's `/status` patch set a lower
-//! fence), while a CRD's status write copies the stored metadata, so its annotation compares equal and
-//! passes.
-//!
-//! **Status-field fences** ([`FencePolicyConfig::status_field`], e.g. `.status.kubeShardFence`): for CRD
-//! `/status` writes, [`FencedApi`](crate::ownership::fenced_write::FencedApi) stamps the token into a status
-//! field the user's CRD schema declares, and further policies on `<plural>/status` compare it with the same
-//! rules (per object; per shard with [`FencePolicyConfig::params`]). Built-in kinds' `/status` is not covered
-//! by them (their status has no such field).
-//!
-//! **Per shard** ([`FencePolicyConfig::params`]): a second policy, bound with `paramRef` to a ConfigMap in
-//! which the coordinator publishes each shard's current epoch (`data["<shard>"]`, see
-//! [`crate::group::ShardGroupBuilder::fence_params`]), refuses a fenced CREATE or main-resource UPDATE whose
-//! shard epoch is lower than its shard's: a deposed owner's late write is refused even on an object the new
-//! owner never wrote. The floors are shard epochs of the group in this cluster and are compared only with
-//! shard epochs (whatever the token's failover epoch); mirror tokens have no floor. Malformed tokens are
-//! left to the per-object policy; the parameter ConfigMap itself is excluded (`excludeResourceRules`),
-//! since a `Deny` binding refuses every covered write while it is missing.
-//!
-//! **Minimum failover epoch** ([`FencePolicyConfig::min_epoch`], HA.md "Fenced by the server"): a policy
-//! bound to a parameter ConfigMap holding `minFailoverEpoch` and `role` (`active` or `standby`) refuses the
-//! operator identities' creates and updates whose token's failover epoch is below the minimum (an unfenced
-//! one too while `standby`), and all their deletes while `standby`. A promotion sets it on the old Active's
-//! cluster (`kube_shard_ha::min_epoch`) and waits until a probe write (a dry-run create of the ConfigMap
-//! [`MIN_EPOCH_PROBE`], which the policy judges whoever sends it) is refused.
-//!
-//! Pure: no I/O. The policy objects are returned typed (ready for [`kube::Api::create`]) and as YAML.
+//! Pure: the objects are returned typed (for [`kube::Api::create`]) and as YAML. See `docs/fence-policy.md`.
 //!
 //! ```
 //! use kube_shard::fence_policy::{FencePolicyConfig, PolicyResource};
@@ -66,8 +28,9 @@ mod types;
 pub use config::{FencePolicyConfig, PolicySet};
 pub use min_epoch::{MinEpoch, MIN_EPOCH_KEY, MIN_EPOCH_PROBE, MIN_EPOCH_SUFFIX, ROLE_KEY};
 pub use status_field::StatusFenceField;
+pub(crate) use types::messages;
 pub use types::{
-    messages, ParamsRef, PolicyError, PolicyResource, DEFAULT_POLICY_NAME, EPOCH_PATTERN,
+    ParamsRef, PolicyError, PolicyResource, DEFAULT_POLICY_NAME, EPOCH_PATTERN,
     SHARD_POLICY_SUFFIX, STATUS_POLICY_SUFFIX, TOKEN_PATTERN,
 };
 

@@ -16,7 +16,8 @@ pub const TOKEN_PATTERN: &str =
 /// The refusal messages of the per-object policy (the apiserver prefixes them with
 /// `<plural>.<group> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied
 /// request: `).
-pub mod messages {
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod messages {
     /// Every refusal message of the fence policy contains this (how
     /// [`is_fence_refused`](crate::ownership::fenced_write::Error::is_fence_refused) recognises them).
     pub const MARK: &str = "kube-shard fence";

@@ -1,7 +1,7 @@
 //! The assignment ConfigMap: a versioned, range-encoded record of who owns which shard.
 //!
 //! One ConfigMap per group (`<group>-assignment`), written only by the coordinator and only with a
-//! resourceVersion precondition. Its data key `assignment` holds JSON:
+//! resourceVersion precondition. Its data key `assignment` holds JSON (`drained` is omitted while empty):
 //!
 //! ```json
 //! {"format":1,"shards":256,"key":"uid","generation":1764460800123,"nextMoveId":18,
@@ -11,21 +11,18 @@
 //!  "pins":{"5":"pod-1"},"paused":false,"drained":["pod-2"]}
 //! ```
 //!
-//! `drained` (written by `kshard drain`) is omitted while empty, so an assignment without drained members
-//! stays readable by builds that predate the field.
+//! Decoding is strict: an `S` or key other than the group's is [`AssignmentError::Mismatch`], every other
+//! broken rule an error naming it, never a panic. Pure: no I/O, no async.
 //!
-//! `S` and the key are immutable for a group: a decoded assignment whose `S` or key differs from the
-//! group's is refused loudly ([`AssignmentError::Mismatch`]). Decoding is strict: every rule broken is an
-//! error naming it, never a panic, and the caller keeps its last good view.
-//!
-//! Pure: no I/O, no async.
+//! See `docs/control-plane.md#objects-in-the-groups-namespace`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::hash::ShardKey;
-use crate::ownership::{AssignmentView, Handoff, MemberId, MoveId, ShardAssignment};
+pub use crate::ownership::state::{AssignmentView, Handoff, ShardAssignment};
+use crate::ownership::{MemberId, MoveId};
 use crate::shard::{ShardCount, ShardSet};
 
 /// The data key of the ConfigMap that holds the JSON.

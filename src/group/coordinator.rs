@@ -1,29 +1,13 @@
 //! The coordinator's decision step: from the current assignment and what it observes of the members, the
 //! next assignment and the takeovers to attempt.
 //!
-//! Every transition is justified by a fact that cannot be revoked (`docs/protocol.md`): an ack for this
-//! move id in the member's own Lease, or a successful takeover write. The leader Lease only decides who
-//! computes; two coordinators at once are harmless, because the assignment is written with a
-//! resourceVersion precondition.
+//! Every transition is justified by a fact that cannot be revoked: an ack for this move id in the member's
+//! own Lease, or a successful takeover write. Two coordinators at once are harmless: the assignment is
+//! written with a resourceVersion precondition. Pure: no I/O, no async, no clocks (ages are passed in).
+//! Its I/O pass is `runtime/coordinator_pass.rs`; the models (`src/model_check`) step it directly, other
+//! crates through `testing::coordinator`.
 //!
-//! | shard | observed | next |
-//! |---|---|---|
-//! | `Moving(m → B)` | B acked `warm(s, m)` | `Draining(m → B)` |
-//! | `Moving(m → B)` | B gone, not live, or the move timed out | cancel before release: `Stable` (owner keeps its epoch) |
-//! | `Draining(m → B)` | owner acked `released(s, m)`, B live | `Owned(B, epoch = generation)` |
-//! | `Draining(m → B)` | owner acked `released(s, m)`, B not live | cancel after release: `Owned(owner, epoch = generation)` |
-//! | `Draining(m → B)` | B not live, no release seen | cancel: `Owned(owner, epoch = generation)` — a release may have happened unseen, so always a new epoch |
-//! | `Draining(m → B)` | no release within `drain_stall_timeout` | cancel: `Owned(owner, epoch = generation)` |
-//! | any, owner live | the owner reports the entry's epoch stale: it holds the shard higher, or released it (a rolled-back assignment) | `Owned(owner, epoch = generation)`, generation above the owner's seen generation |
-//! | any | owner taken over | `Owned(B or planner's choice, epoch = generation)` |
-//! | unowned | planning allowed | `Owned(planner's choice, epoch = generation)` |
-//! | `Stable` | planner moves it, under the move bound | `Moving(new id → target)` |
-//!
-//! Pure: no I/O, no async, no clocks (ages are passed in).
-//!
-//! Public only with the `test-util` feature, for the stateright models (`tests/it/model_*.rs`) to drive the
-//! real step: not a stable API.
-#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+//! See `docs/control-plane.md#coordinator` for the transition table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -32,7 +16,8 @@ use std::time::Duration;
 use super::assignment::{Assignment, MAX_GENERATION_STEP};
 use super::planner::{self, PlanInput};
 use super::report::MemberReport;
-use crate::ownership::{Handoff, MemberId, MoveId, ShardAssignment};
+use crate::ownership::state::{Handoff, ShardAssignment};
+use crate::ownership::{MemberId, MoveId};
 
 /// What the coordinator knows of one member (from its Lease, on its own clock).
 #[derive(Clone, Debug)]
@@ -226,8 +211,7 @@ impl Ctx<'_> {
 
     /// Gone only by evidence: a member absent from the observations is unknown, never gone.
     fn gone(&self, id: &MemberId) -> bool {
-        #[cfg(feature = "planted-bugs")]
-        if crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone) {
+        if planted!(UNOBSERVED_IS_GONE) {
             return self.by_id.get(id).is_none_or(|m| m.gone);
         }
         self.by_id.get(id).is_some_and(|m| m.gone)
@@ -327,7 +311,7 @@ pub(crate) fn reachable(cur: u64, seen: u64, now_ms: u64) -> bool {
 
 /// Who holds a shard against its entry: members that report it `kept` (they hold it at an epoch at or
 /// above the entry's, which names another owner: a rolled-back assignment, see
-/// [`MemberState::kept`](crate::ownership::MemberState::kept)), on a report made from a view at least as
+/// [`MemberState::kept`](crate::ownership::state::MemberState::kept)), on a report made from a view at least as
 /// new as the entry.
 enum Claim<'a> {
     None,
@@ -339,8 +323,7 @@ enum Claim<'a> {
 
 fn holder_against<'a>(ctx: &Ctx<'a>, shard: u32, a: &ShardAssignment) -> Claim<'a> {
     // planted: `kept` reports are ignored, so a held shard is granted on as if nobody held it
-    #[cfg(feature = "planted-bugs")]
-    if crate::ownership::planted::on(crate::ownership::planted::Bug::GrantOverKeptHolder) {
+    if planted!(GRANT_OVER_KEPT_HOLDER) {
         return Claim::None;
     }
     let mut claims = ctx.input.members.iter().filter(|m| {
@@ -358,7 +341,7 @@ fn holder_against<'a>(ctx: &Ctx<'a>, shard: u32, a: &ShardAssignment) -> Claim<'
 }
 
 /// The owner of `shard` reports the entry's epoch stale (a rolled-back assignment, see
-/// [`MemberState::stale`](crate::ownership::MemberState::stale)): the same owner at this pass's epoch,
+/// [`MemberState::stale`](crate::ownership::state::MemberState::stale)): the same owner at this pass's epoch,
 /// any handoff cancelled (its target never admitted; the owner never drained at an epoch it is past).
 /// Only on a report made from a view at least as new as the entry's epoch (an older one may predate an
 /// earlier re-grant), only when this pass's epoch is above the owner's seen generation (else the owner
@@ -635,7 +618,7 @@ fn start_moves(ctx: &Ctx<'_>, pass: &mut Pass, plan: &planner::Plan) {
 mod tests {
     use super::*;
     use crate::hash::ShardKey;
-    use crate::ownership::Ack;
+    use crate::ownership::state::Ack;
     use crate::shard::ShardCount;
 
     fn id(n: &str) -> MemberId {

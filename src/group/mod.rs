@@ -3,21 +3,19 @@
 //!
 //! Start a member with [`ShardGroup::builder`]; its [`GroupHandle`] gives the [`Ownership`](crate::ownership::Ownership)
 //! for the read path and the reconcile wrapper, status, health, metrics, a graceful leave, and
-//! [`Leadership`] for singleton work on the coordinator Lease. The pure parts are public for tools and
-//! tests: [`planner`] (the target assignment with the fewest moves, cold-start settle, join debounce),
-//! [`assignment`] (the ConfigMap codec) and [`report`] (the member report in its Lease). See
-//! `docs/control-plane.md`.
+//! [`Leadership`] for singleton work on the coordinator Lease. The two formats are public for tools:
+//! [`assignment`] (the ConfigMap codec) and [`report`] (the member report in its Lease); and the least
+//! number of shards a membership change must move, [`optimal_moves`]. See `docs/control-plane.md`.
 
 pub mod assignment;
 mod config;
-#[cfg(feature = "test-util")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-pub mod coordinator;
-#[cfg(not(feature = "test-util"))]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod coordinator;
 mod events;
 mod metrics;
-pub mod planner;
+mod moves;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod planner;
 pub mod report;
 mod runtime;
 mod shard_group;
@@ -27,6 +25,7 @@ mod term_gate;
 
 pub use config::{default_member_name, ConfigError, GroupConfig};
 pub use metrics::{GroupMetrics, GroupSnapshot};
+pub use moves::optimal_moves;
 pub use runtime::next_stamp;
 pub use runtime::GroupError;
 pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};

@@ -2,57 +2,15 @@
 //!
 //! [`plan`] takes `S`, the current owner of every shard, the live members (weight, join order, `leaving`,
 //! `joining`) and the pins, and returns the target assignment, the [`Move`]s that reach it and a
-//! [`PlanReport`]. The coordinator calls it whenever membership, weights or pins change (and once more after
-//! each batch of moves completes), turns the moves into handoffs, and writes the target.
+//! [`PlanReport`]. It moves no more shards than the quotas require, uses contiguity only as the tie-break,
+//! honours weights and pins, and hands a leaver's whole set to a freshly joined empty member. Pass a shard
+//! in mid-handoff with its *target* as owner: the planner plans end states. [`Settle`] computes the
+//! `joining` flag and the cold-start decision.
 //!
-//! # Rules (`docs/control-plane.md`, in priority order)
-//!
-//! 1. **Movement first.** Every planned member gets a quota; with equal weights the quotas are ⌈S/N⌉ and
-//!    ⌊S/N⌋, with weights they are the largest-remainder apportionment of `S` by weight (every quota within
-//!    one shard of `S·w/W`). The ceilings go to members that would otherwise have to give a shard up
-//!    (the largest current holders), so the plan moves exactly `Σ max(0, held − quota)` shards when every
-//!    current owner is live, plus every shard whose owner is absent, leaving or none. Leaving members get
-//!    quota 0.
-//! 2. **Contiguity only as the tie-break.** Which shards a member over its quota gives up, and which pool
-//!    shards a member under its quota receives, are chosen to keep ranges per member low (whole small runs
-//!    are given up first, then shards at the edge of a run that borders the pool or a receiver; receivers
-//!    first fill gaps between their own runs, then extend runs they already hold, then take best-fitting
-//!    contiguous blocks). This never changes how many shards move.
-//! 3. **Pins.** A pinned shard goes to the live member of that name and counts toward its quota (a member
-//!    pinned more than its share keeps the pins and the others share the rest). Pins to absent, leaving or
-//!    still-debouncing members are ignored this round and reported in [`PlanReport::ignored_pins`].
-//! 4. **Succession.** A leaving member's whole (unpinned) set goes to a freshly joined member that holds
-//!    nothing, when there is one, so a rolling update moves each shard once, not twice. The successor
-//!    keeps that whole set this round even if it is above its quota (it is never asked to give part of it
-//!    away in the same plan); if the set is below its quota it is topped up like any other member. Pairing
-//!    is by name first (a member restarted under the same name), then by join order. The shards of an
-//!    *absent* owner (crashed, taken over) go the same way only to a fresh member *of the same name*.
-//! 5. **Deterministic.** Members are processed in [`MemberId`] order; no hash maps, no randomness. The order
-//!    of the input members does not matter.
-//!
-//! Members with [`Member::joining`] set and no shards are not planned (their join is still being
-//! debounced), except as a leaver's successor. [`Settle`] computes that flag and the cold-start decision
-//! from observation times the caller passes in.
-//!
-//! # For the coordinator
-//!
-//! - A shard in the middle of a handoff should be passed with its *target* as the current owner: the
-//!   planner plans end states.
-//! - Every move goes from a member above its quota (or a leaving, absent or no owner) to one below it, so
-//!   the moves may be carried out in bounded batches: replanning after any subset of them is done asks for
-//!   exactly the rest (tested).
-//! - [`MoveReason`] sorts the moves: `Unowned` needs a takeover or a first activation (no live source),
-//!   `Leaving` is the leaver's one batch (exempt from the bound on concurrent moves), `Rebalance` and
-//!   `Pinned` are ordinary handoffs.
-//! - A StatefulSet replaces a pod only after the old one is gone, so there is no fresh member to succeed
-//!   it: its set is spread over the others and the new pod is balanced in later (two moves per shard of
-//!   that pod in total). A Deployment with surge, or any rollout that starts the new member first, moves
-//!   each shard once.
-//! - With unequal weights a successor whose inherited set differs from its share can shift the others'
-//!   rounding by a shard; equal weights never move more than the leaver's set.
+//! See `docs/control-plane.md#planner-rules`.
 //!
 //! ```
-//! use kube_shard::group::planner::{plan, Member, PlanInput};
+//! use kube_shard::testing::planner::{plan, Member, PlanInput};
 //! use kube_shard::ownership::MemberId;
 //! use kube_shard::shard::ShardCount;
 //!
@@ -253,7 +211,7 @@ pub struct Move {
 /// A member's part in a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Role {
+pub enum PlanRole {
     /// Planned normally: it ends at its quota.
     Balanced,
     /// Leaving: quota 0 (it keeps its shards only when no planned member exists).
@@ -268,11 +226,11 @@ pub enum Role {
 /// Per member: quota, current and target counts, ranges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct MemberReport {
+pub struct MemberPlan {
     /// The member.
     pub id: MemberId,
     /// Its part in this plan.
-    pub role: Role,
+    pub role: PlanRole,
     /// Its weight.
     pub weight: u32,
     /// Its quota: the target count of a planned member; for a member not planned (leaving, joining) the
@@ -329,7 +287,7 @@ pub struct Succession {
 #[non_exhaustive]
 pub struct PlanReport {
     /// Every input member, in [`MemberId`] order.
-    pub members: Vec<MemberReport>,
+    pub members: Vec<MemberPlan>,
     /// Pins not honoured, in shard order.
     pub ignored_pins: Vec<IgnoredPin>,
     /// Leaver → fresh member handovers.
@@ -341,18 +299,18 @@ pub struct PlanReport {
 
 impl PlanReport {
     /// Members that hold more than their quota now (they give shards up in this plan).
-    pub fn over_quota(&self) -> impl Iterator<Item = &MemberReport> + '_ {
+    pub fn over_quota(&self) -> impl Iterator<Item = &MemberPlan> + '_ {
         self.members.iter().filter(|m| m.held > m.quota)
     }
 
     /// Members that hold fewer than their quota now (they receive shards in this plan).
-    pub fn under_quota(&self) -> impl Iterator<Item = &MemberReport> + '_ {
+    pub fn under_quota(&self) -> impl Iterator<Item = &MemberPlan> + '_ {
         self.members.iter().filter(|m| m.held < m.quota)
     }
 
     /// The report of one member.
     #[must_use]
-    pub fn member(&self, id: &MemberId) -> Option<&MemberReport> {
+    pub fn member(&self, id: &MemberId) -> Option<&MemberPlan> {
         self.members
             .binary_search_by(|m| m.id.cmp(id))
             .ok()
@@ -452,7 +410,7 @@ pub enum PlanError {
     },
 }
 
-/// Plan the target assignment; see the [module docs](self) for the rules.
+/// Plan the target assignment; see `docs/control-plane.md#planner-rules` for the rules.
 ///
 /// Errors only on malformed input (shard out of range, duplicate member, weight 0); any membership,
 /// including none at all, yields a plan.
@@ -936,16 +894,16 @@ impl<'a> Planner<'a> {
             .map(|i| {
                 let m = self.members[i];
                 let role = if self.successor[i] {
-                    Role::Successor
+                    PlanRole::Successor
                 } else if m.leaving {
-                    Role::Leaving
+                    PlanRole::Leaving
                 } else if !planned[i] {
-                    Role::Joining
+                    PlanRole::Joining
                 } else {
-                    Role::Balanced
+                    PlanRole::Balanced
                 };
                 let tgt = target.iter().filter(|&&t| t == Some(i)).count() as u32;
-                MemberReport {
+                MemberPlan {
                     id: m.id.clone(),
                     role,
                     weight: m.weight,
@@ -1087,7 +1045,7 @@ struct Seen {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use kube_shard::group::planner::{Settle, SettleConfig};
+/// use kube_shard::testing::planner::{Settle, SettleConfig};
 /// use kube_shard::ownership::MemberId;
 ///
 /// let t0 = Instant::now();
@@ -1222,5 +1180,4 @@ impl Settle {
 }
 
 #[cfg(test)]
-#[path = "planner_tests.rs"]
 mod tests;

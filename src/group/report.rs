@@ -1,23 +1,18 @@
 //! What a member publishes in its Lease (its control channel), and what the coordinator writes there.
 //!
-//! Annotations of the member Lease `<group>-<name>`:
+//! The member writes `kube-shard.io/incarnation` and `kube-shard.io/report` ([`MemberReport`] as JSON:
+//! readiness, leaving, weight, generations, acks, admitted and serving shards); the coordinator writes
+//! `kube-shard.io/taken-over` and [`ASSIGNMENT_HINT`]. Only the member writes `spec.renewTime`; liveness is
+//! judged from it alone. Decoding is strict and bounded: hostile annotations are an error, never a panic.
 //!
-//! | annotation | written by | content |
-//! |---|---|---|
-//! | `kube-shard.io/incarnation` | the member | its incarnation (random per process start) |
-//! | `kube-shard.io/report` | the member | [`MemberReport`] as JSON: readiness, leaving, weight, generations, acks, admitted and serving shards |
-//! | `kube-shard.io/taken-over` | the coordinator | the incarnation it took over (the member self-fences and rejoins) |
-//!
-//! Only the member writes `spec.renewTime`; liveness is judged from it alone. Decoding is strict and bounded:
-//! hostile annotations produce an error (the report is then treated as absent), never a panic.
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/control-plane.md#objects-in-the-groups-namespace`.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ownership::{Ack, MoveId};
+pub use crate::ownership::state::Ack;
+use crate::ownership::MoveId;
 use crate::shard::{ShardCount, ShardSet};
 
 /// The incarnation annotation.
@@ -73,11 +68,11 @@ pub struct MemberReport {
     /// The shards its read streams serve (read and synced).
     pub serving: ShardSet,
     /// The shards the assignment names it the owner of at an epoch it is past (a rolled-back
-    /// assignment, see [`MemberState::stale`](crate::ownership::MemberState::stale)): the coordinator
+    /// assignment, see [`MemberState::stale`](crate::ownership::state::MemberState::stale)): the coordinator
     /// re-grants them at a new epoch. Left out of the JSON when empty. Added in format 2.
     pub stale: ShardSet,
     /// The shards it holds that the assignment names another owner of at an epoch at or below its own (a
-    /// rolled-back assignment, see [`MemberState::kept`](crate::ownership::MemberState::kept)): it keeps
+    /// rolled-back assignment, see [`MemberState::kept`](crate::ownership::state::MemberState::kept)): it keeps
     /// them, and the coordinator names it the owner again. Left out of the JSON when empty.
     pub kept: ShardSet,
     /// Decoded `warm` acks: move id → shards.

@@ -14,9 +14,9 @@ use super::runtime::{new_incarnation, GroupError, Runtime};
 use super::singleton::{LeaderTerm, Leadership};
 use super::status::{GroupStatus, Health};
 use crate::hash::ShardKey;
-use crate::rt::Spawner;
 use crate::ownership::{MemberId, Ownership, OwnershipConfig, TermGate};
 use crate::rt::Clock;
+use crate::rt::Spawner;
 use crate::shard::ShardCount;
 
 /// A member of a shard group, ready to start.

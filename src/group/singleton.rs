@@ -1,22 +1,13 @@
 //! Work that must run once per group: a singleton on the coordinator Lease, with a fencing term.
 //!
 //! The member that holds the group's coordinator Lease (`<group>-coordinator`) leads. Each acquisition
-//! writes a new **term** into the Lease's `kube-shard.io/term` annotation with a resourceVersion
-//! precondition: `max(previous term + 1, Unix ms)`, so terms strictly increase across acquisitions (also
-//! when the Lease is deleted and re-created, as long as wall clocks do not step back by more than the age
-//! of the old term). A leader's term is valid until `renew_deadline − fence_margin` after the start of its
-//! last successful renewal, on its own monotonic clock; another member may acquire the Lease only after it
-//! has not seen it change for `lease_duration` (> `renew_deadline`), so two valid terms never overlap in
-//! time on clocks that run at the same rate.
+//! writes a new, strictly higher **term** into the Lease's `kube-shard.io/term` annotation. A term is valid
+//! until `renew_deadline − fence_margin` after the start of the leader's last successful renewal, and
+//! others acquire only after `lease_duration` without a change, so two valid terms never overlap; a lapsed
+//! term renewed is a new term. Work already sent when a term ends still lands: stamp the term into what the
+//! work writes, or re-check [`SingletonGuard::check`] right before each side effect.
 //!
-//! A leader that lets its term lapse (a stall, a failed renewal) and renews again starts a **new** term: each
-//! run of singleton work has its own term. A member that leaves gracefully releases the Lease at once (its
-//! term ends first), so the next coordinator does not wait for it to expire.
-//!
-//! What the term does not cover: work already sent when the term ends (an HTTP request in flight completes
-//! on the server after the work is cancelled). Stamp the term into what the work writes and have the
-//! receiver refuse lower terms, or re-check [`SingletonGuard::check`] right before each side effect; the
-//! remaining window is a stall between the check and the write, as for shard fences (`docs/protocol.md`).
+//! See `docs/control-plane.md#singleton-work-on-the-coordinator-lease`.
 
 use std::future::Future;
 
@@ -27,8 +18,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, info_span, Instrument};
 
-use crate::rt::{Clock, Deadline, Now};
 use crate::ownership::TermGate;
+use crate::rt::{Clock, Deadline, Now};
 
 /// The Lease annotation that carries the leader's term.
 pub const TERM_ANNOTATION: &str = "kube-shard.io/term";

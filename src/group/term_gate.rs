@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ownership::{Hold, Ownership, TermGate};
+use crate::ownership::inner::Hold;
+use crate::ownership::{Ownership, TermGate};
 
 /// Install `gate` in the member's admission and start its two tasks.
 pub(super) fn install(

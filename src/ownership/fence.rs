@@ -1,16 +1,13 @@
 //! Fences: proof, taken right before a side effect, that this member may act on a shard.
 //!
-//! A [`Fence`] is `(shard, epoch, valid_until)`. It is issued only while the shard is Owned at the permit's
-//! epoch (or Outgoing at it, before the drain deadline) under the permit's gate (not one a cancel-back
-//! retired) and the member is not self-fenced; `valid_until` is the earliest of the last renewal start +
-//! `renew_deadline` − margin and, while Outgoing, the drain deadline, on both the runtime and the boot clock,
-//! and, with cross-cluster HA, the end of the cluster's term at the permit's failover epoch. [`Fence::check`] re-checks all of it at send time.
+//! A [`Fence`] is `(shard, epoch, valid_until)`, issued only while the shard is Owned at the permit's epoch
+//! (or Outgoing at it, before the drain deadline) under the permit's gate, and the member is not
+//! self-fenced. `valid_until` is the earliest of the last renewal start + `renew_deadline` − margin, the
+//! drain deadline while Outgoing and, with cross-cluster HA, the end of the term at the permit's failover
+//! epoch, on both the runtime and the boot clock; [`Fence::check`] re-checks all of it at send time. A
+//! request sent in time may still commit later, so fenced writes carry uid and resourceVersion preconditions.
 //!
-//! # What a fence does not guarantee
-//! A fence says the member *may* act until `valid_until` under the stated assumptions (bounded stalls, the
-//! boot clock counts suspend). A request sent in time can still be committed after it: Kubernetes writes are
-//! kept in fence order by the uid and resourceVersion preconditions of fenced writes, and external systems
-//! must reject a `(shard, epoch)` lower than one they have seen. See `docs/protocol.md`.
+//! See `docs/protocol.md#what-a-fence-guarantees-and-what-it-does-not`.
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -139,13 +136,6 @@ impl Fence {
     #[must_use]
     pub fn token(&self) -> FenceToken {
         self.token
-    }
-
-    /// The deadline on both clocks, as issued (the state may have ended the fence earlier: use
-    /// [`Fence::check`]).
-    #[must_use]
-    pub fn valid_until(&self) -> Deadline {
-        self.valid_until
     }
 
     /// The observer's record of this fence, when one is installed.

@@ -1,22 +1,12 @@
 //! Fenced writes: a wrapper around [`kube::Api`] whose every write carries the fence.
 //!
-//! Each write
+//! Each write checks the [`Fence`] at send time, times out when the fence's validity ends, carries the
+//! object's uid and resourceVersion preconditions (so the committed order is the fence order), stamps the
+//! token ([`crate::token`]) in [`FENCE_ANNOTATION`] on main-resource writes and sends it in [`FENCE_HEADER`]
+//! on every write, and, with a [status fence field](FencedApi::status_fence_field), stamps it in the status
+//! on `/status` writes. The fence is held for the duration of the request, so a drain of its shard waits.
 //!
-//! 1. checks the [`Fence`] at send time (an expired or revoked fence sends nothing),
-//! 2. sets the request timeout to the fence's remaining validity (kube's client has no read timeout by default),
-//! 3. carries the object's **uid and resourceVersion preconditions** — in the body for replace and patch
-//!    (`metadata.uid`, `metadata.resourceVersion`), as `Preconditions` for delete. They are what keep the
-//!    committed order equal to the fence order: a client timeout does not stop the server from committing,
-//!    but a late commit of an old write fails its resourceVersion precondition once anything newer landed,
-//! 4. stamps the annotation [`FENCE_ANNOTATION`] `"<failover-epoch>:<shard>/<epoch>"` on main-resource writes
-//!    (the failover epoch is the HA term's the fence was issued under, 0 without HA: see [`crate::token`]), and
-//! 5. sends the header [`FENCE_HEADER`] on every write, `/status` included (a CRD's status subresource
-//!    ignores metadata changes, so the annotation cannot carry the fence there), and
-//! 6. with a [status fence field](FencedApi::status_fence_field) (e.g. `.status.kubeShardFence`), stamps the
-//!    token into it on `/status` writes, where the apiserver's fence policy can compare it
-//!    ([`crate::fence_policy::FencePolicyConfig::status_field`]).
-//!
-//! The fence is held for the duration of the request, so a drain of its shard waits for it.
+//! See `docs/protocol.md#what-a-fenced-write-does`.
 
 use std::{fmt, time::Duration};
 

@@ -1,18 +1,14 @@
 //! The gates of one shard across holdings: the current one, and the retired ones that may still have
 //! requests in flight.
 //!
-//! A holding of a shard (Owned, or Outgoing at the epoch it was Owned at) admits under one gate. A re-grant
-//! at a new epoch, a cancel-back or a release *retires* that gate: nothing is admitted under it any more,
-//! and its permits and fences can no longer mint or pass a fence (see [`Fence`](super::Fence)). Requests sent
-//! under it may still be in flight, so the shard keeps it, and every later drain of the shard waits for it
-//! as for its current gate, until nothing is in flight on it and its last fence's validity has passed.
+//! A re-grant at a new epoch, a cancel-back or a release *retires* a holding's gate: nothing is admitted
+//! under it, and its permits and fences no longer mint or pass a fence (see [`Fence`](super::Fence)). The
+//! shard keeps it, and every later drain waits for it, until nothing is in flight on it and its last fence's
+//! validity has passed. The handoff model keeps [`ShardGates`] too, so its drain waits for exactly the gates
+//! the handle's does. Crate-private; `testing::member` re-exports it (feature `test-util`, unstable).
 //!
-//! Pure: the handle keeps one [`ShardGates`] per shard with `Arc<Gate>`s; the handoff model
-//! (`tests/it/model_handoff.rs`) keeps one per member and shard with gate numbers, so the model's drain
-//! waits for exactly the gates the handle's does.
-//!
-//! Public only with the `test-util` feature, for the model: not a stable API.
-#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub, dead_code))]
+//! See `docs/protocol.md#admission-drains-and-fences-ownershipadmission-fence-handle`.
+#![cfg_attr(not(feature = "test-util"), allow(dead_code))]
 
 use super::state::ShardState;
 
@@ -108,11 +104,7 @@ impl<G: Clone> ShardGates<G> {
 
     fn retire(&mut self) -> Option<G> {
         let gate = self.current.take()?;
-        #[cfg(feature = "planted-bugs")]
-        let forget = super::planted::on(super::planted::Bug::ForgetRetiredGates);
-        #[cfg(not(feature = "planted-bugs"))]
-        let forget = false;
-        if !forget {
+        if !planted!(FORGET_RETIRED_GATES) {
             self.retired.push(gate.clone());
         }
         Some(gate)

@@ -103,7 +103,7 @@ impl Ownership {
     /// not reported. Returns `false` (and changes nothing) if an observer was already installed.
     #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-    pub fn observe_fences(&self, observer: Arc<dyn super::observe::FenceObserver>) -> bool {
+    pub(crate) fn observe_fences(&self, observer: Arc<dyn super::observe::FenceObserver>) -> bool {
         self.inner.observer.set(observer).is_ok()
     }
 
@@ -113,10 +113,22 @@ impl Ownership {
         &self.inner.config
     }
 
+    /// The member this is the ownership of (its name and incarnation).
+    #[must_use]
+    pub fn member(&self) -> MemberId {
+        self.inner.snapshot().state.me().clone()
+    }
+
     /// The current snapshot.
     #[must_use]
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.inner.snapshot()
+    }
+
+    /// The local state of every shard the member holds in any way (incoming, owned, outgoing), by shard.
+    #[must_use]
+    pub fn shard_states(&self) -> std::collections::BTreeMap<u32, ShardState> {
+        self.inner.snapshot().state.shards().collect()
     }
 
     /// The local state of `shard` (`None` = not held in any way).
@@ -468,10 +480,7 @@ impl Ownership {
             );
         }
         let this = self.clone();
-        #[cfg(feature = "planted-bugs")]
-        let planted_skip = super::planted::on(super::planted::Bug::SkipDrainWait);
-        #[cfg(not(feature = "planted-bugs"))]
-        let planted_skip = false;
+        let planted_skip = planted!(SKIP_DRAIN_WAIT);
         let fut = async move {
             if !planted_skip {
                 wait_drained(&this.inner.clock, shard, move_id, &all, deadline).await;
@@ -581,3 +590,6 @@ impl Stream for Transitions {
         self.rx.poll_recv(cx)
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -19,7 +19,7 @@ use crate::rt::{Clock, Deadline};
 
 /// An immutable view of the member's ownership at one moment.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub(crate) state: MemberState,
     /// Per shard: the gate it is admitted (or drained) under now, and the retired gates kept while
     /// requests admitted under them may still be in flight.
@@ -31,7 +31,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The pure state.
     #[must_use]
-    pub fn state(&self) -> &MemberState {
+    pub(crate) fn state(&self) -> &MemberState {
         &self.state
     }
 
@@ -57,12 +57,6 @@ impl Snapshot {
     pub(crate) fn drain_deadline(&self, shard: u32) -> Option<Deadline> {
         self.drains.get(&shard).copied()
     }
-
-    /// The fence deadline of the last renewal (`None`: never renewed, or self-fenced by a takeover).
-    #[must_use]
-    pub fn renewal_deadline(&self) -> Option<Deadline> {
-        self.renewal
-    }
 }
 
 pub(crate) struct Inner {
@@ -87,7 +81,7 @@ pub(crate) struct Inner {
 /// only its own, so one gate lifting (the legacy leader gone) never clears another's hold (the HA Standby).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Hold {
+pub(crate) enum Hold {
     /// Shadow mode: ownership is computed and reported, nothing is admitted.
     Shadow,
     /// A legacy leader-election Lease still has a live holder (migration from leader election).

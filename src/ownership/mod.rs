@@ -1,61 +1,36 @@
 //! Ownership: the per-member state machine, admission (permits), fences, re-enqueue signals, the reconcile
 //! wrapper, fenced writes and static mode.
 //!
-//! Data flows as `docs/protocol.md` describes:
+//! `state` is the pure transition function (`MemberState::apply`), model-checked in `src/model_check`.
+//! [`Ownership`] is the cheap-to-clone handle: snapshots, change notifications and the [`Transitions`]
+//! stream of re-enqueue signals. It issues [`Permit`]s and [`Fence`]s (checked on both clocks of
+//! [`Clock`](crate::rt::Clock)); [`reconcile`] wraps `Controller::run`, [`fenced_write`] carries the fence on
+//! writes, and [`static_shards`] is static mode: member *i* of *n*, no membership.
 //!
-//! - [`state`]: the pure transition function ([`MemberState::apply`]), driven by assignment views in strictly
-//!   increasing generation and local events. Model-checked (`tests/it/model_*.rs`).
-//! - [`Ownership`]: the cheap-to-clone handle; arc-swap snapshots, change notifications, the
-//!   [`Transitions`] stream (re-enqueue signals).
-//! - `readers`: the member's registered read streams; a shard is warm (activated) only once every one of
-//!   them synced it (passed its activation barrier).
-//! - Admission: [`Permit`]s, in-flight counts, drains; `gates`: a shard's gates across holdings
-//!   (a drain waits for every one still in flight). [`Fence`]s, checked on both clocks of [`Clock`](crate::rt::Clock).
-//! - [`reconcile`]: the wrapper for `Controller::run`. [`fenced_write`]: uid/resourceVersion-preconditioned,
-//!   fence-stamped writes. Static mode ([`static_shards`]): member *i* of *n*, no membership.
-//!
-//! The safety contract, what a fence does and does not guarantee, and the assumptions are in
-//! `docs/protocol.md`.
+//! See `docs/protocol.md` for the safety contract, what a fence guarantees, and the assumptions.
 
 mod admission;
 mod config;
 mod fence;
 pub mod fenced_write;
-#[cfg(feature = "test-util")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-pub mod gates;
-#[cfg(not(feature = "test-util"))]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, dead_code))]
 pub(crate) mod gates;
-mod handle;
+pub(crate) mod handle;
 mod inflight;
-mod inner;
-pub mod observe;
-#[cfg(feature = "planted-bugs")]
-#[doc(hidden)]
-pub mod planted;
+pub(crate) mod inner;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod observe;
 pub(crate) mod readers;
 pub mod reconcile;
-pub mod state;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod state;
 mod static_mode;
 pub(crate) mod term_gate;
-
-#[cfg(test)]
-pub(crate) mod handle_tests;
-#[cfg(test)]
-mod state_tests;
-
-#[cfg(any(test, feature = "test-util"))]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-pub mod testing;
 
 pub use admission::{AdmitError, Permit};
 pub use config::OwnershipConfig;
 pub use fence::{Fence, FenceError};
 pub use handle::{Ownership, Transitions};
-pub use inner::{Hold, Snapshot};
-pub use state::{
-    Ack, AdmitCause, AssignmentView, Handoff, MemberId, MemberState, MoveId, ShardAssignment,
-    ShardState, ShardTransition,
-};
+pub use state::{AdmitCause, MemberId, MoveId, ShardState, ShardTransition};
 pub use static_mode::{static_shards, StaticError};
 pub use term_gate::TermGate;

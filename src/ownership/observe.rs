@@ -1,5 +1,5 @@
 //! A hook that fences and fenced writes report to: what the safety oracles (feature `test-util`,
-//! `kube_shard::oracles`) check.
+//! `kube_shard::testing::oracles`) check.
 //!
 //! Off by default: an [`Ownership`](super::Ownership) without an observer pays one atomic load per fence
 //! issued and per fenced request. With one installed
@@ -19,12 +19,10 @@ use std::{
     },
 };
 
-use super::{
-    state::MemberId,
-};
+use super::state::MemberId;
 use crate::rt::{Deadline, Now};
 
-/// Receives [`FenceEvent`]s. See the [module docs](self).
+/// Receives [`FenceEvent`]s. Installed with [`observe_fences`](crate::testing::observe_fences).
 pub trait FenceObserver: Send + Sync + fmt::Debug {
     /// One event, reported as it happens.
     fn on_event(&self, event: FenceEvent);

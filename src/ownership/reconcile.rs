@@ -1,20 +1,12 @@
-//! The reconcile wrapper for `Controller::run`.
+//! The reconcile wrapper for `Controller::run`: the user's reconciler runs only for objects this member
+//! admits, with the [`Permit`] as its third argument (take a fence from it right before each side effect).
 //!
-//! - An object another member owns (or nobody): [`Action::await_change`], *without* calling the user's
-//!   reconciler — its owner reconciles it.
-//! - An object this member holds but may not admit now because of its shard's state (Incoming, Activating,
-//!   Outgoing): [`Action::requeue`] after a short jittered delay ([`OwnershipConfig::not_admitted_requeue`]),
-//!   so nothing is lost if the shard comes back. (Transitions into admitted also re-enqueue the shard through
-//!   `Controller::reconcile_on`: see [`Ownership::transitions`].)
-//! - An object held back for the whole member (self-fenced, or a hold: shadow mode, a live legacy leader):
-//!   [`Action::await_change`]. Un-fencing and lifting the hold re-enqueue every Owned shard through
-//!   [`Ownership::transitions`]; a requeue loop would only retry every held object every 2 s for as long as
-//!   the hold lasts (shadow mode runs for days).
-//! - Admitted: the user's reconciler runs with the [`Permit`] as its third argument. Keep it for the whole
-//!   reconcile and take a fence from it right before every side effect.
+//! An object another member owns, or one held back for the whole member (self-fenced, shadow mode, a live
+//! legacy leader), gets [`Action::await_change`]; [`Ownership::transitions`] re-enqueues it when that
+//! changes. An object of a shard this member holds but may not admit yet gets [`Action::requeue`] after
+//! [`OwnershipConfig::not_admitted_requeue`]. Admission is checked inside the reconcile, not at trigger time.
 //!
-//! Admission is checked here, inside the reconcile, not at trigger time: kube does not cancel a reconcile
-//! when its object leaves the store.
+//! See `docs/protocol.md#the-reconcile-wrapper`.
 //!
 //! [`OwnershipConfig::not_admitted_requeue`]: super::OwnershipConfig::not_admitted_requeue
 

@@ -8,7 +8,7 @@
 //!   member's fencing status.
 //!
 //! Every call returns the [`ShardTransition`]s it made; a transition into "admitted" is a re-enqueue signal.
-//! The stateright models in `tests/it` drive this very function.
+//! The stateright models in `src/model_check` drive this very function.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -733,19 +733,16 @@ enum Verdict {
     Kept,
 }
 
-/// The planted bug "a lower epoch is followed" (feature `planted-bugs`): the models must catch it.
+/// The planted fault "a lower epoch is followed": the models must catch it.
 fn planted_lower_epoch() -> bool {
-    #[cfg(feature = "planted-bugs")]
-    return crate::ownership::planted::on(crate::ownership::planted::Bug::AcceptLowerEpoch);
-    #[cfg(not(feature = "planted-bugs"))]
-    false
+    planted!(ACCEPT_LOWER_EPOCH)
 }
 
-/// The planted bug "a grant at or below a generation applied before is activated" (feature
-/// `planted-bugs`): the models must catch it.
+/// The planted fault "a grant at or below a generation applied before is activated": the models must catch
+/// it.
 fn planted_rolled_back_grant() -> bool {
-    #[cfg(feature = "planted-bugs")]
-    return crate::ownership::planted::on(crate::ownership::planted::Bug::ActivateRolledBackGrant);
-    #[cfg(not(feature = "planted-bugs"))]
-    false
+    planted!(ACTIVATE_ROLLED_BACK_GRANT)
 }
+
+#[cfg(test)]
+mod tests;

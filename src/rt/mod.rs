@@ -6,10 +6,12 @@
 //! ([`ShardGroupBuilder::clock`](crate::ShardGroupBuilder::clock),
 //! [`ShardGroupBuilder::spawner`](crate::ShardGroupBuilder::spawner)); an operator never needs to.
 
-mod clock;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub(crate) mod clock;
 mod random;
 mod spawn;
 
-pub use clock::{Clock, Deadline, Now};
+pub use clock::Clock;
+pub(crate) use clock::{Deadline, Now};
 pub use random::{jitter, next_u64, seed_thread, unseed_thread};
 pub use spawn::Spawner;

@@ -17,11 +17,11 @@ thread_local! {
 ///
 /// ```
 /// use kube_shard::rt;
-/// random::seed_thread(7);
-/// let a = (random::next_u64(), random::next_u64());
-/// random::seed_thread(7);
-/// assert_eq!(a, (random::next_u64(), random::next_u64()));
-/// random::unseed_thread();
+/// rt::seed_thread(7);
+/// let a = (rt::next_u64(), rt::next_u64());
+/// rt::seed_thread(7);
+/// assert_eq!(a, (rt::next_u64(), rt::next_u64()));
+/// rt::unseed_thread();
 /// ```
 pub fn seed_thread(seed: u64) {
     STATE.with(|s| s.set(Some(seed)));

@@ -1,22 +1,12 @@
 //! The fence token on the wire: `"<failover-epoch>:<shard>/<shard-epoch>"`, or `"<failover-epoch>:mirror"`
-//! for the HA mirror's writes (HA.md "Fenced by the server"). Fenced writes carry it in the
-//! [`FENCE_HEADER`] request header (every write, status writes included) and in the [`FENCE_ANNOTATION`]
-//! annotation (main-resource writes). testserver's fence audit reads the same format.
+//! for the HA mirror's writes. Fenced writes carry it in the [`FENCE_HEADER`] request header (every write,
+//! status writes included) and in the [`FENCE_ANNOTATION`] annotation (main-resource writes).
 //!
-//! The failover epoch is the wire integer of [`FailoverEpoch`] (`n·K + rank`, see [`FailoverEpoch`]); a writer
-//! without cross-cluster HA stamps `0`. **Order** ([`FenceToken::refusal_over`], what the generated
-//! policies enforce): failover epochs first — lower → refuse, higher → accept whatever the shard part
-//! says; equal → the shard rules (same shard, shard epoch not lower), which `mirror` tokens skip. A
-//! failover epoch is never compared with a shard epoch.
+//! The failover epoch is the wire integer of [`FailoverEpoch`], `0` without HA. [`FenceToken::refusal_over`]
+//! is the order the generated policies enforce: failover epochs first, then the shard rules. Legacy tokens
+//! `"<shard>/<epoch>"` parse as failover epoch 0; tokens are always rendered in the new form.
 //!
-//! **Legacy tokens** `"<shard>/<epoch>"` (before the failover epoch was added) parse as failover epoch 0:
-//! the lowest there is, so a legacy token never outranks a token written under an HA term (it is refused
-//! over one, and by the minimum-epoch binding), and between two legacy or standalone tokens the shard rules
-//! apply exactly as before. Refusing them instead would break a rolling upgrade (the new policies are
-//! installed first, old writers keep writing until replaced) without making anything safer. Tokens are
-//! always rendered in the new form.
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/ha.md#fenced-by-the-server`.
 
 use std::{fmt, str::FromStr};
 

@@ -1,23 +1,13 @@
 //! Secondary caches: children and referenced objects placed by the **dependency-key map**, so they move
 //! with their parents.
 //!
-//! A secondary watcher is a sharded watcher with [`Role::Secondary`](super::Role::Secondary) (it projects Incoming and Activating
-//! shards too, and takes part in warm reports and activation barriers) whose objects are placed by a
-//! [`Dependency`] instead of their own uid:
+//! A secondary watcher is a sharded watcher with [`StreamRole::Secondary`](super::StreamRole::Secondary)
+//! whose objects are placed by a [`Dependency`] instead of their own uid: the namespace key, the controller
+//! ownerReference, the `kube-shard.io/shard` label, or the primaries that reference them through a
+//! [`DependencyMap`] the primary watcher feeds. It projects Incoming and Activating shards too, so a child
+//! is in its store before its parent's activation.
 //!
-//! | strategy | placement | how it is read |
-//! |---|---|---|
-//! | [`Dependency::same_key`] | own namespace (group key `namespace`) | server `shardSelector`, like primaries |
-//! | [`Dependency::controller_owner`] | FNV-1a of the controller ownerReference uid | full (or label-selected) watch, local filter |
-//! | [`Dependency::shard_label`] | the `kube-shard.io/shard` label | `kube-shard.io/shard in (...)` label selector |
-//! | [`Dependency::shard_label_or_owner`] | the label, else the controller owner (migration) | full watch, local filter |
-//! | [`Dependency::mapped`] / [`Dependency::referenced_by`] | shards of the primaries it maps to | full watch, local filter, re-placed as primaries change |
-//!
-//! The mapped strategies resolve through a [`DependencyMap`] that the **primary** watcher feeds
-//! ([`ShardedWatcher::feeds`](super::ShardedWatcher::feeds)) from its index — every primary it reads,
-//! Incoming shards included. A secondary watcher placed through a map reports a shard warm (or activated)
-//! only after the primary watcher did and after it re-placed its objects at that map version, so a referenced
-//! object is in its store before its referrer's activation.
+//! See `docs/secondary-caches.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug};

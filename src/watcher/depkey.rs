@@ -1,16 +1,11 @@
 //! The dependency-key map's pure parts: where a secondary object belongs, and the shard label.
 //!
-//! A secondary (a child, a referenced object) has no shard of its own: its own uid never lands in its
-//! parent's range. It belongs to the shards of the primaries it depends on:
+//! A secondary's own uid never lands in its parent's range, so it belongs to the shards of the primaries it
+//! depends on: its own namespace under the `namespace` key, its controller owner's shard (FNV-1a of the
+//! owner's uid), the `kube-shard.io/shard` label the operator stamped on it, or a user mapper resolved
+//! through the primaries' index (`dependent.rs`).
 //!
-//! - under the `namespace` key, its own namespace (the same key as its parent: the server filters it);
-//! - its **controller ownerReference**: FNV-1a 64 of the owner's uid is the owner's hash, so the owner's
-//!   shard (the server cannot express this: read everything, filter locally);
-//! - the **shard label** `kube-shard.io/shard=<n>` the operator stamped on it when it created it (read with
-//!   the set-based label selector `kube-shard.io/shard in (...)`, which every apiserver filters);
-//! - a user mapper, resolved through the primaries' index (see `dependent.rs`).
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/secondary-caches.md#the-api`.
 
 use kube::api::ObjectMeta;
 
@@ -28,7 +23,7 @@ pub const LABEL_MAX_SHARDS: u32 = 256;
 
 /// The uid of the controller ownerReference (`controller: true`), if any.
 #[must_use]
-pub fn controller_owner_uid(meta: &ObjectMeta) -> Option<&str> {
+pub(crate) fn controller_owner_uid(meta: &ObjectMeta) -> Option<&str> {
     meta.owner_references
         .as_ref()?
         .iter()
@@ -39,7 +34,7 @@ pub fn controller_owner_uid(meta: &ObjectMeta) -> Option<&str> {
 
 /// The shard an object's shard label names, if it carries a valid one.
 #[must_use]
-pub fn labelled_shard(meta: &ObjectMeta, count: ShardCount) -> Option<u32> {
+pub(crate) fn labelled_shard(meta: &ObjectMeta, count: ShardCount) -> Option<u32> {
     let value = meta.labels.as_ref()?.get(SHARD_LABEL)?;
     if value.is_empty() || value.len() > 4 || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -69,19 +64,19 @@ pub fn shard_of_parent(
 
 /// The placement hash of a child by its controller owner (`None` without one): the owner's own hash.
 #[must_use]
-pub fn owner_hash(meta: &ObjectMeta) -> Option<u64> {
+pub(crate) fn owner_hash(meta: &ObjectMeta) -> Option<u64> {
     controller_owner_uid(meta).map(|u| fnv1a64(u.as_bytes()))
 }
 
 /// A representative hash of `shard` (the start of its range).
 #[must_use]
-pub fn shard_hash(count: ShardCount, shard: u32) -> Option<u64> {
+pub(crate) fn shard_hash(count: ShardCount, shard: u32) -> Option<u64> {
     count.range_of(shard).ok().map(|r| r.start())
 }
 
 /// The shards whose ranges `ranges` covers (any overlap).
 #[must_use]
-pub fn shards_of_ranges(count: ShardCount, ranges: &RangeSet) -> Vec<u32> {
+pub(crate) fn shards_of_ranges(count: ShardCount, ranges: &RangeSet) -> Vec<u32> {
     let mut out = Vec::new();
     for r in ranges.iter() {
         let first = count.shard_of(r.start());
@@ -96,7 +91,7 @@ pub fn shards_of_ranges(count: ShardCount, ranges: &RangeSet) -> Vec<u32> {
 
 /// `kube-shard.io/shard in (a,b,…)` for `shards` (sorted, non-empty).
 #[must_use]
-pub fn shard_label_selector(shards: &[u32]) -> String {
+pub(crate) fn shard_label_selector(shards: &[u32]) -> String {
     let list: Vec<String> = shards.iter().map(u32::to_string).collect();
     format!("{SHARD_LABEL} in ({})", list.join(","))
 }

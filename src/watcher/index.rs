@@ -1,16 +1,11 @@
 //! The uid-keyed index of what the sub-watches read, and the owned projection the consumer sees.
 //!
-//! - Entries are keyed by **uid**: a delete-and-recreate under one name is two objects, possibly in two
-//!   shards. Each entry keeps the newest resourceVersion seen for its uid; an older event never overwrites
-//!   a newer read, and a deleted uid leaves a tombstone so a replayed older event cannot resurrect it.
-//! - The **projection** is the subset of entries whose shard is projected (for primaries: the shards the
-//!   member serves). It is what the consumer's store holds, keyed like kube's store by `ObjectRef`
-//!   (namespace, name). Per name it arbitrates between uids: the live uid with the newest resourceVersion
-//!   wins, and a `Delete` of an old uid is never emitted while a newer uid of that name is live — the
-//!   newer one is applied instead.
-//! - Output is `watcher::Event`s: one `Init … InitDone` for the first sync, then `Apply`/`Delete`.
+//! Entries are keyed by **uid** and keep the newest resourceVersion seen; a deleted uid leaves a tombstone,
+//! so a replayed older event cannot resurrect it. The **projection** is the entries of projected shards,
+//! keyed like kube's store by `ObjectRef`; per name it never deletes an old uid while a newer uid of that
+//! name is live. Output: one `Init … InitDone` for the first sync, then `Apply`/`Delete`.
 //!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/read-path.md#event-semantics`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;

@@ -30,7 +30,7 @@ use super::request::{ListFrom, Requests};
 use super::stats::Stats;
 use super::subwatch::{self, Start, SubId, SubMsg, SubWatch};
 use super::types::parse_rv;
-use super::types::{Out, Role};
+use super::types::{Out, StreamRole};
 use crate::hash::ShardKey;
 use crate::ownership::readers::ReaderGuard;
 use crate::ownership::{Ownership, ShardState, ShardTransition};
@@ -44,7 +44,7 @@ pub(crate) type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
 /// Tunables (set through the public builder).
 #[derive(Clone)]
 pub(crate) struct Settings<K: Resource> {
-    pub(crate) role: Role,
+    pub(crate) role: StreamRole,
     pub(crate) max_subwatches: usize,
     pub(crate) barrier_timeout: Duration,
     pub(crate) probe_interval: Duration,
@@ -388,7 +388,7 @@ where
                     if !warm {
                         incoming.insert(shard, move_id);
                     }
-                    if self.settings.role == Role::Secondary {
+                    if self.settings.role == StreamRole::Secondary {
                         projected.push(shard);
                     }
                 }
@@ -397,7 +397,8 @@ where
                     // a re-grant of a shard projected until now (a move cancelled while Draining, a new
                     // epoch for its owner) stays projected: no Delete-then-Apply of the whole shard in
                     // the store; admission waits for the activation either way
-                    if self.settings.role == Role::Secondary || self.index.is_projected(shard) {
+                    if self.settings.role == StreamRole::Secondary || self.index.is_projected(shard)
+                    {
                         projected.push(shard);
                     }
                 }
@@ -408,9 +409,7 @@ where
         self.barriers
             .retain(|s, b| activating.get(s) == Some(&b.epoch));
         for (shard, epoch) in &activating {
-            #[cfg(feature = "planted-bugs")]
-            if crate::ownership::planted::on(crate::ownership::planted::Bug::SkipActivationBarrier)
-            {
+            if planted!(SKIP_ACTIVATION_BARRIER) {
                 self.report_activated(*shard, *epoch);
                 continue;
             }
@@ -461,7 +460,7 @@ where
     }
 
     fn on_transition(&mut self, t: ShardTransition) {
-        if t.is_reenqueue() && self.settings.role == Role::Primary {
+        if t.is_reenqueue() && self.settings.role == StreamRole::Primary {
             self.reenqueue_wait.insert(t.shard);
         }
     }

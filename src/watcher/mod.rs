@@ -1,71 +1,19 @@
 //! The read path: a drop-in for `kube_runtime::watcher` that reads only the shards a member serves.
 //!
-//! [`watcher`] has the same item type as `kube_runtime::watcher`, so `reflector`, `WatchStreamExt` and
-//! `Controller::for_stream` work unchanged; it never ends. [`reflector`] also owns the store (the
-//! projection is applied to it before each event is yielded). [`ShardedWatcher`] is the builder behind both:
-//! transforms, the sub-watch cap, the barrier timeout, and the re-enqueue stream for
-//! `Controller::reconcile_on`.
-//!
-//! # How it reads
-//!
-//! A manager task follows the member's [`Ownership`]. Every shard the member has anything to do with
-//! (Incoming, Activating, Owned, Outgoing) is **read**; the consumer sees the **owned projection**: objects
-//! of Owned and Outgoing shards.
-//!
-//! - **Server mode**: each sub-watch LISTs and WATCHes one KEP-5866 `shardSelector`. A newly Incoming range
-//!   gets its own LIST+WATCH while the others keep running (overlap); its objects are held back until the
-//!   shard is Owned. Losing ranges re-watches from the current resourceVersion with the smaller selector
-//!   (no LIST). Sub-watches are capped (default 4: with HTTP/1.1 each is a connection) and merged.
-//! - **Fallback mode**: one full watch; the index is the full cache; gains and losses are instant.
-//! - **Mode detection from the data**: every item and event is hashed; anything outside the ranges a
-//!   sub-watch asked for flips the resource to fallback (this catches a gate that is off, watch-only skew,
-//!   unfiltered streaming lists and the 1.36 unfiltered etcd-served watch). A re-probe after a quiet period
-//!   that doubles with every flip brings server mode back; an `invalid shard selector` HTTP 500 is an alarm
-//!   and a flip. No selector is ever empty or sent on deletecollection.
+//! [`watcher`] has the item type of `kube_runtime::watcher` and never ends; [`reflector`] also owns the
+//! store; [`ShardedWatcher`] is the builder behind both. How it reads and hands off: `docs/read-path.md`.
 //!
 //! # Events
-//!
-//! One `Init … InitDone` for the first sync (also when nothing is owned, so `Controller` starts), then
-//! `Apply`/`Delete`: an activated shard applies its objects, a released shard deletes them, a sub-watch relist
-//! applies what is present and deletes what vanished. The index is keyed by uid and keeps the newest
-//! resourceVersion per uid; per name it never deletes an old uid while a newer uid of that name is live.
-//! Errors never stop the stream: each sub-watch retries with its own backoff, and failures surface as
-//! [`WatcherStats`] and rate-limited `Err` items.
-//!
-//! # Handoff duties
-//!
-//! Each stream registers as a reader of its member. A shard is reported **warm** when every registered
-//! stream has synced it, and **activated** when every one passed the activation barrier: its watch has
-//! passed the resourceVersion of a consistent `limit=1` LIST issued at activation (a targeted
-//! `NotOlderThan` LIST of the shard settles it when no event or bookmark arrives in time). A dropped
-//! stream deregisters. When a shard becomes admitted, its `ObjectRef`s go to the re-enqueue stream once the
-//! events that put them in the store were yielded.
+//! One `Init … InitDone` for the first sync, then `Apply`/`Delete` as shards are activated and released.
 //!
 //! # Secondaries
+//! [`dependent_watcher`], [`dependent_reflector`]: children placed by a [`Dependency`] (`docs/secondary-caches.md`).
 //!
-//! Children and referenced objects are read by **secondary** watchers
-//! ([`ShardedWatcher::dependent`], [`dependent_watcher`], [`dependent_reflector`]): placed by the
-//! dependency-key map ([`Dependency`]: the namespace key, the controller ownerReference, the
-//! `kube-shard.io/shard` label, or the primaries that reference them through a [`DependencyMap`] that the
-//! primary watcher [feeds](ShardedWatcher::feeds)). They project Incoming and Activating shards too and take
-//! part in warm and activation reports, so a child is in its store before its parent's activation. See
-//! `docs/secondary-caches.md`.
-//!
-//! ## Memory Usage
-//!
-//! The index holds every object the member reads: in server mode the objects of its Incoming, Activating,
-//! Owned and Outgoing shards (≈ 1/N of the collection, more during a move); in fallback mode the whole
-//! collection (as a stock watcher would). With [`reflector`] (or [`ShardedWatcher::build_reflector`]) the
-//! index hands each projected object over to the store once the store holds that version, so an owned
-//! object is held once; with the plain [`watcher`] stream the index keeps its own copy beside whatever the
-//! consumer stores. Use a transform (e.g. drop `managedFields`) or a metadata watcher to shrink both.
-//!
-//! Per object held, the index adds about 0.4 KiB of bookkeeping (its uid, one shared name key, its shards,
-//! a slot in a B-tree by uid, by name and by shard). The cold start queues one event per object; drained
-//! queues give that capacity back. `docs/performance.md` (`read`) has the heap profile.
+//! # Memory Usage
+//! With [`reflector`] each projected object is held once; with [`watcher`] the index keeps its own copy.
 
 mod dependent;
-pub mod depkey;
+mod depkey;
 mod index;
 mod manager;
 mod metrics;
@@ -92,13 +40,14 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 pub use dependent::{owner_shard, Dependency, DependencyMap, DependentError};
+pub use depkey::{shard_of_parent, stamp_shard_label, LABEL_MAX_SHARDS, SHARD_LABEL};
 use manager::{Manager, Settings};
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
 use stats::Stats;
 pub use stats::WatcherStats;
 use types::Out;
-pub use types::Role;
+pub use types::StreamRole;
 
 use crate::ownership::Ownership;
 
@@ -336,7 +285,7 @@ where
 impl<K: Resource> Settings<K> {
     fn defaults(dyntype: K::DynamicType) -> Self {
         Settings {
-            role: Role::Primary,
+            role: StreamRole::Primary,
             max_subwatches: 4,
             barrier_timeout: Duration::from_secs(2),
             probe_interval: Duration::from_secs(60),
@@ -417,20 +366,20 @@ where
     }
 
     /// Primary (default) or secondary.
-    pub fn role(mut self, role: Role) -> Self {
+    pub fn role(mut self, role: StreamRole) -> Self {
         self.settings.role = role;
         self
     }
 
     /// A **secondary** watcher placed by `dependency` (children by their owner, referenced objects by their
-    /// referrers, the shard label): [`Role::Secondary`], and read with the server filter, the shard label
+    /// referrers, the shard label): [`StreamRole::Secondary`], and read with the server filter, the shard label
     /// selector or a full watch filtered locally, as the strategy allows. See [`Dependency`].
     ///
     /// # Errors
     /// A strategy the group cannot use (see [`DependentError`]).
     pub fn dependent(mut self, dependency: Dependency<K>) -> Result<Self, DependentError> {
         let d = dependency.settings(self.ownership.config())?;
-        self.settings.role = Role::Secondary;
+        self.settings.role = StreamRole::Secondary;
         self.settings.placement = d.placement;
         self.settings.local_only = d.local_only;
         self.settings.shard_label = d.shard_label;

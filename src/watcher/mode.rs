@@ -1,17 +1,11 @@
 //! Whether the server filters a resource by `shardSelector`: detected from the data, with hysteresis.
 //!
-//! The server-side selector is an optimisation, never the authority. A resource starts in **server** mode
-//! (optimistic: the first LIST tells). Any item or event outside the ranges a sub-watch asked for flips it
-//! to **fallback** at once — this catches a gate that is off, watch-only skew in an HA control plane, the
-//! 1.36 unfiltered etcd-served watch and unfiltered streaming lists. An `invalid shard selector` HTTP 500
-//! also flips it (and is an alarm: our selectors follow the server's rules). Server mode comes back only
-//! after a quiet period that doubles with every flip (hysteresis, so a skewed control plane does not make
-//! the watcher flap) and positive evidence: a re-probe LIST that the server filtered, or a `shardInfo` echo.
-//! After an `invalid shard selector` alarm there is no re-probe at all: the probe's tiny selector passing
-//! says nothing about the selectors the server refused, and going back would send them again every quiet
-//! period. The resource stays in fallback until the watcher is rebuilt (a restart after the fix).
+//! A resource starts in **server** mode; any item or event outside the ranges a sub-watch asked for, or an
+//! `invalid shard selector` HTTP 500 (an alarm), flips it to **fallback** at once. Server mode comes back
+//! only after a quiet period that doubles with every flip and a re-probe LIST the server filtered (or a
+//! `shardInfo` echo); after an alarm, only when the watcher is rebuilt.
 //!
-//! Pure: no I/O, no async (instants are passed in).
+//! Pure: no I/O, no async (instants are passed in). See `docs/read-path.md#server-mode-and-fallback-mode`.
 
 use std::time::Duration;
 

@@ -1,17 +1,11 @@
 //! The manager's queue of output for the consumer, bounded by the objects rather than by the writes.
 //!
-//! The manager runs in its own task so that a consumer that pauses polling never delays warm reports or
-//! activation; what it produces meanwhile waits here. Blocking the manager when the consumer does not poll
-//! (backpressure) would stall handoffs behind a slow reconciler, so instead queued `Apply`/`Delete` events
-//! are **coalesced per object** (`(namespace, name)`, what kube's store keys by): a newer event for a name
-//! replaces the queued one in place. The consumer then sees each object's latest state, as kube's watcher
-//! does after a relist, and the queue holds at most one event per name plus the initial sync, the
-//! re-enqueue markers (one per admission of a shard) and rate-limited error items.
+//! The manager never waits for a consumer that pauses polling (that would stall handoffs behind a slow
+//! reconciler); instead queued `Apply`/`Delete` events are **coalesced per object** (`(namespace, name)`,
+//! what kube's store keys by): a newer event replaces the queued one in place, so a re-enqueue marker
+//! queued after it still follows it.
 //!
-//! Replacing in place keeps the marker rule: a re-enqueue marker queued after an object's event still
-//! follows it (the replacement sits where the old event was, before the marker).
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/read-path.md#memory-usage`.
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -1,20 +1,12 @@
 //! Planning the sub-watches of one resource in server mode.
 //!
-//! Given the ranges the member must read and the running sub-watches, decide what to change:
+//! Given the ranges the member must read and the running sub-watches, decide what to change: keep a
+//! sub-watch whose ranges are all still wanted, **narrow** one that lost some (a re-watch with the smaller
+//! selector from the last resourceVersion processed for it, no LIST), stop one that lost all, start a
+//! **new** one for ranges nobody reads yet, **merge** synced ones above the cap, and split a range set whose
+//! selector would exceed the server's size limit.
 //!
-//! - a sub-watch whose ranges are all still wanted keeps running;
-//! - one that lost some ranges is **narrowed**: re-watched from the last resourceVersion the manager
-//!   processed for it (not its first LIST's: a replay of older history would resurrect deleted objects,
-//!   and after the server's history window it would be a 410 and a LIST) with the smaller selector (a
-//!   subset misses nothing — no LIST); one that lost all is stopped;
-//! - ranges nobody reads yet get a **new** sub-watch that LISTs them, while the others keep running
-//!   (overlap);
-//! - above the cap, synced sub-watches are **merged**: one watch with the union selector from the oldest of
-//!   their processed resourceVersions (events between are replayed; the index ignores what it already
-//!   holds, and its tombstones and relist floors keep deleted objects out);
-//! - a range set whose selector would exceed the server's size limit is split over several sub-watches.
-//!
-//! Pure: no I/O, no async.
+//! Pure: no I/O, no async. See `docs/read-path.md#server-mode-and-fallback-mode`.
 
 use super::subwatch::{Start, SubId};
 use super::types::parse_rv;

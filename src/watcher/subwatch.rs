@@ -1,24 +1,11 @@
 //! One sub-watch: LIST + WATCH of one selector (or of everything, in fallback mode), in its own task with
 //! its own backoff, reporting to the manager over a channel.
 //!
-//! Recovery follows `kube_runtime::watcher`, with one deliberate difference:
-//! - LIST pages follow `continue` (the selector is resent on every page: the token does not carry it);
-//!   a list error backs off and lists again;
-//! - a watch-start error backs off and retries from the same resourceVersion — except an HTTP 410, which
-//!   relists (kube retries the expired version forever);
-//! - an in-stream `ERROR` 410 relists; any other in-stream error backs off and re-watches;
-//! - the end of a watch stream, or no event for `timeout + 5 s` (a connection frozen open), re-watches from
-//!   the last resourceVersion seen (bookmarks advance it);
-//! - every LIST page and every watch start gets an answer within [`request_limit`] (35 s by default) or
-//!   fails as a timeout: a LIST then starts over from its first page, a watch start retries like a
-//!   watch-start error. kube 5's client sets no read timeout, so without it a black-holed connection
-//!   would hold the request until TCP gives up (about 15 min; hours on a half-open connection), and a
-//!   shard activating on it would stay unadmitted;
-//! - `StreamingList`: the initial sync is a watch with `sendInitialEvents=true` that ends at the
-//!   `k8s.io/initial-events-end` bookmark.
+//! Recovery follows `kube_runtime::watcher`, except that a watch start answered 410 relists. Every LIST page
+//! and watch start is answered within [`request_limit`] or fails as a timeout (kube 5's client sets no read
+//! timeout). An HTTP 500 `invalid shard selector` is reported as such and never retried with that selector.
 //!
-//! An HTTP 500 `invalid shard selector` is reported as such (the manager switches the resource to fallback)
-//! and is never retried with the same selector.
+//! See `docs/read-path.md#sub-watch-recovery`.
 
 use std::fmt::Debug;
 use std::future::Future;

@@ -1,5 +1,5 @@
 //! The read path's shared leaf types: what a stream emits ([`Out`]), an object's key ([`RefKey`]), a
-//! parsed resourceVersion, the stream's [`Role`], and the idle-queue capacity rule.
+//! parsed resourceVersion, the stream's [`StreamRole`], and the idle-queue capacity rule.
 
 use std::collections::VecDeque;
 
@@ -12,7 +12,7 @@ use kube::Resource;
 /// activation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Role {
+pub enum StreamRole {
     /// The resource the controller reconciles.
     Primary,
     /// A resource the controller reads (children, references).

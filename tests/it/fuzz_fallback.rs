@@ -13,9 +13,12 @@ mod server_checks;
 use std::path::{Path, PathBuf};
 
 use kube_shard::{
-    group::{assignment::Assignment, report::MemberReport},
+    group::{
+        assignment::{Assignment, Handoff, ShardAssignment},
+        report::{Ack, MemberReport},
+    },
     hash::ShardKey,
-    ownership::state::{Ack, Handoff, MemberId, ShardAssignment},
+    ownership::MemberId,
     shard::{ShardCount, ShardSet},
 };
 use proptest::prelude::*;

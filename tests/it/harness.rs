@@ -17,8 +17,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::{GroupHandle, ShardGroup, ShardGroupBuilder};
-use kube_shard::oracles::fences::FenceRecorder;
 use kube_shard::ownership::Ownership;
+use kube_shard::testing::oracles::fences::FenceRecorder;
 use kube_shard::{ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;
 use tokio::time::Instant;
@@ -130,7 +130,10 @@ impl FenceLog {
 
     /// Report this member's fences to the oracle (before its task runs).
     pub(crate) fn observe(&self, ownership: &Ownership) {
-        assert!(ownership.observe_fences(self.oracle.clone()));
+        assert!(kube_shard::testing::observe_fences(
+            ownership,
+            self.oracle.clone()
+        ));
     }
 }
 
@@ -216,7 +219,9 @@ pub(crate) async fn fence_logger(member: String, ownership: Ownership, log: Fenc
                         let mut l = log.lock().unwrap();
                         l.push(FenceRecord {
                             member: member.clone(),
-                            holder: ownership.snapshot().state().me().to_string(),
+                            holder: kube_shard::testing::member_state(&ownership)
+                                .me()
+                                .to_string(),
                             shard,
                             epoch: fence.epoch(),
                             issued: now,
@@ -302,8 +307,7 @@ pub(crate) fn owners(members: &[&Member]) -> BTreeMap<u32, Vec<String>> {
             out.entry(s).or_default().push(m.name.clone());
         }
         // the status is published at renewals; the ownership snapshot is live
-        let snap = m.ownership().snapshot();
-        for (s, st) in snap.state().shards() {
+        for (s, st) in m.ownership().shard_states() {
             if matches!(st, kube_shard::ownership::ShardState::Owned { .. }) {
                 let v = out.entry(s).or_default();
                 if !v.contains(&m.name) {
@@ -321,9 +325,8 @@ pub(crate) fn served(members: &[&Member]) -> BTreeSet<u32> {
         .iter()
         .flat_map(|m| {
             m.ownership()
-                .snapshot()
-                .state()
-                .shards()
+                .shard_states()
+                .into_iter()
                 .filter(|(_, st)| {
                     matches!(
                         st,
@@ -339,9 +342,8 @@ pub(crate) fn served(members: &[&Member]) -> BTreeSet<u32> {
 
 pub(crate) fn owned_count(m: &Member) -> usize {
     m.ownership()
-        .snapshot()
-        .state()
-        .shards()
+        .shard_states()
+        .into_iter()
         .filter(|(_, st)| matches!(st, kube_shard::ownership::ShardState::Owned { .. }))
         .count()
 }

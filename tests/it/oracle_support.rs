@@ -8,10 +8,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER};
-use kube_shard::oracles::history::{
+use kube_shard::testing::oracles::history::{
     assert_justified, check, owner_changes, AssignmentVersion, LeaseVersion, OwnershipHistory,
 };
-use kube_shard::oracles::quiescence::FencedCommit;
+use kube_shard::testing::oracles::quiescence::FencedCommit;
 use kube_shard::token::FENCE_ANNOTATION;
 use kube_shard::ShardKey;
 use kube_shard_testserver::{Commit, ResourceFilter, TestServer};

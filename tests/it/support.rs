@@ -22,7 +22,7 @@ pub(crate) async fn group_server_seeded(seed: u64) -> (TestServer, FenceLog) {
 /// start of the read-path tests.
 pub(crate) async fn seeded(gate: bool, n: usize) -> (TestServer, BTreeMap<String, String>) {
     let server = TestServer::builder().shard_selector(gate).build();
-    let all = crate::watcher::seed(&server.client("admin"), n).await;
+    let all = crate::read_path::watcher::seed(&server.client("admin"), n).await;
     (server, all)
 }
 

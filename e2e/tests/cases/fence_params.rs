@@ -14,7 +14,8 @@ use kube::{
     core::Status,
     Api, Client,
 };
-use kube_shard::fence_policy::{messages, FencePolicyConfig};
+use kube_shard::fence_policy::FencePolicyConfig;
+use kube_shard::testing::fence_messages as messages;
 use serde_json::json;
 
 use crate::fence_support::{self as support, status};
@@ -275,10 +276,7 @@ async fn fence_params_on_real_server() {
 const GROUP_POLICY: &str = "kube-shard-fence-e2e-group";
 
 fn owned(handle: &kube_shard::group::GroupHandle) -> Vec<(u32, u64)> {
-    handle
-        .ownership()
-        .snapshot()
-        .state()
+    kube_shard::testing::member_state(&handle.ownership())
         .shards()
         .filter(|(_, st)| matches!(st, kube_shard::ownership::ShardState::Owned { .. }))
         .map(|(s, st)| (s, st.epoch().unwrap_or(0)))

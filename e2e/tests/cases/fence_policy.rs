@@ -12,7 +12,8 @@ use kube::{
     core::Status,
     Api, Client,
 };
-use kube_shard::fence_policy::{messages, FencePolicyConfig};
+use kube_shard::fence_policy::FencePolicyConfig;
+use kube_shard::testing::fence_messages as messages;
 use serde_json::{json, Value};
 
 use crate::fence_support::{self as support, status};

@@ -1,7 +1,7 @@
 //! Status-field fences on a real kube-apiserver (issue 16): a CRD's `/status` write copies the stored
 //! metadata, so the fence travels in `.status.kubeShardFence`, stamped by `FencedApi::status_fence_field`
 //! and compared by the generated `-status` policies — the same writes and answers as testserver's
-//! `admission_status` tests and `tests/it/fence_policy.rs`:
+//! `admission_status` tests and `tests/it/fences/policy.rs`:
 //! `KUBECONFIG=$(../shared/realkube/realkube start NAME --fresh) cargo test -p kube-shard-e2e --test e2e fence_status -- --ignored --nocapture`.
 //! Installs the status policies `kube-shard-fence-e2e-status` and `-status-shard` narrowed to the test's
 //! namespace (removed at the end), on the e2e Widget CRD (`widgets.example.kube-shard.io`).
@@ -15,11 +15,13 @@ use kube::{
     Api, Client,
 };
 use kube_shard::{
-    fence_policy::{messages, FencePolicyConfig},
+    fence_policy::FencePolicyConfig,
+    group::assignment::{AssignmentView, ShardAssignment},
     ownership::{
         fenced_write::{self, FencedApi},
-        testing, AssignmentView, MemberId, Ownership, OwnershipConfig, ShardAssignment,
+        MemberId, Ownership, OwnershipConfig,
     },
+    testing::{self, fence_messages as messages},
     ShardCount, ShardKey,
 };
 use serde_json::json;

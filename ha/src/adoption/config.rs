@@ -16,9 +16,6 @@ pub struct AdoptConfig {
     pub shard: Option<ShardSpec>,
     /// The wait before retrying an adoption that failed on a request.
     pub retry: Duration,
-    /// PLANTED BUG for the tests: admission opened before adoption runs.
-    #[doc(hidden)]
-    pub planted_open_first: bool,
 }
 
 impl AdoptConfig {
@@ -29,7 +26,6 @@ impl AdoptConfig {
             mirror,
             shard: None,
             retry: Duration::from_secs(1),
-            planted_open_first: false,
         }
     }
 

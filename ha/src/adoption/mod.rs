@@ -1,18 +1,13 @@
-//! Adoption (HA.md "Promotion and adoption"): what turns the mirror's copies into the new Active's own
-//! objects at promotion.
+//! Adoption: at promotion, the mirror's copies become the new Active's own objects.
 //!
-//! - [`plan`] (pure): the promotion plan: the copies' recorded finalizers, owner references remapped to
-//!   the copies' uids (owners first), the recomputed shard label and fence, then the deletes of copies
-//!   whose source was terminating.
-//! - [`pairing`] (pure): failback pairing by name and recorded source uid: label, update, divergent
-//!   ([`crate::failback`] runs it).
-//! - `run`: [`Adoption`], the promotion hook: the [`HaHandle`](crate::HaHandle) keeps admission
-//!   closed at a new epoch until adoption finished ([`HaHandle::require_adoption`]); the task stops the
-//!   mirror and waits for its requests, runs the plan, opens admission, and relabels the copies as owned
-//!   in the background.
-//! - `io`: the dynamic API of one kind, and the plan's steps executed on it.
+//! - [`plan`] (pure): the copies' finalizers and owner references restored (owners first), the shard
+//!   label and fence recomputed, then the deletes of copies whose source was terminating.
+//! - [`pairing`] (pure): failback's pairing by name and recorded source uid ([`crate::failback`] runs it).
+//! - `run`: [`Adoption`], the promotion hook: admission stays closed at a new epoch until adoption has
+//!   finished ([`HaHandle::require_adoption`](crate::HaHandle::require_adoption)).
+//! - `io`: the dynamic API of one kind, and the plan's steps run on it.
 //!
-//! [`HaHandle::require_adoption`]: crate::HaHandle::require_adoption
+//! See `docs/ha.md#adoption-and-failback-kube_shard_haadoption-failback-duty`.
 
 pub mod pairing;
 pub mod plan;

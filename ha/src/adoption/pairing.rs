@@ -1,16 +1,12 @@
-//! Failback pairing (HA.md "Promotion and adoption"): the old Active, now a Standby, pairs each of its own
-//! objects with the new Active's by name and recorded source uid. Pure.
+//! Failback pairing (pure): the old Active, now a Standby, pairs each of its own objects with the new
+//! Active's by name and recorded source uid.
 //!
-//! - **equal** (same body, status, and user labels and annotations): label it as the new Active's
-//!   copy ([`Pairing::Label`]);
-//! - **different**: update it in place to the copy of the new Active's object ([`Pairing::Update`]:
-//!   the mirror's update, with uid and resourceVersion preconditions and the fence `<f>:mirror`);
-//! - **only on the old Active** (no object of that name on the new Active, or one that is not a copy
-//!   of this object): [`Pairing::Divergent`], reported, deleted after the prune grace unless
+//! - equal: labelled as the new Active's copy ([`Pairing::Label`]);
+//! - different: updated in place to that copy ([`Pairing::Update`]);
+//! - only on the old Active: [`Pairing::Divergent`], reported, and deleted after the prune grace unless
 //!   `keep_divergent`.
 //!
-//! Either write turns the object into an ordinary copy: finalizers and owner references stripped into
-//! `kube-shard.io/source-*` annotations, labelled `kube-shard.io/mirrored-from`, the commit marker last.
+//! See `docs/ha.md#adoption-and-failback-kube_shard_haadoption-failback-duty` ("At failback").
 
 use std::collections::BTreeMap;
 

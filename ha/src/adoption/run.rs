@@ -95,7 +95,7 @@ async fn supervise(
                 info!(epoch = %e, "adoption: stopping the mirror");
                 m.stop().await;
             }
-            if cfg.planted_open_first {
+            if planted!(OPEN_BEFORE_ADOPTION) {
                 ha.adopted(e);
             }
             set(&status, |s| {

@@ -1,19 +1,13 @@
 //! [`MirrorDuty`]: the mirror, adoption and failback as one duty of an HA operator process, following
-//! its [`HaHandle`] through every role (HA.md "The mirror", "Promotion and adoption"):
+//! its [`HaHandle`] through every role:
 //!
-//! - **Standby, the peer Active** (both Leases name the peer at the highest epoch): if this cluster
-//!   was Active before (the `was-active` mark in its checkpoint), [`Failback`] passes until every own
-//!   object is a copy of the peer's (divergent ones deleted after the prune grace, or kept and reported
-//!   with `keep_divergent`); the mark is then cleared and the [`Mirror`] started from the peer.
-//! - **Standby, no Active peer** (limbo, unreadable, both standby): wait; a running mirror keeps going.
-//! - **Leading at a new epoch**: admission stays closed ([`HaHandle::require_adoption`]); the mirror
-//!   is stopped and its requests awaited, the `was-active` mark written, the copies adopted; admission
-//!   opens; the copies are relabelled as owned in the background.
-//! - **Active**: nothing runs; at a step-down the duty is a Standby again (failback first).
+//! - Standby with an Active peer: [`Failback`] first if this cluster holds the `was-active` mark, then
+//!   the [`Mirror`] from the peer.
+//! - Standby with no Active peer (limbo, an alarm, unreadable): waits; a running mirror keeps going.
+//! - Leading at a new epoch: admission stays closed while the mirror is stopped, the mark written and
+//!   the copies adopted; then admission opens, and the copies are relabelled in the background.
 //!
-//! The mark, not the objects, tells failback to run: a Standby that never admitted leaves objects it
-//! did not make alone (the conflict guard holds them, [`divergent_objects`](crate::failback::divergent_objects)
-//! reports them and refuses the Standby as a promotion target), where failback would delete them.
+//! See `docs/ha.md#the-mirror-duty-mirrorduty-kshard-operator---ha-mirror`.
 
 mod metrics;
 mod status;

@@ -37,13 +37,6 @@ pub struct MirrorConfig {
     /// The backstop's confirmation grace: a copy whose source is absent (or has another uid) at two
     /// sweeps at least this far apart is handed to the worker, which deletes it by its usual rules.
     pub prune_grace: Duration,
-    /// PLANTED BUG for the tests: a position that ignores the retry queue (the highest version
-    /// delivered).
-    #[doc(hidden)]
-    pub planted_watermark_ignores_queue: bool,
-    /// PLANTED BUG for the tests: the marker written first (with the main resource, before `/status`).
-    #[doc(hidden)]
-    pub planted_marker_first: bool,
 }
 
 impl MirrorConfig {
@@ -66,8 +59,6 @@ impl MirrorConfig {
             watch_timeout_secs: 290,
             prune_period: Some(Duration::from_secs(300)),
             prune_grace: Duration::from_secs(60),
-            planted_watermark_ignores_queue: false,
-            planted_marker_first: false,
         }
     }
 

@@ -1,36 +1,13 @@
-//! The mirror (HA.md "The mirror"): run by the Standby, it copies the Active's mirrored kinds into the
-//! Standby's cluster, so that a promotion finds the Active's state.
+//! The mirror: run by the Standby, it copies the Active's mirrored kinds into the Standby's cluster so
+//! that a promotion finds the Active's state. [`Mirror::start`] runs it.
 //!
-//! Pure parts (no I/O):
-//! - [`kinds`]: every watched kind is *mirrored* or *derived* ([`KindSet`]); kube-shard's own objects
-//!   are never copied ([`OwnObjects`]).
-//! - [`rv`]: source resourceVersions compared only as integers, only within one [`SourceId`]; the
-//!   commit marker; the regression check.
-//! - [`plan`]: the copy (server-owned and uid-derived fields stripped into `kube-shard.io/source-*`
-//!   annotations) and the write that brings a copy up to a source version ([`plan::decide`]).
-//! - [`queue`]: the coalescing retry queue with backoff and the failed list.
-//! - [`watermark`]: the low-watermark position.
-//! - [`lag`]: lag as confirmation by probes.
+//! Pure parts: [`kinds`] (mirrored or derived, [`KindSet`]), [`rv`] (versions compared within one
+//! [`SourceId`]), [`plan`] (the copy, and the write that updates it), [`queue`] (the retry queue),
+//! [`watermark`] (the position), [`lag`] and [`checkpoint`]. At start, [`schema`] compares the CRDs.
+//! The loops: `source` (list/watch per kind), `apply` (the worker), `task` (queue, watermark, probes,
+//! checkpoint, prune backstop), `catchup` and `hold` (catch-up to a demotion token, then no copy writes).
 //!
-//! The loops: `source` (its own list/watch loop per kind: bookmarks, resume from a version, relist on
-//! 410), `apply` (the worker: re-read at dequeue, preconditions, marker last, Orphan deletes after a GET
-//! by name), `task` (one task per kind: queue, watermark, probes, the checkpoint), and [`Mirror`] here.
-//!
-//! Catch-up to a demotion token (`catchup`, [`Mirror::catch_up`]): one consistent `NotOlderThan` LIST per
-//! kind applied as a diff, asked for in-process or by `promote --token` through the checkpoint; a request
-//! through the checkpoint is acknowledged once applied, and the mirror then holds (`hold`: no more copy
-//! writes) until the request leaves the checkpoint or the mirror stops.
-//!
-//! The prune backstop (`task.rs`, [`MirrorConfig::prune`]): every period one LIST of the source per
-//! kind against the copies; a copy without its source at two sweeps a grace apart is queued, and the
-//! worker deletes it by its usual rules (a delete the watch lost).
-//!
-//! Adoption at promotion ([`crate::adoption`]), failback ([`crate::failback`]) and the process duty that
-//! runs all of it ([`crate::duty::MirrorDuty`], with its metrics and Events) restore what the copies keep
-//! aside.
-//!
-//! At start each mirrored custom resource's definitions are compared ([`schema`]): a different scope,
-//! version set, `served` flag, schema or subresources refuses to start.
+//! See `docs/ha.md#the-mirror-kube_shard_hamirror`.
 
 pub mod checkpoint;
 pub mod config;
@@ -270,7 +247,7 @@ impl Mirror {
                 has_status: caps.subresources.iter().any(|(s, _)| s.plural == "status"),
                 source: source.clone(),
                 target: target.clone(),
-                marker_last: !cfg.planted_marker_first,
+                marker_last: !planted!(MARKER_FIRST),
             };
             let (tx, rx) = mpsc::channel(1024);
             let api: Api<DynamicObject> = Api::all_with(source.clone(), &ar);

@@ -361,7 +361,7 @@ impl KindTask {
     }
 
     async fn advance(&mut self) {
-        let pending = if self.cfg.planted_watermark_ignores_queue {
+        let pending = if planted!(WATERMARK_IGNORES_QUEUE) {
             None
         } else {
             self.queue.oldest_pending()

@@ -1,20 +1,13 @@
-//! The promotion checks every promotion path runs (HA.md "Promotion and adoption", contracts 2, 3 and
-//! 6): `promote --force`, `promote --token`, `switchover` and `demote` (against the Standby, before the
-//! freeze), and the library functions behind them ([`crate::ops::force_promote_with`],
+//! The promotion checks every promotion path runs before it writes anything: `promote --force`,
+//! `promote --token`, `switchover` and `demote` (against the Standby, before the freeze), and the
+//! library functions behind them ([`crate::failover::force_promote_with`],
 //! [`crate::switchover::promote_with_token`]).
 //!
-//! The mirror is read from the Standby's own checkpoint ([`MirrorRecord`], written by every mirror at
-//! start), never from a command's flags: what a command names (`--kind`, `--peer-cluster-id`,
-//! `--mirror-namespace`) is a cross-check. In order:
-//! 1. no mirror ever ran here (no record) → refused ([`Overrides::allow_no_mirror`]);
-//! 2. another source than the command or the token names → refused;
-//! 3. a token whose kinds are not the mirror's → refused (a kind left out of the token is neither
-//!    frozen nor caught up: its writes after the token never reach this cluster);
-//! 4. `--kind` or `--mirror-namespace` not the mirror's → refused ([`Overrides::allow_kind_mismatch`]);
-//! 5. objects here that are not copies of the peer's (divergent) → refused
-//!    ([`Overrides::allow_divergent`]);
-//! 6. `--force` only: a kind without a completed initial LIST recorded → refused
-//!    ([`Overrides::allow_unsynced`]).
+//! The mirror is read from the Standby's own checkpoint ([`MirrorRecord`]), never from a command's
+//! flags, which are only cross-checked. A refusal changes nothing; [`Overrides`] lists the ones a human
+//! may override.
+//!
+//! See `docs/ha.md#the-promotion-checks` for the refusals, in order.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,48 +1,14 @@
-//! Planned switchover (HA.md contract 2). The CLI (`kshard ha demote | promote --token | switchover |
-//! demote --cancel`) only parses and prints; this is the engine.
+//! Planned switchover (HA.md contract 2): the engine of `kshard ha demote`, `promote --token`,
+//! `switchover` and `demote --cancel`; the CLI only parses and prints.
 //!
-//! **Demote** ([`demote`], run against the Active):
-//! 1. mark the Active's own HA Lease `demoting` (a state with a rising `seq`, [`HaState`]); every process
-//!    of the cluster reads it at its next renewal (the mark changed the resourceVersion, so the renewal
-//!    conflicts and re-reads), stops admitting, ends its fences, and keeps renewing in that state (so a
-//!    witness never sees the Active stale: a Standby never auto-promotes from a `demoting` record);
-//! 2. wait until every member Lease of the Active's shard group acknowledges `ha-drained(epoch)`
-//!    ([`kube_shard::group::report::GATE_DRAINED`]: written once the member's permits and fences under the
-//!    term have ended), or, without a group, wait out the term's last possible end plus the longest
-//!    fenced-write timeout; a member that does not ack within `drain_timeout` fails the demotion with its
-//!    name, and **no token is issued**;
-//! 3. **freeze** the covered kinds: a ValidatingAdmissionPolicy and its binding refuse creates, updates
-//!    and deletes of them by every identity but `freeze_exempt`; proceed only once a dry-run probe write
-//!    is refused by it;
-//! 4. take the **token** ([`DemotionToken`]): the epoch, the source identity (cluster id and the uid of its
-//!    `kube-system` namespace), per kind the resourceVersion of a consistent LIST; record it in the
-//!    Lease (`demoting(token)`) and return it.
+//! - [`demote`] (the Active): marks its HA Leases `demoting` ([`HaState`]), waits for every member's
+//!   `ha-drained` ack (a member missing at `drain_timeout` fails it, and no token is issued), freezes the
+//!   covered kinds, then records and returns the [`DemotionToken`].
+//! - [`promote_with_token`] (the Standby): [`check_promotion`], the token table, a wait until the mirror has
+//!   caught up to the token and holds ([`CAUGHT_UP_KEY`]), then a takeover with no wait ([`TokenTakeover`]).
+//! - [`cancel`]: the Active back to `active` at the same epoch; the freeze is lifted last.
 //!
-//! **Promote with the token** ([`promote_with_token`], run against the Standby): first the promotion
-//! checks ([`check_promotion`]: this cluster's mirror read from its checkpoint; no mirror, a source
-//! other than the token's, a token whose kinds are not the mirror's, divergent objects → refused), then
-//! the token table: already used → error; foreign source → error; the source's Lease not at the token's epoch in
-//! `demoting(token)` → error (stale); the mirror's position behind the token → wait, bounded by the
-//! timeout, then a per-kind report and no change on either side; a source object above the token →
-//! error ("the old Active accepted writes after its demotion"). Then the token is recorded as used and
-//! an in-process elector of the Standby takes every Lease over from its `demoting(token)` record by
-//! conditional writes, with no `lease_duration` wait ([`TokenTakeover`]).
-//!
-//! **The mirror's position** is read from the Standby's checkpoint ConfigMap `<name>-ha-mirror` (one
-//! entry per kind, `v1 source=<cluster>/<uid> rv=<n>`, [`write_position`]): the mirror
-//! ([`crate::mirror`]) persists its low watermark there. Before waiting, `promote --token` writes the
-//! token under [`CATCH_UP_KEY`] in the same ConfigMap, and the mirror (in the Standby's operator) catches
-//! up to it by one consistent `NotOlderThan` LIST per kind instead of waiting for events. The takeover
-//! waits, beside the positions, for the mirror's acknowledgement under [`CAUGHT_UP_KEY`]: every kind's
-//! catch-up applied and the mirror *holding* (writing nothing more to this cluster). A position can pass
-//! the token by a bookmark while the catch-up's queue is still being worked through, and a copy written
-//! after the takeover would put an object the new Active's users changed back to the old Active's
-//! version. A promotion that fails before the takeover withdraws its request, and the mirror mirrors on.
-//!
-//! **Cancel** ([`cancel`]): refused once any Lease shows a higher epoch (the peer promoted); else the
-//! Lease a token promotion writes first (the witness, or without one the Active's own) is set back to
-//! `active` first, so a cancel and a token promotion serialise on one conditional write; then the own
-//! Lease is set `active`, and only then the freeze lifted (a failed write leaves the freeze).
+//! See `docs/ha.md#planned-switchover`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

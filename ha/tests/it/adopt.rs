@@ -163,8 +163,9 @@ async fn promotion(planted: bool) -> Promoted {
     b.faults()
         .latency(Scope::identity("adopter"), Some(Duration::from_millis(300)));
     let (h, elector) = elector(&b, &a);
-    let mut acfg = AdoptConfig::new(cfg).shard(spec());
-    acfg.planted_open_first = planted;
+    let acfg = AdoptConfig::new(cfg).shard(spec());
+    let _planted = planted
+        .then(|| kube_shard::testing::faults::plant(kube_shard_ha::faults::OPEN_BEFORE_ADOPTION));
     let adoption = Adoption::spawn(h.clone(), b.client("adopter"), acfg, Some(m));
     let mut run = Run {
         violations: Vec::new(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
-use kube_shard_ha::elector::Flaws;
+use kube_shard_ha::faults::Faults;
 use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, Timings};
 use kube_shard_testserver::{Scope, TestServer};
@@ -67,7 +67,7 @@ pub(crate) fn start(
         [own, peer],
         witness,
         overlap,
-        (Timings::default(), Flaws::default()),
+        (Timings::default(), Faults::none()),
         kube_shard_ha::handle::tokio_clock(),
     )
 }
@@ -87,7 +87,7 @@ pub(crate) fn start_with(
     [own, peer]: [&TestServer; 2],
     witness: Option<&TestServer>,
     overlap: &HaOverlap,
-    (timings, flaws): (Timings, Flaws),
+    (timings, flaws): (Timings, Faults),
     clock: kube_shard_ha::LocalClock,
 ) -> Op {
     start_labelled(
@@ -114,7 +114,7 @@ pub(crate) fn start_labelled(
     [own, peer]: [&TestServer; 2],
     witness: Option<&TestServer>,
     overlap: &HaOverlap,
-    (timings, flaws): (Timings, Flaws),
+    (timings, flaws): (Timings, Faults),
     clock: kube_shard_ha::LocalClock,
 ) -> Op {
     let who = format!("{label}-op");
@@ -141,7 +141,7 @@ pub(crate) fn start_labelled(
         witness.map(|w| w.client(&who)),
     );
     let (handle, control, task) =
-        kube_shard_ha::spawn_with_flaws(&cfg, clients, clock, HaMetrics::default(), flaws);
+        kube_shard_ha::spawn_with_faults(&cfg, clients, clock, HaMetrics::default(), flaws);
     let admitted = Arc::new(AtomicU64::new(0));
     let (h, o, n, id) = (
         handle.clone(),
@@ -397,7 +397,7 @@ async fn ha_witness_a_site_partition_moves_the_term_without_overlap() {
 async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
     let (sa, sb, sw) = (server().await, server().await, server().await);
     let o = HaOverlap::default();
-    let d = (Timings::default(), Flaws::default());
+    let d = (Timings::default(), Faults::none());
     let a = start_with(
         "a",
         1,
@@ -405,7 +405,7 @@ async fn witness_partition_at_clock_rates(rho: f64, seed: u64) -> usize {
         [&sa, &sb],
         Some(&sw),
         &o,
-        d,
+        d.clone(),
         clock_at_rate(1.0 - rho),
     );
     let b = start_with(

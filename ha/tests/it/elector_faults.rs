@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
-use kube_shard_ha::elector::Flaws;
+use kube_shard_ha::faults::{self, Faults};
 use kube_shard_ha::handle::tokio_clock;
 use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{HaMode, Timings};
@@ -130,7 +130,7 @@ async fn ha_a_renewal_conflict_naming_another_record_steps_the_active_down_at_on
 /// Missing Lease: a deleted Lease is *unknown*, not free. Its holder stops counting it at the 404 (so the
 /// Active stops admitting), and it is created again only after it has been seen missing for `lease_duration +
 /// grace` (15 s + 2 s). With the rule broken (create at once) the Lease is back within a retry period.
-async fn deleted_lease(flaws: Flaws) -> Duration {
+async fn deleted_lease(flaws: Faults) -> Duration {
     let o = HaOverlap::default();
     let (sa, sb) = (server().await, server().await);
     let t = Timings::default();
@@ -141,7 +141,7 @@ async fn deleted_lease(flaws: Flaws) -> Duration {
         [&sa, &sb],
         None,
         &o,
-        (t, flaws),
+        (t, flaws.clone()),
         tokio_clock(),
     );
     let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
@@ -152,7 +152,7 @@ async fn deleted_lease(flaws: Flaws) -> Duration {
         .await
         .unwrap();
     let deleted = Instant::now();
-    if flaws == Flaws::default() {
+    if flaws.is_empty() {
         until(Duration::from_secs(5), "A inactive", || {
             !a.handle.is_active()
         })
@@ -173,15 +173,14 @@ async fn deleted_lease(flaws: Flaws) -> Duration {
 
 #[tokio::test(start_paused = true)]
 async fn ha_a_deleted_lease_stops_the_active_and_is_created_again_only_after_the_full_wait() {
-    let back = deleted_lease(Flaws::default()).await;
+    let back = deleted_lease(Faults::none()).await;
     eprintln!("[ha] deleted Lease created again after {back:?}");
     assert!(back >= Duration::from_secs(17), "{back:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn ha_the_deleted_lease_check_finds_an_elector_that_creates_it_at_once() {
-    let mut flaws = Flaws::default();
-    flaws.create_missing_at_once = true;
+    let flaws = Faults::none().with(faults::CREATE_MISSING_AT_ONCE);
     let back = deleted_lease(flaws).await;
     assert!(back < Duration::from_secs(17), "{back:?}");
 }
@@ -291,7 +290,7 @@ async fn ha_a_restart_with_the_peer_unreachable_waits_for_the_peer_before_acting
 /// Published timings: the two sides run different timings. B's own `lease_duration` (6 s) is shorter than A's
 /// published `renew_deadline + request timeout` (12.5 s), so a taker that waits only its own lease takes the
 /// witness while A still holds its term.
-async fn mismatched(flaws: Flaws) -> HaOverlap {
+async fn mismatched(flaws: Faults) -> HaOverlap {
     let o = HaOverlap::default();
     let (sa, sb, sw) = (server().await, server().await, server().await);
     let s = Duration::from_secs;
@@ -321,14 +320,13 @@ async fn mismatched(flaws: Flaws) -> HaOverlap {
 
 #[tokio::test(start_paused = true)]
 async fn ha_mismatched_timings_the_taker_waits_the_holders_published_deadline() {
-    let o = mismatched(Flaws::default()).await;
+    let o = mismatched(Faults::none()).await;
     no_overlap(&o);
 }
 
 #[tokio::test(start_paused = true)]
 async fn ha_the_overlap_checker_finds_a_taker_that_ignores_published_timings() {
-    let mut flaws = Flaws::default();
-    flaws.ignore_published_timings = true;
+    let flaws = Faults::none().with(faults::IGNORE_PUBLISHED_TIMINGS);
     let o = mismatched(flaws).await;
     assert!(
         !o.violations().is_empty(),

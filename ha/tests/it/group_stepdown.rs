@@ -12,7 +12,7 @@ use kube::Api;
 use kube_shard::fence_policy::FencePolicyConfig;
 use kube_shard::ownership::fenced_write::FencedApi;
 use kube_shard::ownership::FenceError;
-use kube_shard_ha::elector::Flaws;
+use kube_shard_ha::faults::{self, Faults};
 use kube_shard_ha::overlap::{HaOverlap, Violation};
 use kube_shard_ha::HaMode;
 use kube_shard_testserver::{Scope, TestServer, Verb};
@@ -75,7 +75,7 @@ struct Delayed {
 /// 5 s, beyond the 2.5 s request timeout, so none lands; at the same time `a1`'s elector is cut from both
 /// apiservers. Nobody renews A's Lease any more, though `a2` keeps reading it (still naming A at 1001).
 /// A human promotes B as soon as it is armed. `a2`'s elector runs with `flaws`.
-async fn delayed_member_view(flaws: Flaws) -> Delayed {
+async fn delayed_member_view(flaws: Faults) -> Delayed {
     let (sa, sb) = two_servers().await;
     let o = HaOverlap::default();
     let a1 = side(
@@ -86,7 +86,7 @@ async fn delayed_member_view(flaws: Flaws) -> Delayed {
         Worker::Honest,
     );
     let a2 = side(
-        ha_builder("a2", "a", 1, HaMode::Active, &sa, &sb).ha_flaws(flaws),
+        ha_builder("a2", "a", 1, HaMode::Active, &sa, &sb).ha_faults(flaws),
         "a2",
         "a",
         &o,
@@ -158,7 +158,7 @@ async fn delayed_member_view(flaws: Flaws) -> Delayed {
 /// the checker finds no two clusters acting at once.
 #[tokio::test(start_paused = true)]
 async fn ha_group_a_members_delayed_ha_view_stops_it_within_the_renew_deadline() {
-    let d = delayed_member_view(Flaws::default()).await;
+    let d = delayed_member_view(Faults::none()).await;
     let stopped = d
         .a2_stopped
         .expect("a2 stopped admitting before B was promoted");
@@ -182,8 +182,7 @@ async fn ha_group_a_members_delayed_ha_view_stops_it_within_the_renew_deadline()
 /// overlap.
 #[tokio::test(start_paused = true)]
 async fn ha_group_the_overlap_checker_finds_a_member_dating_its_term_from_reads() {
-    let mut flaws = Flaws::default();
-    flaws.hold_from_reads = true;
+    let flaws = Faults::none().with(faults::HOLD_FROM_READS);
     let d = delayed_member_view(flaws).await;
     assert_eq!(d.a2_stopped, None, "the flawed member kept admitting");
     eprintln!("[ha-group-t8] planted: {:?}", d.o.violations());

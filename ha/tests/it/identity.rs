@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kube_shard_ha::elector::Flaws;
+use kube_shard_ha::faults::Faults;
 use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{HaMode, Timings};
 
@@ -28,7 +28,7 @@ fn side(
         own_peer,
         None,
         o,
-        (Timings::default(), Flaws::default()),
+        (Timings::default(), Faults::none()),
         kube_shard_ha::handle::tokio_clock(),
     )
 }

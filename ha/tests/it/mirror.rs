@@ -490,12 +490,14 @@ async fn retry_below_applied_with_restart(planted: bool) -> Result<(), String> {
     let mk = |n: &str| -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": n}})).unwrap()
     };
-    let mut cfg = config().backoff(Backoff {
+    let cfg = config().backoff(Backoff {
         base: Duration::from_millis(500),
         max: Duration::from_secs(2),
         max_attempts: 1000,
     });
-    cfg.planted_watermark_ignores_queue = planted;
+    let _planted = planted.then(|| {
+        kube_shard::testing::faults::plant(kube_shard_ha::faults::WATERMARK_IGNORES_QUEUE)
+    });
     let m = start(&a, &b, cfg.clone()).await;
     let y = cms(&a, "late").create(&pp, &mk("y")).await.unwrap();
     let x = cms(&a, APPS).create(&pp, &mk("x")).await.unwrap();
@@ -660,8 +662,9 @@ async fn markers_claim_only_what_the_copy_holds(planted: bool) -> Result<usize, 
     let f = ResourceFilter::resource(WIDGETS).namespace(APPS).name("w");
     a.history().record(f.clone());
     b.history().record(f.clone());
-    let mut cfg = config();
-    cfg.planted_marker_first = planted;
+    let cfg = config();
+    let _planted =
+        planted.then(|| kube_shard::testing::faults::plant(kube_shard_ha::faults::MARKER_FIRST));
     let m = start(&a, &b, cfg).await;
     let src = widgets(&a, APPS);
     let pp = PatchParams::default();
@@ -1086,8 +1089,9 @@ async fn status_refused_for_good(marker_first: bool) {
     use kube_shard_testserver::{FailRule, Scope, Verb};
     let (a, b) = pair().await;
     let src = widgets(&a, APPS);
-    let mut cfg = config();
-    cfg.planted_marker_first = marker_first;
+    let cfg = config();
+    let _planted = marker_first
+        .then(|| kube_shard::testing::faults::plant(kube_shard_ha::faults::MARKER_FIRST));
     let m = start(&a, &b, cfg).await;
     b.faults().fail_next(
         Scope::identity("mirror").verb(Verb::Update).name("p1"),

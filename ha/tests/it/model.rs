@@ -28,7 +28,8 @@
 
 use std::time::Duration;
 
-use kube_shard_ha::elector::{Answer, ElectorConfig, Flaws, Op, Slot};
+use kube_shard_ha::elector::{Answer, ElectorConfig, Op, Slot};
+use kube_shard_ha::faults::{self, Faults};
 use kube_shard_ha::record::{HaState, Origin, Published, Record};
 use kube_shard_ha::{Elector, FailoverEpoch, Timings, TokenTakeover};
 use stateright::{Checker, HasDiscoveries, Model, Property};
@@ -149,7 +150,7 @@ pub struct Ha {
     /// Both clusters were given one cluster id (`a`); each process still knows its own `kube-system` uid,
     /// and follows a term its cluster id leads (as the driver does).
     twin_ids: bool,
-    flaws: Flaws,
+    faults: Faults,
 }
 
 fn secs(s: u64) -> Duration {
@@ -179,7 +180,7 @@ impl Ha {
             .bootstrap_active(p == 0)
             .follow(self.twin_ids)
             .uid(["uid-a", "uid-b"][p as usize]);
-        Elector::new(cfg, secs(now.into())).with_flaws(self.flaws)
+        Elector::new(cfg, secs(now.into())).with_faults(self.faults.clone())
     }
 
     fn slots(&self) -> &'static [Slot] {
@@ -727,7 +728,7 @@ fn base(witness: bool) -> Ha {
         switchover: false,
         token_before_drain: false,
         twin_ids: false,
-        flaws: Flaws::default(),
+        faults: Faults::none(),
     }
 }
 
@@ -855,7 +856,7 @@ fn ha_model_finds_an_overlap_outside_the_clock_rate_bound() {
 fn ha_model_finds_a_takeover_whose_precondition_comes_from_a_later_read() {
     let mut m = base(true);
     m.max_faults = 0;
-    m.flaws.precondition_from_later_read = true;
+    m.faults = Faults::none().with(faults::PRECONDITION_FROM_LATER_READ);
     assert!(
         find_violation(m).is_some(),
         "no overlap found with the flaw"
@@ -981,7 +982,7 @@ fn ha_model_one_cluster_id_on_both_sides_never_overlaps_and_without_the_identity
         panic!("[ha-twin-ids] counterexample: {:#?}", path.into_actions());
     }
     assert!(c.discovery("A admits").is_some(), "A never admitted");
-    m.flaws.ignore_identity = true;
+    m.faults = Faults::none().with(faults::IGNORE_IDENTITY);
     assert!(
         find_violation(m).is_some(),
         "no overlap found without the identity check"

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kube_shard::group::ShardGroupBuilder;
 use kube_shard::ownership::{AdmitError, Ownership, Permit};
-use kube_shard_ha::elector::Flaws;
+use kube_shard_ha::faults::Faults;
 use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{Attach, GroupHa, HaClients, HaConfig, HaMode};
 use kube_shard_testserver::{Scope, TestServer};
@@ -77,8 +77,8 @@ pub(crate) struct HaBuilder {
 
 impl HaBuilder {
     /// The member's elector with deliberately broken rules.
-    pub(crate) fn ha_flaws(mut self, flaws: Flaws) -> Self {
-        self.ha = self.ha.flaws(flaws);
+    pub(crate) fn ha_faults(mut self, faults: Faults) -> Self {
+        self.ha = self.ha.faults(faults);
         self
     }
 
@@ -374,10 +374,9 @@ async fn ha_group_forced_promotion_then_the_returning_old_active_steps_down_with
 }
 
 fn owned(o: &Ownership) -> usize {
-    o.snapshot()
-        .state()
-        .shards()
-        .filter(|(_, s)| matches!(s, kube_shard::ownership::ShardState::Owned { .. }))
+    o.shard_states()
+        .values()
+        .filter(|s| matches!(s, kube_shard::ownership::ShardState::Owned { .. }))
         .count()
 }
 

@@ -927,8 +927,9 @@ async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
         s.kill();
     }
     let (cfg_b, clients_b) = cmd("b", 2, &p.sb, &p.sa);
-    let mut opts = ForceOptions::new(Duration::from_secs(120));
-    opts.planted_no_hold = !hold;
+    let opts = ForceOptions::new(Duration::from_secs(120));
+    let _planted =
+        (!hold).then(|| kube_shard::testing::faults::plant(kube_shard_ha::faults::NO_MIRROR_HOLD));
     let mut said = Vec::new();
     force_promote_with(
         &cfg_b,

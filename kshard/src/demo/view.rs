@@ -29,7 +29,7 @@ pub(super) fn render(d: &Demo<'_>, g: &GroupSnap) -> String {
                 a.view
                     .shards
                     .get(&sh)
-                    .is_some_and(|sa| sa.handoff != kube_shard::ownership::Handoff::Stable)
+                    .is_some_and(|sa| sa.handoff != kube_shard::group::assignment::Handoff::Stable)
             })
         })
         .collect();

@@ -1,16 +1,12 @@
 //! Renewals run beside everything else this task awaits.
 //!
-//! A coordinator pass is a chain of requests (a takeover, hints, the fence parameters, the assignment),
-//! each answered as late as the API answers. The renewals of our own Lease and of the coordinator Lease
-//! must not wait for that chain: a fence lasts `renew_deadline − fence_margin` from its renewal's start,
-//! and the others judge us by our renewals. So each renewal is a request future of its own, built from a
-//! copy of what it writes and owning everything it uses, kept in [`Runtime::beside`] and polled wherever
-//! the task waits — the main loop's `select!` and every request of a pass ([`Runtime::bounded`]). Its
-//! answer is applied to the runtime's state synchronously the moment it arrives.
+//! Each renewal (of our own Lease, and of the coordinator Lease) is a request future of its own, kept in
+//! [`Runtime::beside`] and polled wherever the task waits — the main loop and every request of a pass
+//! ([`Runtime::bounded`]) — and its answer is applied the moment it arrives. With answers taking `L`,
+//! renewals start every `max(retry_period, L)`, so the fence never lapses while
+//! `2·L < renew_deadline − fence_margin`, whatever a pass does.
 //!
-//! A renewal falls due a retry period after the previous attempt started; one of each kind is in flight
-//! at a time. With answers taking `L`, renewals start every `max(retry_period, L)`, so the fence never
-//! lapses while `2·L < renew_deadline − fence_margin` (4.5 s with the defaults), whatever a pass does.
+//! See "A slow API" in `docs/protocol.md#the-recovery-paths-owners-change-only-by-fact-never-by-inference`.
 
 use futures::future::BoxFuture;
 
@@ -36,9 +32,9 @@ impl Runtime {
         &mut self,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        let (had_lease, was_leader) = (self.own.is_some(), self.leader);
+        let (had_lease, was_leader) = (self.membership.own.is_some(), self.election.leader);
         let out = self.drive(limited(self.timeout(), fut)).await;
-        if (had_lease && self.own.is_none()) || (was_leader && !self.leader) {
+        if (had_lease && self.membership.own.is_none()) || (was_leader && !self.election.leader) {
             return Err(kube::Error::Service(
                 "our Lease or the coordinator role was lost while the request was in flight".into(),
             ));
@@ -69,7 +65,8 @@ impl Runtime {
     /// Wait until no write of the kinds named is in flight, applying answers (and starting what falls due).
     pub(super) async fn wait_beside(&mut self, member: bool, coordinator: bool) {
         loop {
-            let busy = (member && self.renewal_in_flight) || (coordinator && self.elect_in_flight);
+            let busy = (member && self.membership.renewal_in_flight)
+                || (coordinator && self.election.elect_in_flight);
             if !busy {
                 return;
             }
@@ -80,8 +77,8 @@ impl Runtime {
                 done = self.beside.next() => match done {
                     Some(done) => self.beside_done(done),
                     None => {
-                        self.renewal_in_flight = false;
-                        self.elect_in_flight = false;
+                        self.membership.renewal_in_flight = false;
+                        self.election.elect_in_flight = false;
                     }
                 },
                 _ = tokio::time::sleep_until(next) => {}
@@ -100,20 +97,22 @@ impl Runtime {
     }
 
     fn member_renewal_due(&self, now: Instant) -> bool {
-        self.own.is_some()
+        self.membership.own.is_some()
             && !self.exiting
-            && !self.renewal_in_flight
+            && !self.membership.renewal_in_flight
             && self
+                .membership
                 .renewal_started
                 .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
     }
 
     fn coordinator_renewal_due(&self, now: Instant) -> bool {
-        self.leader
-            && self.own.is_some()
+        self.election.leader
+            && self.membership.own.is_some()
             && !self.leaving
-            && !self.elect_in_flight
+            && !self.election.elect_in_flight
             && self
+                .election
                 .elected_at
                 .is_none_or(|t| now.duration_since(t) >= self.cfg.retry_period)
     }
@@ -121,11 +120,16 @@ impl Runtime {
     /// When the next renewal falls due (far ahead if none can).
     pub(super) fn next_due(&self) -> Instant {
         let far = Instant::now() + self.cfg.lease_duration;
-        let member = (self.own.is_some() && !self.renewal_in_flight && !self.exiting)
-            .then(|| self.renewal_started.map(|t| t + self.cfg.retry_period))
-            .flatten();
-        let coordinator = (self.leader && !self.elect_in_flight)
-            .then(|| self.elected_at.map(|t| t + self.cfg.retry_period))
+        let member =
+            (self.membership.own.is_some() && !self.membership.renewal_in_flight && !self.exiting)
+                .then(|| {
+                    self.membership
+                        .renewal_started
+                        .map(|t| t + self.cfg.retry_period)
+                })
+                .flatten();
+        let coordinator = (self.election.leader && !self.election.elect_in_flight)
+            .then(|| self.election.elected_at.map(|t| t + self.cfg.retry_period))
             .flatten();
         [member, coordinator]
             .into_iter()
@@ -136,8 +140,10 @@ impl Runtime {
     /// Send a renewal of our Lease (if none is in flight). `retry`: a conflict that is not a takeover is
     /// tried again at once with what we read back.
     pub(super) fn start_renewal(&mut self, retry: bool) {
-        let Some(own) = self.own.clone() else { return };
-        if self.renewal_in_flight || self.exiting {
+        let Some(own) = self.membership.own.clone() else {
+            return;
+        };
+        if self.membership.renewal_in_flight || self.exiting {
             return;
         }
         let start = self.ownership.inner.clock.now();
@@ -153,8 +159,8 @@ impl Runtime {
         let name = self.cfg.member_lease();
         let (write_limit, read_limit) = (self.renewal_timeout(), self.timeout());
         let incarnation = self.me.incarnation.to_string();
-        self.renewal_in_flight = true;
-        self.renewal_started = Some(t0);
+        self.membership.renewal_in_flight = true;
+        self.membership.renewal_started = Some(t0);
         let fut: BoxFuture<'static, Beside> = Box::pin(async move {
             let pp = PostParams::default();
             let answer = match limited(write_limit, api.replace(&name, &pp, &body)).await {
@@ -180,11 +186,11 @@ impl Runtime {
     pub(super) fn beside_done(&mut self, done: Beside) {
         match done {
             Beside::Member(r) => {
-                self.renewal_in_flight = false;
+                self.membership.renewal_in_flight = false;
                 self.renewal_answered(r);
             }
             Beside::Coordinator(w) => {
-                self.elect_in_flight = false;
+                self.election.elect_in_flight = false;
                 self.coordinator_written(w);
             }
         }

@@ -27,7 +27,8 @@ impl Runtime {
             })
             .collect();
         // a member that caught up with the generation it was behind on starts a new clock
-        self.lag_since
+        self.coordination
+            .lag_since
             .retain(|id, (_, on)| behind.get(id).is_some_and(|applied| applied < on));
         // a report, and a hint's effect, take two answers and a renewal to show (a request's time limit
         // each): a lease period, or longer on a slow API
@@ -38,23 +39,26 @@ impl Runtime {
         let mut due = Vec::new();
         for id in behind.into_keys() {
             let (since, _) = *self
+                .coordination
                 .lag_since
                 .entry(id.clone())
                 .or_insert((now, generation));
-            let last = self.nudged.get(&id).copied();
+            let last = self.coordination.nudged.get(&id).copied();
             if now.duration_since(since) >= patience
                 && last.is_none_or(|t| now.duration_since(t) >= patience)
             {
                 due.push(id);
             }
         }
-        self.nudged.retain(|id, _| self.lag_since.contains_key(id));
+        self.coordination
+            .nudged
+            .retain(|id, _| self.coordination.lag_since.contains_key(id));
         for id in due {
             // a renewal that falls due goes between the hints (each up to three requests)
             if !self.renew_between().await {
                 return;
             }
-            self.nudged.insert(id.clone(), now);
+            self.coordination.nudged.insert(id.clone(), now);
             self.nudge(&id, generation).await;
         }
     }
@@ -63,7 +67,7 @@ impl Runtime {
     /// renewed meanwhile, as it does every retry period) once more over a fresh read. Only the annotation
     /// changes: the holder's renewals stay its own, and a Lease of another incarnation is left alone.
     async fn nudge(&mut self, id: &MemberId, generation: u64) {
-        let Some((name, o)) = self.observed.iter().find(|(_, o)| &o.id == id) else {
+        let Some((name, o)) = self.observations.observed.iter().find(|(_, o)| &o.id == id) else {
             return;
         };
         let name = name.clone();
@@ -115,20 +119,21 @@ impl Runtime {
     /// assignment; if so, read the assignment directly and apply it.
     pub(super) async fn follow_hint(&mut self) {
         let hint = self
+            .membership
             .own
             .as_ref()
             .and_then(|l| l.metadata.annotations.as_ref())
             .and_then(|a| a.get(ASSIGNMENT_HINT))
             .and_then(|h| h.parse::<u64>().ok());
         let applied = self.ownership.snapshot().state().generation();
-        let Some(hint) = hint.filter(|h| *h > applied && *h > self.hint_followed) else {
+        let Some(hint) = hint.filter(|h| *h > applied && *h > self.membership.hint_followed) else {
             return;
         };
         let name = self.cfg.assignment_name();
         // a failed read is tried again at the next renewal: only a read marks the hint followed
         match self.bounded(self.cms.clone().get_opt(&name)).await {
             Ok(Some(cm)) => {
-                self.hint_followed = hint;
+                self.membership.hint_followed = hint;
                 warn!(
                     generation = hint,
                     applied, "told through our Lease that we are behind on the assignment: read it directly (is the assignment watch stuck?)"
@@ -136,7 +141,7 @@ impl Runtime {
                 self.assignment_seen(cm);
             }
             Ok(None) => {
-                self.hint_followed = hint;
+                self.membership.hint_followed = hint;
                 debug!("assignment hint, but no assignment ConfigMap");
             }
             Err(err) => debug!(error = %err, "assignment hint: cannot read the assignment"),

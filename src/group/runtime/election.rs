@@ -18,35 +18,39 @@ impl Runtime {
         let Some(rv) = l.metadata.resource_version.as_deref() else {
             return false;
         };
-        let pos = self.coordinator_writes.iter().position(|w| w == rv);
-        pos.is_some_and(|p| p + 1 < self.coordinator_writes.len())
+        let pos = self
+            .election
+            .coordinator_writes
+            .iter()
+            .position(|w| w == rv);
+        pos.is_some_and(|p| p + 1 < self.election.coordinator_writes.len())
     }
 
     pub(super) fn wrote_coordinator_lease(&mut self, l: &Lease) {
         if let Some(rv) = l.metadata.resource_version.clone() {
-            if self.coordinator_writes.len() >= 8 {
-                self.coordinator_writes.pop_front();
+            if self.election.coordinator_writes.len() >= 8 {
+                self.election.coordinator_writes.pop_front();
             }
-            self.coordinator_writes.push_back(rv);
+            self.election.coordinator_writes.push_back(rv);
         }
     }
 
     /// Not the coordinator (any more): end our term first, so singleton work stops before anyone else
     /// could acquire the Lease.
     pub(super) fn step_down(&mut self) {
-        if self.leader {
+        if self.election.leader {
             info!("stepped down as coordinator");
         }
-        self.leader = false;
-        if self.term.take().is_some() {
-            self.leadership.send_replace(None);
+        self.election.leader = false;
+        if self.election.term.take().is_some() {
+            self.election.leadership.send_replace(None);
         }
     }
 
     /// Acquire the coordinator Lease (or step down), and wait for the answer; while we hold it, its
     /// renewals run beside the pass when due and are not waited for.
     pub(super) async fn elect(&mut self) {
-        if self.leader && self.own.is_some() && !self.leaving {
+        if self.election.leader && self.membership.own.is_some() && !self.leaving {
             self.start_due(Instant::now());
             return;
         }
@@ -58,11 +62,11 @@ impl Runtime {
     /// Send the coordinator Lease write that is due, to be answered beside whatever we await
     /// (`beside.rs`); or step down (and hand the Lease back when leaving) when we may not hold it.
     pub(super) fn start_coordinator_renewal(&mut self) {
-        if self.elect_in_flight {
+        if self.election.elect_in_flight {
             return;
         }
         if let Some(fut) = self.coordinator_request() {
-            self.elect_in_flight = true;
+            self.election.elect_in_flight = true;
             self.beside.push(fut);
         }
     }
@@ -72,11 +76,15 @@ impl Runtime {
         let holder_me = format!("{}/{}", self.me.name, self.me.incarnation);
         let now = Instant::now();
         // a Lease seen deleted is absent: create it again, never replace a copy of what is gone
-        let observed = self.observed.get(&name).filter(|o| o.deleted_at.is_none());
+        let observed = self
+            .observations
+            .observed
+            .get(&name)
+            .filter(|o| o.deleted_at.is_none());
         let current = observed.map(|o| o.lease.clone());
         let held_by_me = observed.is_some_and(|o| o.holder.as_deref() == Some(&holder_me));
-        if self.own.is_none() || self.leaving {
-            let was_leader = self.leader;
+        if self.membership.own.is_none() || self.leaving {
+            let was_leader = self.election.leader;
             self.step_down();
             if was_leader && held_by_me {
                 return Some(self.release_request(current?));
@@ -105,6 +113,7 @@ impl Runtime {
         // its own term)
         let renewing = held_by_me
             && self
+                .election
                 .term
                 .is_some_and(|t| t.is_valid_on(self.clock()) && t.term == prev_term);
         let term = if renewing {
@@ -140,7 +149,7 @@ impl Runtime {
         spec.renew_time = Some(stamp);
         // both clocks, read before the request: a suspend while it is in flight counts against the term
         let start = self.clock().now();
-        self.elected_at = Some(now);
+        self.election.elected_at = Some(now);
         let (api, limit) = (self.leases.clone(), self.timeout());
         let incarnation = self.me.incarnation.to_string();
         Some(Box::pin(async move {
@@ -175,7 +184,9 @@ impl Runtime {
             (Written::Release, Err(err)) => {
                 debug!(error = %err, "could not release the coordinator lease");
             }
-            (Written::Elect { .. }, Ok(l)) if !ours || self.own.is_none() || self.leaving => {
+            (Written::Elect { .. }, Ok(l))
+                if !ours || self.membership.own.is_none() || self.leaving =>
+            {
                 // taken over (or leaving) while it was in flight: not ours to hold; it expires
                 self.wrote_coordinator_lease(&l);
                 self.observe_lease(l);
@@ -189,7 +200,7 @@ impl Runtime {
                 },
                 Ok(l),
             ) => {
-                if !self.leader {
+                if !self.election.leader {
                     info!(term, "became the coordinator");
                     self.events.emit(
                         Kind::Normal,
@@ -197,25 +208,25 @@ impl Runtime {
                         format!("became the coordinator (term {term})"),
                     );
                 }
-                self.leader = true;
+                self.election.leader = true;
                 // valid for less than anyone else waits before acquiring (lease_duration)
                 let life = self
                     .cfg
                     .renew_deadline
                     .saturating_sub(self.cfg.fence_margin);
-                if !renewing && self.term.is_some() {
+                if !renewing && self.election.term.is_some() {
                     info!(term, "our previous term lapsed: a new term");
                 }
                 let t = LeaderTerm::started(term, start, life);
-                self.term = Some(t);
-                self.leadership.send_replace(Some(t));
+                self.election.term = Some(t);
+                self.election.leadership.send_replace(Some(t));
                 self.wrote_coordinator_lease(&l);
                 self.observe_lease(l);
             }
             (Written::Elect { now, .. }, Err(err)) => {
                 debug!(error = %err, "coordinator lease not acquired");
                 if is_not_found(&err) {
-                    if let Some(o) = self.observed.get_mut(&name) {
+                    if let Some(o) = self.observations.observed.get_mut(&name) {
                         o.deleted_at.get_or_insert(now);
                     }
                 }

@@ -1,31 +1,19 @@
 //! The per-shard fence parameters (opt-in, [`ShardGroupBuilder::fence_params`]): the coordinator keeps a
 //! ConfigMap with one key per shard (`"17"`), whose value is that shard's current epoch, and writes it
-//! **before** the assignment write that activates a new owner. The per-shard fence policy
-//! ([`crate::fence_policy`], bound with `paramRef`) then refuses a deposed owner's late write — epoch lower
-//! than its shard's — even to objects the new owner never wrote.
+//! **before** the assignment write that activates a new owner, so the per-shard fence policy
+//! ([`crate::fence_policy`]) refuses a deposed owner's late write even to objects the new owner never wrote.
 //!
-//! **A published key never decreases.** Not even when the assignment write it was raised for fails with a
-//! conflict: another coordinator may have committed those very epochs meanwhile — having read our raised
-//! keys, it wrote nothing to the parameters — and a key put back below a committed epoch would let the
-//! deposed owner's late writes through (found by `tests/it/fence_params.rs`,
-//! `a_conflicting_assignment_write_never_lowers_a_published_key`; the put-back that did this is gone).
+//! A published key never decreases, even when its assignment write fails; a key left above its shard's
+//! epoch is repaired by a re-grant at a new epoch within about a lease period. A failed parameter write
+//! skips the assignment write of this pass.
 //!
-//! **A key above its shard's committed epoch** (raised for a write that then failed, and nobody committed
-//! that epoch) refuses the current owner's fenced writes: the owner keeps its shard (a refusal is a
-//! requeue, never a reconcile error, see `is_fence_refused`), but its writes do not land. That can only
-//! follow an assignment write that failed after its parameter write (two coordinators at once, or a
-//! timeout), and it is bounded: every pass re-reads the parameters at least once per `lease_duration` and
-//! marks such a shard of a live, stable owner as stale in the owner's report, so the step re-grants it to
-//! the same owner at a new epoch above the key (the path a rolled-back assignment takes, see
-//! [`crate::group::coordinator`]) — within about one lease period plus one pass of whichever coordinator
-//! leads.
-//! A failed parameter write skips the assignment write of this pass (it is retried on the next one).
+//! See `docs/fence-policy.md#the-per-shard-level---params`.
 //!
 //! [`ShardGroupBuilder::fence_params`]: crate::group::ShardGroupBuilder::fence_params
 
 use super::*;
 use crate::group::coordinator::Observed;
-use crate::ownership::{AssignmentView, Handoff};
+use crate::ownership::state::{AssignmentView, Handoff};
 
 /// Pure: the keys to raise so that every shard of `next` has at least its epoch there. A present value
 /// that is not a decimal epoch counts as absent (it is overwritten). Never lowers a key.
@@ -94,7 +82,7 @@ impl Runtime {
         };
         let span = info_span!("fence_params", configmap = %name, generation = next.generation);
         async {
-            let read = match self.fence_floors.this_pass.take() {
+            let read = match self.coordination.fence_floors.this_pass.take() {
                 Some(c) => Ok(c),
                 None => self.bounded(self.cms.clone().get_opt(&name)).await,
             };
@@ -109,7 +97,7 @@ impl Runtime {
                 .as_ref()
                 .and_then(|c| c.data.clone())
                 .unwrap_or_default();
-            self.fence_floors.read(&data);
+            self.coordination.fence_floors.read(&data);
             let changes = to_raise(&data, next);
             if changes.is_empty() {
                 return Ok(());
@@ -120,7 +108,7 @@ impl Runtime {
             }
             match self.write_params(&name, current, data).await {
                 Ok(()) => {
-                    self.fence_floors.learn(&changes);
+                    self.coordination.fence_floors.learn(&changes);
                     debug!(keys = changes.len(), "fence parameters raised");
                     Ok(())
                 }
@@ -147,24 +135,30 @@ impl Runtime {
             return;
         };
         let due = self
+            .coordination
             .fence_floors
             .read_at
             .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration);
-        self.fence_floors.this_pass = None;
+        self.coordination.fence_floors.this_pass = None;
         if due {
             match self.bounded(self.cms.clone().get_opt(&name)).await {
                 Ok(c) => {
-                    self.fence_floors.read_at = Some(now);
-                    self.fence_floors
+                    self.coordination.fence_floors.read_at = Some(now);
+                    self.coordination
+                        .fence_floors
                         .read(&c.as_ref().and_then(|c| c.data.clone()).unwrap_or_default());
-                    self.fence_floors.this_pass = Some(c);
+                    self.coordination.fence_floors.this_pass = Some(c);
                 }
                 Err(err) => debug!(error = %err, "cannot re-read the fence parameters"),
             }
         }
         let now_ms = self.clock().wall_ms();
-        let (marked, out_of_reach) =
-            mark_overshoot(current, &self.fence_floors.by_shard, members, now_ms);
+        let (marked, out_of_reach) = mark_overshoot(
+            current,
+            &self.coordination.fence_floors.by_shard,
+            members,
+            now_ms,
+        );
         if !marked.is_empty() {
             warn!(
                 shards = ?marked,
@@ -172,7 +166,7 @@ impl Runtime {
             );
         }
         for (shard, key) in out_of_reach {
-            if self.fence_floors.alarmed.insert((shard, key)) {
+            if self.coordination.fence_floors.alarmed.insert((shard, key)) {
                 let text = format!(
                     "fence parameter key \"{shard}\" = {key} in ConfigMap {name} is more than a day above the assignment's generation {} or the wall clock: no re-grant can reach it, so the owner's fenced writes to shard {shard} are refused until the key is corrected (keys never decrease on their own; an edit or a copy from another group put it there)",
                     current.generation
@@ -213,7 +207,7 @@ impl Runtime {
 mod tests {
     use super::*;
     use crate::group::report::MemberReport;
-    use crate::ownership::ShardAssignment;
+    use crate::ownership::state::ShardAssignment;
 
     fn view(epochs: &[(u32, u64)]) -> AssignmentView {
         let owner = MemberId::new("m", "1");

@@ -42,9 +42,9 @@ impl Runtime {
         let api: Api<Lease> = Api::namespaced(self.leases.clone().into_client(), &ns);
         let now = Instant::now();
         let read = self.bounded(api.get_opt(&name)).await;
-        if read.is_ok() && self.legacy_alarm {
+        if read.is_ok() && self.gates.legacy_alarm {
             info!(lease = %spec, "the legacy leader lease can be read again");
-            self.legacy_alarm = false;
+            self.gates.legacy_alarm = false;
         }
         let live = match read {
             Ok(Some(l)) => {
@@ -52,18 +52,18 @@ impl Runtime {
                 let renew = spec.renew_time.map(|t| t.0.to_string());
                 let duration =
                     Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-                let changed_at = match &self.legacy {
+                let changed_at = match &self.gates.legacy {
                     Some((seen, at)) if *seen == renew => *at,
                     _ => now,
                 };
-                self.legacy = Some((renew, changed_at));
+                self.gates.legacy = Some((renew, changed_at));
                 spec.holder_identity.is_some_and(|h| !h.is_empty())
                     && now.duration_since(changed_at) < duration
             }
             Ok(None) => false,
             // cannot tell: fail closed, hold until a read shows no live holder
             Err(err) => {
-                if !self.legacy_alarm {
+                if !self.gates.legacy_alarm {
                     error!(lease = %spec, error = %err, "ALARM: cannot read the legacy leader lease: admitting nothing until a read shows no live holder");
                     self.events.emit(
                         Kind::Warning,
@@ -72,12 +72,12 @@ impl Runtime {
                             "cannot read {spec}: admitting nothing until it can be read: {err}"
                         ),
                     );
-                    self.legacy_alarm = true;
+                    self.gates.legacy_alarm = true;
                 }
                 true
             }
         };
-        self.legacy_live = live;
+        self.gates.legacy_live = live;
         self.update_hold();
     }
 
@@ -86,9 +86,9 @@ impl Runtime {
     pub(super) fn update_hold(&mut self) {
         let want = if self.cfg.shadow {
             Some(Hold::Shadow)
-        } else if !self.foreign_formats.is_empty() {
+        } else if !self.observations.foreign_formats.is_empty() {
             Some(Hold::ForeignFormat)
-        } else if self.legacy_live {
+        } else if self.gates.legacy_live {
             Some(Hold::LegacyLeader)
         } else {
             None
@@ -97,8 +97,11 @@ impl Runtime {
         // before clearing, so no moment shows none of them while one still applies
         let bits = [
             (Hold::Shadow, self.cfg.shadow),
-            (Hold::ForeignFormat, !self.foreign_formats.is_empty()),
-            (Hold::LegacyLeader, self.legacy_live),
+            (
+                Hold::ForeignFormat,
+                !self.observations.foreign_formats.is_empty(),
+            ),
+            (Hold::LegacyLeader, self.gates.legacy_live),
         ];
         for on in [true, false] {
             for (h, want_on) in bits {
@@ -107,7 +110,7 @@ impl Runtime {
                 }
             }
         }
-        let had = self.hold;
+        let had = self.gates.hold;
         if had == want {
             return;
         }
@@ -131,6 +134,6 @@ impl Runtime {
             (Some(_), None) => info!("admission hold lifted: admitting owned shards"),
             _ => {}
         }
-        self.hold = want;
+        self.gates.hold = want;
     }
 }

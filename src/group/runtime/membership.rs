@@ -7,11 +7,11 @@ impl Runtime {
         let snap = self.ownership.snapshot();
         let st = snap.state();
         let mut r = MemberReport {
-            ready: self.own.is_some(),
+            ready: self.membership.own.is_some(),
             leaving: self.leaving,
             weight: self.cfg.weight,
             applied_generation: st.generation(),
-            seen_generation: self.seen_generation,
+            seen_generation: self.membership.seen_generation,
             acks: st.acks(),
             ..MemberReport::default()
         };
@@ -42,6 +42,7 @@ impl Runtime {
     /// history must justify every owner change on its own (`oracles::history`).
     pub(super) fn committed_report(&self) -> Option<MemberReport> {
         let text = self
+            .membership
             .own
             .as_ref()?
             .metadata
@@ -129,6 +130,7 @@ impl Runtime {
                 // stale on our own clock, with a watch that is not silent
                 let watched_stale = !self.lease_watch_silent(t0)
                     && self
+                        .observations
                         .observed
                         .get(&name)
                         .is_some_and(|o| t0.duration_since(o.last_change) >= expiry);
@@ -139,7 +141,7 @@ impl Runtime {
                 let read_stale = self.read_stale(&l, t0, expiry);
                 let stale = watched_stale || read_stale;
                 if !(mine || taken || stale) {
-                    if !self.observed.contains_key(&name) {
+                    if !self.observations.observed.contains_key(&name) {
                         // start observing it on our own clock
                         self.observe_lease(l);
                     }
@@ -161,7 +163,7 @@ impl Runtime {
                 }
                 // a claim judged stale from our observation is conditional on the resourceVersion we
                 // observed: a renewal since (that our watch has not shown yet) makes it conflict
-                let base = match self.observed.get(&name) {
+                let base = match self.observations.observed.get(&name) {
                     _ if read_stale && !watched_stale => l,
                     Some(o) if !(mine || taken) => {
                         let mut seen = o.lease.clone();
@@ -183,7 +185,7 @@ impl Runtime {
             Ok(l) => {
                 info!(incarnation = %self.me.incarnation, "joined the shard group");
                 self.health.set_collision(false);
-                self.own = Some(l);
+                self.membership.own = Some(l);
                 self.renewed(start, t0);
             }
             Err(err) => debug!(error = %err, "join failed; retrying"),
@@ -194,10 +196,10 @@ impl Runtime {
     /// `expiry` ago on our clock.
     fn read_stale(&mut self, l: &Lease, now: Instant, expiry: Duration) -> bool {
         let rv = l.metadata.resource_version.clone().unwrap_or_default();
-        match &self.claim_seen {
+        match &self.membership.claim_seen {
             Some((seen, since)) if *seen == rv => now.duration_since(*since) >= expiry,
             _ => {
-                self.claim_seen = Some((rv, now));
+                self.membership.claim_seen = Some((rv, now));
                 false
             }
         }
@@ -209,17 +211,18 @@ impl Runtime {
         // judged one (it fences at `>= renew_deadline`; a renewal landing exactly on the deadline after it
         // must start a new continuous period, or `continuous_since` stays None and this member never takes
         // anyone over)
-        let gap = self.continuous_since.is_none()
+        let gap = self.membership.continuous_since.is_none()
             || self
+                .membership
                 .last_renew_ok
                 .is_none_or(|prev| t0.duration_since(prev) > self.cfg.renew_deadline);
         if gap {
             // our own gap: nothing we observed of others during it may count against them
             self.reset_observations();
-            self.continuous_since = Some(t0);
+            self.membership.continuous_since = Some(t0);
         }
-        self.last_renew_ok = Some(t0);
-        self.fenced_since = None;
+        self.membership.last_renew_ok = Some(t0);
+        self.membership.fenced_since = None;
         self.health.set_fenced_since(None);
     }
 
@@ -227,9 +230,9 @@ impl Runtime {
     /// (they run beside the pass, `beside.rs`). Returns whether we still hold our Lease and, as before, the
     /// coordinator role.
     pub(super) async fn renew_between(&mut self) -> bool {
-        let leader = self.leader;
+        let leader = self.election.leader;
         self.start_due(Instant::now());
-        self.own.is_some() && self.leader == leader
+        self.membership.own.is_some() && self.election.leader == leader
     }
 
     /// Apply the answer to a renewal of our Lease. A conflict that is not a takeover (the coordinator wrote
@@ -237,7 +240,7 @@ impl Runtime {
     /// renewal no retry period.
     pub(super) fn renewal_answered(&mut self, r: super::answers::MemberRenewal) {
         use super::answers::MemberAnswer;
-        if r.incarnation != *self.me.incarnation || self.own.is_none() {
+        if r.incarnation != *self.me.incarnation || self.membership.own.is_none() {
             // an answer for an incarnation taken over meanwhile, or a Lease we deleted
             return;
         }
@@ -245,10 +248,10 @@ impl Runtime {
         match r.answer {
             MemberAnswer::Written(l) => {
                 debug!(took = ?r.t0.elapsed(), "renewed");
-                self.own = Some(l);
-                self.published = r.report;
+                self.membership.own = Some(l);
+                self.membership.published = r.report;
                 self.renewed(r.start, r.t0);
-                self.hint_due = true;
+                self.membership.hint_due = true;
             }
             MemberAnswer::Conflict(Ok(Some(l))) => {
                 let ann = l.metadata.annotations.clone().unwrap_or_default();
@@ -262,10 +265,10 @@ impl Runtime {
                     self.taken_over("our lease was taken over");
                     return;
                 }
-                self.own = Some(l);
-                self.hint_due = true;
+                self.membership.own = Some(l);
+                self.membership.hint_due = true;
                 if r.retry {
-                    self.renewal_started = None;
+                    self.membership.renewal_started = None;
                     self.start_renewal(false);
                 }
             }
@@ -285,19 +288,20 @@ impl Runtime {
 
     pub(super) fn missed_renewal(&mut self, now: Instant) {
         let fenced = self
+            .membership
             .last_renew_ok
             .is_none_or(|t| now.duration_since(t) >= self.cfg.renew_deadline);
         if fenced {
-            self.continuous_since = None;
-            if self.fenced_since.is_none() {
+            self.membership.continuous_since = None;
+            if self.membership.fenced_since.is_none() {
                 warn!("renew deadline passed: self-fenced until the next successful renewal");
                 self.events.emit(
                     Kind::Warning,
                     "SelfFenced",
                     "renew deadline passed: admitting nothing until the next renewal",
                 );
-                self.fenced_since = Some(now);
-                self.self_fences += 1;
+                self.membership.fenced_since = Some(now);
+                self.membership.self_fences += 1;
                 self.health.set_fenced_since(Some(now));
                 self.ownership.mark_self_fenced();
             }
@@ -318,16 +322,16 @@ impl Runtime {
         self.ownership.revoke_renewal();
         self.me = MemberId::new(self.me.name.clone(), new_incarnation());
         self.ownership.reincarnate(self.me.clone());
-        self.own = None;
-        self.last_renew_ok = None;
-        self.continuous_since = None;
+        self.membership.own = None;
+        self.membership.last_renew_ok = None;
+        self.membership.continuous_since = None;
         self.step_down();
-        if self.fenced_since.is_none() {
-            self.self_fences += 1;
+        if self.membership.fenced_since.is_none() {
+            self.membership.self_fences += 1;
         }
-        self.rejoins += 1;
-        self.fenced_since = Some(Instant::now());
-        self.health.set_fenced_since(self.fenced_since);
+        self.membership.rejoins += 1;
+        self.membership.fenced_since = Some(Instant::now());
+        self.health.set_fenced_since(self.membership.fenced_since);
     }
 
     pub(super) fn done_leaving(&self) -> bool {
@@ -342,6 +346,7 @@ impl Runtime {
         });
         // done once nothing is held and the coordinator no longer names us as an owner
         let named = self
+            .coordination
             .assignment
             .as_ref()
             .is_some_and(|a| a.view.shards.values().any(|e| e.owner == self.me));
@@ -355,6 +360,7 @@ impl Runtime {
     pub(super) fn nobody_stays(&self) -> bool {
         let now = Instant::now();
         let observed_long_enough = self
+            .membership
             .continuous_since
             .is_some_and(|t| now.duration_since(t) >= self.cfg.lease_duration);
         observed_long_enough
@@ -371,6 +377,7 @@ impl Runtime {
         self.settle_renewal().await;
         let name = self.cfg.member_lease();
         let rv = self
+            .membership
             .own
             .as_ref()
             .and_then(|l| l.metadata.resource_version.clone());
@@ -387,6 +394,6 @@ impl Runtime {
         {
             debug!(error = %err, "could not delete own lease (it will expire)");
         }
-        self.own = None;
+        self.membership.own = None;
     }
 }

@@ -6,7 +6,7 @@
 //! bounded by a timeout; every write carries a resourceVersion precondition.
 //!
 //! One file per concept: [`membership`] (this member's own Lease), [`observe`] (the others, on our clock),
-//! [`election`] (the coordinator Lease), [`coordination`] (the assignment and the coordinator pass),
+//! [`election`] (the coordinator Lease), [`coordinator_pass`] (the assignment, and the I/O around the pure `group::coordinator::step`),
 //! [`gates`] (the legacy leader gate, vacuous readers), [`channel`] (the member Lease as control channel),
 //! [`fence_params`] (the per-shard fence parameters, before each assignment write) and [`publish`] (status
 //! and metrics).
@@ -36,20 +36,24 @@ use super::report::{
 };
 use super::singleton::{LeaderTerm, TERM_ANNOTATION};
 use super::status::{GroupStatus, Health};
-use crate::ownership::{state::Event as OwnEvent, Hold, MemberId, MoveId, Ownership, ShardState};
+use crate::ownership::inner::Hold;
+use crate::ownership::{state::Event as OwnEvent, MemberId, MoveId, Ownership, ShardState};
 use crate::shard::ShardSet;
 
 mod answers;
 mod beside;
 mod channel;
-mod coordination;
+mod coordinator_pass;
 mod election;
 mod fence_params;
 mod floors;
 mod gates;
 mod membership;
 mod observe;
+mod parts;
 mod publish;
+
+use parts::{Coordination, Election, Gates, Membership, Obs, Observations, Rebuild};
 
 /// Why the member task stopped.
 #[derive(Debug, thiserror::Error)]
@@ -71,137 +75,40 @@ pub enum GroupError {
     Thread(String),
 }
 
-struct Obs {
-    id: MemberId,
-    rv: String,
-    renew_time: Option<String>,
-    last_change: Instant,
-    first_seen: Instant,
-    report: Option<MemberReport>,
-    taken_over: bool,
-    deleted_at: Option<Instant>,
-    role_coordinator: bool,
-    holder: Option<String>,
-    lease: Lease,
-}
-
 pub(crate) struct Runtime {
     cfg: GroupConfig,
     leases: Api<Lease>,
     cms: Api<ConfigMap>,
     ownership: Ownership,
     me: MemberId,
-    own: Option<Lease>,
-    last_renew_ok: Option<Instant>,
-    continuous_since: Option<Instant>,
     leaving: bool,
-    observed: BTreeMap<String, Obs>,
-    assignment: Option<Assignment>,
-    assignment_cm: Option<ConfigMap>,
-    assignment_missing: bool,
-    /// An assignment we rebuilt (re-created without a view of the one before it, or written over a
-    /// rolled-back one): no planning until every live member applied it and the fences they held before
-    /// can no longer be valid (see `coordination.rs`, `rebuild_holds`).
-    rebuild: Option<Rebuild>,
-    /// The generation of the last rebuild whose hold we served (or saw end): not held again.
-    rebuild_served: u64,
-    /// The stored assignment is older than our view (written back over it): our view goes back over it.
-    stored_behind: bool,
-    /// Times we found a rolled-back assignment (metric).
-    rollbacks: u64,
-    /// Members whose reported generations were refused as out of reach (alarmed once each).
-    reports_refused: BTreeSet<MemberId>,
-    seen_generation: u64,
-    leader: bool,
-    /// When we first saw each move in flight in its phase (`true`: `Draining`).
-    move_first_seen: BTreeMap<(MoveId, bool), Instant>,
-    takeovers: VecDeque<Instant>,
-    last_membership_change: Instant,
     status: watch::Sender<GroupStatus>,
     health: Health,
-    fenced_since: Option<Instant>,
     last_stamp: std::sync::Mutex<Option<k8s_openapi::jiff::Timestamp>>,
-    /// The report in the Lease as last written: an early renewal is only worth it when it changes.
-    published: String,
     metrics: GroupMetrics,
     events: Events,
-    handoffs: u64,
-    takeovers_done: u64,
-    /// Times this member self-fenced (renew deadline passed, or taken over).
-    self_fences: u64,
-    /// Times this member rejoined as a new incarnation.
-    rejoins: u64,
-    /// The legacy leader Lease: (renewTime last seen, when it last changed on our clock).
-    legacy: Option<(Option<String>, Instant)>,
-    /// Our term on the coordinator Lease while we lead, published to singleton work.
-    term: Option<LeaderTerm>,
-    leadership: watch::Sender<Option<LeaderTerm>>,
-    /// resourceVersions of our recent writes to the coordinator Lease, newest last.
-    coordinator_writes: VecDeque<String>,
-    /// The assignment watch listed once: from then on, no ConfigMap means it is absent.
-    assignment_listed: bool,
-    /// The ConfigMap present is not one this member can apply (another `S`/key/format, corrupt, an absurd
-    /// generation): why. A coordinator never writes over it.
-    assignment_refused: Option<String>,
-    /// During a relist of the assignment watch: whether the ConfigMap was in it.
-    assignment_relisted: Option<bool>,
-    /// When the lease watch last listed (or its view last had a gap), on our clock: an owner not observed
-    /// since is unknown until `lease_duration + grace` later.
-    leases_synced_at: Option<Instant>,
-    /// During a relist of the lease watch: the Lease names in it (the others were deleted meanwhile).
-    leases_relisted: Option<BTreeSet<String>>,
-    /// The fence parameters as last read or written (`fence_params`).
-    fence_floors: floors::Floors,
-    /// When the lease watch last delivered anything (a gap in it is a gap in our observations).
-    last_lease_event: Option<Instant>,
-    /// Incarnations replaced on their Lease by another one of the same name: when their renewal was last
-    /// seen to change, and whether they were taken over.
-    displaced: BTreeMap<MemberId, (Instant, bool)>,
-    /// The origin of the planner's join order (ms since this instant).
-    origin: Instant,
-    /// Group Leases ignored for an invalid member identity (warned about once).
-    invalid_leases: BTreeSet<String>,
-    /// The legacy leader Lease cannot be read (alarm raised, admission held).
-    legacy_alarm: bool,
-    /// The legacy leader Lease has a live holder (or cannot be read).
-    legacy_live: bool,
-    /// Group Leases whose member report is of another format (another build): why, per Lease name.
-    foreign_formats: BTreeMap<String, String>,
-    /// The admission hold this runtime set (see [`Runtime::update_hold`]).
-    hold: Option<Hold>,
-    /// Coordinator: since when each live member is behind the assignment, and the generation (then the
-    /// newest) it has to apply to stop the clock.
-    lag_since: BTreeMap<MemberId, (Instant, u64)>,
-    /// Coordinator: when we last told each lagging member through its Lease.
-    nudged: BTreeMap<MemberId, Instant>,
-    /// Something the lease watch delivered asks the coordinator to look again.
-    coordinate_soon: bool,
     /// A watch stream ended (the member task stops).
     watch_ended: bool,
     /// Leaving for good: no renewal starts any more.
     exiting: bool,
-    /// Member: the highest assignment hint we followed (read the assignment directly for).
-    hint_followed: u64,
-    /// Joining over another incarnation's Lease: the resourceVersion we read, and when we first read it.
-    claim_seen: Option<(String, Instant)>,
     /// The renewals in flight, answered beside whatever this task awaits (`beside.rs`).
     beside: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, answers::Beside>>,
-    /// A renewal of our Lease is in flight.
-    renewal_in_flight: bool,
-    /// When the last renewal of our Lease was sent (on our clock).
-    renewal_started: Option<Instant>,
-    /// A write of the coordinator Lease is in flight.
-    elect_in_flight: bool,
-    /// When our last write of the coordinator Lease was sent.
-    elected_at: Option<Instant>,
-    /// Our Lease was written or read back since we last looked for an assignment hint in it.
-    hint_due: bool,
     /// What the lease watch delivered, with when it arrived (the watch is read by a task of its own, so a
     /// slow pass never makes it look silent).
     lease_rx: Feed<Lease>,
     /// What the assignment watch delivered.
     cm_rx: Feed<ConfigMap>,
     spawner: crate::rt::Spawner,
+    /// This member's own Lease: renewals, self-fencing, the report it publishes, hints it follows (`membership.rs`).
+    membership: Membership,
+    /// What this member observes of the others' Leases, on its own clock (`observe.rs`).
+    observations: Observations,
+    /// The coordinator Lease: whether this member leads, its term, its writes (`election.rs`).
+    election: Election,
+    /// The assignment as read, and the coordinator's memory between passes (`coordinator_pass.rs`, `channel.rs`, `fence_params.rs`).
+    coordination: Coordination,
+    /// The admission gates this runtime sets: the legacy leader gate and the hold (`gates.rs`).
+    gates: Gates,
 }
 
 /// A watch read by a task of its own: each item with its arrival time on our clock (`None`: it ended).
@@ -280,41 +187,9 @@ impl Runtime {
         Runtime {
             metrics,
             events,
-            handoffs: 0,
-            takeovers_done: 0,
-            self_fences: 0,
-            rejoins: 0,
-            legacy: None,
-            term: None,
-            leadership,
-            coordinator_writes: VecDeque::new(),
-            assignment_listed: false,
-            assignment_refused: None,
-            assignment_relisted: None,
-            leases_synced_at: None,
-            leases_relisted: None,
-            fence_floors: Default::default(),
-            last_lease_event: None,
-            displaced: BTreeMap::new(),
-            origin: now,
-            invalid_leases: BTreeSet::new(),
-            legacy_alarm: false,
-            legacy_live: false,
-            foreign_formats: BTreeMap::new(),
-            hold: None,
-            lag_since: BTreeMap::new(),
-            nudged: BTreeMap::new(),
-            hint_followed: 0,
-            coordinate_soon: false,
             watch_ended: false,
             exiting: false,
-            claim_seen: None,
             beside: Default::default(),
-            renewal_in_flight: false,
-            renewal_started: None,
-            elect_in_flight: false,
-            elected_at: None,
-            hint_due: false,
             lease_rx,
             cm_rx,
             spawner,
@@ -323,29 +198,71 @@ impl Runtime {
             cfg,
             ownership,
             me,
-            own: None,
-            last_renew_ok: None,
-            continuous_since: None,
             leaving: false,
-            observed: BTreeMap::new(),
-            assignment: None,
-            assignment_cm: None,
-            assignment_missing: false,
-            rebuild: None,
-            rebuild_served: 0,
-            stored_behind: false,
-            rollbacks: 0,
-            reports_refused: BTreeSet::new(),
-            seen_generation: 0,
-            leader: false,
-            move_first_seen: BTreeMap::new(),
-            takeovers: VecDeque::new(),
-            last_membership_change: now,
             status,
             health,
-            fenced_since: None,
             last_stamp: std::sync::Mutex::new(None),
-            published: String::new(),
+            membership: Membership {
+                self_fences: 0,
+                rejoins: 0,
+                hint_followed: 0,
+                claim_seen: None,
+                renewal_in_flight: false,
+                renewal_started: None,
+                hint_due: false,
+                own: None,
+                last_renew_ok: None,
+                continuous_since: None,
+                seen_generation: 0,
+                fenced_since: None,
+                published: String::new(),
+            },
+            observations: Observations {
+                leases_synced_at: None,
+                leases_relisted: None,
+                last_lease_event: None,
+                displaced: BTreeMap::new(),
+                origin: now,
+                invalid_leases: BTreeSet::new(),
+                foreign_formats: BTreeMap::new(),
+                observed: BTreeMap::new(),
+                last_membership_change: now,
+            },
+            election: Election {
+                term: None,
+                leadership,
+                coordinator_writes: VecDeque::new(),
+                elect_in_flight: false,
+                elected_at: None,
+                leader: false,
+            },
+            coordination: Coordination {
+                handoffs: 0,
+                takeovers_done: 0,
+                assignment_listed: false,
+                assignment_refused: None,
+                assignment_relisted: None,
+                fence_floors: Default::default(),
+                lag_since: BTreeMap::new(),
+                nudged: BTreeMap::new(),
+                coordinate_soon: false,
+                assignment: None,
+                assignment_cm: None,
+                assignment_missing: false,
+                rebuild: None,
+                rebuild_served: 0,
+                stored_behind: false,
+                rollbacks: 0,
+                reports_refused: BTreeSet::new(),
+                move_first_seen: BTreeMap::new(),
+                takeovers: VecDeque::new(),
+            },
+            gates: Gates {
+                legacy: None,
+                legacy_alarm: false,
+                legacy_live: false,
+                hold: None,
+            },
         }
     }
 
@@ -393,7 +310,7 @@ impl Runtime {
                 info!("shadow mode: ownership is computed and reported, nothing is admitted");
             }
             // fail closed: held until a successful read shows no live legacy holder
-            self.legacy_live = self.cfg.legacy_leader_lease.is_some();
+            self.gates.legacy_live = self.cfg.legacy_leader_lease.is_some();
             self.update_hold();
             // the streams back off by themselves, each read by a task of its own: a failing watch never
             // blocks renewals, and a slow pass never leaves the watches unread
@@ -454,12 +371,12 @@ impl Runtime {
                         self.vacuous_progress();
                         // publish acks promptly, but a renewal itself changes ownership bookkeeping:
                         // renew early only when the report would say something new
-                        if self.report().encode() != self.published {
+                        if self.report().encode() != self.membership.published {
                             dirty = true;
                         }
                     }
                     Some(ev) = self.lease_rx.recv() => match self.lease_item(ev) {
-                        Some(soon) => self.coordinate_soon |= soon,
+                        Some(soon) => self.coordination.coordinate_soon |= soon,
                         None => return Ok(()),
                     },
                     Some(ev) = self.cm_rx.recv() => if !self.assignment_item(ev) {
@@ -470,20 +387,20 @@ impl Runtime {
                 if !self.apply_delivered() {
                     return Ok(());
                 }
-                if self.hint_due {
-                    self.hint_due = false;
+                if self.membership.hint_due {
+                    self.membership.hint_due = false;
                     self.follow_hint().await;
                 }
-                if self.coordinate_soon && !dirty && self.leader {
-                    self.coordinate_soon = false;
+                if self.coordination.coordinate_soon && !dirty && self.election.leader {
+                    self.coordination.coordinate_soon = false;
                     self.start_due(Instant::now());
                     self.coordinate().await;
                     self.publish_status();
                 }
                 if dirty {
                     dirty = false;
-                    self.coordinate_soon = false;
-                    if self.own.is_none() {
+                    self.coordination.coordinate_soon = false;
+                    if self.membership.own.is_none() {
                         self.join().await;
                     } else {
                         // an early renewal when the report changed; else whatever is due
@@ -491,7 +408,7 @@ impl Runtime {
                     }
                     self.check_legacy_leader().await;
                     self.elect().await;
-                    if self.leader && self.renew_between().await {
+                    if self.election.leader && self.renew_between().await {
                         self.coordinate().await;
                     }
                     self.publish_status();
@@ -514,14 +431,6 @@ impl Runtime {
         .instrument(span)
         .await
     }
-}
-
-/// A rebuilt assignment the coordinator waits on before planning: its generation, and since when every live
-/// member has reported it applied (on our clock).
-#[derive(Debug, Clone, Copy)]
-struct Rebuild {
-    generation: u64,
-    all_applied_at: Option<Instant>,
 }
 
 /// Watch events applied at most between two rounds of requests.
@@ -571,7 +480,7 @@ impl Runtime {
             if let Ok(ev) = self.lease_rx.try_recv() {
                 any = true;
                 match self.lease_item(ev) {
-                    Some(soon) => self.coordinate_soon |= soon,
+                    Some(soon) => self.coordination.coordinate_soon |= soon,
                     None => self.watch_ended = true,
                 }
             }
@@ -609,6 +518,7 @@ impl Runtime {
             .max(self.timeout() * 2 + self.cfg.retry_period);
         now.duration_since(started) >= period
             && self
+                .observations
                 .last_lease_event
                 .is_none_or(|t| now.duration_since(t) >= period)
     }

@@ -7,14 +7,14 @@ impl Runtime {
     /// count against anyone, so every observation clock starts again now.
     pub(super) fn reset_observations(&mut self) {
         let now = Instant::now();
-        for o in self.observed.values_mut() {
+        for o in self.observations.observed.values_mut() {
             o.last_change = now;
         }
-        for (seen, _) in self.displaced.values_mut() {
+        for (seen, _) in self.observations.displaced.values_mut() {
             *seen = now;
         }
-        if self.leases_synced_at.is_some() {
-            self.leases_synced_at = Some(now);
+        if self.observations.leases_synced_at.is_some() {
+            self.observations.leases_synced_at = Some(now);
         }
     }
 
@@ -37,20 +37,22 @@ impl Runtime {
     /// The lease watch delivered something: after a silence, restart the observation clocks first.
     pub(super) fn lease_watch_delivered(&mut self, now: Instant) {
         if self
+            .observations
             .last_lease_event
             .is_some_and(|t| now.duration_since(t) > self.lease_gap())
         {
             debug!("the lease watch resumes after a silence: resetting observation clocks");
             self.reset_observations();
         }
-        self.last_lease_event = Some(now);
+        self.observations.last_lease_event = Some(now);
     }
 
     /// The lease watch is silent (or never listed): what we observe of others is not current, so nobody
     /// may be judged on it.
     pub(super) fn lease_watch_silent(&self, now: Instant) -> bool {
-        self.leases_synced_at.is_none()
+        self.observations.leases_synced_at.is_none()
             || self
+                .observations
                 .last_lease_event
                 .is_none_or(|t| now.duration_since(t) > self.lease_gap())
     }
@@ -99,7 +101,9 @@ impl Runtime {
         let coordinator = labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator")
             || name == self.cfg.coordinator_lease();
         if !coordinator && !self.valid_member_lease(&name, &member_name, &incarnation) {
-            if !self.observed.contains_key(&name) && self.invalid_leases.insert(name.clone()) {
+            if !self.observations.observed.contains_key(&name)
+                && self.observations.invalid_leases.insert(name.clone())
+            {
                 warn!(lease = %name, holder = %member_name, "ignoring a group Lease with an invalid member identity");
                 self.events.emit(
                     Kind::Warning,
@@ -109,7 +113,7 @@ impl Runtime {
             }
             return false;
         }
-        match self.observed.get_mut(&name) {
+        match self.observations.observed.get_mut(&name) {
             Some(o) => {
                 let mut relevant =
                     o.report != report || o.taken_over != taken_over || o.deleted_at.is_some();
@@ -119,12 +123,15 @@ impl Runtime {
                     // is gone once taken over, or `lease_duration + grace` after its last renewal we saw
                     if !o.id.incarnation.is_empty() {
                         let old = std::mem::replace(&mut o.id, new_id.clone());
-                        self.displaced.insert(old, (o.last_change, o.taken_over));
+                        self.observations
+                            .displaced
+                            .insert(old, (o.last_change, o.taken_over));
                     }
                     o.id = new_id;
                     o.first_seen = now;
                     o.last_change = o.last_change.max(now);
-                    self.last_membership_change = self.last_membership_change.max(now);
+                    self.observations.last_membership_change =
+                        self.observations.last_membership_change.max(now);
                     relevant = true;
                 }
                 if o.renew_time != renew_time {
@@ -140,8 +147,9 @@ impl Runtime {
                 relevant
             }
             None => {
-                self.last_membership_change = self.last_membership_change.max(now);
-                self.observed.insert(
+                self.observations.last_membership_change =
+                    self.observations.last_membership_change.max(now);
+                self.observations.observed.insert(
                     name,
                     Obs {
                         id: MemberId::new(member_name.as_str(), incarnation.as_str()),
@@ -185,7 +193,7 @@ impl Runtime {
     pub(super) fn set_foreign_format(&mut self, lease: &str, why: Option<String>) {
         let changed = match why {
             Some(why) => {
-                let new = !self.foreign_formats.contains_key(lease);
+                let new = !self.observations.foreign_formats.contains_key(lease);
                 if new {
                     error!(lease = %lease, error = %why, "ALARM: a member of another build is in the group: admitting nothing until it is gone");
                     self.events.emit(
@@ -194,13 +202,16 @@ impl Runtime {
                         format!("Lease {lease}: {why}; admitting nothing until it is gone"),
                     );
                 }
-                self.foreign_formats.insert(lease.to_owned(), why);
+                self.observations
+                    .foreign_formats
+                    .insert(lease.to_owned(), why);
                 new
             }
-            None => self.foreign_formats.remove(lease).is_some(),
+            None => self.observations.foreign_formats.remove(lease).is_some(),
         };
         if changed {
             let why = self
+                .observations
                 .foreign_formats
                 .iter()
                 .next()
@@ -214,7 +225,9 @@ impl Runtime {
     pub(super) fn on_lease_event(&mut self, ev: Event<Lease>, arrived: Instant) -> bool {
         match ev {
             Event::Apply(l) | Event::InitApply(l) => {
-                if let (Some(seen), Some(n)) = (self.leases_relisted.as_mut(), &l.metadata.name) {
+                if let (Some(seen), Some(n)) =
+                    (self.observations.leases_relisted.as_mut(), &l.metadata.name)
+                {
                     seen.insert(n.clone());
                 }
                 let ours = l.metadata.name.as_deref() == Some(self.cfg.member_lease().as_str())
@@ -229,24 +242,28 @@ impl Runtime {
                 if let Some(n) = &l.metadata.name {
                     self.set_foreign_format(n, None);
                 }
-                if let Some(o) = l.metadata.name.and_then(|n| self.observed.get_mut(&n)) {
+                if let Some(o) = l
+                    .metadata
+                    .name
+                    .and_then(|n| self.observations.observed.get_mut(&n))
+                {
                     o.deleted_at.get_or_insert_with(Instant::now);
-                    self.last_membership_change = Instant::now();
+                    self.observations.last_membership_change = Instant::now();
                 }
                 true
             }
             // a relist: our view had a gap
             Event::Init => {
                 self.reset_observations();
-                self.leases_relisted = Some(BTreeSet::new());
+                self.observations.leases_relisted = Some(BTreeSet::new());
                 false
             }
             // a Lease missing from the relist was deleted meanwhile (the watcher sends no Delete for it)
             Event::InitDone => {
                 let now = Instant::now();
-                let seen = self.leases_relisted.take().unwrap_or_default();
+                let seen = self.observations.leases_relisted.take().unwrap_or_default();
                 let mut gone = false;
-                for (name, o) in &mut self.observed {
+                for (name, o) in &mut self.observations.observed {
                     if !seen.contains(name) && o.deleted_at.is_none() {
                         debug!(lease = %name, "a Lease vanished during a relist: deleted");
                         o.deleted_at = Some(now);
@@ -254,6 +271,7 @@ impl Runtime {
                     }
                 }
                 let vanished: Vec<String> = self
+                    .observations
                     .foreign_formats
                     .keys()
                     .filter(|l| !seen.contains(*l))
@@ -263,10 +281,10 @@ impl Runtime {
                     self.set_foreign_format(&l, None);
                 }
                 if gone {
-                    self.last_membership_change = now;
+                    self.observations.last_membership_change = now;
                 }
-                if self.leases_synced_at.is_none() {
-                    self.leases_synced_at = Some(now);
+                if self.observations.leases_synced_at.is_none() {
+                    self.observations.leases_synced_at = Some(now);
                 }
                 true
             }
@@ -277,7 +295,7 @@ impl Runtime {
         let lease_period = self.cfg.lease_duration;
         let expiry = self.cfg.lease_duration + self.cfg.takeover_grace;
         let mut out = Vec::new();
-        for (name, o) in &self.observed {
+        for (name, o) in &self.observations.observed {
             if o.role_coordinator || name == &self.cfg.coordinator_lease() {
                 continue;
             }
@@ -285,10 +303,7 @@ impl Runtime {
             let deleted = o.deleted_at.is_some();
             let me = o.id == self.me;
             // planted: a member whose Lease is deleted (no longer observed) is gone at once
-            #[cfg(feature = "planted-bugs")]
-            let since = if deleted
-                && crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone)
-            {
+            let since = if deleted && planted!(UNOBSERVED_IS_GONE) {
                 expiry
             } else {
                 since
@@ -304,7 +319,10 @@ impl Runtime {
                     o.report.clone()
                 },
                 // the planner's join order: when it was first seen, from a fixed origin (smaller is earlier)
-                joined: o.first_seen.duration_since(self.origin).as_millis() as u64,
+                joined: o
+                    .first_seen
+                    .duration_since(self.observations.origin)
+                    .as_millis() as u64,
                 joining: !me && now.duration_since(o.first_seen) < self.cfg.join_debounce,
             });
         }
@@ -323,11 +341,11 @@ impl Runtime {
         for e in current.view.shards.values() {
             absent.insert(&e.owner);
             match &e.handoff {
-                crate::ownership::Handoff::Moving { to, .. }
-                | crate::ownership::Handoff::Draining { to, .. } => {
+                crate::ownership::state::Handoff::Moving { to, .. }
+                | crate::ownership::state::Handoff::Draining { to, .. } => {
                     absent.insert(to);
                 }
-                crate::ownership::Handoff::Stable => {}
+                crate::ownership::state::Handoff::Stable => {}
             }
         }
         for id in absent {
@@ -335,10 +353,7 @@ impl Runtime {
                 continue;
             }
             let me = *id == self.me;
-            #[cfg(feature = "planted-bugs")]
-            if !me
-                && crate::ownership::planted::on(crate::ownership::planted::Bug::UnobservedIsGone)
-            {
+            if !me && planted!(UNOBSERVED_IS_GONE) {
                 // planted: an owner not observed on its Lease is gone at once (no wait, no evidence)
                 out.push(Observed {
                     id: id.clone(),
@@ -352,9 +367,10 @@ impl Runtime {
                 continue;
             }
             let gone = !me
-                && match self.displaced.get(id) {
+                && match self.observations.displaced.get(id) {
                     Some((seen, taken)) => *taken || now.duration_since(*seen) >= expiry,
                     None => self
+                        .observations
                         .leases_synced_at
                         .is_some_and(|t| now.duration_since(t) >= expiry),
                 };

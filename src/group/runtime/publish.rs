@@ -15,16 +15,17 @@ impl Runtime {
         let members = self.members(now);
         let status = GroupStatus {
             member: self.me.clone(),
-            coordinator: self.leader,
+            coordinator: self.election.leader,
             generation: snap.state().generation(),
             owned,
             live_members: members.iter().filter(|m| m.alive).count(),
             moves_in_flight: self
+                .coordination
                 .assignment
                 .as_ref()
                 .map_or(0, Assignment::moves_in_flight),
             self_fenced: snap.state().is_fenced(),
-            joined: self.own.is_some(),
+            joined: self.membership.own.is_some(),
         };
         // cluster-wide gauges from every live member's published sets
         let mut admitted: BTreeMap<u32, usize> = BTreeMap::new();
@@ -62,15 +63,15 @@ impl Runtime {
             g.self_fenced = status.self_fenced;
             g.coordinator = status.coordinator;
             g.identity_collision = self.health.identity_collision();
-            g.assignment_refused = self.assignment_refused.is_some();
-            g.foreign_format = !self.foreign_formats.is_empty();
+            g.assignment_refused = self.coordination.assignment_refused.is_some();
+            g.foreign_format = !self.observations.foreign_formats.is_empty();
             g.live_members = status.live_members as u64;
             g.moves_in_flight = status.moves_in_flight as u64;
-            g.handoffs_completed = self.handoffs;
-            g.takeovers = self.takeovers_done;
-            g.self_fences = self.self_fences;
-            g.rejoins = self.rejoins;
-            g.assignment_rollbacks = self.rollbacks;
+            g.handoffs_completed = self.coordination.handoffs;
+            g.takeovers = self.coordination.takeovers_done;
+            g.self_fences = self.membership.self_fences;
+            g.rejoins = self.membership.rejoins;
+            g.assignment_rollbacks = self.coordination.rollbacks;
             g.unowned_shards = shards.saturating_sub(admitted.len() as u64);
             g.multi_owned_shards = admitted.values().filter(|n| **n > 1).count() as u64;
             g.owned_not_serving_shards = not_serving.len() as u64;

@@ -10,7 +10,8 @@ use kube::{
     Api,
 };
 use kube_shard::{
-    fence_policy::{messages, FencePolicyConfig},
+    fence_policy::FencePolicyConfig,
+    testing::fence_messages as messages,
     token::{FenceToken, Refusal, FENCE_ANNOTATION},
 };
 use kube_shard_testserver::TestServer;

@@ -11,7 +11,8 @@ use kube::{
     core::{ApiResource, DynamicObject, GroupVersionKind, Status},
     Api,
 };
-use kube_shard::fence_policy::{messages, FencePolicyConfig};
+use kube_shard::fence_policy::FencePolicyConfig;
+use kube_shard::testing::fence_messages as messages;
 use kube_shard_testserver::TestServer;
 use serde_json::{json, Value};
 
