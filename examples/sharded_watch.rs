@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::{controller::Action, watcher, Controller, WatchStreamExt};
 use kube::Api;
-use kube_shard::ownership::{Ownership, OwnershipConfig};
+use kube_shard::{Ownership, OwnershipConfig};
 use kube_shard::{ShardCount, ShardKey, ShardedWatcher};
 use kube_shard_testserver::TestServer;
 

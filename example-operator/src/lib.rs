@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{controller, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::group::Leadership;
-use kube_shard::ownership::reconcile as admission;
+use kube_shard::reconcile as admission;
 use kube_shard::rt::Spawner;
 use kube_shard::watcher::{Dependency, ReadPathMetrics, WatcherStats};
 use kube_shard::{Fence, Ownership, ShardKey, ShardedWatcher};

@@ -10,8 +10,8 @@ use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
-use kube_shard::ownership::fenced_write::{self, FencedApi};
 use kube_shard::ownership::FenceError;
+use kube_shard::{fenced_write, FencedApi};
 use kube_shard::{Fence, Ownership, Permit};
 
 use crate::widget::{self, Widget, CHILD_LABEL};
