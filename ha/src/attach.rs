@@ -8,8 +8,9 @@ use std::sync::Arc;
 use kube_shard::group::ShardGroupBuilder;
 
 use crate::driver::{HaClients, HaControl};
-use crate::handle::{tokio_clock, HaHandle, LocalClock};
+use crate::handle::HaHandle;
 use crate::{HaConfig, HaMetrics, HaMode};
+use kube_shard::rt::Clock;
 
 /// Attach HA with the defaults (tokio's clock, fresh metrics); see [`Attach`] for the options.
 ///
@@ -49,7 +50,7 @@ pub struct GroupHa {
 pub struct Attach {
     config: HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     metrics: HaMetrics,
     #[cfg(feature = "test-util")]
     faults: crate::faults::Faults,
@@ -69,7 +70,7 @@ impl Attach {
         Attach {
             config,
             clients,
-            clock: tokio_clock(),
+            clock: Clock::system(),
             metrics: HaMetrics::default(),
             #[cfg(feature = "test-util")]
             faults: crate::faults::Faults::none(),
@@ -78,7 +79,7 @@ impl Attach {
 
     /// The elector's local monotonic clock (default: tokio's; tests give each cluster its own offset and
     /// rate).
-    pub fn clock(mut self, clock: LocalClock) -> Self {
+    pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
     }

@@ -25,10 +25,11 @@ use super::elector::{
 };
 use super::epoch::FailoverEpoch;
 use super::events::{reason, HaEvents};
-use super::handle::{HaHandle, LocalClock, Term};
+use super::handle::{HaHandle, Term};
 use super::identity::{self, Identity};
 use super::metrics::HaMetrics;
 use super::record::{self, Origin, Record};
+use kube_shard::rt::Clock;
 
 /// The clients of the three clusters.
 #[derive(Clone)]
@@ -160,7 +161,7 @@ impl HaControl {
     }
 
     /// The mirror's lag report for `--max-auto-promote-lag`: `at` is the local-clock time (this process's
-    /// [`LocalClock`]) of the latest probe the mirror's watermark has passed for **every** kind. The lag
+    /// [`Clock`]) of the latest probe the mirror's watermark has passed for **every** kind. The lag
     /// is the time since then, so it grows by itself when the mirror stops confirming.
     pub async fn mirror_confirmed(&self, at: Duration) -> Result<(), Stopped> {
         self.tx
@@ -190,7 +191,7 @@ impl HaControl {
 pub fn spawn(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     metrics: HaMetrics,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
     spawn_elector(cfg, clients, clock, metrics, |e| e)
@@ -202,7 +203,7 @@ pub fn spawn(
 pub fn spawn_with_faults(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     metrics: HaMetrics,
     faults: crate::faults::Faults,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
@@ -212,7 +213,7 @@ pub fn spawn_with_faults(
 fn spawn_elector(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     metrics: HaMetrics,
     adjust: impl FnOnce(Elector) -> Elector + Send + 'static,
 ) -> (HaHandle, HaControl, Option<tokio::task::JoinHandle<()>>) {
@@ -247,7 +248,7 @@ fn spawn_elector(
     ];
     let mut driver = Driver {
         // replaced once this cluster's identity is read, before the first request
-        elector: Elector::new(ecfg.clone(), clock()),
+        elector: Elector::new(ecfg.clone(), clock.elapsed()),
         apis,
         namespaces,
         lease: lease.clone(),
@@ -281,7 +282,7 @@ fn spawn_elector(
         )
         .await;
         let ecfg = ecfg.uid(uid.clone()).floor(floor.epoch);
-        driver.elector = adjust(Elector::new(ecfg, (driver.clock)()));
+        driver.elector = adjust(Elector::new(ecfg, driver.clock.elapsed()));
         // ends only by the task's end, so it never outlives an aborted driver
         let identities = async move {
             let me = Identity::of(&floor_cfg, uid.clone());
@@ -322,7 +323,7 @@ struct Driver {
     events: HaEvents,
     handle: HaHandle,
     metrics: HaMetrics,
-    clock: LocalClock,
+    clock: Clock,
     was_active: bool,
     /// Per slot, the latest `renewTime` seen in an answer or sent: the next write stamps strictly after
     /// it, so every renewal changes the Lease (a no-op update keeps the resourceVersion, and an observer
@@ -363,7 +364,7 @@ impl Driver {
         let mut commands_open = true;
         loop {
             self.gate_auto_promotion();
-            let (reqs, trans) = self.elector.poll((self.clock)());
+            let (reqs, trans) = self.elector.poll(self.clock.elapsed());
             self.on_transitions(&trans);
             for r in reqs {
                 inflight.push(self.send(r));
@@ -377,17 +378,17 @@ impl Driver {
                     let last = &mut self.stamps[slot as usize];
                     *last = (*last).max(stamp);
                     self.warn_unidentified(slot, &answer);
-                    let trans = self.elector.on_answer(slot, answer, (self.clock)());
+                    let trans = self.elector.on_answer(slot, answer, self.clock.elapsed());
                     self.on_transitions(&trans);
                 }
                 cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Command::Force(reply)) => {
-                        let r = self.elector.force_promote((self.clock)());
+                        let r = self.elector.force_promote(self.clock.elapsed());
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
                     }
                     Some(Command::DemotionToken(t, reply)) => {
-                        let r = self.elector.promote_with_token(t, (self.clock)());
+                        let r = self.elector.promote_with_token(t, self.clock.elapsed());
                         let out = r.map(|t| { self.on_transitions(&t); self.epoch() });
                         let _ = reply.send(out);
                     }
@@ -411,7 +412,7 @@ impl Driver {
     /// time since its latest confirmation) is below the bound; never before a first confirmation.
     fn gate_auto_promotion(&mut self) {
         if let Some(max) = self.max_lag {
-            let now = (self.clock)();
+            let now = self.clock.elapsed();
             let allowed = self.confirmed.is_some_and(|c| now.saturating_sub(c) < max);
             self.elector.set_auto_promote(allowed);
         }
@@ -451,7 +452,7 @@ impl Driver {
     }
 
     fn publish(&mut self) {
-        let now = (self.clock)();
+        let now = self.clock.elapsed();
         let term = self.elector.is_active(now).and_then(|epoch| {
             self.elector
                 .term_deadline(now)
@@ -530,7 +531,7 @@ impl Driver {
     }
 
     fn status(&self) -> HaStatus {
-        let now = (self.clock)();
+        let now = self.clock.elapsed();
         let active = self.elector.is_active(now).is_some();
         let role = match (self.elector.role(), active) {
             (_, true) => "active",

@@ -13,10 +13,10 @@ use crate::config::HaConfig;
 use crate::driver::{spawn, HaClients, PromoteError};
 use crate::elector::ForceError;
 use crate::epoch::FailoverEpoch;
-use crate::handle::LocalClock;
 use crate::metrics::HaMetrics;
 use crate::promotion::{check_promotion, PromotionChecks, PromotionPath, TargetRefused};
 use crate::record::Record;
+use kube_shard::rt::Clock;
 
 /// Why `promote --force` did not promote.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +51,7 @@ pub enum ForceFailed {
 pub async fn force_promote(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     timeout: Duration,
     progress: impl FnMut(&str),
 ) -> Result<FailoverEpoch, ForceFailed> {
@@ -131,7 +131,7 @@ async fn forced_checks(
 pub async fn force_promote_with(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     opts: &ForceOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<FailoverEpoch, ForceFailed> {

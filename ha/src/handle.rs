@@ -19,17 +19,7 @@ use tokio::sync::watch;
 
 use super::epoch::FailoverEpoch;
 use super::metrics::HaMetrics;
-
-/// The local monotonic clock the elector and the guard read (injectable: tests give each cluster its own
-/// offset and rate).
-pub type LocalClock = Arc<dyn Fn() -> Duration + Send + Sync>;
-
-/// The tokio clock (pausable in tests) as time since the first call in this process.
-#[must_use]
-pub fn tokio_clock() -> LocalClock {
-    let origin = tokio::time::Instant::now();
-    Arc::new(move || origin.elapsed())
-}
+use kube_shard::rt::Clock;
 
 /// A published term: admission is open at `epoch` until `deadline` on the local clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +37,7 @@ pub struct Term {
 pub struct NotActive;
 
 struct Shared {
-    clock: LocalClock,
+    clock: Clock,
     term: ArcSwap<Option<Term>>,
     changes: watch::Sender<u64>,
     /// How many times the live term changed (a new epoch, a step-down, a lapse, a lapsed term regained):
@@ -80,7 +70,7 @@ impl fmt::Debug for HaHandle {
 }
 
 impl HaHandle {
-    pub(crate) fn new(clock: LocalClock, metrics: HaMetrics, standalone: bool) -> Self {
+    pub(crate) fn new(clock: Clock, metrics: HaMetrics, standalone: bool) -> Self {
         HaHandle {
             shared: Arc::new(Shared {
                 clock,
@@ -100,7 +90,7 @@ impl HaHandle {
     /// A handle for standalone mode: always active, no epoch (today's behaviour).
     #[must_use]
     pub fn standalone() -> Self {
-        HaHandle::new(tokio_clock(), HaMetrics::default(), true)
+        HaHandle::new(Clock::system(), HaMetrics::default(), true)
     }
 
     /// The epoch this cluster acts under now, if it is active (an atomic read and a clock read). With
@@ -126,7 +116,7 @@ impl HaHandle {
             return Some(FailoverEpoch::default());
         }
         let term = (**self.shared.term.load())?;
-        ((self.shared.clock)() < term.deadline).then_some(term.epoch)
+        (self.shared.clock.elapsed() < term.deadline).then_some(term.epoch)
     }
 
     /// From now on, admission at an epoch opens only once [`adopted`](Self::adopted) was called for
@@ -198,7 +188,7 @@ impl HaHandle {
             return Some(Duration::MAX);
         }
         let term = (**self.shared.term.load())?;
-        let left = term.deadline.saturating_sub((self.shared.clock)());
+        let left = term.deadline.saturating_sub(self.shared.clock.elapsed());
         // the term before the count: a change published in between is seen in the count
         let same = term.epoch == epoch
             && self.shared.terms.load(Ordering::Acquire) == seq
@@ -216,7 +206,7 @@ impl HaHandle {
     #[must_use]
     pub fn term_remaining(&self) -> Duration {
         self.term().map_or(Duration::ZERO, |t| {
-            t.deadline.saturating_sub((self.shared.clock)())
+            t.deadline.saturating_sub(self.shared.clock.elapsed())
         })
     }
 
@@ -249,7 +239,7 @@ impl HaHandle {
 
     /// The local clock this handle reads.
     #[must_use]
-    pub fn clock(&self) -> LocalClock {
+    pub fn clock(&self) -> Clock {
         self.shared.clock.clone()
     }
 
@@ -258,7 +248,7 @@ impl HaHandle {
         self.shared.term.store(Arc::new(term));
         // a change of the epoch acted under *now*: a term that lapsed at its deadline and is renewed again
         // at the same epoch is a change too (the gate waiting on it must wake)
-        let now = (self.shared.clock)();
+        let now = self.shared.clock.elapsed();
         let live = |t: Option<Term>| t.filter(|t| now < t.deadline).map(|t| t.epoch);
         if live(old) != live(term) {
             self.shared.terms.fetch_add(1, Ordering::AcqRel);
@@ -302,13 +292,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_guard_closes_at_the_deadline_without_the_driver() {
-        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h = HaHandle::new(Clock::system(), HaMetrics::default(), false);
         assert!(!h.is_active());
         assert_eq!(h.admit(), Err(NotActive));
         let e = FailoverEpoch::new(2, 1).unwrap();
         h.publish(Some(Term {
             epoch: e,
-            deadline: (h.clock())() + Duration::from_secs(10),
+            deadline: h.clock().elapsed() + Duration::from_secs(10),
         }));
         assert_eq!(h.admit(), Ok(e));
         tokio::time::advance(Duration::from_millis(9_999)).await;
@@ -321,7 +311,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn await_change_wakes_on_a_new_epoch() {
-        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h = HaHandle::new(Clock::system(), HaMetrics::default(), false);
         let h2 = h.clone();
         let waiter = tokio::spawn(async move { h2.await_change().await });
         tokio::task::yield_now().await;
@@ -338,7 +328,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn admission_waits_for_adoption_of_the_epoch() {
-        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h = HaHandle::new(Clock::system(), HaMetrics::default(), false);
         h.require_adoption();
         let (e1, e2) = (
             FailoverEpoch::new(1, 1).unwrap(),
@@ -371,7 +361,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn requiring_adoption_does_not_close_a_live_term() {
-        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h = HaHandle::new(Clock::system(), HaMetrics::default(), false);
         let e = FailoverEpoch::new(1, 1).unwrap();
         h.publish(Some(Term {
             epoch: e,

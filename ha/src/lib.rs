@@ -93,7 +93,7 @@ pub use attach::{attach, Attach, GroupHa};
 pub use driver::spawn_with_faults;
 pub use driver::{spawn, HaClients, HaControl, HaStatus};
 pub use events::reason;
-pub use handle::{HaHandle, LocalClock, NotActive};
+pub use handle::{HaHandle, NotActive};
 pub use metrics::{HaMetrics, HaSnapshot};
 pub use permit::{HaPermit, SendError, TermEnded};
 

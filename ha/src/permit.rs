@@ -169,8 +169,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::handle::{tokio_clock, Term};
+    use crate::handle::Term;
     use crate::{HaMetrics, NotActive};
+    use kube_shard::rt::Clock;
 
     fn e(n: u64) -> FailoverEpoch {
         FailoverEpoch::new(n, 1).unwrap()
@@ -178,7 +179,7 @@ mod tests {
 
     /// A handle whose term at `epoch` ends `secs` from now.
     fn handle_with_term(epoch: FailoverEpoch, secs: u64) -> HaHandle {
-        let h = HaHandle::new(tokio_clock(), HaMetrics::default(), false);
+        let h = HaHandle::new(Clock::system(), HaMetrics::default(), false);
         publish_for(&h, epoch, secs);
         h
     }
@@ -186,7 +187,7 @@ mod tests {
     fn publish_for(h: &HaHandle, epoch: FailoverEpoch, secs: u64) {
         h.publish(Some(Term {
             epoch,
-            deadline: (h.clock())() + Duration::from_secs(secs),
+            deadline: h.clock().elapsed() + Duration::from_secs(secs),
         }));
     }
 
@@ -230,7 +231,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_standby_gets_no_permit_and_the_refusal_is_counted() {
         let m = HaMetrics::default();
-        let h = HaHandle::new(tokio_clock(), m.clone(), false);
+        let h = HaHandle::new(Clock::system(), m.clone(), false);
         assert_eq!(h.permit().err(), Some(NotActive));
         h.require_adoption();
         publish_for(&h, e(1), 10);

@@ -488,7 +488,7 @@ fn switch(
         let epoch = switchover::promote_with_token(
             &peer_cfg,
             swapped,
-            kube_shard_ha::handle::tokio_clock(),
+            kube_shard::rt::Clock::system(),
             &token,
             &PromoteOptions::new(a.timeout).checks(checks),
             say,
@@ -526,7 +526,7 @@ fn promote_token(
         switchover::promote_with_token(
             &cfg,
             clients,
-            kube_shard_ha::handle::tokio_clock(),
+            kube_shard::rt::Clock::system(),
             &token,
             &opts,
             say,
@@ -598,7 +598,7 @@ fn promote(
         kube_shard_ha::failover::force_promote_with(
             &cfg,
             clients,
-            kube_shard_ha::handle::tokio_clock(),
+            kube_shard::rt::Clock::system(),
             &opts,
             |line| {
                 if line != last {

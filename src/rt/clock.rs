@@ -64,12 +64,20 @@ impl Deadline {
 
 type BootFn = dyn Fn() -> Duration + Send + Sync;
 type WallFn = dyn Fn() -> SystemTime + Send + Sync;
+type ElapsedFn = dyn Fn() -> Duration + Send + Sync;
 
-/// Reads both clocks (and the wall clock, for stamps). Cheap to clone.
+/// Reads both clocks (and the wall clock, for stamps). Cheap to clone; clones share their origin.
 #[derive(Clone)]
 pub struct Clock {
     boot: Arc<BootFn>,
     wall: Arc<WallFn>,
+    elapsed: Arc<ElapsedFn>,
+}
+
+/// The runtime clock as time since now.
+fn runtime_since_now() -> Arc<ElapsedFn> {
+    let origin = tokio::time::Instant::now();
+    Arc::new(move || origin.elapsed())
 }
 
 impl fmt::Debug for Clock {
@@ -91,6 +99,7 @@ impl Clock {
         Clock {
             boot: Arc::new(boot_now),
             wall: Arc::new(SystemTime::now),
+            elapsed: runtime_since_now(),
         }
     }
 
@@ -110,6 +119,7 @@ impl Clock {
         Clock {
             boot: Arc::new(boot),
             wall: Arc::new(SystemTime::now),
+            elapsed: runtime_since_now(),
         }
     }
 
@@ -127,6 +137,28 @@ impl Clock {
     pub fn with_wall(mut self, wall: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.wall = Arc::new(wall);
         self
+    }
+
+    /// This clock with [`elapsed`](Clock::elapsed) read from `elapsed` (tests: a process clock running at
+    /// another rate, or offset, than the runtime clock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_shard::rt::Clock;
+    /// let clock = Clock::system().with_elapsed(|| Duration::from_secs(42));
+    /// assert_eq!(clock.elapsed(), Duration::from_secs(42));
+    /// ```
+    #[must_use]
+    pub fn with_elapsed(mut self, elapsed: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        self.elapsed = Arc::new(elapsed);
+        self
+    }
+
+    /// The runtime clock as time since this clock was made (monotonic; pausable in tests): what the HA
+    /// crate dates its terms on.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        (self.elapsed)()
     }
 
     /// Read the wall clock.

@@ -108,7 +108,7 @@ impl World {
         let (handle, control, task) = kube_shard_ha::spawn(
             &cfg,
             clients,
-            kube_shard_ha::handle::tokio_clock(),
+            kube_shard::rt::Clock::system(),
             HaMetrics::default(),
         );
         let admitted = Arc::new(AtomicU64::new(0));

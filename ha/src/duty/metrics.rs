@@ -19,7 +19,7 @@ use prometheus_client::registry::Registry;
 
 use super::status::DutyStatus;
 use crate::mirror::KindStatus;
-use crate::LocalClock;
+use kube_shard::rt::Clock;
 
 /// The phases `kube_shard_mirror_phase` enumerates.
 const PHASES: [&str; 6] = [
@@ -58,7 +58,7 @@ pub(crate) type CarriedMap = Arc<Mutex<BTreeMap<String, Carried>>>;
 pub struct MirrorMetrics {
     pub(crate) status: Arc<Mutex<DutyStatus>>,
     pub(crate) carried: CarriedMap,
-    pub(crate) clock: LocalClock,
+    pub(crate) clock: Clock,
 }
 
 impl fmt::Debug for MirrorMetrics {
@@ -143,7 +143,7 @@ impl Collector for MirrorMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         let st = self.status.lock().map(|s| s.clone()).unwrap_or_default();
         let carried = self.carried.lock().map(|c| c.clone()).unwrap_or_default();
-        let now = (self.clock)();
+        let now = self.clock.elapsed();
         // kinds that ran before but have no mirror now keep their counters
         let mut kinds: BTreeMap<String, KindStatus> = carried
             .keys()
@@ -260,7 +260,7 @@ mod tests {
         let m = MirrorMetrics {
             status: Arc::new(Mutex::new(st)),
             carried: Arc::new(Mutex::new(carried)),
-            clock: Arc::new(|| Duration::from_millis(12_500)),
+            clock: Clock::system().with_elapsed(|| Duration::from_millis(12_500)),
         };
         let mut reg = Registry::default();
         m.register(&mut reg);

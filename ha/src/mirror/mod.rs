@@ -52,9 +52,10 @@ use self::plan::CopyContext;
 use self::queue::RetryQueue;
 use self::task::{KindTask, Shared};
 use self::watermark::Watermark;
-use super::{record, HaControl, LocalClock};
+use super::{record, HaControl};
 use crate::checkpoint::{position, DemotionToken, Kind};
 use crate::config::checkpoint_name;
+use kube_shard::rt::Clock;
 
 /// A running mirror. Dropping it does not stop it: call [`Mirror::stop`].
 #[derive(Debug)]
@@ -72,7 +73,7 @@ pub struct Mirror {
 #[non_exhaustive]
 pub struct MirrorWiring {
     /// The local clock for probe times and lag (default: the tokio clock).
-    pub clock: Option<LocalClock>,
+    pub clock: Option<Clock>,
     /// The HA driver to feed [`HaControl::mirror_confirmed`] (the `--max-auto-promote-lag` gate).
     pub control: Option<HaControl>,
 }
@@ -88,7 +89,7 @@ impl std::fmt::Debug for MirrorWiring {
 impl MirrorWiring {
     /// Feed the lag to `control`, timing with `clock`.
     #[must_use]
-    pub fn new(clock: LocalClock, control: Option<HaControl>) -> Self {
+    pub fn new(clock: Clock, control: Option<HaControl>) -> Self {
         MirrorWiring {
             clock: Some(clock),
             control,
@@ -177,10 +178,7 @@ impl Mirror {
             .map_err(api_err("reading the checkpoint"))?
             .and_then(|c| c.data)
             .unwrap_or_default();
-        let clock = wiring
-            .clock
-            .clone()
-            .unwrap_or_else(super::handle::tokio_clock);
+        let clock = wiring.clock.clone().unwrap_or_else(Clock::system);
         let cfg = Arc::new(cfg);
         let kinds: Vec<Kind> = cfg.kinds.mirrored().cloned().collect();
         let mut plan = Vec::new();

@@ -26,7 +26,8 @@ use super::status::KindStatus;
 use super::watermark::Watermark;
 use crate::checkpoint::edit::edit_checkpoint;
 use crate::checkpoint::Kind;
-use crate::{HaControl, LocalClock};
+use crate::HaControl;
+use kube_shard::rt::Clock;
 
 pub(super) type Shared = Arc<Mutex<std::collections::BTreeMap<String, KindStatus>>>;
 
@@ -35,7 +36,7 @@ pub(super) struct KindTask {
     pub(super) sides: Sides,
     pub(super) ctx: CopyContext,
     pub(super) cfg: Arc<MirrorConfig>,
-    pub(super) clock: LocalClock,
+    pub(super) clock: Clock,
     pub(super) shared: Shared,
     pub(super) control: Option<HaControl>,
     pub(super) queue: RetryQueue,
@@ -83,7 +84,7 @@ fn key_of(o: &DynamicObject) -> Key {
 
 impl KindTask {
     fn now(&self) -> Duration {
-        (self.clock)()
+        self.clock.elapsed()
     }
 
     fn in_scope(&self, o: &DynamicObject) -> bool {

@@ -40,11 +40,11 @@ use crate::config::HaConfig;
 use crate::driver::{spawn, HaClients, PromoteError};
 use crate::elector::TokenTakeover;
 use crate::epoch::FailoverEpoch;
-use crate::handle::LocalClock;
 use crate::metrics::HaMetrics;
 use crate::promotion::{check_promotion, PromotionChecks, PromotionPath};
 use crate::record::{self, HaState, Record, STATE_ANNOTATION};
 use kube_shard::group::report::{GATE_DRAINED, GROUP_LABEL, ROLE_LABEL};
+use kube_shard::rt::Clock;
 
 /// Settings of [`demote`].
 #[derive(Clone, Debug)]
@@ -804,7 +804,7 @@ async fn preferred(client: &Client, gv: &kube::core::GroupVersion) -> Result<Str
 pub async fn promote_with_token(
     cfg: &HaConfig,
     clients: HaClients,
-    clock: LocalClock,
+    clock: Clock,
     token: &DemotionToken,
     opts: &PromoteOptions,
     mut progress: impl FnMut(&str),

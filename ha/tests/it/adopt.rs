@@ -47,7 +47,7 @@ fn elector(b: &TestServer, a: &TestServer) -> (HaHandle, tokio::task::JoinHandle
     let (h, _control, task) = kube_shard_ha::spawn(
         &cfg,
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         HaMetrics::default(),
     );
     (h, task.expect("not standalone"))

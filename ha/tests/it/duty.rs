@@ -81,7 +81,7 @@ fn start(
     let (handle, control, task) = kube_shard_ha::spawn(
         &ha_cfg(id, rank, mode),
         clients.clone(),
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         HaMetrics::default(),
     );
     let duty = MirrorDuty::spawn(

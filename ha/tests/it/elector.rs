@@ -68,14 +68,14 @@ pub(crate) fn start(
         witness,
         overlap,
         (Timings::default(), Faults::none()),
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
     )
 }
 
 /// A process clock running at `rate` × real (paused tokio) time: a local interval `Δ` spans `Δ / rate`.
-pub(crate) fn clock_at_rate(rate: f64) -> kube_shard_ha::LocalClock {
+pub(crate) fn clock_at_rate(rate: f64) -> kube_shard::rt::Clock {
     let t0 = Instant::now();
-    Arc::new(move || t0.elapsed().mul_f64(rate))
+    kube_shard::rt::Clock::system().with_elapsed(move || t0.elapsed().mul_f64(rate))
 }
 
 /// [`start`] with its own timings, deliberately broken elector rules, and the process clock `clock`.
@@ -88,7 +88,7 @@ pub(crate) fn start_with(
     witness: Option<&TestServer>,
     overlap: &HaOverlap,
     (timings, flaws): (Timings, Faults),
-    clock: kube_shard_ha::LocalClock,
+    clock: kube_shard::rt::Clock,
 ) -> Op {
     start_labelled(
         id,
@@ -115,7 +115,7 @@ pub(crate) fn start_labelled(
     witness: Option<&TestServer>,
     overlap: &HaOverlap,
     (timings, flaws): (Timings, Faults),
-    clock: kube_shard_ha::LocalClock,
+    clock: kube_shard::rt::Clock,
 ) -> Op {
     let who = format!("{label}-op");
     let b = HaConfig::builder("widgets")

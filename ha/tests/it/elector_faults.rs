@@ -8,8 +8,8 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
+use kube_shard::rt::Clock;
 use kube_shard_ha::faults::{self, Faults};
-use kube_shard_ha::handle::tokio_clock;
 use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{HaMode, Timings};
 use kube_shard_testserver::{Scope, TestServer, Verb};
@@ -142,7 +142,7 @@ async fn deleted_lease(flaws: Faults) -> Duration {
         None,
         &o,
         (t, flaws.clone()),
-        tokio_clock(),
+        Clock::system(),
     );
     let b = start("b", 2, HaMode::Standby, &sb, &sa, None, &o);
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
@@ -304,7 +304,7 @@ async fn mismatched(flaws: Faults) -> HaOverlap {
         Some(&sw),
         &o,
         (short, flaws),
-        tokio_clock(),
+        Clock::system(),
     );
     until(Duration::from_secs(30), "A active", || a.handle.is_active()).await;
     tokio::time::sleep(Duration::from_secs(10)).await;

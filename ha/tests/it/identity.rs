@@ -29,7 +29,7 @@ fn side(
         None,
         o,
         (Timings::default(), Faults::none()),
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
     )
 }
 

@@ -41,7 +41,7 @@ fn start(
     let (h, c, t) = kube_shard_ha::spawn(
         &cfg(id, rank, mode, lag),
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         HaMetrics::default(),
     );
     (h, c, t.unwrap())
@@ -66,7 +66,7 @@ async fn run(max_lag: Option<Duration>, mirror_stops_before_death: Duration) -> 
     let clock = ha_b.clock();
     let mirror = tokio::spawn(async move {
         while Instant::now() < confirm_until {
-            let _ = cb.mirror_confirmed(clock()).await;
+            let _ = cb.mirror_confirmed(clock.elapsed()).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });

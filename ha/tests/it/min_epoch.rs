@@ -102,7 +102,7 @@ async fn ha_promotion_sets_the_minimum_epoch_and_the_old_active_is_refused_below
     let epoch = kube_shard_ha::failover::force_promote_with(
         &cfg,
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         &no_mirror(),
         |l| lines.push(l.to_owned()),
     )
@@ -186,7 +186,7 @@ async fn ha_promotion_without_the_parameter_reports_it() {
     kube_shard_ha::failover::force_promote_with(
         &cfg,
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         &no_mirror(),
         |l| lines.push(l.to_owned()),
     )
@@ -264,7 +264,7 @@ async fn ha_a_reinstalled_pair_starts_above_every_surviving_stamp() {
     let epoch = kube_shard_ha::failover::force_promote_with(
         &cfg,
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         &no_mirror(),
         |_| {},
     )
@@ -302,7 +302,7 @@ async fn ha_a_reinstalled_pair_starts_above_every_surviving_stamp() {
     let (handle, _control, task) = kube_shard_ha::spawn(
         &cfg,
         clients,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         kube_shard_ha::HaMetrics::default(),
     );
     until(Duration::from_secs(30), "A active again", || {

@@ -578,7 +578,7 @@ async fn a_source_below_the_checkpoint_stops_the_kind() {
 #[tokio::test(start_paused = true)]
 async fn a_frozen_watch_shows_as_growing_lag() {
     let (a, b) = pair().await;
-    let clock = kube_shard_ha::handle::tokio_clock();
+    let clock = kube_shard::rt::Clock::system();
     let m = Mirror::start(
         config(),
         a.client("mirror"),
@@ -593,7 +593,7 @@ async fn a_frozen_watch_shows_as_growing_lag() {
         .unwrap();
     eventually(30, "confirmed", || {
         let s = kind(&m, WIDGETS);
-        let c = clock();
+        let c = clock.elapsed();
         async move { s.lag(c).is_some_and(|l| l < Duration::from_secs(5)) }
     })
     .await
@@ -605,7 +605,7 @@ async fn a_frozen_watch_shows_as_growing_lag() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let lag = kind(&m, WIDGETS).lag(clock()).unwrap();
+    let lag = kind(&m, WIDGETS).lag(clock.elapsed()).unwrap();
     assert!(
         lag >= Duration::from_secs(25),
         "a frozen watch must not read as a small lag: {lag:?}"

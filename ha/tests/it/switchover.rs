@@ -265,7 +265,7 @@ impl Pair {
         switchover::promote_with_token(
             &cfg,
             clients,
-            kube_shard_ha::handle::tokio_clock(),
+            kube_shard::rt::Clock::system(),
             t,
             &opts,
             |l| eprintln!("[promote] {l}"),
@@ -683,7 +683,7 @@ async fn ha_switchover_with_a_witness_a_demoting_active_is_never_auto_promoted_o
     let e = switchover::promote_with_token(
         &cfg_b,
         clients_b,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         &token,
         &PromoteOptions::new(Duration::from_secs(60)),
         |l| eprintln!("[promote] {l}"),
@@ -934,7 +934,7 @@ async fn forced_promotion_then_edits_on_b(hold: bool) -> Vec<String> {
     force_promote_with(
         &cfg_b,
         clients_b,
-        kube_shard_ha::handle::tokio_clock(),
+        kube_shard::rt::Clock::system(),
         &opts,
         |l| said.push(l.to_string()),
     )

@@ -44,7 +44,8 @@ use std::time::Duration;
 
 use clap::Args;
 use kube::Api;
-use kube_shard_ha::{HaMode, LocalClock};
+use kube_shard::rt::Clock;
+use kube_shard_ha::HaMode;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -222,7 +223,7 @@ struct Demo<'a> {
     args: &'a HaDemoArgs,
     ns: String,
     started: Instant,
-    clock: LocalClock,
+    clock: Clock,
     rec: Recorder,
     a: Cluster,
     b: Cluster,

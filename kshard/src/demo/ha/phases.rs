@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use kube::api::ListParams;
 use kube::Api;
+use kube_shard::rt::Clock;
 use kube_shard_ha::failback::{Failback, FailbackOptions};
 use kube_shard_ha::failover::ForceOptions;
 use kube_shard_ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
 use kube_shard_ha::promotion::PromotionChecks;
 use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
-use kube_shard_ha::{FailoverEpoch, HaClients, HaMode, LocalClock};
+use kube_shard_ha::{FailoverEpoch, HaClients, HaMode};
 use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
@@ -54,7 +55,7 @@ pub(crate) async fn start_mirror(
     standby: &Cluster,
     active: &Cluster,
     ns: &str,
-    clock: LocalClock,
+    clock: Clock,
 ) -> Result<Mirror, CliError> {
     let cfg = mirror_config(standby, active, ns)?;
     let who = format!("{}-mirror", standby.id);
@@ -90,7 +91,7 @@ pub(crate) async fn switchover(
     from: &Cluster,
     to: &Cluster,
     ns: &str,
-    clock: LocalClock,
+    clock: Clock,
 ) -> Result<FailoverEpoch, CliError> {
     let who = format!("{}-cmd", from.id);
     let cfg = ha_config(from.id, from.rank, HaMode::Standby, ns)?;
@@ -149,7 +150,7 @@ pub(crate) async fn force_promote(
     standby: &Cluster,
     old: &Cluster,
     ns: &str,
-    clock: LocalClock,
+    clock: Clock,
 ) -> Result<FailoverEpoch, CliError> {
     check_target(standby, old, ns, true).await?;
     let who = format!("{}-cmd", standby.id);

@@ -18,9 +18,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kube_shard_ha::handle::tokio_clock;
+use kube_shard::rt::Clock;
 use kube_shard_ha::{
-    FailoverEpoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, LocalClock, Timings,
+    FailoverEpoch, HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, Timings,
 };
 use kube_shard_testserver::TestServer;
 use tracing::Instrument;
@@ -488,7 +488,7 @@ pub(crate) fn start(
     backend: Backend,
     peer: &Backend,
     ns: &str,
-    clock: LocalClock,
+    clock: Clock,
     rec: &Recorder,
 ) -> Result<Cluster, CliError> {
     let cfg = ha_config(id, rank, mode, ns)?;
@@ -517,8 +517,8 @@ pub(crate) fn start(
 }
 
 /// The shared clock of both clusters' electors.
-pub(crate) fn clock() -> LocalClock {
-    tokio_clock()
+pub(crate) fn clock() -> Clock {
+    Clock::system()
 }
 
 /// The example operator reduced to what HA needs: while the handle admits, each round (at most one
