@@ -1,5 +1,5 @@
 //! The cluster elector as a pure step function (no I/O, no clock), driven by the I/O driver and by the
-//! stateright model `ha/tests/it/model.rs`, which runs this very code.
+//! stateright model `ha/tests/it/elector/model.rs`, which runs this very code.
 //!
 //! The caller asks [`Elector::poll`] for the requests to send now, sends each with a timeout, and feeds
 //! every answer back with [`Elector::on_answer`]. Times are readings of the caller's local monotonic

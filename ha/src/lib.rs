@@ -12,7 +12,7 @@
 //! - [`config`]: [`HaMode`] and [`HaConfig`], validated at build time.
 //! - [`driver`]: the elector's I/O loop ([`spawn`]), its [`HaControl`] commands and [`HaStatus`].
 //! - [`duty`]: mirror, adoption and failback as one duty of an operator process.
-//! - [`elector`] (pure): the elector step, model-checked by `ha/tests/it/model.rs`.
+//! - [`elector`] (pure): the elector step, model-checked by `ha/tests/it/elector/model.rs`.
 //! - [`epoch`] (pure): the failover epoch (n, rank), one integer on the wire ([`FailoverEpoch`]).
 //! - `events` (private): the Kubernetes Events posted on the HA Lease ([`reason`]).
 //! - [`failback`]: a returning old Active's objects become copies of the new Active's again.

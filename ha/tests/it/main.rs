@@ -6,16 +6,7 @@
 #[path = "../../../tests/it/harness.rs"]
 mod harness;
 
-mod adopt;
-mod duty;
 mod elector;
-mod elector_faults;
-mod group_stepdown;
-mod identity;
-mod lag;
-mod min_epoch;
+mod group;
 mod mirror;
-mod model;
-mod permit;
-mod shard_group;
-mod switchover;
+mod promotion;

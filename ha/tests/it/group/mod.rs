@@ -503,3 +503,6 @@ async fn ha_an_attached_builder_dropped_unstarted_stops_its_elector() {
         "the elector of a dropped, unstarted builder still runs"
     );
 }
+
+mod permit;
+mod stepdown;

@@ -1268,3 +1268,6 @@ async fn a_kind_counts_as_synced_only_once_its_initial_list_is_applied() {
     assert!(k[0].position.unwrap() >= synced.list_rv, "{k:?}");
     m.stop().await;
 }
+
+mod duty;
+mod lag;

@@ -22,11 +22,11 @@ use kube_shard_ha::{HaClients, HaConfig, HaMode};
 use kube_shard_testserver::TestServer;
 use tokio::time::Instant;
 
-use crate::harness::{until, CP_NS};
-use crate::shard_group::{
+use crate::group::{
     ha_config, is_admitting, owned_shard, side, two_active_members_and_a_standby, two_servers,
     Side, Worker,
 };
+use crate::harness::{until, CP_NS};
 
 fn kinds() -> Vec<Kind> {
     vec!["secrets/v1".parse().unwrap()]
@@ -583,7 +583,7 @@ fn witness_builder(
     own: &TestServer,
     peer: &TestServer,
     w: &TestServer,
-) -> crate::shard_group::HaBuilder {
+) -> crate::group::HaBuilder {
     let who = format!("{name}-ha");
     // no mirror here: without a lag gate, so that only the demoting record keeps B from promoting
     let cfg = HaConfig::builder("widgets")
@@ -594,7 +594,7 @@ fn witness_builder(
         .auto_promote_without_lag_bound()
         .build()
         .unwrap();
-    crate::shard_group::HaBuilder {
+    crate::group::HaBuilder {
         group: crate::harness::builder(own, name),
         ha: kube_shard_ha::Attach::new(
             cfg,

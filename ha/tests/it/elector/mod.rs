@@ -448,3 +448,7 @@ async fn ha_witness_seeds_inside_the_clock_rate_bound_pass_and_outside_it_overla
     eprintln!("[ha] clock rates 30 % apart: overlap found in {found} of 4 seeds");
     assert!(found > 0, "no overlap found outside the bound");
 }
+
+mod faults;
+mod identity;
+mod model;

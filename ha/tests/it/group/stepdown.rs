@@ -19,7 +19,7 @@ use kube_shard_testserver::{Scope, TestServer, Verb};
 use tokio::time::Instant;
 
 use crate::elector::until;
-use crate::shard_group::{
+use crate::group::{
     force_promote, ha_builder, is_admitting, side, two_active_members_and_a_standby, two_servers,
     Side, Worker,
 };
