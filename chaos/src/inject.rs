@@ -7,6 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
+use kube_shard::group::admin::{Edit, GroupRef};
 use kube_shard::group::assignment::Handoff;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::ownership::ShardState;
@@ -441,66 +442,29 @@ pub enum CliEdit {
     Drain(String),
 }
 
-/// The CLI's edit of the assignment, replicated (it lives in the `kshard` binary: `kshard/src/ops.rs`,
-/// `edit_assignment`): read the ConfigMap, change the intent fields of the text read (pins, paused,
-/// drained; the owners stay what the text says), set the generation to `Assignment::next_generation(read,
-/// the admin's wall clock)`, and replace conditional on the resourceVersion read; on a conflict read again
-/// (20 times at most). Returns the generation written.
+/// The CLI's edit of the assignment: the library's (`kube_shard::group::admin`, what `kshard pin` and
+/// `kshard drain` call), on the admin's wall clock (the fixed epoch + simulated time). It reads the
+/// ConfigMap, refuses over a rolled-back assignment, changes the intent fields of the text read, takes
+/// the next generation and replaces conditionally on the resourceVersion read. Returns the generation
+/// written.
 pub async fn cli_edit(w: &World, edit: &CliEdit) -> Result<u64, String> {
-    let api: Api<ConfigMap> = Api::namespaced(w.server.client(CLI), CP_NS);
-    for _ in 0..20 {
-        let Some((mut cm, _, mut a)) = read_assignment(&api).await else {
-            return Err("no assignment to edit".into());
-        };
-        // as `kshard` does (`refuse_rolled_back`): never an edit over a rolled-back assignment
-        if let Some((lease, applied)) = applied_by_live(w, a.view.generation).await {
-            return Err(format!(
-                "refused: the stored assignment (generation {}) is older than generation {applied} that {lease} applied",
-                a.view.generation
-            ));
-        }
-        match edit {
-            CliEdit::Pin(shard, member) => {
-                a.pins.insert(*shard, member.clone());
-            }
-            CliEdit::Drain(member) => {
-                a.drained.insert(member.clone());
-            }
-        }
-        a.view.generation = Assignment::next_generation(a.view.generation, w.wall_ms());
-        cm.data
-            .get_or_insert_with(Default::default)
-            .insert(DATA_KEY.to_owned(), a.encode());
-        match api
-            .replace(&assignment_name(), &PostParams::default(), &cm)
-            .await
-        {
-            Ok(_) => return Ok(a.view.generation),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Err("too many conflicts".into())
-}
-
-/// What `kshard`'s `refuse_rolled_back` reads: a member whose Lease was renewed within its duration and
-/// reports a generation applied above `stored`.
-async fn applied_by_live(w: &World, stored: u64) -> Option<(String, u64)> {
-    let leases: Api<Lease> = Api::namespaced(w.server.client(CLI), CP_NS);
-    let list = leases
-        .list(&kube::api::ListParams::default().labels(&format!(
-            "{}={GROUP}",
-            kube_shard::group::report::GROUP_LABEL
-        )))
+    let start = w.start;
+    let clock = kube_shard::rt::Clock::system().with_wall(move || {
+        std::time::UNIX_EPOCH + Duration::from_secs(crate::world::EPOCH_SECS) + start.elapsed()
+    });
+    let group = GroupRef::new(w.server.client(CLI), CP_NS, GROUP).clock(clock);
+    let edit = match edit {
+        CliEdit::Pin(shard, member) => Edit::Pin {
+            shard: *shard,
+            member: member.clone(),
+        },
+        CliEdit::Drain(member) => Edit::Drain(member.clone()),
+    };
+    group
+        .edit(edit)
         .await
-        .ok()?;
-    let now = i64::try_from(w.wall_ms()).unwrap_or(i64::MAX);
-    let live = kube_shard::group::report::live_reports(&list.items, now, shards());
-    kube_shard::group::report::applied_above(
-        stored,
-        live.iter().map(|(n, r)| (n.as_str(), r)),
-        w.wall_ms(),
-    )
+        .map(|a| a.view.generation)
+        .map_err(|e| e.to_string())
 }
 
 /// The shards no live process owns (its own state says Owned; members asked to leave count: they serve

@@ -49,7 +49,7 @@ pub const DRAIN: Duration = Duration::from_millis(1_800);
 pub const FENCE_PARAMS: &str = "chaos-fence";
 /// Simulated time 0 on every member's wall clock (2026-01-01T00:00:00Z), so stamps do not depend on the
 /// host's clock.
-const EPOCH_SECS: u64 = 1_767_225_600;
+pub(crate) const EPOCH_SECS: u64 = 1_767_225_600;
 
 thread_local! {
     /// Simulated time 0 of the seed running on this thread (each seed runs on a fresh thread), for

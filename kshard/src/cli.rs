@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use clap::{Args, Parser, Subcommand};
+use kube_shard::group::admin::Edit;
 use kube_shard::{
     fnv1a64, SelectorError, ShardCount, ShardError, ShardKey, ShardSelector, ShardSet,
 };
@@ -147,6 +148,8 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Policy(#[from] kube_shard::fence_policy::PolicyError),
     #[error("{0}")]
+    Admin(#[from] kube_shard::group::admin::AdminError),
+    #[error("{0}")]
     Failed(String),
     #[error("{0}")]
     Usage(String),
@@ -161,7 +164,7 @@ impl CliError {
 impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            CliError::Io(_) | CliError::Json(_) | CliError::Failed(_) => 1,
+            CliError::Io(_) | CliError::Json(_) | CliError::Admin(_) | CliError::Failed(_) => 1,
             _ => 2,
         }
     }
@@ -187,30 +190,21 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Status(args) => crate::ops::status(&args, &mut out),
         Command::Explain(args) => crate::ops::explain(&args, &mut out),
-        Command::Pin(args) => {
-            let shard = args.shard;
-            crate::ops::edit(
-                &args.group,
-                crate::ops::Edit::Pin(shard),
-                Some(&args.member),
-                &mut out,
-            )
-        }
-        Command::Unpin(args) => crate::ops::edit(
+        Command::Pin(args) => crate::ops::edit(
             &args.group,
-            crate::ops::Edit::Unpin(args.shard),
-            None,
+            Edit::Pin {
+                shard: args.shard,
+                member: args.member.clone(),
+            },
             &mut out,
         ),
-        Command::Pause(args) => crate::ops::edit(&args, crate::ops::Edit::Pause, None, &mut out),
-        Command::Resume(args) => crate::ops::edit(&args, crate::ops::Edit::Resume, None, &mut out),
+        Command::Unpin(args) => crate::ops::edit(&args.group, Edit::Unpin(args.shard), &mut out),
+        Command::Pause(args) => crate::ops::edit(&args, Edit::Pause, &mut out),
+        Command::Resume(args) => crate::ops::edit(&args, Edit::Resume, &mut out),
         Command::Drain(args) => crate::ops::drain(&args, &mut out),
-        Command::Undrain(args) => crate::ops::edit(
-            &args.group,
-            crate::ops::Edit::Undrain,
-            Some(&args.member),
-            &mut out,
-        ),
+        Command::Undrain(args) => {
+            crate::ops::edit(&args.group, Edit::Undrain(args.member.clone()), &mut out)
+        }
         Command::Demo(args) => {
             drop(out);
             crate::demo::run(args)

@@ -10,14 +10,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ListParams;
 use kube::{Api, Client};
-use kube_shard::group::assignment::Handoff;
-use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
-use kube_shard::{ShardCount, ShardKey, ShardSet};
+use kube_shard::group::admin::{self, Edit, GroupRef, GroupView};
+use kube_shard::group::assignment::{Assignment, Handoff};
+use kube_shard::ShardKey;
 use serde::Serialize;
 
 use crate::cli::CliError;
@@ -74,166 +70,85 @@ pub(crate) struct GroupStatusView {
     pub(crate) legend: BTreeMap<String, String>,
 }
 
-fn set_string(v: impl IntoIterator<Item = u32>) -> String {
-    let s: ShardSet = v.into_iter().collect();
-    s.to_string()
-}
-
-/// Read the group's state.
+/// Read the group's state ([`GroupView`], the library's one reader) and lay it out for printing.
 pub(crate) async fn read_group(
     client: Client,
     namespace: &str,
     group: &str,
 ) -> Result<GroupStatusView, CliError> {
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let name = format!("{group}-assignment");
-    let cm = cms
-        .get_opt(&name)
-        .await
-        .map_err(|e| CliError::failed(format!("reading {namespace}/{name}: {e}")))?
-        .ok_or_else(|| {
-            CliError::failed(format!(
-                "no assignment ConfigMap {namespace}/{name}: is group {group:?} running there?"
-            ))
-        })?;
-    let text = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(DATA_KEY))
-        .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
-    let raw: serde_json::Value = serde_json::from_str(text)?;
-    let s = raw["shards"]
-        .as_u64()
-        .and_then(|n| ShardCount::new(u32::try_from(n).ok()?).ok())
-        .ok_or_else(|| CliError::failed(format!("{name}: no valid shard count")))?;
-    let key: ShardKey = raw["key"]
-        .as_str()
-        .and_then(|k| k.parse().ok())
-        .ok_or_else(|| CliError::failed(format!("{name}: no valid key")))?;
-    let a =
-        Assignment::decode(text, s, key).map_err(|e| CliError::failed(format!("{name}: {e}")))?;
+    let v = GroupView::read(client, namespace, group).await?;
+    Ok(status_view(&v))
+}
 
-    let leases: Api<Lease> = Api::namespaced(client, namespace);
-    let list = leases
-        .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={group}")))
-        .await
-        .map_err(|e| CliError::failed(format!("listing the group's Leases: {e}")))?;
-    let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    let mut coordinator = None;
-    let mut members = Vec::new();
-    let mut reports: BTreeMap<String, MemberReport> = BTreeMap::new();
-    for l in list.items {
-        let labels = l.metadata.labels.clone().unwrap_or_default();
-        if labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator") {
-            coordinator = l
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.clone())
-                .filter(|h| !h.is_empty());
-            continue;
-        }
-        let Some(mname) = l
-            .metadata
-            .name
-            .as_deref()
-            .and_then(|n| n.strip_prefix(&format!("{group}-")))
-        else {
-            continue;
-        };
-        let ann = l.metadata.annotations.clone().unwrap_or_default();
-        let incarnation = ann.get(INCARNATION).cloned().unwrap_or_default();
-        let report = ann
-            .get(REPORT)
-            .and_then(|t| MemberReport::decode(t, s).ok())
-            .unwrap_or_default();
-        let age = l
-            .spec
-            .as_ref()
-            .and_then(|sp| sp.renew_time.as_ref())
-            .map(|t| (now_ms - t.0.as_millisecond()) as f64 / 1000.0);
-        let duration = l
-            .spec
-            .as_ref()
-            .and_then(|sp| sp.lease_duration_seconds)
-            .unwrap_or(15);
-        let expired = age.is_none_or(|a| a > f64::from(duration));
-        let owned: Vec<u32> = a
-            .view
-            .shards
-            .iter()
-            .filter(|(_, sa)| sa.owner.name.as_ref() == mname)
-            .map(|(s, _)| *s)
-            .collect();
-        let stale = a
-            .view
-            .shards
-            .values()
-            .any(|sa| sa.owner.name.as_ref() == mname && *sa.owner.incarnation != *incarnation);
-        members.push(MemberStatus {
-            name: mname.to_owned(),
-            incarnation,
-            ready: report.ready,
-            leaving: report.leaving,
-            drained: a.drained.contains(mname),
-            expired,
-            lease_age_seconds: age.map(|x| (x * 10.0).round() / 10.0),
-            owned: owned.len(),
-            owned_shards: set_string(owned),
-            admitted: report.admitted.to_string(),
-            serving: report.serving.to_string(),
-            applied_generation: report.applied_generation,
-            stale_incarnation: stale,
-        });
-        if !expired {
-            reports.insert(mname.to_owned(), report);
-        }
-    }
-    members.sort_by(|x, y| x.name.cmp(&y.name));
-
-    let unowned: Vec<u32> = a.unowned().iter().collect();
-    let multi: Vec<u32> = (0..s.get())
-        .filter(|sh| {
-            reports
-                .values()
-                .filter(|r| r.admitted.contains(*sh))
-                .count()
-                > 1
-        })
-        .collect();
-    let not_serving: Vec<u32> = a
-        .view
-        .shards
+fn status_view(v: &GroupView) -> GroupStatusView {
+    let a = &v.assignment;
+    let members: Vec<MemberStatus> = v
+        .members
         .iter()
-        .filter(|(_, sa)| sa.handoff == Handoff::Stable)
-        .filter(|(sh, sa)| {
-            !reports
-                .get(sa.owner.name.as_ref())
-                .is_some_and(|r| r.serving.contains(**sh))
+        .map(|m| MemberStatus {
+            name: m.name.clone(),
+            incarnation: m.incarnation.clone(),
+            ready: m.report.ready,
+            leaving: m.report.leaving,
+            drained: m.drained,
+            expired: m.expired,
+            lease_age_seconds: m.lease_age.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0),
+            owned: m.owned.len(),
+            owned_shards: m.owned.to_string(),
+            admitted: m.report.admitted.to_string(),
+            serving: m.report.serving.to_string(),
+            applied_generation: m.report.applied_generation,
+            stale_incarnation: m.stale_incarnation,
         })
-        .map(|(sh, _)| *sh)
         .collect();
+    let (unowned, multi, not_serving) = (v.unowned(), v.multi_admitted(), v.owned_not_serving());
+    let (ring, legend) = ring(v);
+    GroupStatusView {
+        group: v.group.clone(),
+        namespace: v.namespace.clone(),
+        shards: a.shards.get(),
+        key: a.key.to_string(),
+        coordinator: v.coordinator.clone(),
+        generation: a.view.generation,
+        paused: a.paused,
+        drained: a.drained.iter().cloned().collect(),
+        moves_in_flight: a.moves_in_flight(),
+        members,
+        unowned_count: unowned.len(),
+        unowned: unowned.to_string(),
+        multi_owned_count: multi.len(),
+        multi_owned: multi.to_string(),
+        owned_not_serving_count: not_serving.len(),
+        owned_not_serving: not_serving.to_string(),
+        ring,
+        legend,
+    }
+}
 
-    // the ring: a letter per member
-    let mut legend = BTreeMap::new();
-    let mut letter_of: BTreeMap<String, char> = BTreeMap::new();
+/// The ring: one character per 1/64 of the hash space, a letter per member (`.` unowned, upper case while
+/// moving), and the legend.
+fn ring(v: &GroupView) -> (String, BTreeMap<String, String>) {
+    let a = &v.assignment;
     let mut names: Vec<String> = a
         .view
         .shards
         .values()
         .map(|sa| sa.owner.name.to_string())
         .collect();
-    names.extend(members.iter().map(|m| m.name.clone()));
+    names.extend(v.members.iter().map(|m| m.name.clone()));
     names.sort();
     names.dedup();
+    let mut legend = BTreeMap::new();
+    let mut letter_of: BTreeMap<String, char> = BTreeMap::new();
     for (i, n) in names.iter().enumerate() {
         let c = (b'a' + (i % 26) as u8) as char;
         letter_of.insert(n.clone(), c);
         legend.insert(c.to_string(), n.clone());
     }
     let cells = 64usize;
-    let ring: String = (0..cells)
+    let ring = (0..cells)
         .map(|cell| {
-            let shard = (cell * s.get() as usize / cells) as u32;
+            let shard = (cell * a.shards.get() as usize / cells) as u32;
             match a.view.shards.get(&shard) {
                 None => '.',
                 Some(sa) => {
@@ -250,27 +165,7 @@ pub(crate) async fn read_group(
             }
         })
         .collect();
-
-    Ok(GroupStatusView {
-        group: group.to_owned(),
-        namespace: namespace.to_owned(),
-        shards: s.get(),
-        key: key.to_string(),
-        coordinator,
-        generation: a.view.generation,
-        paused: a.paused,
-        drained: a.drained.iter().cloned().collect(),
-        moves_in_flight: a.moves_in_flight(),
-        members,
-        unowned_count: unowned.len(),
-        unowned: set_string(unowned),
-        multi_owned_count: multi.len(),
-        multi_owned: set_string(multi),
-        owned_not_serving_count: not_serving.len(),
-        owned_not_serving: set_string(not_serving),
-        ring,
-        legend,
-    })
+    (ring, legend)
 }
 
 pub(crate) fn status(args: &GroupArgs, out: &mut impl Write) -> Result<(), CliError> {
@@ -410,51 +305,19 @@ pub(crate) struct ExplainArgs {
     object: String,
 }
 
-/// What `pin`, `unpin`, `pause`, `resume`, `drain` and `undrain` do to the assignment.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Edit {
-    Pin(u32),
-    Unpin(u32),
-    Pause,
-    Resume,
-    Drain,
-    Undrain,
-}
-
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
 }
 
-fn decode_any(name: &str, text: &str) -> Result<(Assignment, ShardCount, ShardKey), CliError> {
-    let raw: serde_json::Value = serde_json::from_str(text)?;
-    let s = raw["shards"]
-        .as_u64()
-        .and_then(|n| ShardCount::new(u32::try_from(n).ok()?).ok())
-        .ok_or_else(|| CliError::failed(format!("{name}: no valid shard count")))?;
-    let key: ShardKey = raw["key"]
-        .as_str()
-        .and_then(|k| k.parse().ok())
-        .ok_or_else(|| CliError::failed(format!("{name}: no valid key")))?;
-    let a =
-        Assignment::decode(text, s, key).map_err(|e| CliError::failed(format!("{name}: {e}")))?;
-    Ok((a, s, key))
-}
-
-/// Change pins, the pause flag or the drained members with a compare-and-swap on the assignment
-/// ConfigMap (the coordinator reads them at its next pass; the generation increases as with every
-/// assignment write), and print the result.
-pub(crate) fn edit(
-    args: &GroupArgs,
-    edit: Edit,
-    member: Option<&str>,
-    out: &mut impl Write,
-) -> Result<(), CliError> {
+/// Change pins, the pause flag or the drained members ([`admin::edit`]: a compare-and-swap on the
+/// assignment ConfigMap beside the coordinator's; it acts on them at its next pass), and print the result.
+pub(crate) fn edit(args: &GroupArgs, edit: Edit, out: &mut impl Write) -> Result<(), CliError> {
     let rt = runtime()?;
     let a = rt.block_on(async {
         let client = crate::operator::client_from(args.kubeconfig.as_deref()).await?;
-        edit_assignment(&client, args, edit, member).await
+        Ok::<_, CliError>(admin::edit(client, &args.namespace, &args.group, edit).await?)
     })?;
     print_edit(args, &a, None, out)
 }
@@ -464,10 +327,11 @@ pub(crate) fn edit(
 pub(crate) fn drain(args: &DrainArgs, out: &mut impl Write) -> Result<(), CliError> {
     let rt = runtime()?;
     let g = &args.group;
-    let (a, waited) = rt.block_on(async {
+    let (a, held, waited) = rt.block_on(async {
         let client = crate::operator::client_from(g.kubeconfig.as_deref()).await?;
-        let a = edit_assignment(&client, g, Edit::Drain, Some(&args.member)).await?;
-        let view = read_group(client.clone(), &g.namespace, &g.group).await?;
+        let group = GroupRef::new(client, &g.namespace, &g.group);
+        let a = group.edit(Edit::Drain(args.member.clone())).await?;
+        let view = group.read().await?;
         if !view.members.iter().any(|m| m.name == args.member) {
             eprintln!(
                 "warning: group {:?} has no member named {:?} now; it is drained when it joins",
@@ -478,14 +342,15 @@ pub(crate) fn drain(args: &DrainArgs, out: &mut impl Write) -> Result<(), CliErr
             eprintln!("warning: the group is paused: the drain starts when it is resumed");
         }
         if args.no_wait {
-            return Ok((a, None));
+            let held = a.holding(&args.member);
+            return Ok::<_, CliError>((a, held, None));
         }
         let start = std::time::Instant::now();
         loop {
-            let a = read_assignment(&client, g).await?;
-            let held = holding(&a, &args.member);
+            let view = group.read().await?;
+            let held = view.holding(&args.member);
             if held == 0 {
-                return Ok((a, Some(start.elapsed())));
+                return Ok((view.assignment, 0, Some(start.elapsed())));
             }
             if start.elapsed() >= args.timeout {
                 return Err(CliError::failed(format!(
@@ -498,52 +363,10 @@ pub(crate) fn drain(args: &DrainArgs, out: &mut impl Write) -> Result<(), CliErr
     })?;
     let extra = serde_json::json!({
         "member": args.member,
-        "holds": holding(&a, &args.member),
+        "holds": held,
         "waited_seconds": waited.map(|w| (w.as_secs_f64() * 100.0).round() / 100.0),
     });
     print_edit(g, &a, Some(extra), out)
-}
-
-/// Shards `member` (by name) owns or is receiving.
-fn holding(a: &Assignment, member: &str) -> usize {
-    a.view
-        .shards
-        .values()
-        .filter(|sa| {
-            let to = match &sa.handoff {
-                Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => Some(to),
-                _ => None,
-            };
-            sa.owner.name.as_ref() == member || to.is_some_and(|t| t.name.as_ref() == member)
-        })
-        .count()
-}
-
-/// The group's assignment ConfigMap and what it decodes to (`S` and the key as the assignment says).
-async fn fetch_assignment(
-    api: &Api<ConfigMap>,
-    args: &GroupArgs,
-) -> Result<(ConfigMap, Assignment, ShardCount), CliError> {
-    let name = format!("{}-assignment", args.group);
-    let cm = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
-        .ok_or_else(|| {
-            CliError::failed(format!("no assignment ConfigMap {}/{name}", args.namespace))
-        })?;
-    let text = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(DATA_KEY))
-        .ok_or_else(|| CliError::failed(format!("{name} has no data key {DATA_KEY:?}")))?;
-    let (a, s, _) = decode_any(&name, text)?;
-    Ok((cm, a, s))
-}
-
-async fn read_assignment(client: &Client, args: &GroupArgs) -> Result<Assignment, CliError> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
-    Ok(fetch_assignment(&api, args).await?.1)
 }
 
 fn print_edit(
@@ -590,96 +413,6 @@ fn print_edit(
     Ok(())
 }
 
-async fn edit_assignment(
-    client: &Client,
-    args: &GroupArgs,
-    edit: Edit,
-    member: Option<&str>,
-) -> Result<Assignment, CliError> {
-    {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
-        let name = format!("{}-assignment", args.group);
-        for _ in 0..20 {
-            let (mut cm, mut a, s) = fetch_assignment(&api, args).await?;
-            refuse_rolled_back(client, args, &a, s).await?;
-            match edit {
-                Edit::Pin(shard) | Edit::Unpin(shard) if shard >= s.get() => {
-                    return Err(CliError::failed(format!(
-                        "shard {shard} is out of range: the group has {} shards",
-                        s.get()
-                    )));
-                }
-                Edit::Pin(shard) => {
-                    a.pins.insert(shard, member.unwrap_or_default().to_owned());
-                }
-                Edit::Unpin(shard) => {
-                    a.pins.remove(&shard);
-                }
-                Edit::Pause => a.paused = true,
-                Edit::Resume => a.paused = false,
-                Edit::Drain | Edit::Undrain
-                    if member.is_none_or(|m| m.is_empty() || m.len() > 253) =>
-                {
-                    return Err(CliError::failed("a member name is 1 to 253 characters"));
-                }
-                Edit::Drain => {
-                    a.drained.insert(member.unwrap_or_default().to_owned());
-                }
-                Edit::Undrain => {
-                    a.drained.remove(member.unwrap_or_default());
-                }
-            }
-            let now_ms =
-                u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
-            a.view.generation = Assignment::next_generation(a.view.generation, now_ms);
-            cm.data
-                .get_or_insert_with(Default::default)
-                .insert(DATA_KEY.to_owned(), a.encode());
-            match api
-                .replace(&name, &kube::api::PostParams::default(), &cm)
-                .await
-            {
-                Ok(_) => return Ok(a),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(CliError::failed(format!("writing {name}: {e}"))),
-            }
-        }
-        Err(CliError::failed(format!("{name}: too many conflicts")))
-    }
-}
-
-/// An edit is written over the stored assignment, so it must never be a rolled-back one (a restored backup,
-/// a re-applied manifest): its owners have moved on, and an edit at a newer generation would make members
-/// follow them. Refused, with the coordinator's alarm text, while a live member (its Lease renewed within
-/// its duration) reports a higher generation applied.
-async fn refuse_rolled_back(
-    client: &Client,
-    args: &GroupArgs,
-    a: &Assignment,
-    s: ShardCount,
-) -> Result<(), CliError> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.namespace);
-    let list = leases
-        .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", args.group)))
-        .await
-        .map_err(|e| CliError::failed(format!("listing the group's Leases: {e}")))?;
-    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    let live = kube_shard::group::report::live_reports(&list.items, now, s);
-    let now_ms = u64::try_from(now).unwrap_or(0);
-    let found = kube_shard::group::report::applied_above(
-        a.view.generation,
-        live.iter().map(|(n, r)| (n.as_str(), r)),
-        now_ms,
-    );
-    match found {
-        Some((lease, applied)) => Err(CliError::failed(format!(
-            "the stored assignment (generation {}) is older than generation {applied} that {lease} applied (a restored backup or a re-applied manifest): not edited; the coordinator writes a newer one over it — retry once `kshard status` shows a generation of at least {applied}",
-            a.view.generation
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Where an object lives: its key value, hash, shard, and the shard's owner and epoch.
 #[derive(Debug, Serialize)]
 struct Explained {
@@ -701,25 +434,10 @@ pub(crate) fn explain(args: &ExplainArgs, out: &mut impl Write) -> Result<(), Cl
     let rt = runtime()?;
     let e = rt.block_on(async {
         let client = crate::operator::client_from(args.group.kubeconfig.as_deref()).await?;
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.group.namespace);
-        let name = format!("{}-assignment", args.group.group);
-        let cm = cms
-            .get_opt(&name)
-            .await
-            .map_err(|e| CliError::failed(format!("reading {name}: {e}")))?
-            .ok_or_else(|| {
-                CliError::failed(format!(
-                    "no assignment ConfigMap {}/{name}",
-                    args.group.namespace
-                ))
-            })?;
-        let text = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(DATA_KEY))
-            .cloned()
-            .unwrap_or_default();
-        let (a, s, key) = decode_any(&name, &text)?;
+        let a = GroupRef::new(client.clone(), &args.group.namespace, &args.group.group)
+            .assignment()
+            .await?;
+        let (s, key) = (a.shards, a.key);
 
         let discovery = kube::discovery::Discovery::new(client.clone())
             .run()

@@ -155,6 +155,32 @@ impl Assignment {
         serde_json::to_string(&wire).unwrap_or_default()
     }
 
+    /// Decode and validate against the `S` and key the text itself states: for a tool that reads a group it
+    /// is not a member of (`group::admin`). Members use [`decode`](Self::decode) with their own.
+    pub fn decode_stated(text: &str) -> Result<Self, AssignmentError> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+            shards: u32,
+            key: String,
+        }
+        if text.len() > MAX_TEXT {
+            return Err(AssignmentError::TooLarge { len: text.len() });
+        }
+        let head: Head =
+            serde_json::from_str(text).map_err(|e| AssignmentError::Malformed(e.to_string()))?;
+        if head.format != FORMAT {
+            return Err(AssignmentError::UnknownFormat(head.format));
+        }
+        let shards = ShardCount::new(head.shards)
+            .map_err(|e| AssignmentError::Invalid(format!("shards: {e}")))?;
+        let key: ShardKey = head
+            .key
+            .parse()
+            .map_err(|e: crate::hash::KeyError| AssignmentError::Invalid(e.to_string()))?;
+        Self::decode(text, shards, key)
+    }
+
     /// Decode and validate, against the group's own `S` and key.
     pub fn decode(text: &str, shards: ShardCount, key: ShardKey) -> Result<Self, AssignmentError> {
         if text.len() > MAX_TEXT {
@@ -311,6 +337,22 @@ impl Assignment {
             .count()
     }
 
+    /// Shards the member named `member` owns or is receiving (the target of a move in flight).
+    #[must_use]
+    pub fn holding(&self, member: &str) -> usize {
+        self.view
+            .shards
+            .values()
+            .filter(|sa| {
+                let to = match &sa.handoff {
+                    Handoff::Moving { to, .. } | Handoff::Draining { to, .. } => Some(to),
+                    Handoff::Stable => None,
+                };
+                sa.owner.name.as_ref() == member || to.is_some_and(|t| t.name.as_ref() == member)
+            })
+            .count()
+    }
+
     /// Shards without an owner.
     #[must_use]
     pub fn unowned(&self) -> ShardSet {
@@ -396,6 +438,27 @@ pub enum AssignmentError {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_tool_decodes_with_the_stated_shard_count_and_key() {
+        let s = ShardCount::new(8).unwrap();
+        let a = Assignment::empty(s, ShardKey::Namespace);
+        let back = Assignment::decode_stated(&a.encode()).unwrap();
+        assert_eq!((back.shards, back.key), (s, ShardKey::Namespace));
+        for bad in [
+            "",
+            "[]",
+            "{}",
+            "{\"format\":9,\"shards\":8,\"key\":\"uid\"}",
+        ] {
+            assert!(Assignment::decode_stated(bad).is_err(), "{bad}");
+        }
+        let huge = " ".repeat(MAX_TEXT + 1);
+        assert!(matches!(
+            Assignment::decode_stated(&huge),
+            Err(AssignmentError::TooLarge { .. })
+        ));
+    }
 
     fn s() -> ShardCount {
         ShardCount::new(16).unwrap()

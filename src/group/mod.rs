@@ -7,6 +7,7 @@
 //! [`assignment`] (the ConfigMap codec) and [`report`] (the member report in its Lease); and the least
 //! number of shards a membership change must move, [`optimal_moves`]. See `docs/control-plane.md`.
 
+pub mod admin;
 pub mod assignment;
 mod config;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

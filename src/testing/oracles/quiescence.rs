@@ -7,7 +7,7 @@
 //! - [`check_reconciled`]: once the group is quiet, each object's latest generation was reconciled by the
 //!   owner of its shard in the final assignment.
 //!
-//! See `docs/protocol.md#checking-it-the-quiescence-oracle-oraclesquiescence-feature-test-util`.
+//! See `docs/protocol.md#checking-it-the-quiescence-oracle-testingoraclesquiescence-feature-test-util`.
 
 use std::{collections::BTreeMap, fmt};
 

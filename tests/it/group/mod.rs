@@ -1084,14 +1084,21 @@ pub(crate) async fn edit_assignment(server: &TestServer, edit: impl Fn(&mut Assi
 
 #[tokio::test(start_paused = true)]
 async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_undrained() {
-    let (server, log, mut ms) = crate::support::settled_group(&["a", "b", "c"]).await;
+    use kube_shard::group::admin::{edit, Edit};
+    let (server, log) = crate::support::group_server().await;
+    crate::oracle_support::record_group(&server);
+    let mut ms = settled(&server, &["a", "b", "c"], &log).await;
     let before = assignment(&server).await.unwrap();
     let held_by_c = owned_count(&ms[2]);
     assert!(held_by_c > 0);
-    edit_assignment(&server, |a| {
-        a.drained.insert("c".into());
-    })
-    .await;
+    edit(
+        server.client("admin"),
+        CP_NS,
+        GROUP,
+        Edit::Drain("c".into()),
+    )
+    .await
+    .unwrap();
     {
         let refs: Vec<&Member> = ms.iter().collect();
         until(Duration::from_secs(30), "c is drained", || {
@@ -1130,10 +1137,14 @@ async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_u
         );
     }
     // undrain: c gets its share back through ordinary handoffs
-    edit_assignment(&server, |a| {
-        a.drained.remove("c");
-    })
-    .await;
+    edit(
+        server.client("admin"),
+        CP_NS,
+        GROUP,
+        Edit::Undrain("c".into()),
+    )
+    .await
+    .unwrap();
     let refs: Vec<&Member> = ms.iter().collect();
     until(Duration::from_secs(30), "c has its share again", || {
         (5..=6).contains(&owned_count(refs[2])) && each_shard_owned_once(&refs)
@@ -1141,6 +1152,7 @@ async fn drained_member_hands_everything_off_stays_empty_across_restarts_until_u
     .await;
     check_fences(&log);
     assert_eq!(server.fence_violations(), 0);
+    crate::oracle_support::check_ownership_history(&server);
 }
 
 /// One sample of singleton work: who ran it, in which term, when, and until when that term was valid.
@@ -1378,6 +1390,7 @@ async fn the_lease_of_a_member_long_gone_is_deleted() {
     check_fences(&log);
 }
 
+mod admin;
 mod realtime;
 pub(crate) mod recovery;
 mod slow_api;

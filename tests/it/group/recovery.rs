@@ -55,7 +55,7 @@ async fn assignment_text(server: &TestServer) -> String {
 }
 
 /// An admin writes `text` over the assignment (its generation is whatever `text` says).
-async fn write_back(server: &TestServer, text: String) {
+pub(crate) async fn write_back(server: &TestServer, text: String) {
     let name = format!("{GROUP}-assignment");
     let api = assignment_api(server);
     let mut cm = api.get(&name).await.unwrap();
@@ -67,7 +67,7 @@ async fn write_back(server: &TestServer, text: String) {
 
 /// a and b settle, c joins and takes its share: the text of the assignment before c joined, and the
 /// members.
-async fn owners_moved_since_a_backup() -> (TestServer, FenceLog, Vec<Member>, String) {
+pub(crate) async fn owners_moved_since_a_backup() -> (TestServer, FenceLog, Vec<Member>, String) {
     let (server, log) = crate::support::group_server().await;
     crate::oracle_support::record_group(&server);
     let mut ms = settled(&server, &["a", "b"], &log).await;
