@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use kube_shard::group::optimal_moves;
 use kube_shard::ownership::MemberId;
 use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSelector};
@@ -146,19 +147,18 @@ impl Planner {
         let plan = input
             .plan()
             .map_err(|e| BenchError::Library(format!("planner refused a valid input: {e}")))?;
-        let live_ids: Vec<MemberId> = live.iter().map(|m| id(&m.name)).collect();
-        let orphaned = self.s.get() as usize
-            - self
-                .current
-                .values()
-                .filter(|m| live_ids.contains(m))
-                .count();
-        let over: usize = plan
-            .report()
-            .members
+        // the optimum: the library's own (the planner's quotas over the members that stay)
+        let staying: Vec<(MemberId, u32)> = live
             .iter()
-            .map(|m| m.held.saturating_sub(m.quota) as usize)
-            .sum();
+            .filter(|m| Some(m.name.as_str()) != leaving)
+            .map(|m| (id(&m.name), m.weight))
+            .collect();
+        let optimum = optimal_moves(
+            self.s,
+            self.current.iter().map(|(s, m)| (*s, m)),
+            staying.iter().map(|(m, w)| (m, *w)),
+        )
+        .ok_or_else(|| BenchError::Library("no optimum for a valid input".into()))?;
         let mut ranges = Vec::new();
         let mut selector = 0;
         for m in &plan.report().members {
@@ -176,7 +176,7 @@ impl Planner {
         self.current = plan.assignments().map(|(s, m)| (s, m.clone())).collect();
         Ok(Outcome {
             moves: plan.moves().len(),
-            optimum: over + orphaned,
+            optimum: usize::try_from(optimum).unwrap_or(usize::MAX),
             ranges,
             selector,
         })
@@ -478,6 +478,10 @@ mod tests {
         assert_eq!(steps.len(), 2 * (MAX_MEMBERS - 1));
         for x in &steps {
             assert_eq!(x.moves, x.optimum, "{x:?}");
+        }
+        // with random weights 1–4 too, the planner moves exactly the library's optimum
+        for x in sequence(count(64), true, 1, 256).unwrap() {
+            assert_eq!(x.moves, x.optimum, "weighted: {x:?}");
         }
         // a join from 1 to 2 remaps half the keyspace under every scheme but the ring
         let first = &steps[0];

@@ -616,32 +616,25 @@ pub fn moved(before: &GroupSnap, after: &GroupSnap) -> u64 {
         .count() as u64
 }
 
-/// The optimum for equal weights, `Σ max(0, held − quota)`, from the owners `before` to the members
-/// `next`: members not in `next` have quota 0; of the rest, the largest holders get ⌈S/N⌉, the others ⌊S/N⌋.
+/// The optimum from the owners `before` to the members `next` (equal weights): the library's own
+/// ([`kube_shard::group::optimal_moves`], the planner's quotas), counting the shards of members not in
+/// `next` and unowned shards, which must move whatever the plan.
 pub fn optimal_moves(before: &GroupSnap, next: &[String]) -> u64 {
-    let owners = before.owners();
-    let mut holders: BTreeMap<String, u64> = next.iter().map(|n| (n.clone(), 0)).collect();
-    for o in owners.iter().flatten() {
-        *holders.entry(o.clone()).or_default() += 1;
-    }
-    let mut staying: Vec<u64> = next.iter().map(|n| holders[n]).collect();
-    staying.sort_unstable_by(|a, b| b.cmp(a));
-    let s = u64::from(before.shards.get());
-    let n = next.len().max(1) as u64;
-    let (base, rem) = (s / n, s % n);
-    let leavers: u64 = holders
+    let ids: Vec<MemberId> = next
         .iter()
-        .filter(|(name, _)| !next.contains(name))
-        .map(|(_, held)| held)
-        .sum();
-    let unowned = owners.iter().filter(|o| o.is_none()).count() as u64;
-    leavers
-        + unowned
-        + staying
-            .iter()
-            .enumerate()
-            .map(|(i, held)| held.saturating_sub(base + u64::from((i as u64) < rem)))
-            .sum::<u64>()
+        .map(|n| {
+            before
+                .member_id(n)
+                .unwrap_or_else(|| MemberId::new(n.as_str(), "joining"))
+        })
+        .collect();
+    let owners: Vec<(u32, &MemberId)> = before
+        .assignment
+        .iter()
+        .flat_map(|a| a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)))
+        .collect();
+    kube_shard::group::optimal_moves(before.shards, owners, ids.iter().map(|m| (m, 1)))
+        .expect("an optimum for a valid group")
 }
 
 /// The moves the planner itself makes from the owners `before` to the members `next` (by name, at their

@@ -46,6 +46,7 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use kube_shard::ownership::MemberId;
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
 use kube_shard_testserver::{HttpServer, ResourceFilter, TestServer};
 use serde::Serialize;
@@ -1190,8 +1191,8 @@ fn per_owned(delivered: u64, owned: u64) -> f64 {
     }
 }
 
-/// Shards moved by a scale-up and the planner's optimum: `Σ max(0, held − quota)` over the old members,
-/// quotas ⌈S/N⌉ for the largest holders and ⌊S/N⌋ for the rest.
+/// Shards whose owner changed between `before` and `after`, and the least any plan must move from the
+/// owners `before` to the `live` members (the library's optimum, equal weights).
 fn scale_moves(
     before: &GroupSnap,
     after: &GroupSnap,
@@ -1201,27 +1202,24 @@ fn scale_moves(
     let b = before.owners(s);
     let a = after.owners(s);
     let moved = b.iter().zip(&a).filter(|(x, y)| x != y).count() as u64;
-    let mut held: Vec<(String, u64)> = live
+    let ids: Vec<MemberId> = live
         .iter()
         .map(|n| {
-            (
-                n.clone(),
-                b.iter().filter(|o| o.as_deref() == Some(n)).count() as u64,
-            )
+            let inc = before
+                .members
+                .get(n)
+                .or_else(|| after.members.get(n))
+                .map_or("joining", |(inc, _)| inc.as_str());
+            MemberId::new(n.as_str(), inc)
         })
         .collect();
-    held.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
-    let n = live.len().max(1) as u64;
-    let base = u64::from(s.get()) / n;
-    let rem = u64::from(s.get()) % n;
-    let optimal = held
+    let owners: Vec<(u32, &MemberId)> = before
+        .assignment
         .iter()
-        .enumerate()
-        .map(|(i, (_, h))| {
-            let quota = base + u64::from((i as u64) < rem);
-            h.saturating_sub(quota)
-        })
-        .sum();
+        .flat_map(|a| a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)))
+        .collect();
+    let optimal =
+        kube_shard::group::optimal_moves(s, owners, ids.iter().map(|m| (m, 1))).unwrap_or(u64::MAX);
     (moved, optimal)
 }
 
