@@ -3,7 +3,7 @@
 //! Each seed builds a world — testserver (seeded uids) and 3–6 members, each the example operator
 //! (`kube-shard-example-operator`) on a `ShardGroup`, every task of a member under one pause/kill switch,
 //! its clocks driven by simulated time — runs a writer and a seeded schedule of faults on a current-thread
-//! runtime in paused time, heals, and judges the run with the safety oracles (`kube_shard::oracles`) and the
+//! runtime in paused time, heals, and judges the run with the safety oracles (`kube_shard::testing::oracles`) and the
 //! settle checks. [`run_many`] spreads seeds over OS threads; [`shrink`] cuts a failing fault list down.
 //!
 //! Exact replay (`docs/testing.md`, "Determinism"): each seed runs on a fresh OS thread whose std hash keys

@@ -33,7 +33,7 @@ use crate::rt::{Clock, Deadline, Now};
 /// of shard transitions (re-enqueue signals).
 ///
 /// Cheap to clone. There is no public way to grant shards: the control plane drives it (and, for tests, the
-/// `test-util` feature's `ownership::testing` driver).
+/// `test-util` feature's `testing::driver`).
 ///
 /// ```no_run
 /// # async fn doc(ownership: kube_shard::ownership::Ownership, cm: k8s_openapi::api::core::v1::ConfigMap) {

@@ -1,4 +1,4 @@
-//! The testserver side of the ownership-history and quiescence oracles (`kube_shard::oracles`): record the
+//! The testserver side of the ownership-history and quiescence oracles (`kube_shard::testing::oracles`): record the
 //! committed history of the group's assignment ConfigMap and Leases (and of written objects), and decode it
 //! into the oracles' input. The checkers live in the library, which cannot depend on testserver.
 
