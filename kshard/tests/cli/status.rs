@@ -184,14 +184,21 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
 
     assert!(http_get(&a_addr, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(http_get(&a_addr, "/readyz").starts_with("HTTP/1.1 200"));
-    let metrics = http_get(&a_addr, "/metrics");
-    let sample = |name: &str| {
+    let sample_of = |metrics: &str, name: &str| {
         metrics
             .lines()
             .find(|l| l.starts_with(&format!("{name}{{group=\"g\",member=\"member-a/")))
             .and_then(|l| l.rsplit(' ').next())
             .map(str::to_owned)
     };
+    // a member's cluster-wide gauges come from the reports it last observed: they settle one pass after
+    // what `kshard status` reads from the server
+    let mut metrics = String::new();
+    until(Duration::from_secs(10), "member-a's gauges settled", || {
+        metrics = http_get(&a_addr, "/metrics");
+        sample_of(&metrics, "kube_shard_unowned_shards").as_deref() == Some("0")
+    });
+    let sample = |name: &str| sample_of(&metrics, name);
     assert_eq!(
         sample("kube_shard_owned_shards").as_deref(),
         Some("8"),
