@@ -10,13 +10,15 @@
 //! One piece of work runs once per group, on the coordinator (`Leadership::run_singleton`, with a fencing
 //! term): collecting child ConfigMaps whose Widget is gone (see [`gc`]).
 //!
-//! The crate has no runtime of its own: [`build`] takes the clients, the member's ownership and leadership
-//! and a [`Config`], and returns the futures to run ([`Workload`]); the caller spawns them (and decides
-//! where renewals run, e.g. `ShardGroupBuilder::dedicated_thread`).
+//! [`build`] takes the clients, the member's ownership and leadership and a [`Config`], and returns the
+//! futures to run ([`Workload`]); the caller spawns them (and decides where renewals run, e.g.
+//! `ShardGroupBuilder::dedicated_thread`). [`run::run`] is the whole process around it, from its flags:
+//! what `kshard operator` calls.
 #![forbid(unsafe_code)]
 
 pub mod gc;
 mod reconcile;
+pub mod run;
 pub mod widget;
 
 use std::future::Future;

@@ -9,8 +9,8 @@ use kube_shard_ha::check::{self, CheckReport};
 use kube_shard_ha::switchover::Kind;
 
 use crate::cli::CliError;
-use crate::duration::parse_duration;
 use crate::ha_cmd::Clusters;
+use kube_shard_example_operator::run::parse_duration;
 
 /// Read both clusters (and the witness) and list every HA setting that does not match.
 #[derive(Debug, Args)]

@@ -14,7 +14,7 @@ use kube_shard_ha::switchover::{self, DemoteOptions, DemotionToken, Kind, Promot
 use kube_shard_ha::{HaClients, HaConfig, HaMode, Timings};
 
 use crate::cli::CliError;
-use crate::duration::parse_duration;
+use kube_shard_example_operator::run::parse_duration;
 
 #[derive(Debug, Args)]
 pub(crate) struct HaArgs {

@@ -32,7 +32,6 @@
 mod bench_cmd;
 mod cli;
 mod demo;
-mod duration;
 mod ha_check;
 mod ha_cmd;
 mod operator;

@@ -283,7 +283,7 @@ pub(crate) struct DrainArgs {
     #[arg(long)]
     pub(crate) no_wait: bool,
     /// How long to wait for the member to own nothing.
-    #[arg(long, default_value = "5m", value_parser = crate::duration::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = kube_shard_example_operator::run::parse_duration)]
     pub(crate) timeout: std::time::Duration,
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Parse `<number><unit>` with unit `ms`, `s`, `m` or `h` (the number may have a fraction).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

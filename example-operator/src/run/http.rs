@@ -10,7 +10,7 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use kube_shard_example_operator::OperatorMetrics as OpMetrics;
+use crate::OperatorMetrics as OpMetrics;
 
 #[derive(Clone)]
 pub(super) struct State {
@@ -113,7 +113,7 @@ async fn answer(mut conn: TcpStream, state: State) -> std::io::Result<()> {
 }
 
 /// GET `path` from `http://addr` (for the demo's scrapes).
-pub(crate) async fn get(addr: &str, path: &str) -> std::io::Result<String> {
+pub async fn get(addr: &str, path: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect(addr).await?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await?;

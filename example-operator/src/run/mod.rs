@@ -1,15 +1,15 @@
-//! `kshard operator`: the example sharded operator (hidden subcommand; `kshard demo` re-executes its own
-//! binary with it for each replica).
-//!
-//! The reconcile path (Widgets, child ConfigMaps, the orphan-collecting singleton) is the library crate
-//! `kube-shard-example-operator`; this module parses the flags, builds the `ShardGroup` (renewals on a
-//! dedicated thread), serves metrics and turns SIGTERM (or SIGINT) into a graceful leave: the shards move
-//! away, then the process exits.
+//! The example operator's start-up, [`run`] (what `kshard operator` calls, and what a harness can call
+//! in-process): from its flags ([`OperatorArgs`]) it builds the `ShardGroup` (renewals on a dedicated
+//! thread, HA attached when asked), the workload of this crate, the metrics and health endpoint, and turns
+//! SIGTERM (or SIGINT) into a graceful leave: the shards move away, then it returns.
 //!
 //! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
 //! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
-pub(crate) mod http;
+mod duration;
+pub mod http;
+
+pub use duration::parse_duration;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate as example;
+use crate::{OnWrite, WriteRecord};
 use clap::Args;
 use kube::Client;
 use kube_shard::group::ShardGroup;
 use kube_shard::watcher::ReadPathMetrics;
 use kube_shard::{Ownership, ShardCount, ShardKey};
-use kube_shard_example_operator::{self as example, OnWrite, WriteRecord};
 use kube_shard_ha::adoption::{AdoptConfig, ShardSpec};
 use kube_shard_ha::duty::MirrorDuty;
 use kube_shard_ha::failback::FailbackOptions;
@@ -31,12 +32,32 @@ use kube_shard_ha::switchover::Kind;
 use kube_shard_ha::{HaClients, HaConfig, HaMode};
 use prometheus_client::registry::Registry;
 
-use crate::cli::CliError;
-use crate::duration::parse_duration;
-pub(crate) use example::{widget, WIDGET_STREAM};
+use crate::widget;
 
+/// Why the operator stopped (or never started).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The flags do not make sense together (exit code 2 in `kshard`).
+    #[error("{0}")]
+    Usage(String),
+    /// Something failed at run time.
+    #[error("{0}")]
+    Failed(String),
+    /// An I/O error (the runtime, the metrics listener, the fence log).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl RunError {
+    fn failed(msg: impl Into<String>) -> Self {
+        RunError::Failed(msg.into())
+    }
+}
+
+/// The example operator's flags (`kshard operator --help`).
 #[derive(Debug, Args)]
-pub(crate) struct OperatorArgs {
+pub struct OperatorArgs {
     /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, else the in-cluster config).
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
@@ -182,7 +203,7 @@ fn parse_count(s: &str) -> Result<ShardCount, String> {
 async fn ha_setup(
     args: &OperatorArgs,
     local: &Client,
-) -> Result<Option<(HaConfig, HaClients)>, CliError> {
+) -> Result<Option<(HaConfig, HaClients)>, RunError> {
     let ha = HaConfig::builder(&args.group)
         .mode_word(&args.ha_mode)
         .cluster(&args.ha_cluster_id, args.ha_rank.unwrap_or(0))
@@ -225,18 +246,18 @@ async fn ha_setup(
         None => ha,
     }
     .build()
-    .map_err(|e| CliError::Usage(format!("HA: {e}")))?;
+    .map_err(|e| RunError::Usage(format!("HA: {e}")))?;
     if ha.mode == HaMode::Standalone {
         return Ok(None);
     }
     if args.ha_rank.is_none() {
-        return Err(CliError::Usage(
+        return Err(RunError::Usage(
             "HA: --ha-rank is required with --ha-mode: give the two clusters different ranks (say 1 and 2)"
                 .into(),
         ));
     }
     if ha.has_witness() && !args.ha_mirror && !args.ha_auto_promote_without_lag_bound {
-        return Err(CliError::Usage(
+        return Err(RunError::Usage(
             "HA: with a witness, automatic promotion waits for the mirror's lag to be confirmed below a bound: give --ha-mirror (the mirror confirms it), or --ha-auto-promote-without-lag-bound to promote whatever the lag".into(),
         ));
     }
@@ -265,17 +286,17 @@ fn mirror_duty(
     clients: HaClients,
     ha: kube_shard_ha::HaHandle,
     control: Option<kube_shard_ha::HaControl>,
-) -> Result<MirrorDuty, CliError> {
+) -> Result<MirrorDuty, RunError> {
     let kind = |k: &str| {
         k.parse::<Kind>()
-            .map_err(|e| CliError::failed(e.to_string()))
+            .map_err(|e| RunError::failed(e.to_string()))
     };
     let (widgets, cms) = (widgets_kind(), kind("configmaps/v1")?);
     let set = KindSet::builder()
         .mirrored(widgets.clone())
         .derived(cms.clone())
         .build(&[widgets, cms])
-        .map_err(|e| CliError::Usage(format!("HA mirror: {e}")))?;
+        .map_err(|e| RunError::Usage(format!("HA mirror: {e}")))?;
     let peer = args.ha_peer_cluster_id.clone().unwrap_or_default();
     let mut m = MirrorConfig::new(cfg.clone(), peer, set);
     if let Some(ns) = &args.watch_namespace {
@@ -293,25 +314,25 @@ fn mirror_duty(
 }
 
 /// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
-pub(crate) async fn config_from(path: Option<&Path>) -> Result<kube::Config, CliError> {
+pub async fn config_from(path: Option<&Path>) -> Result<kube::Config, RunError> {
     match path {
         Some(p) => {
             let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| CliError::failed(format!("kubeconfig {}: {e}", p.display())))?;
+                .map_err(|e| RunError::failed(format!("kubeconfig {}: {e}", p.display())))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| CliError::failed(format!("kubeconfig {}: {e}", p.display())))
+                .map_err(|e| RunError::failed(format!("kubeconfig {}: {e}", p.display())))
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| CliError::failed(format!("no kube config: {e}"))),
+            .map_err(|e| RunError::failed(format!("no kube config: {e}"))),
     }
 }
 
 /// A kube client from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
-pub(crate) async fn client_from(path: Option<&Path>) -> Result<Client, CliError> {
+pub async fn client_from(path: Option<&Path>) -> Result<Client, RunError> {
     let config = config_from(path).await?;
-    Client::try_from(config).map_err(|e| CliError::failed(format!("kube client: {e}")))
+    Client::try_from(config).map_err(|e| RunError::failed(format!("kube client: {e}")))
 }
 
 /// Appends one line per committed fenced write (wall-clock nanoseconds), flushed at once.
@@ -335,7 +356,7 @@ fn unix_ns(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
 }
 
-pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
+pub fn run(args: OperatorArgs) -> Result<(), RunError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -343,10 +364,10 @@ pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
     rt.block_on(operate(args))
 }
 
-async fn operate(args: OperatorArgs) -> Result<(), CliError> {
+async fn operate(args: OperatorArgs) -> Result<(), RunError> {
     let config = config_from(args.kubeconfig.as_deref()).await?;
     let client = Client::try_from(config.clone())
-        .map_err(|e| CliError::failed(format!("kube client: {e}")))?;
+        .map_err(|e| RunError::failed(format!("kube client: {e}")))?;
     let read_client = match &args.widget_kubeconfig {
         Some(p) => client_from(Some(p)).await?,
         None => client.clone(),
@@ -354,12 +375,12 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     if args.install_crd {
         widget::install_crd(client.clone(), Duration::from_secs(30))
             .await
-            .map_err(|e| CliError::failed(format!("installing the Widget CRD: {e}")))?;
+            .map_err(|e| RunError::failed(format!("installing the Widget CRD: {e}")))?;
     }
     if args.install_fence_policy {
         widget::install_fence_policy(client.clone(), &args.group, &args.namespace)
             .await
-            .map_err(|e| CliError::failed(format!("installing the fence policies: {e}")))?;
+            .map_err(|e| RunError::failed(format!("installing the fence policies: {e}")))?;
     }
     let identity = match &args.identity {
         Some(i) => i.clone(),
@@ -396,7 +417,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
     }
     let group = builder
         .build()
-        .map_err(|e| CliError::failed(format!("shard group: {e}")))?;
+        .map_err(|e| RunError::failed(format!("shard group: {e}")))?;
     let (handle, group_task) = group.start();
     let ownership: Ownership = handle.ownership();
     let duty = match (&ha, attached) {
@@ -409,7 +430,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
             Some(mirror_duty(&args, cfg, clients, a.handle, Some(a.control))?)
         }
         (None, _) if args.ha_mirror => {
-            return Err(CliError::Usage("--ha-mirror needs --ha-mode".into()))
+            return Err(RunError::Usage("--ha-mirror needs --ha-mode".into()))
         }
         _ => None,
     };
@@ -438,7 +459,7 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
             let _ = stop_rx.await;
         },
     )
-    .map_err(|e| CliError::failed(e.to_string()))?;
+    .map_err(|e| RunError::failed(e.to_string()))?;
 
     // metrics
     let mut registry = Registry::default();
@@ -489,8 +510,8 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
             let _ = controller.await;
             return match r {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(CliError::failed(format!("shard group ended: {e}"))),
-                Err(e) => Err(CliError::failed(format!("shard group task: {e}"))),
+                Ok(Err(e)) => Err(RunError::failed(format!("shard group ended: {e}"))),
+                Err(e) => Err(RunError::failed(format!("shard group task: {e}"))),
             };
         }
         r = shutdown_signal() => { r?; }
@@ -507,9 +528,9 @@ async fn operate(args: OperatorArgs) -> Result<(), CliError> {
             eprintln!("{identity}: left");
             Ok(())
         }
-        Ok(Ok(Err(e))) => Err(CliError::failed(format!("shard group ended: {e}"))),
-        Ok(Err(e)) => Err(CliError::failed(format!("shard group task: {e}"))),
-        Err(_) => Err(CliError::failed(format!(
+        Ok(Ok(Err(e))) => Err(RunError::failed(format!("shard group ended: {e}"))),
+        Ok(Err(e)) => Err(RunError::failed(format!("shard group task: {e}"))),
+        Err(_) => Err(RunError::failed(format!(
             "the graceful leave did not finish within {budget:?}"
         ))),
     }
@@ -528,7 +549,7 @@ fn hostname() -> String {
 }
 
 #[cfg(unix)]
-pub(crate) async fn shutdown_signal() -> std::io::Result<()> {
+pub async fn shutdown_signal() -> std::io::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r,
@@ -537,6 +558,6 @@ pub(crate) async fn shutdown_signal() -> std::io::Result<()> {
 }
 
 #[cfg(not(unix))]
-pub(crate) async fn shutdown_signal() -> std::io::Result<()> {
+pub async fn shutdown_signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
 }

@@ -1,0 +1,40 @@
+//! `kshard operator`: the example sharded operator (hidden subcommand; `kshard demo` re-executes its own
+//! binary with it for each replica). Its start-up is the library function
+//! `kube_shard_example_operator::run`; this module maps its errors and lends the CLI its kube-config loading.
+//!
+//! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
+//! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
+
+use std::path::Path;
+
+use kube::Client;
+use kube_shard_example_operator::run::RunError;
+pub(crate) use kube_shard_example_operator::run::{http, OperatorArgs};
+pub(crate) use kube_shard_example_operator::{widget, WIDGET_STREAM};
+
+use crate::cli::CliError;
+
+impl From<RunError> for CliError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Usage(m) => CliError::Usage(m),
+            RunError::Io(e) => CliError::Io(e),
+            other => CliError::Failed(other.to_string()),
+        }
+    }
+}
+
+/// Run the example operator until SIGTERM (or SIGINT) and its graceful leave.
+pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
+    Ok(kube_shard_example_operator::run::run(args)?)
+}
+
+/// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
+pub(crate) async fn config_from(path: Option<&Path>) -> Result<kube::Config, CliError> {
+    Ok(kube_shard_example_operator::run::config_from(path).await?)
+}
+
+/// A kube client from a kubeconfig file, or inferred.
+pub(crate) async fn client_from(path: Option<&Path>) -> Result<Client, CliError> {
+    Ok(kube_shard_example_operator::run::client_from(path).await?)
+}
