@@ -505,6 +505,7 @@ async fn operate(args: OperatorArgs) -> Result<(), RunError> {
 
     let mut group_task = group_task;
     tokio::select! {
+        biased; // the group task's end first: when both are ready, its error is what to report
         r = &mut group_task => {
             let _ = stop_tx.send(());
             let _ = controller.await;
@@ -552,6 +553,7 @@ fn hostname() -> String {
 pub async fn shutdown_signal() -> std::io::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
+        biased; // either signal means leave; the order only makes the choice deterministic
         r = tokio::signal::ctrl_c() => r,
         _ = term.recv() => Ok(()),
     }
