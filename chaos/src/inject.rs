@@ -448,11 +448,7 @@ pub enum CliEdit {
 /// the next generation and replaces conditionally on the resourceVersion read. Returns the generation
 /// written.
 pub async fn cli_edit(w: &World, edit: &CliEdit) -> Result<u64, String> {
-    let start = w.start;
-    let clock = kube_shard::rt::Clock::system().with_wall(move || {
-        std::time::UNIX_EPOCH + Duration::from_secs(crate::world::EPOCH_SECS) + start.elapsed()
-    });
-    let group = GroupRef::new(w.server.client(CLI), CP_NS, GROUP).clock(clock);
+    let group = GroupRef::new(w.server.client(CLI), CP_NS, GROUP).clock(w.admin_clock());
     let edit = match edit {
         CliEdit::Pin(shard, member) => Edit::Pin {
             shard: *shard,

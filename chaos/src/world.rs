@@ -49,7 +49,7 @@ pub const DRAIN: Duration = Duration::from_millis(1_800);
 pub const FENCE_PARAMS: &str = "chaos-fence";
 /// Simulated time 0 on every member's wall clock (2026-01-01T00:00:00Z), so stamps do not depend on the
 /// host's clock.
-pub(crate) const EPOCH_SECS: u64 = 1_767_225_600;
+const EPOCH_SECS: u64 = 1_767_225_600;
 
 thread_local! {
     /// Simulated time 0 of the seed running on this thread (each seed runs on a fresh thread), for
@@ -183,6 +183,12 @@ impl World {
     #[must_use]
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The admin's clocks: a member's without an offset (its wall clock reads [`wall_ms`](Self::wall_ms)).
+    #[must_use]
+    pub fn admin_clock(&self) -> Clock {
+        member_clock(self.start, Arc::new(AtomicI64::new(0)))
     }
 
     /// The admin's wall clock now (ms since the Unix epoch): the fixed epoch + simulated time.

@@ -65,6 +65,27 @@ pub struct GcMetrics {
     pub passes: Counter,
 }
 
+impl GcMetrics {
+    /// Register every metric (names `kshard_singleton_*`, `kshard_orphans_collected`).
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "kshard_singleton_term",
+            "The term this member runs the singleton in (0 when it does not lead)",
+            self.term.clone(),
+        );
+        r.register(
+            "kshard_orphans_collected",
+            "Child ConfigMaps whose Widget was gone, deleted by the singleton",
+            self.collected.clone(),
+        );
+        r.register(
+            "kshard_singleton_passes",
+            "Orphan collection passes completed",
+            self.passes.clone(),
+        );
+    }
+}
+
 /// Run collection passes every `interval` while `guard`'s term lasts.
 pub async fn collect_orphans(
     client: Client,

@@ -337,6 +337,12 @@ impl Assignment {
             .count()
     }
 
+    /// Each shard with an owner, and its owner (what [`optimal_moves`](crate::group::optimal_moves) and the
+    /// planner take).
+    pub fn owners(&self) -> impl Iterator<Item = (u32, &MemberId)> + '_ {
+        self.view.shards.iter().map(|(s, sa)| (*s, &sa.owner))
+    }
+
     /// Shards the member named `member` owns or is receiving (the target of a move in flight).
     #[must_use]
     pub fn holding(&self, member: &str) -> usize {

@@ -271,10 +271,8 @@ pub fn live_reports(
             if meta.labels.as_ref()?.get(ROLE_LABEL)? != "member" {
                 return None;
             }
-            let spec = l.spec.as_ref()?;
-            let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000;
-            let renewed = spec.renew_time.as_ref()?.0.as_millisecond();
-            if now_ms.saturating_sub(renewed) > duration_ms {
+            let (age, duration) = lease_age(l.spec.as_ref(), now_ms);
+            if age.is_none_or(|age| age > duration) {
                 return None;
             }
             let report =
@@ -282,6 +280,22 @@ pub fn live_reports(
             Some((meta.name.clone().unwrap_or_default(), report))
         })
         .collect()
+}
+
+/// How long before `now_ms` (a reader's wall clock) a Lease was last renewed (`None`: never; a renewal
+/// stamped ahead of the reader counts as just now), and its `leaseDurationSeconds` (15 s when unset): a
+/// member's report counts while the first is at most the second.
+pub(crate) fn lease_age(
+    spec: Option<&k8s_openapi::api::coordination::v1::LeaseSpec>,
+    now_ms: i64,
+) -> (Option<std::time::Duration>, std::time::Duration) {
+    let age = spec
+        .and_then(|s| s.renew_time.as_ref())
+        .map(|t| now_ms.saturating_sub(t.0.as_millisecond()))
+        .map(|ms| std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+    let seconds = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(15);
+    let duration = std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    (age, duration)
 }
 
 type AckSets = BTreeMap<MoveId, ShardSet>;
@@ -417,6 +431,37 @@ mod tests {
         assert_eq!(
             (live[0].0.as_str(), live[0].1.applied_generation),
             ("g-a", 7)
+        );
+    }
+
+    #[test]
+    fn a_lease_age_is_measured_on_the_readers_clock() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        use std::time::Duration;
+        let spec = |renewed_ms: Option<i64>, secs: Option<i32>| LeaseSpec {
+            lease_duration_seconds: secs,
+            renew_time: renewed_ms
+                .map(|ms| MicroTime(k8s_openapi::jiff::Timestamp::from_millisecond(ms).unwrap())),
+            ..Default::default()
+        };
+        let now = 1_000_000;
+        assert_eq!(
+            lease_age(Some(&spec(Some(now - 2_500), Some(10))), now),
+            (Some(Duration::from_millis(2_500)), Duration::from_secs(10))
+        );
+        // a renewal stamped ahead of the reader counts as just now; no duration is 15 s
+        assert_eq!(
+            lease_age(Some(&spec(Some(now + 5_000), None)), now),
+            (Some(Duration::ZERO), Duration::from_secs(15))
+        );
+        // never renewed, or no spec at all: no age
+        assert_eq!(lease_age(Some(&spec(None, Some(3))), now).0, None);
+        assert_eq!(lease_age(None, now), (None, Duration::from_secs(15)));
+        // a hostile negative duration is zero, never a panic
+        assert_eq!(
+            lease_age(Some(&spec(Some(now), Some(-4))), now).1,
+            Duration::ZERO
         );
     }
 

@@ -628,11 +628,7 @@ pub fn optimal_moves(before: &GroupSnap, next: &[String]) -> u64 {
                 .unwrap_or_else(|| MemberId::new(n.as_str(), "joining"))
         })
         .collect();
-    let owners: Vec<(u32, &MemberId)> = before
-        .assignment
-        .iter()
-        .flat_map(|a| a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)))
-        .collect();
+    let owners = before.assignment.iter().flat_map(Assignment::owners);
     kube_shard::group::optimal_moves(before.shards, owners, ids.iter().map(|m| (m, 1)))
         .expect("an optimum for a valid group")
 }
@@ -646,8 +642,7 @@ pub fn planner_moves(
     leaving: &[String],
 ) -> usize {
     let a = before.assignment.as_ref().expect("an assignment");
-    let mut input = PlanInput::new(before.shards)
-        .with_owners(a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)));
+    let mut input = PlanInput::new(before.shards).with_owners(a.owners());
     for name in next {
         let id = after
             .member_id(name)

@@ -469,22 +469,7 @@ async fn operate(args: OperatorArgs) -> Result<(), RunError> {
     if let Some(d) = &duty {
         d.metrics().register(&mut registry);
     }
-    let gc_metrics = workload.gc_metrics.clone();
-    registry.register(
-        "kshard_singleton_term",
-        "The term this member runs the singleton in (0 when it does not lead)",
-        gc_metrics.term.clone(),
-    );
-    registry.register(
-        "kshard_orphans_collected",
-        "Child ConfigMaps whose Widget was gone, deleted by the singleton",
-        gc_metrics.collected.clone(),
-    );
-    registry.register(
-        "kshard_singleton_passes",
-        "Orphan collection passes completed",
-        gc_metrics.passes.clone(),
-    );
+    workload.gc_metrics.register(&mut registry);
 
     let group_task = tokio::spawn(group_task);
     if let Some(addr) = args.metrics_addr {

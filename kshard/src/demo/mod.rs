@@ -1213,11 +1213,7 @@ fn scale_moves(
             MemberId::new(n.as_str(), inc)
         })
         .collect();
-    let owners: Vec<(u32, &MemberId)> = before
-        .assignment
-        .iter()
-        .flat_map(|a| a.view.shards.iter().map(|(s, sa)| (*s, &sa.owner)))
-        .collect();
+    let owners = before.assignment.iter().flat_map(Assignment::owners);
     let optimal =
         kube_shard::group::optimal_moves(s, owners, ids.iter().map(|m| (m, 1))).unwrap_or(u64::MAX);
     (moved, optimal)

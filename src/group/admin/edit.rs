@@ -35,8 +35,8 @@ impl GroupRef {
             let (mut cm, mut a) = self.fetch().await?;
             self.refuse_rolled_back(&a).await?;
             apply(&mut a, &edit)?;
-            let now_ms = u64::try_from(self.wall_ms()).unwrap_or(0);
-            a.view.generation = Assignment::next_generation(a.view.generation, now_ms);
+            a.view.generation =
+                Assignment::next_generation(a.view.generation, self.clock.wall_ms());
             cm.data
                 .get_or_insert_with(Default::default)
                 .insert(DATA_KEY.to_owned(), a.encode());
@@ -58,13 +58,11 @@ impl GroupRef {
     /// duration) reports a higher generation applied than the stored one.
     async fn refuse_rolled_back(&self, a: &Assignment) -> Result<(), AdminError> {
         let leases = self.list_leases().await?;
-        let now = self.wall_ms();
-        let live = live_reports(&leases, now, a.shards);
-        let now_ms = u64::try_from(now).unwrap_or(0);
+        let live = live_reports(&leases, self.now_ms(), a.shards);
         match applied_above(
             a.view.generation,
             live.iter().map(|(n, r)| (n.as_str(), r)),
-            now_ms,
+            self.clock.wall_ms(),
         ) {
             Some((lease, applied)) => Err(AdminError::RolledBack {
                 stored: a.view.generation,

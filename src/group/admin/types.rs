@@ -50,7 +50,8 @@ impl GroupRef {
         format!("{}-assignment", self.group)
     }
 
-    pub(super) fn wall_ms(&self) -> i64 {
+    /// The wall clock in ms, as Lease timestamps compare with it.
+    pub(super) fn now_ms(&self) -> i64 {
         i64::try_from(self.clock.wall_ms()).unwrap_or(i64::MAX)
     }
 }

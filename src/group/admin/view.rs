@@ -10,11 +10,8 @@ use kube::Client;
 
 use super::types::{AdminError, GroupRef};
 use crate::group::assignment::{Assignment, Handoff, DATA_KEY};
-use crate::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use crate::group::report::{lease_age, MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
 use crate::shard::ShardSet;
-
-/// A Lease without `leaseDurationSeconds` counts as this long (the library's default).
-const DEFAULT_LEASE_SECONDS: i32 = 15;
 
 /// One member as its Lease shows it.
 #[derive(Clone, Debug)]
@@ -125,7 +122,7 @@ impl GroupRef {
     pub async fn read(&self) -> Result<GroupView, AdminError> {
         let (_, assignment) = self.fetch().await?;
         let list = self.list_leases().await?;
-        let now_ms = self.wall_ms();
+        let now_ms = self.now_ms();
         let mut coordinator = None;
         let mut members = Vec::new();
         for lease in &list {
@@ -164,15 +161,7 @@ impl GroupRef {
                 Err(e) => (MemberReport::default(), Some(e.to_string())),
             },
         };
-        let spec = lease.spec.as_ref();
-        let age_ms = spec
-            .and_then(|s| s.renew_time.as_ref())
-            .map(|t| now_ms.saturating_sub(t.0.as_millisecond()).max(0));
-        let seconds = spec
-            .and_then(|s| s.lease_duration_seconds)
-            .unwrap_or(DEFAULT_LEASE_SECONDS);
-        let lease_duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-        let lease_age = age_ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+        let (lease_age, lease_duration) = lease_age(lease.spec.as_ref(), now_ms);
         let expired = lease_age.is_none_or(|age| age > lease_duration);
         let owned: ShardSet = a
             .view
