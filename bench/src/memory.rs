@@ -8,13 +8,11 @@
 //! *object memory* is its figure minus the zero-object figure of the same kind.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube_shard::ShardCount;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use kube_shard_harness::process::{Launch, ReplicaProcess};
 use tokio::time::Instant;
 
 use crate::failover::Timings;
@@ -99,7 +97,7 @@ impl Memory {
 
 struct Proc {
     name: String,
-    child: Child,
+    process: ReplicaProcess,
     last: Arc<Mutex<Option<Status>>>,
 }
 
@@ -117,37 +115,22 @@ fn spawn(
 ) -> Result<Proc, BenchError> {
     let json =
         serde_json::to_string(spec).map_err(|e| BenchError::Cluster(format!("spec: {e}")))?;
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))
-        .map_err(|e| BenchError::Cluster(format!("replica log: {e}")))?;
-    let mut child = Command::new(&cmd.program)
+    let launch = Launch::new(&cmd.program)
         .args(&cmd.args)
         .arg(json)
-        .env("MALLOC_ARENA_MAX", ARENA_MAX)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            BenchError::Cluster(format!(
-                "starting the replica process {}: {e}",
-                cmd.program.display()
-            ))
-        })?;
+        .env("MALLOC_ARENA_MAX", ARENA_MAX);
     let last = Arc::new(Mutex::new(None));
-    let stdout = child.stdout.take().expect("piped");
     let sink = last.clone();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(st) = serde_json::from_str::<Status>(&line) {
-                *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(st);
-            }
+    let log = dir.join(format!("{name}.log"));
+    let process = ReplicaProcess::start_with_lines(name, &launch, &log, move |line| {
+        if let Ok(st) = serde_json::from_str::<Status>(line) {
+            *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(st);
         }
-    });
+    })
+    .map_err(|e| BenchError::Cluster(e.to_string()))?;
     Ok(Proc {
         name: name.to_owned(),
-        child,
+        process,
         last,
     })
 }
@@ -168,8 +151,8 @@ fn proc_field(text: &str, field: &str) -> Option<u64> {
 
 fn usage(p: &Proc) -> Result<Usage, BenchError> {
     let pid = p
-        .child
-        .id()
+        .process
+        .pid()
         .ok_or_else(|| BenchError::Cluster(format!("replica {} exited", p.name)))?;
     let read = |file: &str| {
         std::fs::read_to_string(format!("/proc/{pid}/{file}"))
@@ -285,7 +268,7 @@ pub async fn measure(
         .chain(zero)
         .chain([unsharded, unsharded_zero])
     {
-        let _ = p.child.kill().await;
+        p.process.kill().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(out)

@@ -150,6 +150,10 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Admin(#[from] kube_shard::group::admin::AdminError),
     #[error("{0}")]
+    Demo(#[from] kube_shard_harness::DemoError),
+    #[error("invariants violated: {0}")]
+    InvariantsViolated(String),
+    #[error("{0}")]
     Failed(String),
     #[error("{0}")]
     Usage(String),
@@ -164,7 +168,13 @@ impl CliError {
 impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            CliError::Io(_) | CliError::Json(_) | CliError::Admin(_) | CliError::Failed(_) => 1,
+            CliError::Demo(kube_shard_harness::DemoError::Options(_)) => 2,
+            CliError::Io(_)
+            | CliError::Json(_)
+            | CliError::Admin(_)
+            | CliError::Demo(_)
+            | CliError::InvariantsViolated(_)
+            | CliError::Failed(_) => 1,
             _ => 2,
         }
     }

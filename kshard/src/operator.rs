@@ -8,9 +8,8 @@
 use std::path::Path;
 
 use kube::Client;
+pub(crate) use kube_shard_example_operator::run::OperatorArgs;
 use kube_shard_example_operator::run::RunError;
-pub(crate) use kube_shard_example_operator::run::{http, OperatorArgs};
-pub(crate) use kube_shard_example_operator::{widget, WIDGET_STREAM};
 
 use crate::cli::CliError;
 
@@ -27,11 +26,6 @@ impl From<RunError> for CliError {
 /// Run the example operator until SIGTERM (or SIGINT) and its graceful leave.
 pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {
     Ok(kube_shard_example_operator::run::run(args)?)
-}
-
-/// A kube config from a kubeconfig file, or inferred (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
-pub(crate) async fn config_from(path: Option<&Path>) -> Result<kube::Config, CliError> {
-    Ok(kube_shard_example_operator::run::config_from(path).await?)
 }
 
 /// A kube client from a kubeconfig file, or inferred.

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,20 +22,19 @@ use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, 
 use kube_shard::ownership::MemberId;
 use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{ShardCount, ShardKey};
-use rustix::process::{kill_process, Pid, Signal};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use kube_shard_harness::operator::{OperatorFlags, ReplicaProgram, Timings};
+use kube_shard_harness::process::{ProcessError, ProcessSignal, ReplicaProcess};
 use tokio::time::Instant;
 
 use super::fences::{fence_log, FenceLogCheck};
 use super::{http_get, kshard_binary, sample, ReadPath, WidgetView};
 
 /// Short leases: a member not seen renewing for `LEASE + GRACE` is taken over.
-pub const LEASE: Duration = Duration::from_secs(3);
+pub const LEASE: Duration = Timings::SHORT.lease;
 /// A member that has not renewed for this long admits nothing.
-pub const RENEW_DEADLINE: Duration = Duration::from_secs(2);
-pub const RETRY: Duration = Duration::from_millis(500);
-pub const GRACE: Duration = Duration::from_millis(500);
+pub const RENEW_DEADLINE: Duration = Timings::SHORT.renew_deadline;
+pub const RETRY: Duration = Timings::SHORT.retry;
+pub const GRACE: Duration = Timings::SHORT.takeover_grace;
 /// The read path's activation barrier timeout (the library's default).
 pub const BARRIER: Duration = Duration::from_secs(2);
 /// How often the suite polls the group.
@@ -57,8 +56,7 @@ pub fn observable_failover_bound() -> Duration {
 pub struct Replica {
     pub name: String,
     pub metrics: String,
-    child: Child,
-    pid: i32,
+    process: ReplicaProcess,
     pub running: bool,
     pub stopped: bool,
 }
@@ -118,79 +116,43 @@ impl Replicas {
     /// Start `replica-0` .. `replica-{n-1}` at once (so they join within the cold-start settle window),
     /// then wait for each one's metrics endpoint.
     pub async fn start(&mut self, n: u32) {
-        let launched: Vec<_> = (0..n)
-            .map(|i| self.launch(&format!("replica-{i}")))
-            .collect();
-        for (name, child) in launched {
-            self.ready(name, child).await;
+        let names: Vec<String> = (0..n).map(|i| format!("replica-{i}")).collect();
+        let started = futures::future::join_all(names.iter().map(|name| self.launch(name))).await;
+        for (name, p) in names.iter().zip(started) {
+            self.started(name, p);
         }
     }
 
     /// Start one more replica process and wait for its metrics endpoint.
     pub async fn spawn(&mut self, name: &str) {
-        let (name, child) = self.launch(name);
-        self.ready(name, child).await;
+        let p = self.launch(name).await;
+        self.started(name, p);
     }
 
-    fn launch(&self, name: &str) -> (String, Child) {
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let mut cmd = Command::new(kshard_binary());
-        cmd.arg("operator")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--group", &self.group, "--namespace", &self.namespace])
-            .args(["--identity", name]);
-        if let Some(ns) = &self.watch_namespace {
-            cmd.args(["--watch-namespace", ns]);
-        }
-        cmd.args(["--lease-duration", &ms(LEASE)])
-            .args(["--renew-deadline", &ms(RENEW_DEADLINE)])
-            .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
-            // drain ≥ renew deadline − fence margin (2 s − 0.3 s): the operator refuses a shorter drain
-            .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
-            .args(["--settle", "3s", "--join-debounce", "500ms"])
-            .args(["--expected-replicas", &self.expected.to_string()])
-            .args(["--hash-key", self.key.as_str()])
-            .args(["--shards", &self.shards.get().to_string()])
-            .args(["--metrics-addr", "127.0.0.1:0", "--install-crd"])
-            // hidden flag (the demo's): one line per committed fenced write
-            .arg("--fence-log")
-            .arg(&self.fence_log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        (name.to_owned(), cmd.spawn().expect("run kshard operator"))
-    }
-
-    /// Wait for the first stdout line, `metrics http://ADDR`.
-    async fn ready(&mut self, name: String, mut child: Child) {
-        let pid = child.id().expect("a running child") as i32;
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten()
-            .unwrap_or_default();
+    /// The example operator (`kshard operator`) with the suite's short timings and the shared fence log.
+    async fn launch(&self, name: &str) -> Result<ReplicaProcess, ProcessError> {
+        let mut flags =
+            OperatorFlags::new(name, self.kubeconfig.clone(), &self.group, &self.namespace);
+        flags.watch_namespace = self.watch_namespace.clone();
+        flags.timings = Timings::SHORT;
+        flags.expected = self.expected;
+        flags.key = self.key;
+        flags.shards = self.shards;
+        flags.fence_log = Some(self.fence_log.clone());
+        let launch = ReplicaProgram::new(kshard_binary(), &["operator"]).launch(&flags);
         let log = self.dir.join(format!("{name}.log"));
-        // pushed before the check, so a failed start is killed on drop too
+        ReplicaProcess::start(name, &launch, &log, Duration::from_secs(30)).await
+    }
+
+    fn started(&mut self, name: &str, p: Result<ReplicaProcess, ProcessError>) {
+        let p = p.unwrap_or_else(|e| panic!("{name} did not start: {e}"));
         self.members.push(Replica {
-            name: name.clone(),
-            metrics: String::new(),
-            child,
-            pid,
+            name: name.to_owned(),
+            metrics: p.metrics_addr().unwrap_or_default().to_owned(),
+            process: p,
             running: true,
             stopped: false,
         });
-        let Some(metrics) = first.strip_prefix("metrics http://") else {
-            panic!("{name} did not start: {first:?} (log {})", log.display());
-        };
-        if let Some(r) = self.members.last_mut() {
-            r.metrics = metrics.to_owned();
-        }
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     }
 
     pub fn replica(&self, name: &str) -> &Replica {
@@ -216,38 +178,37 @@ impl Replicas {
             .collect()
     }
 
-    fn signal(&self, name: &str, signal: Signal) {
-        let pid = Pid::from_raw(self.replica(name).pid).expect("a pid");
-        kill_process(pid, signal).expect("signal a replica");
+    fn signal(&self, name: &str, signal: ProcessSignal) {
+        let r = self.replica(name);
+        r.process.signal(signal).expect("signal a replica");
     }
 
     /// SIGKILL, and reap.
     pub async fn kill(&mut self, name: &str) {
         let r = self.replica_mut(name);
-        r.child.start_kill().expect("SIGKILL");
-        let _ = r.child.wait().await;
+        r.process.kill().await;
         r.running = false;
     }
 
     /// SIGTERM (a graceful leave) and wait for the exit.
     pub async fn terminate(&mut self, name: &str, limit: Duration) -> ExitStatus {
-        self.signal(name, Signal::TERM);
         let r = self.replica_mut(name);
-        let status = tokio::time::timeout(limit, r.child.wait())
+        let status = r
+            .process
+            .terminate(limit)
             .await
-            .unwrap_or_else(|_| panic!("{name} did not exit within {limit:?} of SIGTERM"))
-            .expect("wait for a replica");
+            .unwrap_or_else(|e| panic!("{e}"));
         r.running = false;
         status
     }
 
     pub fn stop(&mut self, name: &str) {
-        self.signal(name, Signal::STOP);
+        self.signal(name, ProcessSignal::STOP);
         self.replica_mut(name).stopped = true;
     }
 
     pub fn resume(&mut self, name: &str) {
-        self.signal(name, Signal::CONT);
+        self.signal(name, ProcessSignal::CONT);
         self.replica_mut(name).stopped = false;
     }
 
@@ -419,12 +380,7 @@ impl Replicas {
 
 impl Drop for Replicas {
     fn drop(&mut self) {
-        for r in &mut self.members {
-            if r.running {
-                // SIGKILL ends a stopped process too
-                let _ = r.child.start_kill();
-            }
-        }
+        // the processes are SIGKILLed as `members` drops (a stopped one too)
         if self.passed {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {

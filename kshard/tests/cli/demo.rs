@@ -1,5 +1,6 @@
-//! `kshard demo --json`: the main job end to end (embedded API server, replica processes, scale-up, a
-//! SIGKILL under load), with the invariants read from its one JSON object.
+//! `kshard demo --json`: the output contract of the main job (one JSON object on stdout, exit 0 only
+//! when every invariant held). The invariants themselves are asserted on the typed report in the
+//! harness crate's tests (`kube_shard_harness::demo`).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -9,11 +10,39 @@ use serde_json::Value;
 /// The demos start replica processes with real-time leases: run them one at a time.
 pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
-fn demo(extra: &[&str]) -> Value {
+/// The fields of the report, as they were before the scenario moved into the harness.
+const FIELDS: [&str; 24] = [
+    "replicas",
+    "objects",
+    "shards",
+    "hash_key",
+    "shard_selector",
+    "mode",
+    "owned_fraction",
+    "read_amplification",
+    "fence_violations",
+    "fence_audit_violations",
+    "fence_order_violations",
+    "fence_log_violations",
+    "fenced_writes",
+    "server_refused",
+    "unowned_shards_after_settle",
+    "unreconciled_objects",
+    "scale_moved_shards",
+    "scale_optimal_moved_shards",
+    "failover_seconds",
+    "lease_duration_seconds",
+    "reconciles",
+    "duration_seconds",
+    "invariants_held",
+    "failures",
+];
+
+#[test]
+fn demo_prints_one_json_object_and_exits_by_its_verdict() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["demo", "--json", "--objects", "600", "--replicas", "3"])
-        .args(extra)
+        .args(["demo", "--json", "--objects", "200", "--replicas", "2"])
         .output()
         .expect("run kshard demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -25,62 +54,31 @@ fn demo(extra: &[&str]) -> Value {
         "exactly one JSON object on stdout:\n{stdout}\n{stderr}"
     );
     let v: Value = serde_json::from_str(lines[0]).expect("JSON");
-    eprintln!("kshard demo {extra:?}: {v}");
-    assert!(out.status.success(), "exit {:?}: {v}\n{stderr}", out.status);
-    v
-}
-
-fn common_invariants(v: &Value) {
-    assert_eq!(v["replicas"], 3);
-    assert_eq!(v["objects"], 600);
-    assert_eq!(v["shards"], 256);
-    assert_eq!(v["fence_violations"], 0, "{v}");
-    assert!(v["fenced_writes"].as_u64().unwrap() > 600, "{v}");
-    assert_eq!(v["unowned_shards_after_settle"], 0, "{v}");
-    assert_eq!(v["unreconciled_objects"], 0, "{v}");
+    for f in FIELDS {
+        assert!(v.get(f).is_some(), "field {f} missing: {v}");
+    }
     assert_eq!(
-        v["scale_moved_shards"], v["scale_optimal_moved_shards"],
-        "{v}"
+        (v["replicas"].clone(), v["objects"].clone()),
+        (2.into(), 200.into())
     );
-    assert!(v["scale_moved_shards"].as_u64().unwrap() > 0, "{v}");
-    let lease = v["lease_duration_seconds"].as_f64().unwrap();
-    assert_eq!(lease, 5.0);
-    let failover = v["failover_seconds"].as_f64().unwrap();
-    assert!(failover >= lease && failover < 3.0 * lease, "{v}");
-    let fractions = v["owned_fraction"].as_array().unwrap();
-    assert_eq!(fractions.len(), 3);
-    let total: f64 = fractions.iter().map(|f| f.as_f64().unwrap()).sum();
+    assert_eq!(
+        out.status.success(),
+        v["invariants_held"] == true,
+        "{v}\n{stderr}"
+    );
+    assert!(out.status.success(), "exit {:?}: {v}\n{stderr}", out.status);
     assert!(
-        (total - 1.0).abs() < 1e-3,
-        "the replicas own every Widget: {v}"
+        stderr.contains("kshard demo: "),
+        "progress goes to stderr: {stderr}"
     );
-    assert_eq!(v["read_amplification"].as_array().unwrap().len(), 3);
-    // the embedded server enforces the fence policies: it may refuse deposed members' writes, never a
-    // current owner's
-    let refused = &v["server_refused"];
-    assert_eq!(refused["current_owner"], 0, "{v}");
-    assert!(refused["deposed"].as_u64().is_some(), "{v}");
-    assert_eq!(v["invariants_held"], true);
 }
 
 #[test]
-fn demo_server_mode_keeps_every_invariant_and_reads_only_what_it_owns() {
-    let v = demo(&[]);
-    common_invariants(&v);
-    assert_eq!(v["mode"], "server", "{v}");
-    for a in v["read_amplification"].as_array().unwrap() {
-        let a = a.as_f64().unwrap();
-        assert!((0.95..=1.05).contains(&a), "read amplification {a}: {v}");
-    }
-}
-
-#[test]
-fn demo_with_the_gate_off_falls_back_and_keeps_every_invariant() {
-    let v = demo(&["--shard-selector", "off"]);
-    common_invariants(&v);
-    assert_eq!(v["mode"], "fallback", "{v}");
-    // every replica reads everything: about N times what it owns
-    for a in v["read_amplification"].as_array().unwrap() {
-        assert!(a.as_f64().unwrap() > 2.0, "{v}");
-    }
+fn demo_refuses_an_unknown_gate_word_with_exit_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["demo", "--shard-selector", "maybe"])
+        .output()
+        .expect("run kshard demo");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
 }

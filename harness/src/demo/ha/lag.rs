@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::oracle::Op;
 use super::writer::Writer;
-use crate::operator::widget::Widget;
+use kube_shard_example_operator::widget::Widget;
 
 /// The `rv=<n>` of a `kube-shard.io/source-rv` marker.
 pub(crate) fn marker_rv(w: &Widget) -> Option<u64> {
@@ -144,7 +144,7 @@ fn seen(g: &mut State, o: &Widget, deleted: bool, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::widget::WidgetSpec;
+    use kube_shard_example_operator::widget::WidgetSpec;
 
     fn copy(name: &str, deleting: bool) -> Widget {
         let mut w = Widget::new(name, "ns", WidgetSpec::default());

@@ -26,19 +26,17 @@
 //! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
 //! the exit code is 0 only when every invariant held.
 
-pub(crate) mod ha;
+mod error;
+pub mod ha;
 mod refusals;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -48,138 +46,121 @@ use kube_shard::group::assignment::{Assignment, DATA_KEY};
 use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
 use kube_shard::ownership::MemberId;
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
+use kube_shard_example_operator::widget::{self, Widget, WidgetSpec};
 use kube_shard_testserver::{HttpServer, ResourceFilter, TestServer};
 use serde::Serialize;
-use tokio::io::AsyncBufReadExt;
 use tokio::time::Instant;
 
-use crate::cli::CliError;
-use crate::operator::widget::{self, Widget, WidgetSpec};
+pub use self::error::DemoError;
+pub use self::refusals::Counts as RefusalCounts;
+use crate::operator::{OperatorFlags, ReplicaProgram, Timings};
+use crate::process::ReplicaProcess;
 
-/// Demo timings (the issue's: lease 5 s, renew deadline 3.5 s, retry 0.5 s, takeover grace 0.5 s).
-const LEASE: Duration = Duration::from_secs(5);
-const RENEW: Duration = Duration::from_millis(3500);
-const RETRY: Duration = Duration::from_millis(500);
-const GRACE: Duration = Duration::from_millis(500);
+/// Demo timings (lease 5 s, renew deadline 3.5 s, retry 0.5 s, takeover grace 0.5 s).
+const TIMINGS: Timings = Timings::DEMO;
+const LEASE: Duration = TIMINGS.lease;
+const GRACE: Duration = TIMINGS.takeover_grace;
+const RETRY: Duration = TIMINGS.retry;
 
-#[derive(Debug, Args)]
-pub(crate) struct DemoArgs {
+/// What the demo runs (`kshard demo`'s flags; [`Default`] gives the CLI's defaults but a replica
+/// program, which the caller names).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct DemoOptions {
     /// Widgets to create.
-    #[arg(long, default_value_t = 2000)]
-    objects: usize,
+    pub objects: usize,
     /// Replica processes to start (then scaled to one more, then one is killed).
-    #[arg(long, default_value_t = 3)]
-    replicas: u32,
+    pub replicas: u32,
     /// The number of logical shards S.
-    #[arg(long, default_value = "256", value_parser = parse_count)]
-    shards: ShardCount,
-    /// The shard key: `uid` or `namespace`.
-    #[arg(long, default_value = "uid", value_parser = parse_key)]
-    hash_key: ShardKey,
+    pub shards: ShardCount,
+    /// The shard key.
+    pub hash_key: ShardKey,
     /// The embedded server's ShardedListAndWatch gate (KEP-5866 shardSelector).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    shard_selector: String,
-    /// The fence ValidatingAdmissionPolicies on the embedded server (`kshard operator
-    /// --install-fence-policy`), and the count of the writes they refused.
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    fence_policy: String,
-    /// Run against a real cluster instead of the embedded server (replicas run locally with it).
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
+    pub shard_selector: bool,
+    /// The fence ValidatingAdmissionPolicies on the embedded server, and the count of the writes they
+    /// refused.
+    pub fence_policy: bool,
+    /// A real cluster instead of the embedded server (replicas run locally with it).
+    pub kubeconfig: Option<PathBuf>,
     /// The namespace of the Widgets and of the group's Leases and assignment.
-    #[arg(long, short = 'n', default_value = "kshard-demo")]
-    namespace: String,
+    pub namespace: String,
     /// The shard group.
-    #[arg(long, default_value = "widgets")]
-    group: String,
+    pub group: String,
     /// Widget spec changes per second made by the writer.
-    #[arg(long, default_value_t = 400)]
-    write_rate: u32,
-    /// Print exactly one JSON object with the results on stdout (progress goes to stderr).
-    #[arg(long)]
-    json: bool,
+    pub write_rate: u32,
+    /// Draw the live view on stdout (a terminal); else progress lines on stderr.
+    pub view: bool,
     /// Keep the work directory (kubeconfigs, replica logs, fence log).
-    #[arg(long)]
-    keep: bool,
-    #[command(subcommand)]
-    command: Option<DemoCommand>,
+    pub keep: bool,
+    /// The program that runs a replica (`kshard operator`, `kube-shard-replica`).
+    pub replica: ReplicaProgram,
 }
 
-/// `kshard demo <subcommand>` (none: the sharded operator demo above).
-#[derive(Debug, clap::Subcommand)]
-pub(crate) enum DemoCommand {
-    /// Cross-cluster Active/Standby end to end: mirror lag, a planned switchover, an unplanned
-    /// failover, the old Active's return and a failback (`kshard demo ha --json`).
-    Ha(ha::HaDemoArgs),
+impl DemoOptions {
+    /// The CLI's defaults, with replicas run by `replica`.
+    pub fn new(replica: ReplicaProgram) -> Self {
+        DemoOptions {
+            objects: 2000,
+            replicas: 3,
+            shards: ShardCount::DEFAULT,
+            hash_key: ShardKey::Uid,
+            shard_selector: true,
+            fence_policy: true,
+            kubeconfig: None,
+            namespace: "kshard-demo".to_owned(),
+            group: "widgets".to_owned(),
+            write_rate: 400,
+            view: false,
+            keep: false,
+            replica,
+        }
+    }
 }
 
-fn parse_key(s: &str) -> Result<ShardKey, String> {
-    s.parse().map_err(|e: kube_shard::KeyError| e.to_string())
-}
-
-fn parse_count(s: &str) -> Result<ShardCount, String> {
-    s.parse().map_err(|e: kube_shard::ShardError| e.to_string())
-}
-
-/// The JSON result.
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Report {
-    replicas: u32,
-    objects: usize,
-    shards: u32,
-    hash_key: String,
-    shard_selector: String,
-    mode: String,
-    owned_fraction: Vec<f64>,
-    read_amplification: Vec<Option<f64>>,
-    fence_violations: u64,
-    fence_audit_violations: u64,
-    fence_order_violations: u64,
-    fence_log_violations: u64,
-    fenced_writes: u64,
+/// The demo's result (`kshard demo --json` prints it).
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct DemoReport {
+    pub replicas: u32,
+    pub objects: usize,
+    pub shards: u32,
+    pub hash_key: String,
+    /// `on`/`off` on the embedded server, `cluster` against one.
+    pub shard_selector: String,
+    /// The Widget read path: `server` (shard selectors) or `fallback` (local filter).
+    pub mode: String,
+    pub owned_fraction: Vec<f64>,
+    pub read_amplification: Vec<Option<f64>>,
+    pub fence_violations: u64,
+    pub fence_audit_violations: u64,
+    pub fence_order_violations: u64,
+    pub fence_log_violations: u64,
+    pub fenced_writes: u64,
     /// Writes the embedded server's fence policies refused (`null` against a cluster, where the demo
     /// installs none).
-    server_refused: Option<refusals::Counts>,
-    unowned_shards_after_settle: u64,
-    unreconciled_objects: u64,
-    scale_moved_shards: u64,
-    scale_optimal_moved_shards: u64,
-    failover_seconds: f64,
-    lease_duration_seconds: f64,
-    reconciles: BTreeMap<String, u64>,
-    duration_seconds: f64,
-    invariants_held: bool,
-    failures: Vec<String>,
+    pub server_refused: Option<RefusalCounts>,
+    pub unowned_shards_after_settle: u64,
+    pub unreconciled_objects: u64,
+    pub scale_moved_shards: u64,
+    pub scale_optimal_moved_shards: u64,
+    pub failover_seconds: f64,
+    pub lease_duration_seconds: f64,
+    pub reconciles: BTreeMap<String, u64>,
+    pub duration_seconds: f64,
+    pub invariants_held: bool,
+    pub failures: Vec<String>,
 }
 
-pub(crate) fn run(mut args: DemoArgs) -> Result<(), CliError> {
-    if let Some(DemoCommand::Ha(ha)) = args.command.take() {
-        return ha::run(ha);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let report = rt.block_on(demo(&args))?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
-    if report.invariants_held {
-        Ok(())
-    } else {
-        Err(CliError::failed(format!(
-            "invariants violated: {}",
-            report.failures.join("; ")
-        )))
-    }
+/// Run the demo to its verdict: `Ok` with the report whether or not the invariants held (see
+/// [`DemoReport::invariants_held`]); `Err` only when it could not run.
+pub async fn run(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
+    demo(opts).await
 }
 
 /// One replica process.
 struct Replica {
     name: String,
-    child: tokio::process::Child,
+    process: ReplicaProcess,
     metrics: Option<String>,
     alive: bool,
 }
@@ -192,7 +173,7 @@ struct Embedded {
 
 /// The scenario's state.
 pub(crate) struct Demo<'a> {
-    args: &'a DemoArgs,
+    args: &'a DemoOptions,
     dir: PathBuf,
     embedded: Option<Embedded>,
     admin: Client,
@@ -293,14 +274,14 @@ impl GroupSnap {
     }
 }
 
-async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
+async fn demo(args: &DemoOptions) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("kshard-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (embedded, admin) = match &args.kubeconfig {
         None => {
             let server = TestServer::builder()
-                .shard_selector(args.shard_selector == "on")
+                .shard_selector(args.shard_selector)
                 .build();
             // the assignment's every version: where each refused write stood (`refusals`)
             server.history().record(
@@ -312,7 +293,10 @@ async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
             let admin = server.client("demo-admin");
             (Some(Embedded { server, http }), admin)
         }
-        Some(p) => (None, crate::operator::client_from(Some(p)).await?),
+        Some(p) => (
+            None,
+            kube_shard_example_operator::run::client_from(Some(p)).await?,
+        ),
     };
     let mut d = Demo {
         args,
@@ -324,25 +308,27 @@ async fn demo(args: &DemoArgs) -> Result<Report, CliError> {
         widget_shards: Vec::new(),
         per_shard: vec![0; args.shards.get() as usize],
         phase: String::new(),
-        tty: std::io::stdout().is_terminal() && !args.json,
+        tty: args.view,
         last_draw: None,
         started,
         writer_touched: Arc::new(AtomicU64::new(0)),
         writer_stop: Arc::new(AtomicBool::new(false)),
         refused: None,
     };
-    let mut report = Report {
+    let mut report = DemoReport {
         replicas: args.replicas,
         objects: args.objects,
         shards: args.shards.get(),
         hash_key: args.hash_key.to_string(),
         shard_selector: if args.kubeconfig.is_some() {
             "cluster".to_owned()
+        } else if args.shard_selector {
+            "on".to_owned()
         } else {
-            args.shard_selector.clone()
+            "off".to_owned()
         },
         lease_duration_seconds: LEASE.as_secs_f64(),
-        ..Report::default()
+        ..DemoReport::default()
     };
     if let Err(e) = d.scenario(&mut report).await {
         report.invariants_held = false;
@@ -384,7 +370,7 @@ impl Demo<'_> {
         self.args.shards
     }
 
-    fn kubeconfig_for(&self, identity: &str) -> Result<PathBuf, CliError> {
+    fn kubeconfig_for(&self, identity: &str) -> Result<PathBuf, DemoError> {
         match (&self.embedded, &self.args.kubeconfig) {
             (Some(e), _) => {
                 let p = self.dir.join(format!("{identity}.kubeconfig"));
@@ -404,13 +390,13 @@ impl Demo<'_> {
             .collect()
     }
 
-    async fn scenario(&mut self, report: &mut Report) -> Result<(), CliError> {
+    async fn scenario(&mut self, report: &mut DemoReport) -> Result<(), DemoError> {
         let args = self.args;
         let s = self.s();
         self.set_phase("installing the Widget CRD and creating Widgets");
         widget::install_crd(self.admin.clone(), Duration::from_secs(30))
             .await
-            .map_err(|e| CliError::failed(format!("installing the CRD: {e}")))?;
+            .map_err(|e| DemoError::failed(format!("installing the CRD: {e}")))?;
         self.create_namespace().await?;
         self.create_widgets().await?;
 
@@ -466,8 +452,7 @@ impl Demo<'_> {
             victim_shards.len()
         ));
         let killed_at = Instant::now();
-        self.replicas[victim_idx].child.start_kill()?;
-        let _ = self.replicas[victim_idx].child.wait().await;
+        self.replicas[victim_idx].process.kill().await;
         self.replicas[victim_idx].alive = false;
         let others = self.live();
         self.wait(
@@ -606,7 +591,9 @@ impl Demo<'_> {
         for r in &self.replicas {
             lines.push(format!("  process {}: alive {}", r.name, r.alive));
             if let (true, Some(addr)) = (r.alive, &r.metrics) {
-                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                if let Ok(text) =
+                    kube_shard_example_operator::run::http::get(addr, "/metrics").await
+                {
                     let _ = std::fs::write(self.dir.join(format!("{}.metrics", r.name)), text);
                 }
             }
@@ -616,7 +603,7 @@ impl Demo<'_> {
         }
     }
 
-    async fn create_namespace(&self) -> Result<(), CliError> {
+    async fn create_namespace(&self) -> Result<(), DemoError> {
         let api: Api<Namespace> = Api::all(self.admin.clone());
         let ns = Namespace {
             metadata: ObjectMeta {
@@ -628,11 +615,11 @@ impl Demo<'_> {
         match api.create(&PostParams::default(), &ns).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(CliError::failed(format!("creating the namespace: {e}"))),
+            Err(e) => Err(DemoError::failed(format!("creating the namespace: {e}"))),
         }
     }
 
-    async fn create_widgets(&mut self) -> Result<(), CliError> {
+    async fn create_widgets(&mut self) -> Result<(), DemoError> {
         let api: Api<Widget> = Api::namespaced(self.admin.clone(), &self.args.namespace);
         let colors = ["red", "green", "blue", "amber", "violet"];
         let ns = self.args.namespace.clone();
@@ -663,7 +650,7 @@ impl Demo<'_> {
             .await;
         let s = self.s();
         for w in created {
-            let w = w.map_err(|e| CliError::failed(format!("creating Widgets: {e}")))?;
+            let w = w.map_err(|e| DemoError::failed(format!("creating Widgets: {e}")))?;
             let h = match self.args.hash_key {
                 ShardKey::Namespace => fnv1a64(ns.as_bytes()),
                 _ => fnv1a64(w.metadata.uid.as_deref().unwrap_or_default().as_bytes()),
@@ -675,75 +662,30 @@ impl Demo<'_> {
         Ok(())
     }
 
-    async fn spawn_replica(&mut self, i: u32) -> Result<(), CliError> {
+    async fn spawn_replica(&mut self, i: u32) -> Result<(), DemoError> {
         let name = format!("replica-{i}");
-        let kubeconfig = self.kubeconfig_for(&name)?;
-        let widget_kubeconfig = self.kubeconfig_for(&format!("{name}-widgets"))?;
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
-        let exe = std::env::current_exe()?;
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("operator")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--widget-kubeconfig")
-            .arg(&widget_kubeconfig)
-            .args(["--group", &self.args.group])
-            .args(["--namespace", &self.args.namespace])
-            .args(["--watch-namespace", &self.args.namespace])
-            .args(["--identity", &name])
-            .args([
-                "--lease-duration",
-                &ms(LEASE),
-                "--renew-deadline",
-                &ms(RENEW),
-            ])
-            .args(["--retry-period", &ms(RETRY), "--takeover-grace", &ms(GRACE)])
-            // drain ≥ renew deadline − fence margin (3.5 s − 0.5 s): the operator refuses a shorter drain
-            .args(["--drain-timeout", "3s", "--fence-margin", "500ms"])
-            .args(["--settle", "2s", "--join-debounce", "1s"])
-            .args(["--expected-replicas", &self.args.replicas.to_string()])
-            .args(["--hash-key", &self.args.hash_key.to_string()])
-            .args(["--shards", &self.s().get().to_string()])
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .arg("--install-crd")
-            // the apiserver's own fences, on the embedded server (never installed into a real cluster)
-            .args(
-                (self.embedded.is_some() && self.args.fence_policy == "on")
-                    .then_some("--install-fence-policy"),
-            )
-            .arg("--fence-log")
-            .arg(&self.fence_log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| {
-            CliError::failed(format!(
-                "starting {name} ({} operator): {e} (was the binary rebuilt during the demo?)",
-                exe.display()
-            ))
-        })?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| CliError::failed(format!("{name} did not start within 30 s")))??;
-        let metrics = first
-            .as_deref()
-            .and_then(|l| l.strip_prefix("metrics http://"))
-            .map(str::to_owned);
-        if metrics.is_none() {
-            return Err(CliError::failed(format!(
-                "{name} did not start (see {})",
-                self.dir.join(format!("{name}.log")).display()
-            )));
-        }
-        // drain the rest of its stdout
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut flags = OperatorFlags::new(
+            &name,
+            self.kubeconfig_for(&name)?,
+            &self.args.group,
+            &self.args.namespace,
+        );
+        flags.widget_kubeconfig = Some(self.kubeconfig_for(&format!("{name}-widgets"))?);
+        flags.watch_namespace = Some(self.args.namespace.clone());
+        flags.timings = TIMINGS;
+        flags.expected = self.args.replicas;
+        flags.key = self.args.hash_key;
+        flags.shards = self.s();
+        // the apiserver's own fences, on the embedded server (never installed into a real cluster)
+        flags.install_fence_policy = self.embedded.is_some() && self.args.fence_policy;
+        flags.fence_log = Some(self.fence_log.clone());
+        let launch = self.args.replica.launch(&flags);
+        let log = self.dir.join(format!("{name}.log"));
+        let process = ReplicaProcess::start(&name, &launch, &log, Duration::from_secs(30)).await?;
         self.replicas.push(Replica {
             name,
-            child,
-            metrics,
+            metrics: process.metrics_addr().map(str::to_owned),
+            process,
             alive: true,
         });
         Ok(())
@@ -751,28 +693,17 @@ impl Demo<'_> {
 
     async fn stop_all(&mut self) {
         self.writer_stop.store(true, Ordering::Relaxed);
-        for r in &self.replicas {
-            if r.alive {
-                if let Some(pid) = r.child.id() {
-                    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    }
-                }
-            }
+        for r in self.replicas.iter().filter(|r| r.alive) {
+            let _ = r.process.signal(crate::process::ProcessSignal::TERM);
         }
         // a graceful leave needs somewhere to move the shards: whoever is last is stopped after a short wait
         let deadline = Instant::now() + Duration::from_secs(3);
-        for r in &mut self.replicas {
-            if r.alive {
-                if tokio::time::timeout_at(deadline, r.child.wait())
-                    .await
-                    .is_err()
-                {
-                    let _ = r.child.start_kill();
-                    let _ = r.child.wait().await;
-                }
-                r.alive = false;
+        for r in self.replicas.iter_mut().filter(|r| r.alive) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if r.process.wait(left).await.is_err() {
+                r.process.kill().await;
             }
+            r.alive = false;
         }
     }
 
@@ -819,7 +750,9 @@ impl Demo<'_> {
         }
         for r in self.replicas.iter().filter(|r| r.alive) {
             if let Some(addr) = &r.metrics {
-                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                if let Ok(text) =
+                    kube_shard_example_operator::run::http::get(addr, "/metrics").await
+                {
                     if let Some(v) = metric(&text, "kshard_widget_reconciles_total") {
                         g.reconciles.insert(r.name.clone(), v as u64);
                     }
@@ -835,7 +768,7 @@ impl Demo<'_> {
         what: &str,
         limit: Duration,
         mut cond: impl FnMut(&Self, &GroupSnap) -> bool,
-    ) -> Result<GroupSnap, CliError> {
+    ) -> Result<GroupSnap, DemoError> {
         let start = Instant::now();
         loop {
             let g = self.snapshot().await;
@@ -844,7 +777,7 @@ impl Demo<'_> {
                 return Ok(g);
             }
             if start.elapsed() > limit {
-                return Err(CliError::failed(format!(
+                return Err(DemoError::failed(format!(
                     "timed out after {limit:?} waiting for {what} (logs in {})",
                     self.dir.display()
                 )));
@@ -872,7 +805,7 @@ impl Demo<'_> {
     }
 
     /// `(name, generation, observedGeneration)` of every Widget.
-    async fn widget_generations(&self) -> Result<Vec<(i64, Option<i64>)>, CliError> {
+    async fn widget_generations(&self) -> Result<Vec<(i64, Option<i64>)>, DemoError> {
         if let Some(e) = &self.embedded {
             return Ok(e
                 .server
@@ -890,7 +823,7 @@ impl Demo<'_> {
         let list = api
             .list(&ListParams::default())
             .await
-            .map_err(|e| CliError::failed(format!("listing Widgets: {e}")))?;
+            .map_err(|e| DemoError::failed(format!("listing Widgets: {e}")))?;
         Ok(list
             .items
             .iter()
@@ -903,13 +836,13 @@ impl Demo<'_> {
             .collect())
     }
 
-    async fn unreconciled(&self) -> Result<usize, CliError> {
+    async fn unreconciled(&self) -> Result<usize, DemoError> {
         let gens = self.widget_generations().await?;
         let missing = self.args.objects.saturating_sub(gens.len());
         Ok(missing + gens.iter().filter(|(g, o)| Some(*g) != *o).count())
     }
 
-    async fn wait_reconciled(&mut self, limit: Duration) -> Result<(), CliError> {
+    async fn wait_reconciled(&mut self, limit: Duration) -> Result<(), DemoError> {
         let start = Instant::now();
         loop {
             let left = self.unreconciled().await?;
@@ -919,7 +852,7 @@ impl Demo<'_> {
                 return Ok(());
             }
             if start.elapsed() > limit {
-                return Err(CliError::failed(format!(
+                return Err(DemoError::failed(format!(
                     "timed out after {limit:?}: {left} Widgets not reconciled (logs in {})",
                     self.dir.display()
                 )));
@@ -928,7 +861,7 @@ impl Demo<'_> {
         }
     }
 
-    fn start_writer(&self) -> Result<tokio::task::JoinHandle<()>, CliError> {
+    fn start_writer(&self) -> Result<tokio::task::JoinHandle<()>, DemoError> {
         let client = match &self.embedded {
             Some(e) => e.server.client("demo-writer"),
             None => self.admin.clone(),
@@ -977,7 +910,7 @@ impl Demo<'_> {
     /// (against a cluster: its read counters again).
     async fn measure_amplification(
         &mut self,
-    ) -> Result<(Vec<f64>, Vec<Option<f64>>, String), CliError> {
+    ) -> Result<(Vec<f64>, Vec<Option<f64>>, String), DemoError> {
         let live = self.live();
         let g0 = self
             .wait("a settled window", Duration::from_secs(60), |d, g| {
@@ -995,7 +928,7 @@ impl Demo<'_> {
             let g = self.snapshot().await;
             self.draw(&g);
             if t0.elapsed() > Duration::from_secs(60) {
-                return Err(CliError::failed("the writer is too slow"));
+                return Err(DemoError::failed("the writer is too slow"));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -1033,11 +966,13 @@ impl Demo<'_> {
             let delivered = acc.or(held[i]);
             amps.push(delivered.map(|d| per_owned(d, owned)));
             if let Some(addr) = &r.metrics {
-                if let Ok(text) = crate::operator::http::get(addr, "/metrics").await {
+                if let Ok(text) =
+                    kube_shard_example_operator::run::http::get(addr, "/metrics").await
+                {
                     let fb = metric_labeled(
                         &text,
                         "kube_shard_read_fallback",
-                        crate::operator::WIDGET_STREAM,
+                        kube_shard_example_operator::WIDGET_STREAM,
                     );
                     modes.insert(if fb == Some(0.0) {
                         "server"
@@ -1064,7 +999,9 @@ impl Demo<'_> {
         let mut out = Vec::new();
         for r in &self.replicas {
             let text = match (&r.metrics, r.alive) {
-                (Some(addr), true) => crate::operator::http::get(addr, "/metrics").await.ok(),
+                (Some(addr), true) => kube_shard_example_operator::run::http::get(addr, "/metrics")
+                    .await
+                    .ok(),
                 _ => None,
             };
             out.push(text.as_deref().and_then(indexed_widgets));
@@ -1072,7 +1009,7 @@ impl Demo<'_> {
         out
     }
 
-    fn check_fences(&mut self, report: &mut Report) {
+    fn check_fences(&mut self, report: &mut DemoReport) {
         if let Some(e) = &self.embedded {
             let audit = e.server.fence_audit();
             report.fence_audit_violations = audit.violation_count() as u64;
@@ -1088,11 +1025,7 @@ impl Demo<'_> {
                     ))
                 }));
         }
-        if let Some(e) = self
-            .embedded
-            .as_ref()
-            .filter(|_| self.args.fence_policy == "on")
-        {
+        if let Some(e) = self.embedded.as_ref().filter(|_| self.args.fence_policy) {
             let counts = self.refused_writes(&e.server);
             self.refused = Some(counts);
             report.server_refused = Some(counts);
@@ -1140,10 +1073,6 @@ impl Demo<'_> {
     }
 }
 
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
 fn widget_name(i: usize) -> String {
     format!("w-{i:05}")
 }
@@ -1177,7 +1106,7 @@ fn indexed_widgets(text: &str) -> Option<u64> {
     let v = metric_labeled(
         text,
         "kube_shard_read_indexed_objects",
-        crate::operator::WIDGET_STREAM,
+        kube_shard_example_operator::WIDGET_STREAM,
     )?;
     (v >= 0.0).then_some(v as u64)
 }

@@ -27,8 +27,8 @@ use tracing::Instrument;
 
 use super::measure::Recorder;
 use super::proxy::Proxy;
-use crate::cli::CliError;
-use crate::operator::widget::{self, Widget};
+use crate::demo::DemoError;
+use kube_shard_example_operator::widget::{self, Widget};
 
 /// The HA name (the Lease `widgets-ha`, the freeze `widgets-ha-freeze`, the checkpoint `widgets-ha-mirror`).
 pub(crate) const HA_NAME: &str = "widgets";
@@ -50,7 +50,12 @@ pub(crate) fn timings() -> Timings {
 
 /// The HA configuration of cluster `id` (rank) in `ns`. The peer is reached by an in-process client;
 /// the peer kubeconfig path is only a placeholder the configuration requires.
-pub(crate) fn ha_config(id: &str, rank: u64, mode: HaMode, ns: &str) -> Result<HaConfig, CliError> {
+pub(crate) fn ha_config(
+    id: &str,
+    rank: u64,
+    mode: HaMode,
+    ns: &str,
+) -> Result<HaConfig, DemoError> {
     HaConfig::builder(HA_NAME)
         .mode(mode)
         .cluster(id, rank)
@@ -58,7 +63,7 @@ pub(crate) fn ha_config(id: &str, rank: u64, mode: HaMode, ns: &str) -> Result<H
         .kubeconfigs(None, Some("in-process-peer".into()), None)
         .timings(timings())
         .build()
-        .map_err(|e| CliError::failed(format!("HA configuration of {id}: {e}")))
+        .map_err(|e| DemoError::failed(format!("HA configuration of {id}: {e}")))
 }
 
 /// Where a cluster's API is: an embedded server, or a real cluster behind the demo's proxies.
@@ -97,11 +102,14 @@ pub(crate) struct RealCluster {
 
 impl RealCluster {
     /// Connect to the cluster of the kubeconfig at `path` through two new proxies.
-    pub(crate) async fn connect(path: &Path, peer_id: &'static str) -> Result<Arc<Self>, CliError> {
-        let cfg = crate::operator::config_from(Some(path)).await?;
+    pub(crate) async fn connect(
+        path: &Path,
+        peer_id: &'static str,
+    ) -> Result<Arc<Self>, DemoError> {
+        let cfg = kube_shard_example_operator::run::config_from(Some(path)).await?;
         let uri = cfg.cluster_url.clone();
         let bad = |why: &str| {
-            CliError::failed(format!(
+            DemoError::failed(format!(
                 "kubeconfig {}: server {uri}: {why}",
                 path.display()
             ))
@@ -117,7 +125,7 @@ impl RealCluster {
             async move {
                 Proxy::start(upstream)
                     .await
-                    .map_err(|e| CliError::failed(format!("starting the {what} proxy: {e}")))
+                    .map_err(|e| DemoError::failed(format!("starting the {what} proxy: {e}")))
             }
         };
         let main = start("cluster").await?;
@@ -126,7 +134,7 @@ impl RealCluster {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let at = |p: &Proxy| -> Result<kube::Config, CliError> {
+        let at = |p: &Proxy| -> Result<kube::Config, DemoError> {
             let mut c = cfg.clone();
             let path = uri.path().trim_end_matches('/');
             c.cluster_url = format!("{scheme}://{}{path}", p.addr())
@@ -188,11 +196,11 @@ impl RealCluster {
     }
 }
 
-fn impersonating(cfg: &kube::Config, identity: &str) -> Result<Client, CliError> {
+fn impersonating(cfg: &kube::Config, identity: &str) -> Result<Client, DemoError> {
     let mut c = cfg.clone();
     c.auth_info.impersonate = Some(identity.to_owned());
     c.auth_info.impersonate_groups = Some(vec![IMPERSONATED_GROUP.to_owned()]);
-    Client::try_from(c).map_err(|e| CliError::failed(format!("a client as {identity}: {e}")))
+    Client::try_from(c).map_err(|e| DemoError::failed(format!("a client as {identity}: {e}")))
 }
 
 /// Prepare a real cluster pair for a run in `ns`: refuse the same cluster twice, a cluster with HA
@@ -203,7 +211,7 @@ pub(crate) async fn prepare_real(
     b: &Backend,
     ns: &str,
     probe: &HaConfig,
-) -> Result<(), CliError> {
+) -> Result<(), DemoError> {
     let mut uids = Vec::new();
     for (id, c) in [
         ("a (--active-kubeconfig)", a),
@@ -213,7 +221,7 @@ pub(crate) async fn prepare_real(
         let at = |what: &str| {
             let id = id.to_owned();
             let what = what.to_owned();
-            move |e: kube::Error| CliError::failed(format!("cluster {id}: {what}: {e}"))
+            move |e: kube::Error| DemoError::failed(format!("cluster {id}: {what}: {e}"))
         };
         let ks: Api<Namespace> = Api::all(admin.clone());
         let uid = ks
@@ -239,7 +247,7 @@ pub(crate) async fn prepare_real(
                 .is_some_and(|n| n == ns || n.starts_with(DEMO_NS_PREFIX))
         };
         if let Some(l) = held.items.iter().find(demo_ns) {
-            return Err(CliError::failed(format!(
+            return Err(DemoError::failed(format!(
                 "cluster {id} already has the HA Lease {}/{lease} (another `kshard demo ha` run, or one that did not clean up): refusing to run; delete it first",
                 l.metadata.namespace.as_deref().unwrap_or_default()
             )));
@@ -253,13 +261,13 @@ pub(crate) async fn prepare_real(
             .map_err(at("reading the freeze policy"))?
             .is_some()
         {
-            return Err(CliError::failed(format!(
+            return Err(DemoError::failed(format!(
                 "cluster {id} has the freeze policy {freeze} in place (another run, or one that did not clean up): refusing to run; delete the ValidatingAdmissionPolicy and its binding first"
             )));
         }
     }
     if uids[0] == uids[1] {
-        return Err(CliError::failed(
+        return Err(DemoError::failed(
             "--active-kubeconfig and --standby-kubeconfig reach the same cluster (kube-system has the same uid): the demo needs two clusters",
         ));
     }
@@ -268,11 +276,11 @@ pub(crate) async fn prepare_real(
         widget::install_crd(admin.clone(), Duration::from_secs(30))
             .await
             .map_err(|e| {
-                CliError::failed(format!("cluster {id}: installing the Widget CRD: {e}"))
+                DemoError::failed(format!("cluster {id}: installing the Widget CRD: {e}"))
             })?;
         create_namespace(admin, ns)
             .await
-            .map_err(|e| CliError::failed(format!("cluster {id}: {e}")))?;
+            .map_err(|e| DemoError::failed(format!("cluster {id}: {e}")))?;
     }
     same_widget_crd(a, b).await
 }
@@ -280,10 +288,11 @@ pub(crate) async fn prepare_real(
 /// The mirror refuses a kind the two clusters define differently (its schema check). A cluster may
 /// already have a Widget CRD of its own (another tool's, an earlier version): give `b` exactly `a`'s
 /// definition, so the demo runs against what `a` serves.
-async fn same_widget_crd(a: &Backend, b: &Backend) -> Result<(), CliError> {
+async fn same_widget_crd(a: &Backend, b: &Backend) -> Result<(), DemoError> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api = |c: &Backend| -> Api<CustomResourceDefinition> { Api::all(c.client("demo-admin")) };
-    let fail = |what: &str, e: kube::Error| CliError::failed(format!("{what} the Widget CRD: {e}"));
+    let fail =
+        |what: &str, e: kube::Error| DemoError::failed(format!("{what} the Widget CRD: {e}"));
     let name = widget::crd().metadata.name.unwrap_or_default();
     let on_a = api(a)
         .get(&name)
@@ -345,7 +354,7 @@ async fn freeze_lifted(c: &Backend) -> bool {
     let probe = Widget::new(
         "kshard-demo-ha-freeze-probe",
         "default",
-        crate::operator::widget::WidgetSpec::default(),
+        kube_shard_example_operator::widget::WidgetSpec::default(),
     );
     for _ in 0..50 {
         match api.create(&pp, &probe).await {
@@ -465,7 +474,7 @@ impl Cluster {
 }
 
 /// A server with its resourceVersions starting at `rv_start`, the CRD and the namespace.
-pub(crate) async fn server(rv_start: u64, ns: &str) -> Result<TestServer, CliError> {
+pub(crate) async fn server(rv_start: u64, ns: &str) -> Result<TestServer, DemoError> {
     let s = TestServer::builder()
         .resource_version_start(rv_start)
         // the garbage collector: the mirror deletes copies with `propagationPolicy: Orphan`
@@ -474,10 +483,10 @@ pub(crate) async fn server(rv_start: u64, ns: &str) -> Result<TestServer, CliErr
     let admin = s.client("demo-admin");
     widget::install_crd(admin.clone(), Duration::from_secs(30))
         .await
-        .map_err(|e| CliError::failed(format!("installing the Widget CRD: {e}")))?;
+        .map_err(|e| DemoError::failed(format!("installing the Widget CRD: {e}")))?;
     create_namespace(admin, ns)
         .await
-        .map_err(CliError::failed)?;
+        .map_err(DemoError::failed)?;
     Ok(s)
 }
 
@@ -490,7 +499,7 @@ pub(crate) fn start(
     ns: &str,
     clock: Clock,
     rec: &Recorder,
-) -> Result<Cluster, CliError> {
+) -> Result<Cluster, DemoError> {
     let cfg = ha_config(id, rank, mode, ns)?;
     let who = format!("{id}-ha");
     let clients = HaClients::new(backend.client(&who), peer.client(&who), None);

@@ -18,8 +18,8 @@ use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
 use super::setup::{ha_config, Backend, Cluster, EXEMPT};
-use crate::cli::CliError;
-use crate::operator::widget::Widget;
+use crate::demo::DemoError;
+use kube_shard_example_operator::widget::Widget;
 
 /// The one mirrored kind.
 pub(crate) fn kind() -> Kind {
@@ -28,12 +28,12 @@ pub(crate) fn kind() -> Kind {
         .expect("a valid kind")
 }
 
-fn failed(what: &str) -> impl FnOnce(String) -> CliError + '_ {
-    move |e| CliError::failed(format!("{what}: {e}"))
+fn failed(what: &str) -> impl FnOnce(String) -> DemoError + '_ {
+    move |e| DemoError::failed(format!("{what}: {e}"))
 }
 
 /// The mirror configuration of `standby` (source `active`): the demo's Widgets in `ns`.
-fn mirror_config(standby: &Cluster, active: &Cluster, ns: &str) -> Result<MirrorConfig, CliError> {
+fn mirror_config(standby: &Cluster, active: &Cluster, ns: &str) -> Result<MirrorConfig, DemoError> {
     let set = KindSet::builder()
         .mirrored(kind())
         .build(&[kind()])
@@ -56,7 +56,7 @@ pub(crate) async fn start_mirror(
     active: &Cluster,
     ns: &str,
     clock: Clock,
-) -> Result<Mirror, CliError> {
+) -> Result<Mirror, DemoError> {
     let cfg = mirror_config(standby, active, ns)?;
     let who = format!("{}-mirror", standby.id);
     let m = Mirror::start(
@@ -70,7 +70,7 @@ pub(crate) async fn start_mirror(
     let t0 = Instant::now();
     while m.kind(&kind().key()).and_then(|k| k.synced).is_none() {
         if t0.elapsed() > Duration::from_secs(30) {
-            return Err(CliError::failed(
+            return Err(DemoError::failed(
                 "the mirror did not complete its first LIST in 30 s",
             ));
         }
@@ -92,7 +92,7 @@ pub(crate) async fn switchover(
     to: &Cluster,
     ns: &str,
     clock: Clock,
-) -> Result<FailoverEpoch, CliError> {
+) -> Result<FailoverEpoch, DemoError> {
     let who = format!("{}-cmd", from.id);
     let cfg = ha_config(from.id, from.rank, HaMode::Standby, ns)?;
     let clients = HaClients::new(from.client(&who), to.client(&who), None);
@@ -151,7 +151,7 @@ pub(crate) async fn force_promote(
     old: &Cluster,
     ns: &str,
     clock: Clock,
-) -> Result<FailoverEpoch, CliError> {
+) -> Result<FailoverEpoch, DemoError> {
     check_target(standby, old, ns, true).await?;
     let who = format!("{}-cmd", standby.id);
     let cfg = ha_config(standby.id, standby.rank, HaMode::Standby, ns)?;
@@ -181,7 +181,7 @@ fn cross_checks(source: &Cluster, ns: &str) -> PromotionChecks {
 pub(crate) async fn held(
     c: &Cluster,
     ns: &str,
-) -> Result<std::collections::BTreeMap<String, u64>, CliError> {
+) -> Result<std::collections::BTreeMap<String, u64>, DemoError> {
     let api: Api<Widget> = Api::namespaced(c.client("demo-oracle"), ns);
     let l = api
         .list(&ListParams::default())
@@ -211,7 +211,7 @@ pub(crate) async fn rejoin(
     active: &Cluster,
     ns: &str,
     deleted_by_active: &BTreeSet<String>,
-) -> Result<Rejoined, CliError> {
+) -> Result<Rejoined, DemoError> {
     // failback is the Standby's mirror duty: it writes as the mirror, which the old Active's freeze (in
     // place since the planned switchover) exempts
     let who = format!("{}-mirror", standby.id);
@@ -250,7 +250,7 @@ pub(crate) async fn rejoin(
             "failback: another pass"
         );
     }
-    Err(CliError::failed(format!(
+    Err(DemoError::failed(format!(
         "failback of {} did not finish in 10 passes (last failure: {})",
         standby.id,
         last.unwrap_or_else(|| "none".into())
@@ -264,7 +264,7 @@ pub(crate) async fn check_target(
     old: &Cluster,
     ns: &str,
     synced: bool,
-) -> Result<(), CliError> {
+) -> Result<(), DemoError> {
     let cfg = mirror_config(standby, old, ns)?;
     kube_shard_ha::promotion::check_target(&cfg, &standby.client("demo-check"), synced)
         .await

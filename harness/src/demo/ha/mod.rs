@@ -29,7 +29,7 @@
 
 mod lag;
 mod measure;
-pub(crate) mod oracle;
+pub mod oracle;
 mod phases;
 mod proxy;
 mod setup;
@@ -37,12 +37,10 @@ mod view;
 mod writer;
 
 use std::collections::BTreeSet;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::Args;
 use kube::Api;
 use kube_shard::rt::Clock;
 use kube_shard_ha::HaMode;
@@ -54,160 +52,141 @@ use self::measure::Recorder;
 use self::oracle::Lost;
 use self::setup::{Backend, Cluster, RealCluster};
 use self::writer::{Targets, Writer};
-use crate::cli::CliError;
-use crate::operator::widget::Widget;
+use crate::demo::DemoError;
+use kube_shard_example_operator::widget::Widget;
 
-#[derive(Debug, Args)]
-pub(crate) struct HaDemoArgs {
+/// What `kshard demo ha` runs (its flags).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct HaDemoOptions {
     /// Widgets the writer works on (`w-0..N`).
-    #[arg(long, default_value_t = 200)]
-    objects: usize,
+    pub objects: usize,
     /// Writes a second (creates, spec changes, deletes).
-    #[arg(long, default_value_t = 40)]
-    write_rate: u32,
+    pub write_rate: u32,
     /// The shortest run: a 3 s lag window and short settle times (about 40 s in all).
-    #[arg(long)]
-    quick: bool,
-    /// Print exactly one JSON object with the results on stdout (progress goes to stderr).
-    #[arg(long)]
-    json: bool,
+    pub quick: bool,
+    /// Draw the live view on stdout (a terminal); else progress lines on stderr.
+    pub view: bool,
     /// The namespace of the Widgets and of the HA Leases and checkpoints. Default: `kshard-demo-ha` on
     /// the embedded servers, a fresh `kshard-demo-ha-<random>` on real clusters.
-    #[arg(long, short = 'n')]
-    namespace: Option<String>,
+    pub namespace: Option<String>,
     /// Before the failure, hold the mirror's watch on the Active this many seconds (testserver's
     /// frozen watches), so that the unplanned failover loses what was written meanwhile and the old
     /// Active comes back with divergent objects. 0: the mirror runs freely.
-    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
-    stall_mirror: f64,
-    /// Run against two real clusters: this kubeconfig's is `a` (Active first). Needs
-    /// `--standby-kubeconfig`. The kubeconfig user must be allowed to impersonate users and groups (the
-    /// participants' identities), to install the Widget CRD and to create namespaces and
-    /// ValidatingAdmissionPolicies; the demo reaches the cluster through its own local TCP proxy.
-    #[arg(long, value_name = "PATH", requires = "standby_kubeconfig")]
-    active_kubeconfig: Option<PathBuf>,
-    /// The real Standby cluster `b` (with `--active-kubeconfig`).
-    #[arg(long, value_name = "PATH", requires = "active_kubeconfig")]
-    standby_kubeconfig: Option<PathBuf>,
-    /// PLANTED BUG for the tests: after the planned switchover, drop one mirrored write on the new
+    pub stall_mirror: f64,
+    /// Two real clusters instead of the embedded servers: `a` (Active first) and the Standby `b`.
+    pub real: Option<(PathBuf, PathBuf)>,
+    /// A planted bug for the tests: after the planned switchover, drop one mirrored write on the new
     /// Active (delete one Widget it should hold), so the lost-write oracle must report it.
-    #[arg(long, hide = true)]
-    plant_lost_write: bool,
+    pub plant_lost_write: bool,
+}
+
+impl Default for HaDemoOptions {
+    /// The CLI's defaults.
+    fn default() -> Self {
+        HaDemoOptions {
+            objects: 200,
+            write_rate: 40,
+            quick: false,
+            view: false,
+            namespace: None,
+            stall_mirror: 0.0,
+            real: None,
+            plant_lost_write: false,
+        }
+    }
+}
+
+impl HaDemoOptions {
+    /// Refuse contradicting or out-of-range options.
+    pub fn validate(&self) -> Result<(), DemoError> {
+        let bad = |m: &str| Err(DemoError::Options(format!("kshard demo ha: {m}")));
+        if self.real.is_some() && self.stall_mirror != 0.0 {
+            return bad("--stall-mirror needs the embedded servers (it holds the mirror's watch with testserver's frozen watches; the real-cluster proxy can only cut connections)");
+        }
+        if let Some(ns) = &self.namespace {
+            if ns.is_empty() || ns.len() > 63 {
+                return bad("--namespace must be a DNS label");
+            }
+        }
+        if !(self.stall_mirror.is_finite() && (0.0..=600.0).contains(&self.stall_mirror)) {
+            return bad("--stall-mirror must be between 0 and 600 seconds");
+        }
+        if self.objects == 0 || self.write_rate == 0 {
+            return bad("--objects and --write-rate must be positive");
+        }
+        Ok(())
+    }
 }
 
 /// A lost write, by phase, with the cluster that acknowledged it and the object's uid there.
-#[derive(Debug, Serialize)]
-struct LostIn {
-    phase: &'static str,
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct LostIn {
+    pub phase: &'static str,
     #[serde(flatten)]
-    lost: Lost,
-    acked_by: &'static str,
-    uid: String,
+    pub lost: Lost,
+    pub acked_by: &'static str,
+    pub uid: String,
 }
 
-/// The JSON result.
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Report {
+/// The HA demo's result (`kshard demo ha --json` prints it).
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct HaDemoReport {
     /// `embedded` (two in-process API servers) or `real` (two clusters by kubeconfig).
-    mode: String,
+    pub mode: String,
     /// Where the Widgets and the HA Leases were.
-    namespace: String,
-    objects: usize,
-    write_rate: u32,
-    lease_duration_seconds: f64,
-    renew_deadline_seconds: f64,
+    pub namespace: String,
+    pub objects: usize,
+    pub write_rate: u32,
+    pub lease_duration_seconds: f64,
+    pub renew_deadline_seconds: f64,
     /// Mirror lag at the writer's rate: acknowledged write → its copy on the Standby.
-    lag_p50_ms: Option<f64>,
-    lag_p99_ms: Option<f64>,
-    lag_samples: u64,
+    pub lag_p50_ms: Option<f64>,
+    pub lag_p99_ms: Option<f64>,
+    pub lag_samples: u64,
     /// Lost writes per phase (planned and failback must be 0).
-    lost_planned: Option<u64>,
-    lost_unplanned: Option<u64>,
-    lost_failback: Option<u64>,
+    pub lost_planned: Option<u64>,
+    pub lost_unplanned: Option<u64>,
+    pub lost_failback: Option<u64>,
     /// At the failure: writes the Active had acknowledged that were not yet on the Standby, and the age
     /// of the oldest (the lag at failure). The unplanned loss must not exceed the count.
-    unmirrored_at_failure: Option<u64>,
-    oldest_unmirrored_at_failure_ms: Option<f64>,
+    pub unmirrored_at_failure: Option<u64>,
+    pub oldest_unmirrored_at_failure_ms: Option<f64>,
     /// From the Active's failure (the partition) to the Standby admitting.
-    failover_seconds: Option<f64>,
+    pub failover_seconds: Option<f64>,
     /// From `demote` to the new Active admitting.
-    planned_switchover_seconds: Option<f64>,
-    failback_switchover_seconds: Option<f64>,
+    pub planned_switchover_seconds: Option<f64>,
+    pub failback_switchover_seconds: Option<f64>,
     /// The old Active's objects the new Active did not hold (by name and recorded source uid) when it
     /// rejoined as Standby after the failover (pruned before the failback).
-    divergent_objects_at_failback: Option<u64>,
-    divergent_objects_after_planned: Option<u64>,
+    pub divergent_objects_at_failback: Option<u64>,
+    pub divergent_objects_after_planned: Option<u64>,
     /// Objects only a rejoining Standby held because the Active deleted them after taking over (pruned
     /// too; not divergent).
-    deleted_by_new_active_at_rejoin: u64,
+    pub deleted_by_new_active_at_rejoin: u64,
     /// Operator admission intervals of the old Active after the heal (must be 0).
-    old_active_admissions_after_heal: Option<u64>,
-    writes_acknowledged: u64,
-    writes_refused_and_retried: u64,
-    writes_unknown_outcome: u64,
-    operator_status_writes: u64,
-    writes_accepted_with_lower_epoch: u64,
+    pub old_active_admissions_after_heal: Option<u64>,
+    pub writes_acknowledged: u64,
+    pub writes_refused_and_retried: u64,
+    pub writes_unknown_outcome: u64,
+    pub operator_status_writes: u64,
+    pub writes_accepted_with_lower_epoch: u64,
     /// Time both clusters had an admission open at once (the cross-cluster overlap measure).
-    two_actives_seconds: f64,
-    epochs: Vec<String>,
-    lost: Vec<LostIn>,
-    duration_seconds: f64,
-    invariants_held: bool,
-    failures: Vec<String>,
+    pub two_actives_seconds: f64,
+    pub epochs: Vec<String>,
+    pub lost: Vec<LostIn>,
+    pub duration_seconds: f64,
+    pub invariants_held: bool,
+    pub failures: Vec<String>,
 }
 
-pub(crate) fn run(args: HaDemoArgs) -> Result<(), CliError> {
-    let real = match (&args.active_kubeconfig, &args.standby_kubeconfig) {
-        (Some(a), Some(b)) => Some((a.clone(), b.clone())),
-        (None, None) => None,
-        // clap's `requires` refuses this already
-        _ => {
-            return Err(CliError::Usage(
-                "kshard demo ha: --active-kubeconfig and --standby-kubeconfig go together".into(),
-            ))
-        }
-    };
-    if real.is_some() && args.stall_mirror != 0.0 {
-        return Err(CliError::Usage(
-            "kshard demo ha: --stall-mirror needs the embedded servers (it holds the mirror's watch with testserver's frozen watches; the real-cluster proxy can only cut connections)".into(),
-        ));
-    }
-    if let Some(ns) = &args.namespace {
-        if ns.is_empty() || ns.len() > 63 {
-            return Err(CliError::Usage(
-                "kshard demo ha: --namespace must be a DNS label".into(),
-            ));
-        }
-    }
-    if !(args.stall_mirror.is_finite() && (0.0..=600.0).contains(&args.stall_mirror)) {
-        return Err(CliError::failed(
-            "kshard demo ha: --stall-mirror must be between 0 and 600 seconds",
-        ));
-    }
-    if args.objects == 0 || args.write_rate == 0 {
-        return Err(CliError::failed(
-            "kshard demo ha: --objects and --write-rate must be positive",
-        ));
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let report = rt.block_on(demo(&args, real));
-    rt.shutdown_timeout(Duration::from_secs(2));
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
-    if report.invariants_held {
-        Ok(())
-    } else {
-        Err(CliError::failed(format!(
-            "invariants violated: {}",
-            report.failures.join("; ")
-        )))
-    }
+/// Run the HA demo to its verdict: `Ok` with the report whether or not the invariants held (see
+/// [`HaDemoReport::invariants_held`]); `Err` only for bad options.
+pub async fn run(opts: &HaDemoOptions) -> Result<HaDemoReport, DemoError> {
+    opts.validate()?;
+    Ok(demo(opts, opts.real.clone()).await)
 }
 
 /// What the live view shows, shared with its task.
@@ -220,7 +199,7 @@ struct Shown {
 }
 
 struct Demo<'a> {
-    args: &'a HaDemoArgs,
+    args: &'a HaDemoOptions,
     ns: String,
     started: Instant,
     clock: Clock,
@@ -242,21 +221,21 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
-async fn demo(args: &HaDemoArgs, real: Option<(PathBuf, PathBuf)>) -> Report {
+async fn demo(args: &HaDemoOptions, real: Option<(PathBuf, PathBuf)>) -> HaDemoReport {
     let started = Instant::now();
     let ns = match (&args.namespace, &real) {
         (Some(ns), _) => ns.clone(),
         (None, None) => "kshard-demo-ha".into(),
         (None, Some(_)) => setup::fresh_namespace(),
     };
-    let mut report = Report {
+    let mut report = HaDemoReport {
         mode: if real.is_some() { "real" } else { "embedded" }.into(),
         namespace: ns.clone(),
         objects: args.objects,
         write_rate: args.write_rate,
         lease_duration_seconds: setup::timings().lease_duration.as_secs_f64(),
         renew_deadline_seconds: setup::timings().renew_deadline.as_secs_f64(),
-        ..Report::default()
+        ..HaDemoReport::default()
     };
     let mut d = match Demo::new(args, ns, real, started).await {
         Ok(d) => d,
@@ -301,11 +280,11 @@ async fn demo(args: &HaDemoArgs, real: Option<(PathBuf, PathBuf)>) -> Report {
 
 impl<'a> Demo<'a> {
     async fn new(
-        args: &'a HaDemoArgs,
+        args: &'a HaDemoOptions,
         ns: String,
         real: Option<(PathBuf, PathBuf)>,
         started: Instant,
-    ) -> Result<Self, CliError> {
+    ) -> Result<Self, DemoError> {
         let clock = setup::clock();
         let rec = Recorder::new(started);
         let (sa, sb) = match &real {
@@ -349,7 +328,7 @@ impl<'a> Demo<'a> {
             b,
             writer: Writer::new(),
             shown: Arc::default(),
-            tty: std::io::stdout().is_terminal() && !args.json,
+            tty: args.view,
             counted: BTreeSet::new(),
         })
     }
@@ -454,14 +433,14 @@ impl<'a> Demo<'a> {
         c: &Cluster,
         above: u64,
         within: Duration,
-    ) -> Result<Duration, CliError> {
+    ) -> Result<Duration, DemoError> {
         let t0 = Instant::now();
         loop {
             if let Some(t) = self.rec.first_admission_above(c.id, above) {
                 return Ok(t);
             }
             if t0.elapsed() > within {
-                return Err(CliError::failed(format!(
+                return Err(DemoError::failed(format!(
                     "cluster {} did not admit above epoch {above} within {within:?}",
                     c.id
                 )));
@@ -477,7 +456,7 @@ impl<'a> Demo<'a> {
         phase: &'static str,
         on: &str,
         plant: bool,
-    ) -> Result<Vec<Lost>, CliError> {
+    ) -> Result<Vec<Lost>, DemoError> {
         self.writer.pause().await;
         let active = if on == "a" { &self.a } else { &self.b };
         let res = self.lost_paused(active, plant).await;
@@ -493,7 +472,7 @@ impl<'a> Demo<'a> {
         Ok(fresh)
     }
 
-    async fn lost_paused(&self, active: &Cluster, plant: bool) -> Result<Vec<Lost>, CliError> {
+    async fn lost_paused(&self, active: &Cluster, plant: bool) -> Result<Vec<Lost>, DemoError> {
         let mut held = phases::held(active, self.ns()).await?;
         let (acked, maybe) = {
             let log = self.writer.log();
@@ -517,7 +496,7 @@ impl<'a> Demo<'a> {
                 let api: Api<Widget> = Api::namespaced(active.client("demo-planted"), self.ns());
                 api.delete(&name, &kube::api::DeleteParams::default())
                     .await
-                    .map_err(|e| CliError::failed(format!("planting a lost write: {e}")))?;
+                    .map_err(|e| DemoError::failed(format!("planting a lost write: {e}")))?;
                 held.remove(&name);
             }
         }
@@ -526,7 +505,7 @@ impl<'a> Demo<'a> {
 
     /// Cluster `standby` rejoins under the other one, with the writer paused (so the writer's log says
     /// which of the Standby-only objects the Active deleted since).
-    async fn rejoin(&self, standby: &str) -> Result<phases::Rejoined, CliError> {
+    async fn rejoin(&self, standby: &str) -> Result<phases::Rejoined, DemoError> {
         let (s, a) = if standby == "a" {
             (&self.a, &self.b)
         } else {
@@ -552,7 +531,7 @@ impl<'a> Demo<'a> {
 
     fn record_lost(
         &self,
-        report: &mut Report,
+        report: &mut HaDemoReport,
         phase: &'static str,
         idx: usize,
         lost: Vec<Lost>,
@@ -575,7 +554,7 @@ impl<'a> Demo<'a> {
         n
     }
 
-    async fn scenario(&mut self, report: &mut Report) -> Result<(), CliError> {
+    async fn scenario(&mut self, report: &mut HaDemoReport) -> Result<(), DemoError> {
         let ns = self.ns().to_owned();
         let clock = self.clock.clone();
         self.set_phase("starting clusters a (Active) and b (Standby)");
@@ -587,7 +566,7 @@ impl<'a> Demo<'a> {
         self.writer
             .seed(&targets, self.args.objects)
             .await
-            .map_err(CliError::failed)?;
+            .map_err(DemoError::failed)?;
         self.set_phase("b mirrors a: the mirror's first LIST");
         let mirror = phases::start_mirror(&self.b, &self.a, &ns, clock.clone()).await?;
         let tracker = Tracker::start(&self.writer, "a", self.standby_api(&self.b));
@@ -676,7 +655,7 @@ impl<'a> Demo<'a> {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(30) {
-                return Err(CliError::failed(
+                return Err(DemoError::failed(
                     "b did not step down within 30 s of the heal",
                 ));
             }
@@ -708,7 +687,7 @@ impl<'a> Demo<'a> {
         Ok(())
     }
 
-    fn finish(&self, report: &mut Report) {
+    fn finish(&self, report: &mut HaDemoReport) {
         let intervals = self.rec.intervals();
         let writes = self.rec.writes();
         report.operator_status_writes = writes.len() as u64;

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::oracle::{Op, Write};
-use crate::operator::widget::{Widget, WidgetSpec};
+use kube_shard_example_operator::widget::{Widget, WidgetSpec};
 
 /// An acknowledged write.
 #[derive(Clone, Debug)]

@@ -31,13 +31,14 @@ pub(crate) struct Refused {
 
 /// The counts for the report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct Counts {
+#[non_exhaustive]
+pub struct Counts {
     /// Of a member that had lost the shard.
-    pub(crate) deposed: u64,
+    pub deposed: u64,
     /// Of the shard's current owner (an invariant: 0).
-    pub(crate) current_owner: u64,
+    pub current_owner: u64,
     /// Without a fence header (not a kube-shard fenced write).
-    pub(crate) unfenced: u64,
+    pub unfenced: u64,
 }
 
 /// Classify `refused` against `versions` (in commit order).

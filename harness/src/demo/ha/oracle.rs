@@ -27,11 +27,11 @@ pub(crate) struct Write {
 
 /// A write the new Active does not hold.
 #[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Serialize)]
-pub(crate) struct Lost {
-    pub(crate) name: String,
-    pub(crate) seq: u64,
+pub struct Lost {
+    pub name: String,
+    pub seq: u64,
     /// What the new Active holds: its `spec.size`, or `None` when it has no such Widget.
-    pub(crate) holds: Option<u64>,
+    pub holds: Option<u64>,
 }
 
 /// The acknowledged writes the new Active does not hold at that version or a newer one. Per name only the

@@ -1,0 +1,15 @@
+//! The kube-shard workspace's harness (not published): what the demo, the end-to-end suite and the
+//! benchmarks share to run the example operator and judge it.
+//!
+//! - [`process`]: the one way to start a replica process, wait for it and signal it;
+//! - [`operator`]: the example operator's command line ([`operator::OperatorFlags`]);
+//! - [`demo`]: the `kshard demo` scenarios, returning typed reports ([`DemoReport`],
+//!   [`demo::ha::HaDemoReport`]) whose invariants the harness's own tests assert.
+#![forbid(unsafe_code)]
+
+pub mod demo;
+pub mod operator;
+pub mod process;
+
+pub use demo::{DemoError, DemoOptions, DemoReport};
+pub use process::{ProcessError, ReplicaProcess};
