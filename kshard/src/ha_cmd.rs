@@ -443,6 +443,23 @@ fn demote(
     })
 }
 
+/// The peer's HA configuration as a Standby, for the promotion half of a switchover.
+fn peer_config(a: &SwitchoverArgs) -> Result<HaConfig, CliError> {
+    let at = &a.pair.at;
+    HaConfig::builder(&at.name)
+        .mode(HaMode::Standby)
+        .cluster(&a.peer_cluster_id, a.peer_rank)
+        .namespace(&at.namespace)
+        .witness_namespace(at.witness_namespace.as_deref().unwrap_or(&at.namespace))
+        .kubeconfigs(
+            Some(at.peer_kubeconfig.clone()),
+            Some(at.kubeconfig.clone().unwrap_or_default()),
+            at.witness_kubeconfig.clone(),
+        )
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
 fn switch(
     rt: &tokio::runtime::Runtime,
     a: &SwitchoverArgs,
@@ -450,24 +467,7 @@ fn switch(
 ) -> Result<(), CliError> {
     let cfg = a.pair.config(None)?;
     let overrides = a.overrides.overrides(false);
-    let peer_cfg = HaConfig::builder(&a.pair.at.name)
-        .mode(HaMode::Standby)
-        .cluster(&a.peer_cluster_id, a.peer_rank)
-        .namespace(&a.pair.at.namespace)
-        .witness_namespace(
-            a.pair
-                .at
-                .witness_namespace
-                .as_deref()
-                .unwrap_or(&a.pair.at.namespace),
-        )
-        .kubeconfigs(
-            Some(a.pair.at.peer_kubeconfig.clone()),
-            Some(a.pair.at.kubeconfig.clone().unwrap_or_default()),
-            a.pair.at.witness_kubeconfig.clone(),
-        )
-        .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let peer_cfg = peer_config(a)?;
     rt.block_on(async {
         let clients = a.pair.clients().await?;
         let kinds = planned_kinds(&cfg, &clients.peer, &a.flags, overrides).await?;
@@ -654,18 +654,8 @@ fn print_mirror(r: &MirrorReport, out: &mut impl Write) -> Result<(), CliError> 
     Ok(())
 }
 
-fn print_status(
-    st: &PairStatus,
-    me: &str,
-    json: bool,
-    out: &mut impl Write,
-) -> Result<(), CliError> {
-    if json {
-        serde_json::to_writer(&mut *out, st)?;
-        writeln!(out)?;
-        return Ok(());
-    }
-    writeln!(out, "HA Lease {} (this cluster: {me})", st.lease)?;
+/// Both clusters' HA Leases side by side, a row per field.
+fn print_lease_table(st: &PairStatus, out: &mut impl Write) -> std::io::Result<()> {
     let cell = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     let cols: Vec<&str> = st.leases.iter().map(|l| l.cluster).collect();
     let row = |out: &mut dyn Write, name: &str, vals: Vec<String>| -> std::io::Result<()> {
@@ -702,6 +692,22 @@ fn print_status(
             .map(|l| cell(l.resource_version.clone()))
             .collect(),
     )?;
+    Ok(())
+}
+
+fn print_status(
+    st: &PairStatus,
+    me: &str,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    if json {
+        serde_json::to_writer(&mut *out, st)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "HA Lease {} (this cluster: {me})", st.lease)?;
+    print_lease_table(st, out)?;
     writeln!(
         out,
         "active: {}",

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use kube::api::DynamicObject;
 use kube::{Api, Client};
 use kube_shard::group::admin::{self, Edit, GroupRef, GroupView};
 use kube_shard::group::assignment::{Assignment, Handoff};
@@ -181,6 +182,10 @@ pub(crate) fn status(args: &GroupArgs, out: &mut impl Write) -> Result<(), CliEr
         writeln!(out)?;
         return Ok(());
     }
+    print_status(&view, out)
+}
+
+fn print_status(view: &GroupStatusView, out: &mut impl Write) -> Result<(), CliError> {
     writeln!(
         out,
         "group {}/{}  S={} key={}  generation {}{}  coordinator {}  moves in flight {}",
@@ -437,102 +442,121 @@ pub(crate) fn explain(args: &ExplainArgs, out: &mut impl Write) -> Result<(), Cl
         let a = GroupRef::new(client.clone(), &args.group.namespace, &args.group.group)
             .assignment()
             .await?;
-        let (s, key) = (a.shards, a.key);
-
-        let discovery = kube::discovery::Discovery::new(client.clone())
-            .run()
-            .await
-            .map_err(|e| CliError::failed(format!("discovery: {e}")))?;
-        let want = args.kind.to_ascii_lowercase();
-        let (ar, caps) = discovery
-            .groups()
-            .flat_map(|g| g.recommended_resources())
-            .find(|(ar, _)| {
-                ar.kind.to_ascii_lowercase() == want
-                    || ar.plural == want
-                    || format!("{}.{}", ar.plural, ar.group) == want
-            })
-            .ok_or_else(|| {
-                CliError::failed(format!("no resource {:?} on the server", args.kind))
-            })?;
-        let (ns, obj_name) = match args.object.split_once('/') {
-            Some((ns, n)) => (Some(ns.to_owned()), n.to_owned()),
-            None => (None, args.object.clone()),
-        };
-        let api: Api<kube::api::DynamicObject> = match (&ns, caps.scope) {
-            (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
-            (None, kube::discovery::Scope::Cluster) => Api::all_with(client, &ar),
-            (None, _) => {
-                return Err(CliError::failed(format!(
-                    "{} is namespaced: give NAMESPACE/NAME",
-                    ar.kind
-                )))
-            }
-            (Some(_), _) => {
-                return Err(CliError::failed(format!(
-                    "{} is cluster-scoped: give NAME",
-                    ar.kind
-                )))
-            }
-        };
-        let obj = api
-            .get(&obj_name)
-            .await
-            .map_err(|e| CliError::failed(format!("reading {}: {e}", args.object)))?;
-        let uid = obj.metadata.uid.clone().unwrap_or_default();
-        let value = match key {
-            ShardKey::Namespace => obj.metadata.namespace.clone().unwrap_or_default(),
-            _ => uid.clone(),
-        };
-        let hash = kube_shard::fnv1a64(value.as_bytes());
-        let shard = s.shard_of(hash);
-        let sa = a.view.shards.get(&shard);
-        Ok::<_, CliError>(Explained {
-            kind: ar.kind.clone(),
-            namespace: ns,
-            name: obj_name,
-            uid,
-            key: key.to_string(),
-            value,
-            hash: format!("{hash:016x}"),
-            shard,
-            owner: sa.map(|sa| format!("{}/{}", sa.owner.name, sa.owner.incarnation)),
-            epoch: sa.map(|sa| sa.epoch),
-            handoff: match sa.map(|sa| &sa.handoff) {
-                None => "unowned".to_owned(),
-                Some(Handoff::Stable) => "stable".to_owned(),
-                Some(Handoff::Moving { id, to }) => format!("moving {id} to {}", to.name),
-                Some(Handoff::Draining { id, to }) => format!("draining {id} to {}", to.name),
-                Some(_) => "moving".to_owned(),
-            },
-            pinned_to: a.pins.get(&shard).cloned(),
-        })
+        let (kind, ns, name, obj) = read_object(client, &args.kind, &args.object).await?;
+        Ok::<_, CliError>(explained(&a, kind, ns, name, &obj))
     })?;
     if args.group.json {
         serde_json::to_writer(&mut *out, &e)?;
         writeln!(out)?;
     } else {
-        writeln!(
-            out,
-            "{} {}{}  {}={}  hash {}  shard {}  owner {}  epoch {}  {}{}",
-            e.kind,
-            e.namespace
-                .as_deref()
-                .map(|n| format!("{n}/"))
-                .unwrap_or_default(),
-            e.name,
-            e.key,
-            e.value,
-            e.hash,
-            e.shard,
-            e.owner.as_deref().unwrap_or("-"),
-            e.epoch.map_or_else(|| "-".to_owned(), |x| x.to_string()),
-            e.handoff,
-            e.pinned_to
-                .as_deref()
-                .map(|m| format!("  pinned to {m}"))
-                .unwrap_or_default()
-        )?;
+        print_explained(&e, out)?;
     }
+    Ok(())
+}
+
+/// The object `NAMESPACE/NAME` (or `NAME`) of the resource named by kind, plural or `plural.group`:
+/// its kind, namespace, name and the object.
+async fn read_object(
+    client: Client,
+    kind: &str,
+    object: &str,
+) -> Result<(String, Option<String>, String, DynamicObject), CliError> {
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await
+        .map_err(|e| CliError::failed(format!("discovery: {e}")))?;
+    let want = kind.to_ascii_lowercase();
+    let (ar, caps) = discovery
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .find(|(ar, _)| {
+            ar.kind.to_ascii_lowercase() == want
+                || ar.plural == want
+                || format!("{}.{}", ar.plural, ar.group) == want
+        })
+        .ok_or_else(|| CliError::failed(format!("no resource {kind:?} on the server")))?;
+    let (ns, name) = match object.split_once('/') {
+        Some((ns, n)) => (Some(ns.to_owned()), n.to_owned()),
+        None => (None, object.to_owned()),
+    };
+    let api: Api<DynamicObject> = match (&ns, caps.scope) {
+        (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
+        (None, kube::discovery::Scope::Cluster) => Api::all_with(client, &ar),
+        (None, _) => {
+            let m = format!("{} is namespaced: give NAMESPACE/NAME", ar.kind);
+            return Err(CliError::failed(m));
+        }
+        (Some(_), _) => {
+            let m = format!("{} is cluster-scoped: give NAME", ar.kind);
+            return Err(CliError::failed(m));
+        }
+    };
+    let obj = api
+        .get(&name)
+        .await
+        .map_err(|e| CliError::failed(format!("reading {object}: {e}")))?;
+    Ok((ar.kind, ns, name, obj))
+}
+
+/// Where `obj` lives in the group's assignment `a`.
+fn explained(
+    a: &Assignment,
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    obj: &DynamicObject,
+) -> Explained {
+    let uid = obj.metadata.uid.clone().unwrap_or_default();
+    let value = match a.key {
+        ShardKey::Namespace => obj.metadata.namespace.clone().unwrap_or_default(),
+        _ => uid.clone(),
+    };
+    let hash = kube_shard::fnv1a64(value.as_bytes());
+    let shard = a.shards.shard_of(hash);
+    let sa = a.view.shards.get(&shard);
+    Explained {
+        kind,
+        namespace,
+        name,
+        uid,
+        key: a.key.to_string(),
+        value,
+        hash: format!("{hash:016x}"),
+        shard,
+        owner: sa.map(|sa| format!("{}/{}", sa.owner.name, sa.owner.incarnation)),
+        epoch: sa.map(|sa| sa.epoch),
+        handoff: match sa.map(|sa| &sa.handoff) {
+            None => "unowned".to_owned(),
+            Some(Handoff::Stable) => "stable".to_owned(),
+            Some(Handoff::Moving { id, to }) => format!("moving {id} to {}", to.name),
+            Some(Handoff::Draining { id, to }) => format!("draining {id} to {}", to.name),
+            Some(_) => "moving".to_owned(),
+        },
+        pinned_to: a.pins.get(&shard).cloned(),
+    }
+}
+
+fn print_explained(e: &Explained, out: &mut impl Write) -> Result<(), CliError> {
+    writeln!(
+        out,
+        "{} {}{}  {}={}  hash {}  shard {}  owner {}  epoch {}  {}{}",
+        e.kind,
+        e.namespace
+            .as_deref()
+            .map(|n| format!("{n}/"))
+            .unwrap_or_default(),
+        e.name,
+        e.key,
+        e.value,
+        e.hash,
+        e.shard,
+        e.owner.as_deref().unwrap_or("-"),
+        e.epoch.map_or_else(|| "-".to_owned(), |x| x.to_string()),
+        e.handoff,
+        e.pinned_to
+            .as_deref()
+            .map(|m| format!("  pinned to {m}"))
+            .unwrap_or_default()
+    )?;
     Ok(())
 }
