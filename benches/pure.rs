@@ -1,7 +1,7 @@
 //! Micro-benchmarks of the pure core: hashing 36-byte uids, selector render and parse, minimal range sets
 //! for 256 shards, and the planner at S = 4096 with N = 128 (cold start, one join to an interleaved
 //! assignment). Run with `cargo bench -p kube-shard --bench pure`. The scenario figures (movement, scale,
-//! recovery) come from `kshard bench`: see docs/performance.md.
+//! recovery) come from `kshard-dev bench`: see docs/performance.md.
 
 use std::hint::black_box;
 

@@ -3,7 +3,7 @@
 #
 #   e2e/run.sh kind-config/sharded.yaml            # create, test, delete
 #   e2e/run.sh kind-config/legacy.yaml --keep      # keep the cluster afterwards
-#   e2e/run.sh --kubeconfig ~/.kube/config         # an existing cluster (or `kshard testserver`)
+#   e2e/run.sh --kubeconfig ~/.kube/config         # an existing cluster (or `kshard-dev testserver`)
 #   e2e/run.sh --kubeconfig A --peer-kubeconfig B [--witness-kubeconfig W]
 #                                                  # also the cross-cluster HA scenarios (`ha_real_*`)
 #

@@ -15,7 +15,7 @@
 //! cargo run --example widget-operator
 //!
 //! # one member against a running API server, until Ctrl-C (then it leaves gracefully, within 30 s)
-//! kshard testserver --listen 127.0.0.1:0 --kubeconfig-out /tmp/wo.yaml --shard-selector on &
+//! kshard-dev testserver --listen 127.0.0.1:0 --kubeconfig-out /tmp/wo.yaml --shard-selector on &
 //! cargo run --example widget-operator -- --kubeconfig /tmp/wo.yaml --identity a [--replicas 2] [--create 20]
 //! kshard status --kubeconfig /tmp/wo.yaml -n default --group widget-operator
 //! ```
@@ -26,7 +26,7 @@
 //! its shards to: it self-fences and ends at once (so do members that all leave together). Timings are
 //! short for a demo; the
 //! library defaults (lease 15 s, renew deadline 10 s, retry 2 s) suit production. The full version
-//! (metrics, health endpoints, every flag) is `kshard operator` in `kshard/src/operator/`.
+//! (metrics, health endpoints, every flag) is `kshard operator`, whose start-up is `example-operator/src/run/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -60,7 +60,7 @@ const NAMESPACE: &str = "default"; // of the group's Leases and of the Widgets c
 const CHILD_LABEL: &str = "example.kube-shard.io/widget"; // on every child ConfigMap
 const CRD_NAME: &str = "widgets.example.kube-shard.io";
 
-// ---- the Widget custom resource (reduced from kshard/src/operator/widget.rs) ----
+// ---- the Widget custom resource (reduced from example-operator/src/widget.rs) ----
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]

@@ -1,6 +1,6 @@
 //! # kube-shard-bench
 //!
-//! The engine behind `kshard bench`: kube-shard measured side by side with the alternatives an operator
+//! The engine behind `kshard-dev bench`: kube-shard measured side by side with the alternatives an operator
 //! author would otherwise pick — one stock `kube_runtime` leader, static contiguous ranges, `hash % N`
 //! and a 100-vnode consistent-hash ring — **in the same run**, with every figure given as a ratio (the
 //! machines these run on are noisy; absolute times are printed for context only).
@@ -40,7 +40,7 @@ use std::str::FromStr;
 
 pub use table::Table;
 
-/// One scenario of `kshard bench`.
+/// One scenario of `kshard-dev bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Scenario {

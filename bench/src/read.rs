@@ -323,7 +323,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     let met = amp_server <= 1.05;
     let mut tables = vec![table];
     let mut memory_json = serde_json::Value::Null;
-    let mut memory_note = "memory per replica (smaps_rollup, replicas as processes) not measured: run through `kshard bench` with `kshard-bench-replica` built beside it (`cargo build -p kshard`)".to_owned();
+    let mut memory_note = "memory per replica (smaps_rollup, replicas as processes) not measured: run through `kshard-dev bench` with `kshard-bench-replica` built beside it (`cargo build -p kshard-dev`)".to_owned();
     let mut memory_met = None;
     if let Some(m) = &memory {
         let (t, j, met) = memory_table(m, n, objects);

@@ -1,5 +1,5 @@
 //! End-to-end tests of kube-shard against any cluster a `KUBECONFIG` points at: kind with the
-//! `ShardedListAndWatch` gate on or off, a bare kube-apiserver, or `kshard testserver`. Nothing in it needs
+//! `ShardedListAndWatch` gate on or off, a bare kube-apiserver, or `kshard-dev testserver`. Nothing in it needs
 //! pods, a kubelet or the controller manager (replicas of the example operator, `kshard operator`, run as
 //! local processes), and it never waits for a namespace to be deleted.
 //!

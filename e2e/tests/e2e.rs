@@ -20,7 +20,7 @@ mod ha;
 #[path = "cases/ha_rbac.rs"]
 mod ha_rbac;
 
-/// `kshard demo ha` on two real clusters (issue 21).
+/// The HA demo (`kshard-dev demo ha`) on two real clusters (issue 21).
 #[path = "cases/ha_demo.rs"]
 mod ha_demo;
 
@@ -50,6 +50,8 @@ use kube_shard::watcher::ReadMode;
 use kube_shard::{
     fnv1a64, HashRange, RangeSet, ShardCount, ShardKey, ShardSelector, ShardedWatcher,
 };
+use kube_shard_harness::demo::DemoOptions;
+use kube_shard_harness::operator::ReplicaProgram;
 use tokio::time::Instant;
 
 use support::fences::Recorder;
@@ -363,41 +365,33 @@ fn targets(ns: &str, prefix: &str, n: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Runs `kshard demo --kubeconfig` (replica processes of the example operator, local) and returns its JSON.
-fn demo(extra: &[&str], namespace: &str) -> serde_json::Value {
-    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-    let out = std::process::Command::new(kshard_binary())
-        .args([
-            "demo",
-            "--json",
-            "--kubeconfig",
-            &kubeconfig,
-            "-n",
-            namespace,
-        ])
-        .args(extra)
-        .output()
-        .expect("run kshard demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "kshard demo printed no JSON ({e}); exit {:?}; stderr:\n{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    report(serde_json::json!({"scenario": "demo", "args": extra, "result": json}));
+/// Runs the demo (`kube_shard_harness::demo`, as `kshard-dev demo --kubeconfig` does: replica processes of
+/// the example operator, local) with `objects` and `replicas`, and returns its report as JSON.
+async fn demo(objects: usize, replicas: u32, namespace: &str) -> serde_json::Value {
+    let kubeconfig = std::env::var_os("KUBECONFIG").expect("KUBECONFIG");
+    let program = ReplicaProgram::new(kshard_binary(), &["operator"]);
+    let mut o = DemoOptions::new(program);
+    o.kubeconfig = Some(kubeconfig.into());
+    o.namespace = namespace.to_owned();
+    o.objects = objects;
+    o.replicas = replicas;
+    let r = kube_shard_harness::demo::run(&o)
+        .await
+        .unwrap_or_else(|e| panic!("the demo did not run: {e}"));
+    let json = serde_json::to_value(&r).expect("the report as JSON");
+    let args = serde_json::json!({"objects": objects, "replicas": replicas});
+    report(serde_json::json!({"scenario": "demo", "args": args, "result": json}));
     json
 }
 
-/// `kshard demo` against the cluster: its own invariants, the failover within the demo's bound, and its
+/// `kshard-dev demo` against the cluster: its own invariants, the failover within the demo's bound, and its
 /// read amplification (from the replicas' metrics) ≤ 1.05 in server mode, > 1.5 in fallback mode.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: KUBECONFIG=... cargo test -p kube-shard-e2e -- --ignored --test-threads=1"]
 async fn kshard_demo_against_the_cluster() {
     let client = client().await;
     let ns = namespace(&client, "kshard-e2e-demo").await;
-    let j = demo(&["--objects", "500", "--replicas", "3"], &ns);
+    let j = demo(500, 3, &ns).await;
     assert_eq!(j["fence_violations"], 0, "{j}");
     assert_eq!(j["unowned_shards_after_settle"], 0, "{j}");
     assert_eq!(j["unreconciled_objects"], 0, "{j}");

@@ -3,13 +3,15 @@
 //!
 //! - [`process`]: the one way to start a replica process, wait for it and signal it;
 //! - [`operator`]: the example operator's command line ([`operator::OperatorFlags`]);
-//! - [`demo`]: the `kshard demo` scenarios, returning typed reports ([`DemoReport`],
+//! - [`server`]: the embedded API server served from a thread of its own, for synchronous tests;
+//! - [`demo`]: the `kshard-dev demo` scenarios, returning typed reports ([`DemoReport`],
 //!   [`demo::ha::HaDemoReport`]) whose invariants the harness's own tests assert.
 #![forbid(unsafe_code)]
 
 pub mod demo;
 pub mod operator;
 pub mod process;
+pub mod server;
 
 pub use demo::{DemoError, DemoOptions, DemoReport};
 pub use process::{ProcessError, ReplicaProcess};

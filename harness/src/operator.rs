@@ -76,6 +76,8 @@ pub struct OperatorFlags {
     pub install_fence_policy: bool,
     /// One line per committed fenced write (a hidden flag of the operator's).
     pub fence_log: Option<PathBuf>,
+    /// Flags this struct does not model (`--shadow`, `--gc-interval 500ms`, the `--ha-*` ones), last.
+    pub extra: Vec<OsString>,
 }
 
 impl OperatorFlags {
@@ -95,6 +97,7 @@ impl OperatorFlags {
             shards: ShardCount::DEFAULT,
             install_fence_policy: false,
             fence_log: None,
+            extra: Vec::new(),
         }
     }
 
@@ -136,6 +139,7 @@ impl OperatorFlags {
         if self.install_fence_policy {
             a.push("--install-fence-policy".into());
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 }

@@ -22,14 +22,18 @@ enum Command {
     Hash(HashArgs),
     /// Print the canonical KEP-5866 selector for a set of owned shards, or check an expression.
     Selector(SelectorArgs),
-    /// Run the in-process test API server over HTTP (KEP-5866 gate switchable) until interrupted.
-    Testserver(crate::testserver_cmd::TestserverArgs),
-    /// Run the sharded example operator (Widgets): `kshard demo` starts its replicas with it.
+    /// Run the sharded example operator (Widgets): the example's container runs it.
     #[command(hide = true)]
     Operator(Box<crate::operator::OperatorArgs>),
-    /// The whole thing in one command: a sharded operator on an embedded API server, scaled and killed
-    /// under load, with the invariants checked.
-    Demo(crate::demo::DemoArgs),
+    /// Developer tool (`kshard-dev demo`): run when `kshard-dev` is installed beside `kshard`.
+    #[command(hide = true)]
+    Demo(crate::dev::Forwarded),
+    /// Developer tool (`kshard-dev testserver`): run when `kshard-dev` is installed beside `kshard`.
+    #[command(hide = true)]
+    Testserver(crate::dev::Forwarded),
+    /// Developer tool (`kshard-dev bench`): run when `kshard-dev` is installed beside `kshard`.
+    #[command(hide = true)]
+    Bench(crate::dev::Forwarded),
     /// Show a live shard group: members, coordinator, generation, moves, unowned shards, the ring.
     Status(crate::ops::GroupArgs),
     /// Where an object lives: its hash, shard, and the shard's owner and epoch.
@@ -46,9 +50,6 @@ enum Command {
     Drain(crate::ops::DrainArgs),
     /// Undrain a member: it is planned again and receives its share.
     Undrain(crate::ops::UndrainArgs),
-    /// Measure kube-shard side by side with one leader, static ranges, `hash % N` and a ring (ratios,
-    /// one run); see docs/performance.md.
-    Bench(crate::bench_cmd::BenchArgs),
     /// Print ValidatingAdmissionPolicies (and bindings) with which the apiserver refuses stale fenced writes.
     FencePolicy(FencePolicyArgs),
     /// Cross-cluster Active/Standby: `status` (both sides), `promote --force --old-active-stopped`.
@@ -150,9 +151,7 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Admin(#[from] kube_shard::group::admin::AdminError),
     #[error("{0}")]
-    Demo(#[from] kube_shard_harness::DemoError),
-    #[error("invariants violated: {0}")]
-    InvariantsViolated(String),
+    Forwarded(#[from] crate::dev::ForwardError),
     #[error("{0}")]
     Failed(String),
     #[error("{0}")]
@@ -168,22 +167,10 @@ impl CliError {
 impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            CliError::Demo(kube_shard_harness::DemoError::Options(_)) => 2,
-            CliError::Io(_)
-            | CliError::Json(_)
-            | CliError::Admin(_)
-            | CliError::Demo(_)
-            | CliError::InvariantsViolated(_)
-            | CliError::Failed(_) => 1,
+            CliError::Forwarded(e) => e.exit_code(),
+            CliError::Io(_) | CliError::Json(_) | CliError::Admin(_) | CliError::Failed(_) => 1,
             _ => 2,
         }
-    }
-}
-
-impl Cli {
-    /// Whether the subcommand is `bench` (its logs default to warnings only).
-    pub(crate) fn is_bench(&self) -> bool {
-        matches!(self.command, Command::Bench(_))
     }
 }
 
@@ -193,7 +180,9 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Hash(args) => hash(&args, &mut out),
         Command::Selector(args) => selector(&args, &mut out),
-        Command::Testserver(args) => crate::testserver_cmd::run(&args, &mut out),
+        Command::Demo(args) => Ok(crate::dev::forward("demo", &args)?),
+        Command::Testserver(args) => Ok(crate::dev::forward("testserver", &args)?),
+        Command::Bench(args) => Ok(crate::dev::forward("bench", &args)?),
         Command::Operator(args) => {
             drop(out);
             crate::operator::run(*args)
@@ -215,11 +204,6 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
         Command::Undrain(args) => {
             crate::ops::edit(&args.group, Edit::Undrain(args.member.clone()), &mut out)
         }
-        Command::Demo(args) => {
-            drop(out);
-            crate::demo::run(args)
-        }
-        Command::Bench(args) => crate::bench_cmd::run(&args, &mut out),
         Command::FencePolicy(args) => fence_policy(&args, &mut out),
         Command::Ha(args) => crate::ha_cmd::run(&args, &mut out),
     }

@@ -1,8 +1,8 @@
-//! `kshard operator`: the example sharded operator (hidden subcommand; `kshard demo` re-executes its own
+//! `kshard operator`: the example sharded operator (hidden subcommand; `kshard-dev demo` re-executes its own
 //! binary with it for each replica). Its start-up is the library function
 //! `kube_shard_example_operator::run`; this module maps its errors and lends the CLI its kube-config loading.
 //!
-//! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
+//! Output contract (for `kshard-dev demo`): with `--metrics-addr`, the first stdout line is
 //! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
 use std::path::Path;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real clients against `kshard testserver` (HTTPS, its CA in the kubeconfig):
+# Real clients against `kshard-dev testserver` (HTTPS, its CA in the kubeconfig):
 #   - the bundled kubectl (kubectl_compare.py): every command exits 0, and with REAL_KUBECONFIG its output
 #     equals the real server's after normalisation, or the difference is a documented one;
 #   - with REAL_KUBECONFIG (a real server with the ShardedListAndWatch gate on), the differential test
@@ -8,7 +8,7 @@
 #   - the official Python client (python_client.py), installed with pip into a virtual environment.
 #
 # Environment:
-#   KSHARD_BIN        the kshard binary (default: target/debug/kshard, built if missing)
+#   KSHARD_DEV_BIN    the kshard-dev binary (default: target/debug/kshard-dev, built if missing)
 #   KUBECTL           a kubectl binary; unset: the kubectl part is skipped (and it says so)
 #   REAL_KUBECONFIG   a real kube-apiserver to compare kubectl's output with (optional)
 #   KSHARD_PY_VENV    where the virtual environment goes (default: target/clients-venv)
@@ -18,8 +18,8 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 target=${CARGO_TARGET_DIR:-$root/target}
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
-kshard=${KSHARD_BIN:-$target/debug/kshard}
-[ -x "$kshard" ] || cargo build -p kshard
+kshard_dev=${KSHARD_DEV_BIN:-$target/debug/kshard-dev}
+[ -x "$kshard_dev" ] || cargo build -p kshard-dev
 work=$(mktemp -d)
 ts_pid=
 diff_pid=
@@ -30,13 +30,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$kshard" testserver --kubeconfig-out "$work/kubeconfig" >"$work/out" 2>"$work/err" &
+"$kshard_dev" testserver --kubeconfig-out "$work/kubeconfig" >"$work/out" 2>"$work/err" &
 ts_pid=$!
 for _ in $(seq 100); do
   grep -q '^serving ' "$work/out" 2>/dev/null && break
   sleep 0.1
 done
-grep -q '^serving https://' "$work/out" || { cat "$work/out" "$work/err"; echo "kshard testserver did not start" >&2; exit 1; }
+grep -q '^serving https://' "$work/out" || { cat "$work/out" "$work/err"; echo "kshard-dev testserver did not start" >&2; exit 1; }
 echo "testserver: $(head -1 "$work/out")"
 
 if [ -z "${KUBECTL:-}" ]; then
@@ -48,7 +48,7 @@ fi
 if [ -z "${REAL_KUBECONFIG:-}" ]; then
   echo "differential test: skipped (no REAL_KUBECONFIG)"
 else
-  "$kshard" testserver --shard-selector on --kubeconfig-out "$work/kubeconfig-gate" >"$work/out-gate" 2>"$work/err-gate" &
+  "$kshard_dev" testserver --shard-selector on --kubeconfig-out "$work/kubeconfig-gate" >"$work/out-gate" 2>"$work/err-gate" &
   diff_pid=$!
   for _ in $(seq 100); do
     grep -q '^serving ' "$work/out-gate" 2>/dev/null && break

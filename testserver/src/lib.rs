@@ -49,7 +49,7 @@
 //! `certificate-authority-data` and a `token:` user (`kube-shard-testserver:<identity>`);
 //! [`HttpServer::client`] brings its own rustls connector (ring), so your crate needs no TLS feature of
 //! `kube`. Plain HTTP is [`TestServer::serve_plain_http`] ([`Transport::PlainHttp`]; kubectl sends no
-//! token over it). The server stops when the handle is dropped. `kshard testserver --listen ADDR
+//! token over it). The server stops when the handle is dropped. `kshard-dev testserver --listen ADDR
 //! --kubeconfig-out PATH [--shard-selector on|off] [--plain-http]` runs it standalone.
 //!
 //! ```

@@ -1,4 +1,4 @@
-//! The log of writes a ValidatingAdmissionPolicy refused: what a test (or `kshard demo`) needs to tell a
+//! The log of writes a ValidatingAdmissionPolicy refused: what a test (or `kshard-dev demo`) needs to tell a
 //! refused write of a member that had lost its shard from one of the current owner's. Always on (refusals
 //! are rare and small); read with [`TestServer::admission_refusals`](crate::TestServer::admission_refusals).
 

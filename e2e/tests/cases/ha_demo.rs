@@ -1,13 +1,11 @@
-//! `kshard demo ha` on two real clusters (issue 21): the whole demo (mirror lag, planned switchover,
+//! The HA demo (`kshard-dev demo ha`) on two real clusters: the whole demo (mirror lag, planned switchover,
 //! unplanned failover through the demo's own proxies, heal, failback) with `--active-kubeconfig` and
-//! `--standby-kubeconfig`, its invariants read from its one JSON object; the lost-write oracle shown
+//! `--standby-kubeconfig`, its invariants read from its report; the lost-write oracle shown
 //! catching a planted loss on real clusters; and the refusal of a pair that already holds the demo's HA
 //! Lease.
 //!
 //! Needs `KUBECONFIG` (cluster A, the Active) and `KSHARD_E2E_PEER_KUBECONFIG` (cluster B), e.g. two
 //! realkube instances. Each run uses a fresh namespace and removes its Leases and freeze at the end.
-
-use std::process::{Command, Output};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
@@ -15,29 +13,26 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 
 use crate::support::links::Cluster;
-use crate::support::{kshard_binary, rand_u32, report};
+use kube_shard_harness::demo::ha::HaDemoOptions;
 
-fn demo_ha(a: &Cluster, b: &Cluster, extra: &[&str]) -> (Output, serde_json::Value) {
-    let out = Command::new(kshard_binary())
-        .args(["demo", "ha", "--quick", "--json", "--objects", "100"])
-        .arg("--active-kubeconfig")
-        .arg(&a.kubeconfig)
-        .arg("--standby-kubeconfig")
-        .arg(&b.kubeconfig)
-        .args(extra)
-        .output()
-        .expect("run kshard demo ha");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| {
-        panic!(
-            "kshard demo ha printed no JSON ({e}); exit {:?}; stderr:\n{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    report(serde_json::json!({"scenario": "demo_ha", "args": extra, "result": v}));
-    (out, v)
+use crate::support::{rand_u32, report};
+
+/// The HA demo (`kube_shard_harness::demo::ha`, as `kshard-dev demo ha --quick --objects 100
+/// --active-kubeconfig A --standby-kubeconfig B` runs it), optionally with a planted lost write: whether
+/// every invariant held, and the report as JSON.
+async fn demo_ha(a: &Cluster, b: &Cluster, plant_lost_write: bool) -> (bool, serde_json::Value) {
+    let mut o = HaDemoOptions::default();
+    o.quick = true;
+    o.objects = 100;
+    o.real = Some((a.kubeconfig.clone(), b.kubeconfig.clone()));
+    o.plant_lost_write = plant_lost_write;
+    let r = kube_shard_harness::demo::ha::run(&o)
+        .await
+        .unwrap_or_else(|e| panic!("the HA demo did not run: {e}"));
+    let v = serde_json::to_value(&r).expect("the report as JSON");
+    let args = serde_json::json!({"plant_lost_write": plant_lost_write});
+    report(serde_json::json!({"scenario": "demo_ha", "args": args, "result": v}));
+    (r.invariants_held, v)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,8 +41,8 @@ async fn kshard_demo_ha_on_two_real_clusters() {
     let a = Cluster::from_env("KUBECONFIG", "cluster A");
     let b = Cluster::from_env("KSHARD_E2E_PEER_KUBECONFIG", "cluster B");
 
-    let (out, v) = demo_ha(&a, &b, &[]);
-    assert!(out.status.success(), "exit {:?}: {v}", out.status);
+    let (held, v) = demo_ha(&a, &b, false).await;
+    assert!(held, "{v}");
     assert_eq!(v["mode"], "real", "{v}");
     assert_eq!(v["invariants_held"], true, "{v}");
     assert_eq!(v["lost_planned"], 0, "{v}");
@@ -65,11 +60,8 @@ async fn kshard_demo_ha_on_two_real_clusters() {
     assert_eq!(v["epochs"].as_array().map(Vec::len), Some(4), "{v}");
 
     // the lost-write oracle on real clusters: one mirrored write dropped on the new Active is reported
-    let (out, v) = demo_ha(&a, &b, &["--plant-lost-write"]);
-    assert!(
-        !out.status.success(),
-        "a planted loss must fail the run: {v}"
-    );
+    let (held, v) = demo_ha(&a, &b, true).await;
+    assert!(!held, "a planted loss must fail the run: {v}");
     assert_eq!(v["lost_planned"], 1, "{v}");
     assert_eq!(v["invariants_held"], false, "{v}");
 
@@ -104,10 +96,10 @@ async fn kshard_demo_ha_on_two_real_clusters() {
         )
         .await
         .expect("create the leftover Lease");
-    let (out, v) = demo_ha(&a, &b, &[]);
+    let (held, v) = demo_ha(&a, &b, false).await;
     let _ = leases.delete("widgets-ha", &DeleteParams::default()).await;
     let _ = nsapi.delete(&ns, &DeleteParams::default()).await;
-    assert!(!out.status.success(), "{v}");
+    assert!(!held, "{v}");
     let why = v["failures"].to_string();
     assert!(
         why.contains("already has the HA Lease") && why.contains(&ns),

@@ -34,7 +34,7 @@ pub fn child_name(widget: &str) -> String {
 pub async fn client() -> Client {
     assert!(
         std::env::var_os("KUBECONFIG").is_some(),
-        "set KUBECONFIG to the cluster to test (kind, a bare apiserver, or `kshard testserver --kubeconfig-out`)"
+        "set KUBECONFIG to the cluster to test (kind, a bare apiserver, or `kshard-dev testserver --kubeconfig-out`)"
     );
     Client::try_default()
         .await

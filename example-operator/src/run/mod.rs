@@ -3,7 +3,7 @@
 //! thread, HA attached when asked), the workload of this crate, the metrics and health endpoint, and turns
 //! SIGTERM (or SIGINT) into a graceful leave: the shards move away, then it returns.
 //!
-//! Output contract (for `kshard demo`): with `--metrics-addr`, the first stdout line is
+//! Output contract (for `kshard-dev demo`): with `--metrics-addr`, the first stdout line is
 //! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
 mod duration;

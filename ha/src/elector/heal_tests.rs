@@ -1,4 +1,4 @@
-//! The heal window `kshard demo ha` found, driven step by step against two in-memory Leases: an Active cut
+//! The heal window `kshard-dev demo ha` found, driven step by step against two in-memory Leases: an Active cut
 //! off from both clusters, a forced promotion of the peer meanwhile, and the heal before the old Active's
 //! no-term step-down. Its own Lease still names it, so its first renewal succeeds; the term must not come
 //! back before a read of the peer's Lease that started after the lapse (which shows the higher epoch).

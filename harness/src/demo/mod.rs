@@ -1,4 +1,4 @@
-//! `kshard demo`: the sharded example operator, end to end, in one command.
+//! `kshard-dev demo`: the sharded example operator, end to end, in one command.
 //!
 //! By default it starts kube-shard's embedded API server (testserver) over HTTP on 127.0.0.1, installs the
 //! Widget CRD, creates `--objects` Widgets and starts `--replicas` replica processes (this binary, re-run
@@ -20,7 +20,7 @@
 //!
 //! On the embedded server the replicas run with `--install-fence-policy`: the apiserver itself refuses
 //! stale fenced writes (both levels, and Widget `/status` through its status fence field). The demo counts
-//! the writes it refused ([`refusals`]): of members that had lost the shard, and of current owners — an
+//! the writes it refused (`refusals`): of members that had lost the shard, and of current owners — an
 //! invariant: none.
 //!
 //! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
@@ -62,7 +62,7 @@ const LEASE: Duration = TIMINGS.lease;
 const GRACE: Duration = TIMINGS.takeover_grace;
 const RETRY: Duration = TIMINGS.retry;
 
-/// What the demo runs (`kshard demo`'s flags; [`Default`] gives the CLI's defaults but a replica
+/// What the demo runs (`kshard-dev demo`'s flags; [`Default`] gives the CLI's defaults but a replica
 /// program, which the caller names).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -117,7 +117,7 @@ impl DemoOptions {
     }
 }
 
-/// The demo's result (`kshard demo --json` prints it).
+/// The demo's result (`kshard-dev demo --json` prints it).
 #[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct DemoReport {
@@ -356,7 +356,7 @@ impl Demo<'_> {
             self.last_draw = None;
             println!("\x1b[2K{msg}");
         } else {
-            eprintln!("kshard demo: {msg}");
+            eprintln!("kshard-dev demo: {msg}");
         }
     }
 

@@ -37,7 +37,7 @@ pub(super) fn render(d: &Demo<'_>, g: &GroupSnap) -> String {
     let gen = g.assignment.as_ref().map_or(0, |a| a.view.generation);
     let _ = writeln!(
         out,
-        "\x1b[2K\x1b[1mkshard demo\x1b[0m  {}  generation {gen}  coordinator {}",
+        "\x1b[2K\x1b[1mkshard-dev demo\x1b[0m  {}  generation {gen}  coordinator {}",
         d.phase,
         g.coordinator.as_deref().unwrap_or("-")
     );

@@ -1,39 +1,27 @@
-//! `kshard ha status` and `kshard ha promote --force --old-active-stopped` against two `kshard testserver`
-//! processes (cluster `a`, the stopped Active, and cluster `b`, the Standby), with short HA timings.
+//! `kshard ha status` and `kshard ha promote --force --old-active-stopped` against two embedded API
+//! servers (cluster `a`, the stopped Active, and cluster `b`, the Standby), with short HA timings.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
+use kube_shard_harness::process::ReplicaProcess;
+use kube_shard_harness::server::{BackgroundServer, ServeOptions};
 use serde_json::Value;
 
-struct Running(Child);
+use crate::replicas;
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn testserver(dir: &Path, name: &str) -> (PathBuf, Running) {
+/// An embedded API server (plain HTTP) as cluster `name`, its kubeconfig in `dir`.
+fn testserver(dir: &Path, name: &str) -> (PathBuf, BackgroundServer) {
     let kc = dir.join(format!("{name}.kubeconfig"));
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["testserver", "--plain-http", "--kubeconfig-out"])
-        .arg(&kc)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("serving http://"), "{line}");
-    (kc, Running(server))
+    let mut opts = ServeOptions::default();
+    opts.plain_http = true;
+    let server = BackgroundServer::start(&kc, opts).unwrap();
+    (kc, server)
 }
 
 async fn client(kc: &Path) -> kube::Client {
@@ -222,45 +210,28 @@ fn ha_operator(
     mode: &str,
     cluster: &str,
     rank: &str,
-) -> Running {
+) -> ReplicaProcess {
     ha_operator_with(own, peer, [name, mode, cluster, rank], &[])
 }
 
 /// `kshard operator` as member `name` of cluster `cluster` (mode, rank), with `extra` flags.
-fn ha_operator_with(own: &Path, peer: &Path, who: [&str; 4], extra: &[&str]) -> Running {
+fn ha_operator_with(own: &Path, peer: &Path, who: [&str; 4], extra: &[&str]) -> ReplicaProcess {
     let [name, mode, cluster, rank] = who;
-    let child = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .arg("operator")
-        .arg("--kubeconfig")
-        .arg(own)
-        .args(["--group", "widgets", "-n", "default", "--identity", name])
-        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
-        .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
-        .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
-        .args(["--settle", "1s", "--join-debounce", "500ms"])
-        .args([
-            "--expected-replicas",
-            "1",
-            "--shards",
-            "16",
-            "--install-crd",
-        ])
-        .args([
-            "--ha-mode",
-            mode,
-            "--ha-cluster-id",
-            cluster,
-            "--ha-rank",
-            rank,
-        ])
-        .arg("--ha-remote-kubeconfig")
-        .arg(peer)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Running(child)
+    let mut flags = replicas::flags(own, name, "widgets");
+    flags.expected = 1;
+    let peer = peer.to_str().expect("a UTF-8 path");
+    let ha = [
+        "--ha-mode",
+        mode,
+        "--ha-cluster-id",
+        cluster,
+        "--ha-rank",
+        rank,
+        "--ha-remote-kubeconfig",
+        peer,
+    ];
+    flags.extra = ha.iter().chain(extra).map(OsString::from).collect();
+    replicas::start(&flags, own)
 }
 
 /// The demo's Widget CRD on `kc`'s cluster (what `kshard operator --install-crd` installs).
@@ -540,7 +511,7 @@ fn ha_as(args: &[&str], own: &Path, peer: &Path, id: &str, rank: &str) -> std::p
 
 const KIND: &str = "widgets.example.kube-shard.io/v1";
 
-/// `kshard ha demote`, `promote --token` and `switchover` on two `kshard testserver` processes with a
+/// `kshard ha demote`, `promote --token` and `switchover` on two `kshard-dev testserver` processes with a
 /// `kshard operator` in each: a → b with the token, then b → a in one command.
 #[test]
 fn ha_demote_promote_token_and_switchover_move_the_active_and_back() {

@@ -1,11 +1,9 @@
 //! Tests that run the built `kshard` binary (one integration-test binary for the crate).
 
-mod bench;
-mod demo;
-mod demo_ha;
+mod dev_alias;
 mod fence_policy;
 mod ha;
 mod hash_selector;
+mod replicas;
 mod rolled_back;
 mod status;
-mod testserver;

@@ -1,58 +1,34 @@
-//! `kshard operator` replicas on `kshard testserver`, observed with `kshard status`: a settled group, the
+//! `kshard operator` replicas on the embedded API server, observed with `kshard status`: a settled group, the
 //! health endpoints, and a graceful leave on SIGTERM.
 
-use std::io::{BufRead, BufReader};
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kube_shard_harness::process::ReplicaProcess;
+use kube_shard_harness::server::{BackgroundServer, ServeOptions};
 use serde_json::Value;
 
-pub(crate) struct Running(Child);
+use crate::replicas;
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn first_line(child: &mut Child) -> String {
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    line.trim().to_owned()
-}
-
-fn operator(kubeconfig: &Path, name: &str) -> (Running, String) {
+fn operator(kubeconfig: &Path, name: &str) -> (ReplicaProcess, String) {
     operator_with(kubeconfig, name, &[])
 }
 
-fn operator_with(kubeconfig: &Path, name: &str, extra: &[&str]) -> (Running, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .arg("operator")
-        .args(extra)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--group", "g", "-n", "default", "--identity", name])
-        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
-        .args(["--retry-period", "500ms", "--takeover-grace", "500ms"])
-        // drain ≥ renew deadline − fence margin (2 s − 0.3 s): the operator refuses a shorter drain
-        .args(["--drain-timeout", "1700ms", "--fence-margin", "300ms"])
-        .args(["--settle", "1s", "--join-debounce", "500ms"])
-        .args(["--expected-replicas", "2", "--shards", "16"])
-        .args(["--install-crd", "--metrics-addr", "127.0.0.1:0"])
-        .args(["--gc-interval", "500ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run kshard operator");
-    let line = first_line(&mut child);
-    let addr = line
-        .strip_prefix("metrics http://")
-        .unwrap_or_else(|| panic!("metrics line: {line:?}"))
-        .to_owned();
-    (Running(child), addr)
+/// `kshard operator` as member `name` of group `g` (16 shards, two expected members, short timings) with
+/// `extra` flags, started through the harness; its log beside the kubeconfig.
+fn operator_with(kubeconfig: &Path, name: &str, extra: &[&str]) -> (ReplicaProcess, String) {
+    let mut flags = replicas::flags(kubeconfig, name, "g");
+    flags.expected = 2;
+    flags.extra = ["--gc-interval", "500ms"]
+        .iter()
+        .chain(extra)
+        .map(OsString::from)
+        .collect();
+    let p = replicas::start(&flags, kubeconfig);
+    let addr = p.metrics_addr().unwrap_or_default().to_owned();
+    (p, addr)
 }
 
 fn status(kubeconfig: &Path, json: bool) -> Option<String> {
@@ -99,23 +75,15 @@ fn http_get(addr: &str, path: &str) -> String {
     buf
 }
 
-/// `kshard testserver` (gate on) writing its kubeconfig to `<dir>/kubeconfig`.
-pub(crate) fn testserver() -> (tempfile::TempDir, Running) {
+/// The embedded API server (gate on, plain HTTP) writing its kubeconfig to `<dir>/kubeconfig`.
+pub(crate) fn testserver() -> (tempfile::TempDir, BackgroundServer) {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args([
-            "testserver",
-            "--plain-http",
-            "--shard-selector",
-            "on",
-            "--kubeconfig-out",
-        ])
-        .arg(dir.path().join("kubeconfig"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(first_line(&mut server).starts_with("serving http://"));
-    (dir, Running(server))
+    let mut opts = ServeOptions::default();
+    opts.shard_selector = true;
+    opts.plain_http = true;
+    let server = BackgroundServer::start(&dir.path().join("kubeconfig"), opts).unwrap();
+    assert!(server.url().starts_with("http://"));
+    (dir, server)
 }
 
 /// A runtime and a client from a kubeconfig.
@@ -363,19 +331,9 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     );
 
     // SIGTERM: a graceful leave, the other member takes everything
-    let pid = rustix::process::Pid::from_raw(a.0.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let start = Instant::now();
-    let code = loop {
-        if let Some(code) = a.0.try_wait().unwrap() {
-            break code;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "leave did not end"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let code = replicas::processes()
+        .block_on(a.terminate(Duration::from_secs(30)))
+        .unwrap_or_else(|e| panic!("leave did not end: {e}"));
     assert!(code.success(), "graceful leave exits 0: {code:?}");
     until(Duration::from_secs(20), "member-b owns everything", || {
         let Some(text) = status(&kc, true) else {

@@ -81,7 +81,7 @@ async fn three_members_settle_into_one_plan() {
     assert_eq!(server.fence_violations(), 0);
 }
 
-/// Found by `kshard bench read`: with `expected_replicas`, the cold start planned as soon as every member
+/// Found by `kshard-dev bench read`: with `expected_replicas`, the cold start planned as soon as every member
 /// was present — while their joins were still being debounced, so every shard went to the coordinator
 /// and was moved on at once (the coordinator read the whole collection). The first plan takes everyone.
 #[tokio::test(start_paused = true)]

@@ -351,7 +351,7 @@ async fn a_slow_coordinator_pass_never_fences_the_coordinator() {
 }
 
 /// Every member restarts under its old name at once (a StatefulSet rolled in one go, a node failure):
-/// each finds its Lease held by its previous incarnation, which nobody renews. Found by `kshard bench`
+/// each finds its Lease held by its previous incarnation, which nobody renews. Found by `kshard-dev bench`
 /// before this fix: the claim waited for a lease watch that showed recent events, and with nobody renewing
 /// it stayed silent for good — "timed out after 60s waiting for the restarted members to own shards".
 /// Now a claim may also rest on the member's own reads: the same resourceVersion read for `lease + grace`,

@@ -1,17 +1,17 @@
-//! `kshard demo ha`: cross-cluster Active/Standby (HA.md) end to end, in one command.
+//! `kshard-dev demo ha`: cross-cluster Active/Standby (HA.md) end to end, in one command.
 //!
 //! Two embedded API servers (in-process, resourceVersion counters far apart) are clusters `a` and `b`,
 //! each with the Widget CRD. Per cluster the HA participants run as tasks of this process: the elector
-//! (`kube_shard_ha::spawn`, time-scaled timings: [`setup::timings`]) and a small operator that admits
+//! (`kube_shard_ha::spawn`, time-scaled timings: `setup::timings`) and a small operator that admits
 //! through the `HaHandle` and writes Widget status under the admitted epoch. The Standby runs the mirror
-//! (`kube_shard_ha::mirror`). A writer ([`writer`]) keeps creating, changing and deleting Widgets on
+//! (`kube_shard_ha::mirror`). A writer (`writer`) keeps creating, changing and deleting Widgets on
 //! whichever cluster the HA Leases name Active, retrying writes the apiserver refuses. Then:
 //!
 //! 1. **lag**: `a` Active, `b` mirroring; the time from each acknowledged write to its copy on `b`
-//!    ([`lag`]) gives p50/p99 at the writer's rate;
+//!    (`lag`) gives p50/p99 at the writer's rate;
 //! 2. **planned switchover** `a` → `b` (`demote`: the mark, the wait, the freeze, the token; `promote
 //!    --token`: the mirror's catch-up, the takeover); the lost-write oracle on `b` (must be 0); `a`
-//!    rejoins as Standby (the library's failback, [`phases::rejoin`]) and mirrors `b`;
+//!    rejoins as Standby (the library's failback, `phases::rejoin`) and mirrors `b`;
 //! 3. **unplanned failover**: `b`'s apiserver is partitioned (its elector cannot reach `a` either), the
 //!    mirror is stopped and `a` is promoted with `promote --force --old-active-stopped`; the time from
 //!    the failure to `a` admitting; the lost writes, compared with what was not yet mirrored;
@@ -19,12 +19,12 @@
 //! 5. **failback**: `b` rejoins as Standby (its divergent objects counted and pruned), mirrors `a`, and
 //!    a planned switchover `a` → `b` (lost must be 0).
 //!
-//! *Lost* ([`oracle::lost`]): a write acknowledged by either cluster that the new Active does not hold
+//! *Lost* (`oracle::lost`): a write acknowledged by either cluster that the new Active does not hold
 //! at that version (the `spec.size` it stored) or a newer one. Throughout, every operator admission
-//! interval and status write is recorded by (cluster, failover epoch) on one clock ([`measure`]): the
+//! interval and status write is recorded by (cluster, failover epoch) on one clock (`measure`): the
 //! time two clusters admitted at once and the writes accepted under a lower epoch must both be 0.
 //!
-//! Output contract (as `kshard demo`): with `--json`, exactly one JSON object on stdout at the end
+//! Output contract (as `kshard-dev demo`): with `--json`, exactly one JSON object on stdout at the end
 //! (progress to stderr); the exit code is 0 only when every invariant held.
 
 mod lag;
@@ -55,7 +55,7 @@ use self::writer::{Targets, Writer};
 use crate::demo::DemoError;
 use kube_shard_example_operator::widget::Widget;
 
-/// What `kshard demo ha` runs (its flags).
+/// What `kshard-dev demo ha` runs (its flags).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct HaDemoOptions {
@@ -100,7 +100,7 @@ impl Default for HaDemoOptions {
 impl HaDemoOptions {
     /// Refuse contradicting or out-of-range options.
     pub fn validate(&self) -> Result<(), DemoError> {
-        let bad = |m: &str| Err(DemoError::Options(format!("kshard demo ha: {m}")));
+        let bad = |m: &str| Err(DemoError::Options(format!("kshard-dev demo ha: {m}")));
         if self.real.is_some() && self.stall_mirror != 0.0 {
             return bad("--stall-mirror needs the embedded servers (it holds the mirror's watch with testserver's frozen watches; the real-cluster proxy can only cut connections)");
         }
@@ -130,7 +130,7 @@ pub struct LostIn {
     pub uid: String,
 }
 
-/// The HA demo's result (`kshard demo ha --json` prints it).
+/// The HA demo's result (`kshard-dev demo ha --json` prints it).
 #[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct HaDemoReport {
@@ -269,7 +269,7 @@ async fn demo(args: &HaDemoOptions, real: Option<(PathBuf, PathBuf)>) -> HaDemoR
                 Err(e) => vec![e.to_string()],
             };
             for p in problems {
-                eprintln!("kshard demo ha: cleaning up cluster {}: {p}", c.id);
+                eprintln!("kshard-dev demo ha: cleaning up cluster {}: {p}", c.id);
             }
         }
         ra.stop();
@@ -345,7 +345,7 @@ impl<'a> Demo<'a> {
         let t = self.started.elapsed().as_secs_f64();
         self.shown().phase = phase.to_owned();
         if !self.tty {
-            eprintln!("kshard demo ha: [{t:6.1}s] {phase}");
+            eprintln!("kshard-dev demo ha: [{t:6.1}s] {phase}");
         }
     }
 

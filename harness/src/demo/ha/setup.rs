@@ -248,7 +248,7 @@ pub(crate) async fn prepare_real(
         };
         if let Some(l) = held.items.iter().find(demo_ns) {
             return Err(DemoError::failed(format!(
-                "cluster {id} already has the HA Lease {}/{lease} (another `kshard demo ha` run, or one that did not clean up): refusing to run; delete it first",
+                "cluster {id} already has the HA Lease {}/{lease} (another `kshard-dev demo ha` run, or one that did not clean up): refusing to run; delete it first",
                 l.metadata.namespace.as_deref().unwrap_or_default()
             )));
         }

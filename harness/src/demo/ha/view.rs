@@ -1,4 +1,4 @@
-//! The live terminal view of `kshard demo ha`: per cluster its HA role and epoch, the writer's counts,
+//! The live terminal view of `kshard-dev demo ha`: per cluster its HA role and epoch, the writer's counts,
 //! the lag so far and the lost writes so far, redrawn in place (on a terminal only).
 
 use std::fmt::Write as _;
@@ -21,7 +21,7 @@ pub(crate) fn render(f: &Frame<'_>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\x1b[2K\x1b[1mkshard demo ha\x1b[0m  [{:6.1}s] {}",
+        "\x1b[2K\x1b[1mkshard-dev demo ha\x1b[0m  [{:6.1}s] {}",
         f.elapsed, f.phase
     );
     for (id, h, partitioned) in &f.clusters {

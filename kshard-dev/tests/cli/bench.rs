@@ -1,4 +1,4 @@
-//! `kshard bench`: the JSON contract (one object per scenario, one per line) and the exit code for a
+//! `kshard-dev bench`: the JSON contract (one object per scenario, one per line) and the exit code for a
 //! scenario that does not exist or is not built.
 
 use std::process::Command;
@@ -6,7 +6,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn kshard(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kshard"))
+    Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args(args)
         .output()
         .expect("kshard runs")

@@ -1,4 +1,4 @@
-//! `kshard demo ha --json --quick`: the output contract (one JSON object, exit 1 when an invariant was
+//! `kshard-dev demo ha --json --quick`: the output contract (one JSON object, exit 1 when an invariant was
 //! violated) shown on the lost-write oracle catching a planted loss, and bad flags refused. The
 //! invariants of a clean run are asserted on the typed report in the harness crate's tests.
 
@@ -10,11 +10,11 @@ fn run(extra: &[&str]) -> (Output, Value) {
     let _guard = crate::demo::SERIAL
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args(["demo", "ha", "--json", "--quick", "--objects", "100"])
         .args(extra)
         .output()
-        .expect("run kshard demo ha");
+        .expect("run kshard-dev demo ha");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -24,7 +24,7 @@ fn run(extra: &[&str]) -> (Output, Value) {
         "exactly one JSON object on stdout:\n{stdout}\n{stderr}"
     );
     let v: Value = serde_json::from_str(lines[0]).expect("JSON");
-    eprintln!("kshard demo ha {extra:?}: {v}");
+    eprintln!("kshard-dev demo ha {extra:?}: {v}");
     (out, v)
 }
 
@@ -41,10 +41,10 @@ fn demo_ha_lost_write_oracle_catches_a_planted_loss() {
 }
 
 fn kshard(args: &[&str]) -> (Output, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args(args)
         .output()
-        .expect("run kshard demo ha");
+        .expect("run kshard-dev demo ha");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (out, stdout, stderr)

@@ -1,4 +1,4 @@
-//! `kshard demo --json`: the output contract of the main job (one JSON object on stdout, exit 0 only
+//! `kshard-dev demo --json`: the output contract of the main job (one JSON object on stdout, exit 0 only
 //! when every invariant held). The invariants themselves are asserted on the typed report in the
 //! harness crate's tests (`kube_shard_harness::demo`).
 
@@ -41,10 +41,10 @@ const FIELDS: [&str; 24] = [
 #[test]
 fn demo_prints_one_json_object_and_exits_by_its_verdict() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args(["demo", "--json", "--objects", "200", "--replicas", "2"])
         .output()
-        .expect("run kshard demo");
+        .expect("run kshard-dev demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -68,17 +68,17 @@ fn demo_prints_one_json_object_and_exits_by_its_verdict() {
     );
     assert!(out.status.success(), "exit {:?}: {v}\n{stderr}", out.status);
     assert!(
-        stderr.contains("kshard demo: "),
+        stderr.contains("kshard-dev demo: "),
         "progress goes to stderr: {stderr}"
     );
 }
 
 #[test]
 fn demo_refuses_an_unknown_gate_word_with_exit_2() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args(["demo", "--shard-selector", "maybe"])
         .output()
-        .expect("run kshard demo");
+        .expect("run kshard-dev demo");
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
 }

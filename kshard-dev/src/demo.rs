@@ -1,6 +1,6 @@
-//! `kshard demo` and `kshard demo ha`: flags and printing. The scenarios are
+//! `kshard-dev demo` and `kshard-dev demo ha`: flags and printing. The scenarios are
 //! `kube_shard_harness::demo` (what they do, step by step, is documented there); each replica is this
-//! binary re-run as `kshard operator ...`.
+//! binary re-run as `kshard-dev operator ...`.
 //!
 //! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
 //! the exit code is 0 only when every invariant held.
@@ -16,7 +16,7 @@ use kube_shard_harness::demo::DemoOptions;
 use kube_shard_harness::operator::ReplicaProgram;
 use serde::Serialize;
 
-use crate::cli::CliError;
+use crate::DevError;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -35,7 +35,7 @@ pub(crate) struct DemoArgs {
     /// The embedded server's ShardedListAndWatch gate (KEP-5866 shardSelector).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     shard_selector: String,
-    /// The fence ValidatingAdmissionPolicies on the embedded server (`kshard operator
+    /// The fence ValidatingAdmissionPolicies on the embedded server (`kshard-dev operator
     /// --install-fence-policy`), and the count of the writes they refused.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     fence_policy: String,
@@ -61,11 +61,11 @@ pub(crate) struct DemoArgs {
     command: Option<DemoCommand>,
 }
 
-/// `kshard demo <subcommand>` (none: the sharded operator demo).
+/// `kshard-dev demo <subcommand>` (none: the sharded operator demo).
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum DemoCommand {
     /// Cross-cluster Active/Standby end to end: mirror lag, a planned switchover, an unplanned
-    /// failover, the old Active's return and a failback (`kshard demo ha --json`).
+    /// failover, the old Active's return and a failback (`kshard-dev demo ha --json`).
     Ha(HaDemoArgs),
 }
 
@@ -121,8 +121,8 @@ fn view(json: bool) -> bool {
 }
 
 impl DemoArgs {
-    fn options(&self) -> Result<DemoOptions, CliError> {
-        // each replica is this binary, re-run as `kshard operator ...`
+    fn options(&self) -> Result<DemoOptions, DevError> {
+        // each replica is this binary, re-run as `kshard-dev operator ...`
         let exe = std::env::current_exe()?;
         let mut o = DemoOptions::new(ReplicaProgram::new(exe, &["operator"]));
         o.objects = self.objects;
@@ -159,7 +159,7 @@ impl HaDemoArgs {
     }
 }
 
-pub(crate) fn run(mut args: DemoArgs) -> Result<(), CliError> {
+pub(crate) fn run(mut args: DemoArgs) -> Result<(), DevError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -181,7 +181,7 @@ fn print(
     json: bool,
     held: bool,
     failures: &[String],
-) -> Result<(), CliError> {
+) -> Result<(), DevError> {
     if json {
         println!("{}", serde_json::to_string(report)?);
     } else {
@@ -190,6 +190,6 @@ fn print(
     if held {
         Ok(())
     } else {
-        Err(CliError::InvariantsViolated(failures.join("; ")))
+        Err(DevError::InvariantsViolated(failures.join("; ")))
     }
 }

@@ -1,4 +1,4 @@
-//! `kshard testserver`: serves `kubectl get configmaps -A` (here: the same requests from a kube client
+//! `kshard-dev testserver`: serves `kubectl get configmaps -A` (here: the same requests from a kube client
 //! loaded from the written kubeconfig, and a raw bearer-token GET like curl's) and a sharded list by URL.
 
 use std::{
@@ -35,7 +35,7 @@ async fn raw_get(url: &str, path: &str, token: &str) -> String {
 async fn testserver_serves_a_kubeconfig_client_and_sharded_lists() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
         .args([
             "testserver",
             "--plain-http",
@@ -48,7 +48,7 @@ async fn testserver_serves_a_kubeconfig_client_and_sharded_lists() {
         .arg(&kubeconfig)
         .stdout(Stdio::piped())
         .spawn()
-        .expect("run kshard testserver");
+        .expect("run kshard-dev testserver");
     let stdout = child.stdout.take().unwrap();
     let running = Running(child);
     let mut line = String::new();

@@ -1,5 +1,5 @@
-//! `kshard-bench-replica SPEC_JSON`: one replica process of `kshard bench read`'s memory table (see
-//! `kube_shard_bench::replica`). Not for use on its own: `kshard bench` starts it, with the spec as one
+//! `kshard-bench-replica SPEC_JSON`: one replica process of `kshard-dev bench read`'s memory table (see
+//! `kube_shard_bench::replica`). Not for use on its own: `kshard-dev bench` starts it, with the spec as one
 //! JSON argument, and reads its status lines (JSON, one every 250 ms) until it kills it.
 //!
 //! Its global allocator counts bytes (`stats_alloc`), so each status line carries the allocator's live
@@ -22,7 +22,7 @@ fn live_bytes() -> u64 {
 
 fn main() -> ExitCode {
     let Some(arg) = std::env::args().nth(1) else {
-        eprintln!("usage: kshard-bench-replica SPEC_JSON (started by `kshard bench read`)");
+        eprintln!("usage: kshard-bench-replica SPEC_JSON (started by `kshard-dev bench read`)");
         return ExitCode::from(2);
     };
     let spec: ReplicaSpec = match serde_json::from_str(&arg) {

@@ -1,4 +1,4 @@
-//! `kshard testserver`: run kube-shard's in-process API server standalone, over HTTPS (a CA of its own,
+//! `kshard-dev testserver`: run kube-shard's in-process API server standalone, over HTTPS (a CA of its own,
 //! in the kubeconfig) or plain HTTP, for `kubectl` and any kube client.
 //!
 //! Output contract: the first stdout line is `serving <URL>`; a kubeconfig (one `token:` user, and the
@@ -10,7 +10,7 @@ use std::{io::Write, net::SocketAddr, path::PathBuf};
 use clap::Args;
 use kube_shard_testserver::{TestServer, Transport};
 
-use crate::cli::CliError;
+use crate::DevError;
 
 #[derive(Debug, Args)]
 pub(crate) struct TestserverArgs {
@@ -35,7 +35,7 @@ pub(crate) struct TestserverArgs {
     controllers: bool,
 }
 
-pub(crate) fn run(args: &TestserverArgs, out: &mut impl Write) -> Result<(), CliError> {
+pub(crate) fn run(args: &TestserverArgs, out: &mut impl Write) -> Result<(), DevError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,4 +1,4 @@
-//! `kshard bench`: parses flags, runs `kube_shard_bench` and prints its tables (or one JSON object per
+//! `kshard-dev bench`: parses flags, runs `kube_shard_bench` and prints its tables (or one JSON object per
 //! scenario, one per line). The engine lives in the `kube-shard-bench` crate.
 
 use std::io::Write;
@@ -6,7 +6,7 @@ use std::io::Write;
 use clap::Args;
 use kube_shard_bench::{Options, Scenario};
 
-use crate::cli::CliError;
+use crate::DevError;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
@@ -30,11 +30,11 @@ pub(crate) struct BenchArgs {
     seed: u64,
 }
 
-pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError> {
+pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), DevError> {
     let scenario: Scenario = args
         .scenario
         .parse()
-        .map_err(|e: kube_shard_bench::BenchError| CliError::Usage(e.to_string()))?;
+        .map_err(|e: kube_shard_bench::BenchError| DevError::Usage(e.to_string()))?;
     let mut opts = Options::default();
     opts.objects = args.objects;
     opts.replicas = args.replicas;
@@ -45,12 +45,12 @@ pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError
     let result = kube_shard_bench::run_each(scenario, &opts, |report| {
         let written = if args.json {
             serde_json::to_writer(&mut *out, &report.json)
-                .map_err(CliError::from)
-                .and_then(|()| writeln!(out).map_err(CliError::from))
+                .map_err(DevError::from)
+                .and_then(|()| writeln!(out).map_err(DevError::from))
         } else {
             write!(out, "{}", report.render())
                 .and_then(|()| writeln!(out))
-                .map_err(CliError::from)
+                .map_err(DevError::from)
         };
         let _ = out.flush();
         if let Err(e) = written {
@@ -60,11 +60,11 @@ pub(crate) fn run(args: &BenchArgs, out: &mut impl Write) -> Result<(), CliError
     if let Some(e) = failed {
         return Err(e);
     }
-    result.map_err(|e| CliError::failed(e.to_string()))?;
+    result?;
     Ok(())
 }
 
-/// `kshard-bench-replica` beside this binary (both are built by `cargo build -p kshard`), if it is there.
+/// `kshard-bench-replica` beside this binary (both are built by `cargo build -p kshard-dev`), if it is there.
 fn replica_command() -> Option<kube_shard_bench::memory::ReplicaCommand> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.with_file_name(format!(
