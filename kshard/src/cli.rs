@@ -153,22 +153,48 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Forwarded(#[from] crate::dev::ForwardError),
     #[error("{0}")]
-    Failed(String),
+    Operator(#[from] kube_shard_example_operator::run::RunError),
+    #[error("{0}")]
+    Explain(#[from] crate::ops::ExplainError),
+    #[error("{0}")]
+    Switch(#[from] kube_shard_ha::switchover::SwitchError),
+    #[error("{0}")]
+    Promote(#[from] kube_shard_ha::failover::ForceFailed),
+    #[error("not demoted: the peer is not a valid promotion target: {0}")]
+    NotATarget(#[from] kube_shard_ha::promotion::TargetRefused),
+    #[error("{error}\nthe token (for `promote --token` or `demote --cancel`): {token}")]
+    SwitchedHalfway {
+        error: kube_shard_ha::switchover::SwitchError,
+        token: String,
+    },
+    #[error("{member} still holds {held} shards after {waited:?}: is another member live (a drained member keeps its shards when it is the only one)? is the group paused?")]
+    DrainTimedOut {
+        member: String,
+        held: usize,
+        waited: std::time::Duration,
+    },
+    #[error("{0} HA setting(s) do not match (see above)")]
+    HaMismatch(usize),
     #[error("{0}")]
     Usage(String),
-}
-
-impl CliError {
-    pub(crate) fn failed(msg: impl Into<String>) -> Self {
-        CliError::Failed(msg.into())
-    }
 }
 
 impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
             CliError::Forwarded(e) => e.exit_code(),
-            CliError::Io(_) | CliError::Json(_) | CliError::Admin(_) | CliError::Failed(_) => 1,
+            CliError::Operator(kube_shard_example_operator::run::RunError::Usage(_)) => 2,
+            CliError::Io(_)
+            | CliError::Json(_)
+            | CliError::Admin(_)
+            | CliError::Operator(_)
+            | CliError::Explain(_)
+            | CliError::Switch(_)
+            | CliError::Promote(_)
+            | CliError::NotATarget(_)
+            | CliError::SwitchedHalfway { .. }
+            | CliError::DrainTimedOut { .. }
+            | CliError::HaMismatch(_) => 1,
             _ => 2,
         }
     }

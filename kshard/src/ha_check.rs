@@ -56,9 +56,7 @@ pub(crate) fn run(a: &CheckArgs, out: &mut impl Write) -> Result<(), CliError> {
     }
     match report.findings.len() {
         0 => Ok(()),
-        n => Err(CliError::failed(format!(
-            "{n} HA setting(s) do not match (see above)"
-        ))),
+        n => Err(CliError::HaMismatch(n)),
     }
 }
 

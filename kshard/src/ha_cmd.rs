@@ -126,13 +126,7 @@ async fn planned_kinds(
         .kinds(given.clone())
         .source(Some(cfg.cluster_id.clone()))
         .overrides(overrides);
-    let checked = check_promotion(cfg, peer, &checks, PromotionPath::BeforeDemotion)
-        .await
-        .map_err(|e| {
-            CliError::failed(format!(
-                "not demoted: the peer is not a valid promotion target: {e}"
-            ))
-        })?;
+    let checked = check_promotion(cfg, peer, &checks, PromotionPath::BeforeDemotion).await?;
     for o in &checked.overridden {
         say(&format!("override {o}"));
     }
@@ -420,9 +414,7 @@ fn demote(
     rt.block_on(async {
         let clients = a.pair.clients().await?;
         if a.cancel {
-            switchover::cancel(&cfg, &clients)
-                .await
-                .map_err(|e| CliError::failed(e.to_string()))?;
+            switchover::cancel(&cfg, &clients).await?;
             writeln!(
                 out,
                 "cancelled: {} is Active again (the freeze is lifted)",
@@ -432,9 +424,7 @@ fn demote(
         }
         let overrides = a.overrides.overrides(false);
         let kinds = planned_kinds(&cfg, &clients.peer, &a.flags, overrides).await?;
-        let token = switchover::demote(&cfg, &clients, &a.flags.options(kinds), say)
-            .await
-            .map_err(|e| CliError::failed(e.to_string()))?;
+        let token = switchover::demote(&cfg, &clients, &a.flags.options(kinds), say).await?;
         if !overrides.flags().is_empty() {
             say(&format!("demoted{}", override_note(&overrides)));
         }
@@ -472,9 +462,7 @@ fn switch(
         let clients = a.pair.clients().await?;
         let kinds = planned_kinds(&cfg, &clients.peer, &a.flags, overrides).await?;
         let opts = a.flags.options(kinds.clone());
-        let token = switchover::demote(&cfg, &clients, &opts, say)
-            .await
-            .map_err(|e| CliError::failed(e.to_string()))?;
+        let token = switchover::demote(&cfg, &clients, &opts, say).await?;
         say(&format!("demoted; token {token}"));
         let swapped = kube_shard_ha::HaClients::new(
             clients.peer.clone(),
@@ -494,10 +482,9 @@ fn switch(
             say,
         )
         .await
-        .map_err(|e| {
-            CliError::failed(format!(
-                "{e}\nthe token (for `promote --token` or `demote --cancel`): {token}"
-            ))
+        .map_err(|error| CliError::SwitchedHalfway {
+            error,
+            token: token.to_string(),
         })?;
         writeln!(
             out,
@@ -532,7 +519,7 @@ fn promote_token(
             say,
         )
         .await
-        .map_err(|e| CliError::failed(e.to_string()))
+        .map_err(CliError::from)
     })?;
     writeln!(
         out,
@@ -608,7 +595,7 @@ fn promote(
             },
         )
         .await
-        .map_err(|e| CliError::failed(e.to_string()))
+        .map_err(CliError::from)
     })?;
     writeln!(
         out,

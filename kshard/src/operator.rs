@@ -9,19 +9,8 @@ use std::path::Path;
 
 use kube::Client;
 pub(crate) use kube_shard_example_operator::run::OperatorArgs;
-use kube_shard_example_operator::run::RunError;
 
 use crate::cli::CliError;
-
-impl From<RunError> for CliError {
-    fn from(e: RunError) -> Self {
-        match e {
-            RunError::Usage(m) => CliError::Usage(m),
-            RunError::Io(e) => CliError::Io(e),
-            other => CliError::Failed(other.to_string()),
-        }
-    }
-}
 
 /// Run the example operator until SIGTERM (or SIGINT) and its graceful leave.
 pub(crate) fn run(args: OperatorArgs) -> Result<(), CliError> {

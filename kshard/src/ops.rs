@@ -358,10 +358,11 @@ pub(crate) fn drain(args: &DrainArgs, out: &mut impl Write) -> Result<(), CliErr
                 return Ok((view.assignment, 0, Some(start.elapsed())));
             }
             if start.elapsed() >= args.timeout {
-                return Err(CliError::failed(format!(
-                    "{} still holds {held} shards after {:?}: is another member live (a drained member keeps its shards when it is the only one)? is the group paused?",
-                    args.member, args.timeout
-                )));
+                return Err(CliError::DrainTimedOut {
+                    member: args.member.clone(),
+                    held,
+                    waited: args.timeout,
+                });
             }
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
@@ -454,6 +455,21 @@ pub(crate) fn explain(args: &ExplainArgs, out: &mut impl Write) -> Result<(), Cl
     Ok(())
 }
 
+/// Why `kshard explain` could not place an object.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExplainError {
+    #[error("discovery: {0}")]
+    Discovery(kube::Error),
+    #[error("no resource {0:?} on the server")]
+    NoResource(String),
+    #[error("{0} is namespaced: give NAMESPACE/NAME")]
+    Namespaced(String),
+    #[error("{0} is cluster-scoped: give NAME")]
+    ClusterScoped(String),
+    #[error("reading {object}: {source}")]
+    Read { object: String, source: kube::Error },
+}
+
 /// The object `NAMESPACE/NAME` (or `NAME`) of the resource named by kind, plural or `plural.group`:
 /// its kind, namespace, name and the object.
 async fn read_object(
@@ -464,7 +480,7 @@ async fn read_object(
     let discovery = kube::discovery::Discovery::new(client.clone())
         .run()
         .await
-        .map_err(|e| CliError::failed(format!("discovery: {e}")))?;
+        .map_err(ExplainError::Discovery)?;
     let want = kind.to_ascii_lowercase();
     let (ar, caps) = discovery
         .groups()
@@ -474,7 +490,7 @@ async fn read_object(
                 || ar.plural == want
                 || format!("{}.{}", ar.plural, ar.group) == want
         })
-        .ok_or_else(|| CliError::failed(format!("no resource {kind:?} on the server")))?;
+        .ok_or_else(|| ExplainError::NoResource(kind.to_owned()))?;
     let (ns, name) = match object.split_once('/') {
         Some((ns, n)) => (Some(ns.to_owned()), n.to_owned()),
         None => (None, object.to_owned()),
@@ -482,19 +498,13 @@ async fn read_object(
     let api: Api<DynamicObject> = match (&ns, caps.scope) {
         (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
         (None, kube::discovery::Scope::Cluster) => Api::all_with(client, &ar),
-        (None, _) => {
-            let m = format!("{} is namespaced: give NAMESPACE/NAME", ar.kind);
-            return Err(CliError::failed(m));
-        }
-        (Some(_), _) => {
-            let m = format!("{} is cluster-scoped: give NAME", ar.kind);
-            return Err(CliError::failed(m));
-        }
+        (None, _) => return Err(ExplainError::Namespaced(ar.kind).into()),
+        (Some(_), _) => return Err(ExplainError::ClusterScoped(ar.kind).into()),
     };
-    let obj = api
-        .get(&name)
-        .await
-        .map_err(|e| CliError::failed(format!("reading {object}: {e}")))?;
+    let obj = api.get(&name).await.map_err(|source| ExplainError::Read {
+        object: object.to_owned(),
+        source,
+    })?;
     Ok((ar.kind, ns, name, obj))
 }
 
