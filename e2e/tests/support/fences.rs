@@ -21,8 +21,10 @@ use kube::api::DynamicObject;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use kube_shard::ownership::MemberId;
+use kube_shard::testing::oracles::fences::Violation;
 use kube_shard::token::{FenceToken, FENCE_ANNOTATION};
 use kube_shard::{fnv1a64, ShardCount, ShardKey};
+use kube_shard_harness::checks::{fence_log_violations, parse_fence_log, FenceLogRecord};
 
 use super::{widget_resource, CHILD_LABEL};
 
@@ -427,7 +429,7 @@ pub struct FenceLogCheck {
     pub records: usize,
     /// Writes of two members of one shard overlapping in time.
     pub overlaps: Vec<String>,
-    /// A write starting after another ended with a lower epoch.
+    /// A write starting after another started with a lower epoch.
     pub regressions: Vec<String>,
     /// Writes in flight when their process was stopped (their end is taken as the stop).
     pub in_flight_at_stop: usize,
@@ -493,29 +495,19 @@ pub fn fence_log(
     stops: &[(MemberId, u128)],
 ) -> FenceLogCheck {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut per: BTreeMap<u32, Vec<(u128, u128, u64, String)>> = BTreeMap::new();
     let mut c = FenceLogCheck::default();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        let [logged, shard, epoch, start, end] = f.as_slice() else {
-            continue;
-        };
-        let (Ok(shard), Ok(epoch), Ok(start), Ok(mut end)) = (
-            shard.parse::<u32>(),
-            epoch.parse::<u64>(),
-            start.parse::<u128>(),
-            end.parse::<u128>(),
-        ) else {
-            continue;
-        };
+    let mut attributed = Vec::new();
+    for r in parse_fence_log(&text) {
+        let (shard, epoch, start, mut end) = (r.shard, r.epoch, r.start, r.end);
         c.records += 1;
         let Some(owner) = fences.get(&(shard, epoch)) else {
             c.unknown_fences.push(format!(
-                "{logged} wrote shard {shard} at epoch {epoch}, a fence the assignment never handed out"
+                "{} wrote shard {shard} at epoch {epoch}, a fence the assignment never handed out",
+                r.member
             ));
             continue;
         };
-        if owner.to_string() != *logged {
+        if owner.to_string() != r.member {
             c.logged_as_another_member += 1;
         }
         for (m, at) in stops {
@@ -530,29 +522,17 @@ pub fn fence_log(
                 ));
             }
         }
-        per.entry(shard)
-            .or_default()
-            .push((start, end, epoch, owner.to_string()));
+        attributed.push(FenceLogRecord {
+            member: owner.to_string(),
+            end,
+            ..r
+        });
     }
-    for (shard, v) in per.iter_mut() {
-        v.sort();
-        for i in 0..v.len() {
-            for j in i + 1..v.len() {
-                let (a, b) = (&v[i], &v[j]);
-                // sorted by start: b starts at or after a
-                if b.0 <= a.1 && a.3 != b.3 {
-                    c.overlaps.push(format!(
-                        "shard {shard}: {} epoch {} [{}, {}] overlaps {} epoch {} [{}, {}]",
-                        a.3, a.2, a.0, a.1, b.3, b.2, b.0, b.1
-                    ));
-                }
-                if b.0 > a.1 && b.2 < a.2 {
-                    c.regressions.push(format!(
-                        "shard {shard}: {} epoch {} started after {} epoch {} ended",
-                        b.3, b.2, a.3, a.2
-                    ));
-                }
-            }
+    // the library's fence oracle on the attributed writes
+    for v in fence_log_violations(&attributed) {
+        match v {
+            Violation::EpochBack { .. } => c.regressions.push(v.to_string()),
+            _ => c.overlaps.push(v.to_string()),
         }
     }
     c

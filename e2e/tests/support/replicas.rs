@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::ListParams;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use kube_shard::group::admin::GroupView;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::MemberId;
 use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{ShardCount, ShardKey};
@@ -248,45 +248,23 @@ impl Replicas {
         }
     }
 
-    /// The assignment and the member Leases, as the cluster has them now.
+    /// The assignment and the member Leases, as the cluster has them now (the library's reader,
+    /// `group::admin::GroupView`; empty before the group has an assignment).
     pub async fn snapshot(&self) -> GroupSnap {
         let mut g = GroupSnap {
             shards: self.shards,
             ..GroupSnap::default()
         };
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        if let Ok(Some(cm)) = cms.get_opt(&format!("{}-assignment", self.group)).await {
-            if let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) {
-                g.assignment = Assignment::decode(text, self.shards, self.key).ok();
+        if let Ok(v) = GroupView::read(self.client.clone(), &self.namespace, &self.group).await {
+            // the holder may be `name` or `name/incarnation`
+            g.coordinator = v
+                .coordinator
+                .map(|h| h.split('/').next().unwrap_or("").to_owned());
+            for m in v.members {
+                let report = m.report_error.is_none().then_some(m.report);
+                g.members.insert(m.name, (m.incarnation, report));
             }
-        }
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.group));
-        if let Ok(list) = leases.list(&lp).await {
-            for l in list.items {
-                let labels = l.metadata.labels.clone().unwrap_or_default();
-                let ann = l.metadata.annotations.clone().unwrap_or_default();
-                let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
-                if labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator") {
-                    // the holder may be `name` or `name/incarnation`
-                    g.coordinator = holder.map(|h| h.split('/').next().unwrap_or("").to_owned());
-                    continue;
-                }
-                let prefix = format!("{}-", self.group);
-                let Some(name) = l
-                    .metadata
-                    .name
-                    .as_deref()
-                    .and_then(|n| n.strip_prefix(&prefix))
-                else {
-                    continue;
-                };
-                let inc = ann.get(INCARNATION).cloned().unwrap_or_default();
-                let rep = ann
-                    .get(REPORT)
-                    .and_then(|t| MemberReport::decode(t, self.shards).ok());
-                g.members.insert(name.to_owned(), (inc, rep));
-            }
+            g.assignment = Some(v.assignment);
         }
         g
     }

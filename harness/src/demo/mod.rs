@@ -32,18 +32,18 @@ mod refusals;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use kube_shard::group::admin::{AdminError, GroupView};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::group::report::{MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
+use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::MemberId;
 use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
 use kube_shard_example_operator::widget::{self, Widget, WidgetSpec};
@@ -53,6 +53,7 @@ use tokio::time::Instant;
 
 pub use self::error::DemoError;
 pub use self::refusals::Counts as RefusalCounts;
+use crate::checks;
 use crate::operator::{OperatorFlags, ReplicaProgram, Timings};
 use crate::process::ReplicaProcess;
 
@@ -205,6 +206,24 @@ pub(crate) struct GroupSnap {
 }
 
 impl GroupSnap {
+    /// The group as the library's reader (`group::admin`) gives it; empty before the group has an
+    /// assignment (or when it cannot be read).
+    fn from_view(view: Result<GroupView, AdminError>) -> Self {
+        let mut g = GroupSnap::default();
+        if let Ok(v) = view {
+            // the holder may be `name` or `name/incarnation`
+            g.coordinator = v
+                .coordinator
+                .map(|c| c.split('/').next().unwrap_or_default().to_owned());
+            for m in v.members {
+                let report = m.report_error.is_none().then_some(m.report);
+                g.members.insert(m.name, (m.incarnation, report));
+            }
+            g.assignment = Some(v.assignment);
+        }
+        g
+    }
+
     /// Shard → owner name.
     pub(crate) fn owners(&self, s: ShardCount) -> Vec<Option<String>> {
         let mut v = vec![None; s.get() as usize];
@@ -709,45 +728,9 @@ impl Demo<'_> {
 
     /// Poll the group (assignment, leases, coordinator, replica metrics).
     pub(crate) async fn snapshot(&self) -> GroupSnap {
-        let mut g = GroupSnap::default();
-        let ns = &self.args.namespace;
-        let group = &self.args.group;
-        let cms: Api<ConfigMap> = Api::namespaced(self.admin.clone(), ns);
-        if let Ok(Some(cm)) = cms.get_opt(&format!("{group}-assignment")).await {
-            if let Some(text) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) {
-                g.assignment = Assignment::decode(text, self.s(), self.args.hash_key).ok();
-            }
-        }
-        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), ns);
-        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={group}"));
-        if let Ok(list) = leases.list(&lp).await {
-            for l in list.items {
-                let labels = l.metadata.labels.clone().unwrap_or_default();
-                let ann = l.metadata.annotations.clone().unwrap_or_default();
-                if labels.get(ROLE_LABEL).is_some_and(|r| r == "coordinator") {
-                    g.coordinator = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
-                    continue;
-                }
-                let Some(name) = l
-                    .metadata
-                    .name
-                    .as_deref()
-                    .and_then(|n| n.strip_prefix(&format!("{group}-")))
-                else {
-                    continue;
-                };
-                let inc = ann.get(INCARNATION).cloned().unwrap_or_default();
-                let rep = ann
-                    .get(REPORT)
-                    .and_then(|t| MemberReport::decode(t, self.s()).ok());
-                g.members.insert(name.to_owned(), (inc, rep));
-            }
-        }
-        if let Some(c) = &g.coordinator {
-            // the holder may be `name` or `name/incarnation`
-            let c = c.split('/').next().unwrap_or_default().to_owned();
-            g.coordinator = Some(c);
-        }
+        let mut g = GroupSnap::from_view(
+            GroupView::read(self.admin.clone(), &self.args.namespace, &self.args.group).await,
+        );
         for r in self.replicas.iter().filter(|r| r.alive) {
             if let Some(addr) = &r.metrics {
                 if let Ok(text) =
@@ -1015,7 +998,7 @@ impl Demo<'_> {
             report.fence_audit_violations = audit.violation_count() as u64;
             report.fenced_writes = audit.commits.len() as u64;
             report.fence_order_violations =
-                commit_order_violations(audit.commits.iter().filter_map(|c| {
+                checks::commit_order_violations(audit.commits.iter().filter_map(|c| {
                     // the demo runs no HA mirror: every token names a shard
                     Some((
                         c.token.shard()?,
@@ -1030,11 +1013,12 @@ impl Demo<'_> {
             self.refused = Some(counts);
             report.server_refused = Some(counts);
         }
-        let (log_violations, n) = fence_log_violations(&self.fence_log);
+        let text = std::fs::read_to_string(&self.fence_log).unwrap_or_default();
+        let records = checks::parse_fence_log(&text);
         if self.embedded.is_none() {
-            report.fenced_writes = n;
+            report.fenced_writes = records.len() as u64;
         }
-        report.fence_log_violations = log_violations;
+        report.fence_log_violations = checks::fence_log_violations(&records).len() as u64;
         report.fence_violations = report.fence_audit_violations
             + report.fence_order_violations
             + report.fence_log_violations;
@@ -1149,95 +1133,9 @@ fn scale_moves(
 }
 
 /// Per shard, in commit (resourceVersion) order, epochs never go back and one epoch belongs to one writer.
-fn commit_order_violations<'a>(commits: impl Iterator<Item = (u32, u64, &'a str, u64)>) -> u64 {
-    let mut per: BTreeMap<u32, Vec<(u64, u64, &'a str)>> = BTreeMap::new();
-    for (shard, epoch, who, rv) in commits {
-        per.entry(shard).or_default().push((rv, epoch, who));
-    }
-    let mut bad = 0;
-    for v in per.values_mut() {
-        v.sort_by_key(|c| c.0);
-        let mut owner_of: BTreeMap<u64, &str> = BTreeMap::new();
-        let mut highest = 0u64;
-        for (_, epoch, who) in v.iter() {
-            if *epoch < highest {
-                bad += 1;
-            }
-            highest = highest.max(*epoch);
-            match owner_of.get(epoch) {
-                Some(o) if o != who => bad += 1,
-                _ => {
-                    owner_of.insert(*epoch, who);
-                }
-            }
-        }
-    }
-    bad
-}
-
-/// The replicas' fence log: per shard, writes of different members never overlap in time, and a write
-/// that starts after another ended never carries a lower epoch. Returns (violations, records).
-fn fence_log_violations(path: &Path) -> (u64, u64) {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return (0, 0);
-    };
-    let mut per: BTreeMap<u32, Vec<(u128, u128, u64, String)>> = BTreeMap::new();
-    let mut n = 0;
-    for line in text.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() != 5 {
-            continue;
-        }
-        let (Ok(shard), Ok(epoch), Ok(start), Ok(end)) = (
-            f[1].parse::<u32>(),
-            f[2].parse::<u64>(),
-            f[3].parse::<u128>(),
-            f[4].parse::<u128>(),
-        ) else {
-            continue;
-        };
-        n += 1;
-        per.entry(shard)
-            .or_default()
-            .push((start, end, epoch, f[0].to_owned()));
-    }
-    let mut bad = 0;
-    for v in per.values_mut() {
-        v.sort();
-        for i in 0..v.len() {
-            for j in i + 1..v.len() {
-                let (a, b) = (&v[i], &v[j]);
-                // sorted by start: b starts at or after a
-                if b.0 <= a.1 && a.3 != b.3 {
-                    bad += 1;
-                }
-                if b.0 > a.1 && b.2 < a.2 {
-                    bad += 1;
-                }
-            }
-        }
-    }
-    (bad, n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn commit_order() {
-        let ok = [
-            (1, 5, "a", 10),
-            (1, 5, "a", 11),
-            (1, 7, "b", 12),
-            (2, 3, "b", 1),
-        ];
-        assert_eq!(commit_order_violations(ok.into_iter()), 0);
-        let back = [(1, 5, "a", 10), (1, 7, "b", 12), (1, 5, "a", 13)];
-        assert_eq!(commit_order_violations(back.into_iter()), 1);
-        let shared = [(1, 5, "a", 10), (1, 5, "b", 11)];
-        assert_eq!(commit_order_violations(shared.into_iter()), 1);
-    }
 
     #[test]
     fn amplification_from_the_read_index() {
