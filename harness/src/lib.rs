@@ -3,6 +3,7 @@
 //!
 //! - [`checks`]: the replicas' fence log judged by the library's fence oracle, and the per-shard commit
 //!   order;
+//! - [`group`]: a group read through the library's `GroupView`, with the sets scenarios wait on;
 //! - [`process`]: the one way to start a replica process, wait for it and signal it;
 //! - [`operator`]: the example operator's command line ([`operator::OperatorFlags`]);
 //! - [`server`]: the embedded API server served from a thread of its own, for synchronous tests;
@@ -12,6 +13,7 @@
 
 pub mod checks;
 pub mod demo;
+pub mod group;
 pub mod operator;
 pub mod process;
 pub mod server;

@@ -1,11 +1,13 @@
-//! The embedded API server (testserver) serving HTTP from a thread of its own, for tests whose clients
-//! are other processes (the CLI, replica processes) and whose own code is synchronous.
+//! The embedded API server (testserver) served over HTTP(S) as `kshard-dev testserver` serves it
+//! ([`serve`]), or from a thread of its own ([`BackgroundServer`]) for tests whose clients are other
+//! processes (the CLI, replica processes) and whose own code is synchronous.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use kube_shard_testserver::{TestServer, Transport};
+use kube_shard_testserver::{HttpServer, TestServer, Transport};
 use tokio::sync::oneshot;
 
 /// A served embedded API server; stopped when dropped.
@@ -18,13 +20,54 @@ pub struct BackgroundServer {
 }
 
 /// How to serve it.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ServeOptions {
     /// The ShardedListAndWatch gate (KEP-5866 shardSelector).
     pub shard_selector: bool,
     /// Plain HTTP instead of HTTPS (kubectl sends no token over plain HTTP).
     pub plain_http: bool,
+    /// Garbage collection and namespace finalisation (a bare kube-apiserver has neither).
+    pub controllers: bool,
+    /// Where to listen (port 0: a free one).
+    pub listen: SocketAddr,
+    /// The identity the kubeconfig's token stands for.
+    pub identity: String,
+}
+
+impl Default for ServeOptions {
+    /// Gate off, HTTPS, no controllers, a free loopback port, identity `admin`.
+    fn default() -> Self {
+        ServeOptions {
+            shard_selector: false,
+            plain_http: false,
+            controllers: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            identity: "admin".to_owned(),
+        }
+    }
+}
+
+/// Serve a fresh server as `opts` says, writing its kubeconfig to `kubeconfig` (if any) before
+/// returning; it serves until the returned pair is dropped.
+pub async fn serve(
+    opts: &ServeOptions,
+    kubeconfig: Option<&Path>,
+) -> std::io::Result<(TestServer, HttpServer)> {
+    let server = TestServer::builder()
+        .shard_selector(opts.shard_selector)
+        .controllers(opts.controllers)
+        .build();
+    let transport = if opts.plain_http {
+        Transport::PlainHttp
+    } else {
+        Transport::Https
+    };
+    let http = server.serve_http_with(opts.listen, transport).await?;
+    if let Some(path) = kubeconfig {
+        http.write_kubeconfig(path, &opts.identity)?;
+    }
+    Ok((server, http))
 }
 
 impl BackgroundServer {
@@ -37,7 +80,7 @@ impl BackgroundServer {
         let thread = std::thread::Builder::new()
             .name("testserver".into())
             .spawn(move || {
-                let served = serve(&path, opts, stop_rx, |url| {
+                let served = serve_until(&path, opts, stop_rx, |url| {
                     let _ = ready_tx.send(Ok(url));
                 });
                 if let Err(e) = served {
@@ -66,7 +109,7 @@ impl BackgroundServer {
     }
 }
 
-fn serve(
+fn serve_until(
     kubeconfig: &Path,
     opts: ServeOptions,
     stop: oneshot::Receiver<()>,
@@ -77,20 +120,9 @@ fn serve(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let server = TestServer::builder()
-            .shard_selector(opts.shard_selector)
-            .build();
-        let transport = if opts.plain_http {
-            Transport::PlainHttp
-        } else {
-            Transport::Https
-        };
-        let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let http = server.serve_http_with(loopback, transport).await?;
-        http.write_kubeconfig(kubeconfig, "admin")?;
+        let (_server, http) = serve(&opts, Some(kubeconfig)).await?;
         ready(http.url());
         let _ = stop.await;
-        drop(http);
         Ok(())
     })
 }

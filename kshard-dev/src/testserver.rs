@@ -8,7 +8,7 @@
 use std::{io::Write, net::SocketAddr, path::PathBuf};
 
 use clap::Args;
-use kube_shard_testserver::{TestServer, Transport};
+use kube_shard_harness::server::{serve, ServeOptions};
 
 use crate::DevError;
 
@@ -41,23 +41,16 @@ pub(crate) fn run(args: &TestserverArgs, out: &mut impl Write) -> Result<(), Dev
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let server = TestServer::builder()
-            .shard_selector(args.shard_selector == "on")
-            .controllers(args.controllers)
-            .build();
-        let transport = if args.plain_http {
-            Transport::PlainHttp
-        } else {
-            Transport::Https
-        };
-        let http = server.serve_http_with(args.listen, transport).await?;
-        if let Some(path) = &args.kubeconfig_out {
-            http.write_kubeconfig(path, &args.identity)?;
-        }
+        let mut opts = ServeOptions::default();
+        opts.shard_selector = args.shard_selector == "on";
+        opts.plain_http = args.plain_http;
+        opts.controllers = args.controllers;
+        opts.listen = args.listen;
+        opts.identity = args.identity.clone();
+        let (_server, http) = serve(&opts, args.kubeconfig_out.as_deref()).await?;
         writeln!(out, "serving {}", http.url())?;
         out.flush()?;
         shutdown_signal().await?;
-        drop(http);
         Ok(())
     })
 }

@@ -16,12 +16,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::ListParams;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use kube_shard::group::admin::GroupView;
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::MemberId;
 use kube_shard::testing::planner::{Member, PlanInput};
 use kube_shard::{ShardCount, ShardKey};
+pub use kube_shard_harness::group::GroupSnap;
 use kube_shard_harness::operator::{OperatorFlags, ReplicaProgram, Timings};
 use kube_shard_harness::process::{ProcessError, ProcessSignal, ReplicaProcess};
 use tokio::time::Instant;
@@ -249,24 +248,15 @@ impl Replicas {
     }
 
     /// The assignment and the member Leases, as the cluster has them now (the library's reader,
-    /// `group::admin::GroupView`; empty before the group has an assignment).
+    /// through the harness; empty before the group has an assignment).
     pub async fn snapshot(&self) -> GroupSnap {
-        let mut g = GroupSnap {
-            shards: self.shards,
-            ..GroupSnap::default()
-        };
-        if let Ok(v) = GroupView::read(self.client.clone(), &self.namespace, &self.group).await {
-            // the holder may be `name` or `name/incarnation`
-            g.coordinator = v
-                .coordinator
-                .map(|h| h.split('/').next().unwrap_or("").to_owned());
-            for m in v.members {
-                let report = m.report_error.is_none().then_some(m.report);
-                g.members.insert(m.name, (m.incarnation, report));
-            }
-            g.assignment = Some(v.assignment);
-        }
-        g
+        GroupSnap::read(
+            self.client.clone(),
+            &self.namespace,
+            &self.group,
+            self.shards,
+        )
+        .await
     }
 
     /// Poll until `cond` holds; panics with what was last seen after `limit`.
@@ -370,114 +360,19 @@ impl Drop for Replicas {
     }
 }
 
-/// The group as read from the cluster: the assignment, the member Leases, the coordinator.
-#[derive(Clone, Debug)]
-pub struct GroupSnap {
-    pub shards: ShardCount,
-    pub assignment: Option<Assignment>,
-    /// name → (incarnation, report)
-    pub members: BTreeMap<String, (String, Option<MemberReport>)>,
-    pub coordinator: Option<String>,
-}
-
-impl Default for GroupSnap {
-    fn default() -> Self {
-        GroupSnap {
-            shards: ShardCount::new(256).unwrap(),
-            assignment: None,
-            members: BTreeMap::new(),
-            coordinator: None,
-        }
-    }
-}
-
-impl GroupSnap {
-    /// Shard → owner name.
-    pub fn owners(&self) -> Vec<Option<String>> {
-        let mut v = vec![None; self.shards.get() as usize];
-        if let Some(a) = &self.assignment {
-            for (shard, sa) in &a.view.shards {
-                v[*shard as usize] = Some(sa.owner.name.to_string());
-            }
-        }
-        v
-    }
-
-    pub fn owner(&self, shard: u32) -> Option<&MemberId> {
-        self.assignment
-            .as_ref()
-            .and_then(|a| a.view.shards.get(&shard))
-            .map(|sa| &sa.owner)
-    }
-
-    pub fn epoch(&self, shard: u32) -> Option<u64> {
-        self.assignment
-            .as_ref()
-            .and_then(|a| a.view.shards.get(&shard))
-            .map(|sa| sa.epoch)
-    }
-
-    pub fn owned_by(&self, name: &str) -> BTreeSet<u32> {
-        self.assignment
-            .as_ref()
-            .map(|a| {
-                a.view
-                    .shards
-                    .iter()
-                    .filter(|(_, sa)| sa.owner.name.as_ref() == name)
-                    .map(|(s, _)| *s)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// The shards `names` admit, as published in their Leases.
-    pub fn admitted_by(&self, names: &[String]) -> BTreeSet<u32> {
-        names
-            .iter()
-            .filter_map(|n| self.members.get(n))
-            .filter_map(|(_, r)| r.as_ref())
-            .flat_map(|r| r.admitted.iter().collect::<Vec<_>>())
-            .collect()
-    }
-
-    /// The member id (name/incarnation) a Lease names.
-    pub fn member_id(&self, name: &str) -> Option<MemberId> {
-        self.members
-            .get(name)
-            .map(|(inc, _)| MemberId::new(name, inc.as_str()))
-    }
-
-    /// Settled over exactly `live`: every shard owned by a live member at its current incarnation, no
-    /// moves, every live member applied the assignment and admits exactly what it owns.
-    pub fn settled(&self, live: &[String]) -> bool {
-        let Some(a) = &self.assignment else {
-            return false;
-        };
-        if a.view.shards.len() != self.shards.get() as usize || a.moves_in_flight() != 0 {
-            return false;
-        }
-        for sa in a.view.shards.values() {
-            let name = sa.owner.name.as_ref();
-            if !live.iter().any(|l| l == name) {
-                return false;
-            }
-            match self.members.get(name) {
-                Some((inc, _)) if inc.as_str() == sa.owner.incarnation.as_ref() => {}
-                _ => return false,
-            }
-        }
-        live.iter().all(|name| {
-            let owned: kube_shard::ShardSet = self.owned_by(name).into_iter().collect();
-            matches!(self.members.get(name), Some((_, Some(r)))
-                if !owned.is_empty()
-                    && r.applied_generation == a.view.generation
-                    && r.admitted == owned)
-        })
-    }
-
+/// What the suite checks of a group beyond the harness's snapshot: where each Widget was reconciled.
+pub trait WidgetPlacement {
     /// Every Widget (`expected` of them) reconciled, by the owner of its shard, at the shard's epoch.
-    pub fn check_widgets(
+    fn check_widgets(
+        &self,
+        widgets: &[WidgetView],
+        expected: usize,
+        key: ShardKey,
+    ) -> Result<(), String>;
+}
+
+impl WidgetPlacement for GroupSnap {
+    fn check_widgets(
         &self,
         widgets: &[WidgetView],
         expected: usize,
@@ -510,33 +405,6 @@ impl GroupSnap {
             0 => Ok(()),
             n => Err(format!("{n} Widgets, e.g. {}", bad[0])),
         }
-    }
-
-    pub fn describe(&self) -> String {
-        let a = self.assignment.as_ref();
-        let members: Vec<String> = self
-            .members
-            .iter()
-            .map(|(n, (inc, r))| {
-                let owned = self.owned_by(n).len();
-                match r {
-                    Some(r) => format!(
-                        "{n}/{inc} owns {owned} admits {} applied {}",
-                        r.admitted.len(),
-                        r.applied_generation
-                    ),
-                    None => format!("{n}/{inc} owns {owned}, no report"),
-                }
-            })
-            .collect();
-        format!(
-            "generation {:?}, shards assigned {:?}, moves in flight {:?}, coordinator {:?}, members [{}]",
-            a.map(|a| a.view.generation),
-            a.map(|a| a.view.shards.len()),
-            a.map(Assignment::moves_in_flight),
-            self.coordinator,
-            members.join("; ")
-        )
     }
 }
 

@@ -41,11 +41,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kube_shard::group::admin::{AdminError, GroupView};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::group::report::MemberReport;
 use kube_shard::ownership::MemberId;
-use kube_shard::{fnv1a64, ShardCount, ShardKey, ShardSet};
+use kube_shard::{fnv1a64, ShardCount, ShardKey};
 use kube_shard_example_operator::widget::{self, Widget, WidgetSpec};
 use kube_shard_testserver::{HttpServer, ResourceFilter, TestServer};
 use serde::Serialize;
@@ -53,9 +51,9 @@ use tokio::time::Instant;
 
 pub use self::error::DemoError;
 pub use self::refusals::Counts as RefusalCounts;
-use crate::checks;
 use crate::operator::{OperatorFlags, ReplicaProgram, Timings};
 use crate::process::ReplicaProcess;
+use crate::{checks, group};
 
 /// Demo timings (lease 5 s, renew deadline 3.5 s, retry 0.5 s, takeover grace 0.5 s).
 const TIMINGS: Timings = Timings::DEMO;
@@ -194,102 +192,18 @@ pub(crate) struct Demo<'a> {
     refused: Option<refusals::Counts>,
 }
 
-/// A poll of the group: the assignment, the member Leases, the coordinator.
-#[derive(Default, Clone)]
+/// A poll of the group (through the library's reader) and of the replicas' reconcile counters.
+#[derive(Clone)]
 pub(crate) struct GroupSnap {
-    pub(crate) assignment: Option<Assignment>,
-    /// name → (incarnation, report)
-    pub(crate) members: BTreeMap<String, (String, Option<MemberReport>)>,
-    pub(crate) coordinator: Option<String>,
+    pub(crate) group: group::GroupSnap,
     /// name → reconciles (scraped)
     pub(crate) reconciles: BTreeMap<String, u64>,
 }
 
-impl GroupSnap {
-    /// The group as the library's reader (`group::admin`) gives it; empty before the group has an
-    /// assignment (or when it cannot be read).
-    fn from_view(view: Result<GroupView, AdminError>) -> Self {
-        let mut g = GroupSnap::default();
-        if let Ok(v) = view {
-            // the holder may be `name` or `name/incarnation`
-            g.coordinator = v
-                .coordinator
-                .map(|c| c.split('/').next().unwrap_or_default().to_owned());
-            for m in v.members {
-                let report = m.report_error.is_none().then_some(m.report);
-                g.members.insert(m.name, (m.incarnation, report));
-            }
-            g.assignment = Some(v.assignment);
-        }
-        g
-    }
-
-    /// Shard → owner name.
-    pub(crate) fn owners(&self, s: ShardCount) -> Vec<Option<String>> {
-        let mut v = vec![None; s.get() as usize];
-        if let Some(a) = &self.assignment {
-            for (shard, sa) in &a.view.shards {
-                v[*shard as usize] = Some(sa.owner.name.to_string());
-            }
-        }
-        v
-    }
-
-    fn owned_by(&self, name: &str) -> ShardSet {
-        self.assignment
-            .as_ref()
-            .map(|a| {
-                a.view
-                    .shards
-                    .iter()
-                    .filter(|(_, sa)| sa.owner.name.as_ref() == name)
-                    .map(|(s, _)| *s)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn admitted_by(&self, names: &[String]) -> BTreeSet<u32> {
-        names
-            .iter()
-            .filter_map(|n| self.members.get(n))
-            .filter_map(|(_, r)| r.as_ref())
-            .flat_map(|r| r.admitted.iter().collect::<Vec<_>>())
-            .collect()
-    }
-
-    /// Settled over exactly `live`: every shard owned by a live member at its current incarnation, no
-    /// moves, every live member applied the assignment and admits exactly what it owns.
-    fn settled(&self, live: &[String], s: ShardCount) -> bool {
-        let Some(a) = &self.assignment else {
-            return false;
-        };
-        if a.view.shards.len() != s.get() as usize || a.moves_in_flight() != 0 {
-            return false;
-        }
-        for sa in a.view.shards.values() {
-            let name = sa.owner.name.as_ref();
-            if !live.iter().any(|l| l == name) {
-                return false;
-            }
-            match self.members.get(name) {
-                Some((inc, _)) if inc.as_str() == sa.owner.incarnation.as_ref() => {}
-                _ => return false,
-            }
-        }
-        for name in live {
-            let owned = self.owned_by(name);
-            if owned.is_empty() && (s.get() as usize) >= live.len() {
-                return false;
-            }
-            let Some((_, Some(r))) = self.members.get(name) else {
-                return false;
-            };
-            if r.applied_generation != a.view.generation || r.admitted != owned {
-                return false;
-            }
-        }
-        true
+impl std::ops::Deref for GroupSnap {
+    type Target = group::GroupSnap;
+    fn deref(&self) -> &group::GroupSnap {
+        &self.group
     }
 }
 
@@ -424,8 +338,8 @@ impl Demo<'_> {
             self.spawn_replica(i).await?;
         }
         let live = self.live();
-        self.wait("the group settles", Duration::from_secs(60), |d, g| {
-            g.settled(&live, d.s())
+        self.wait("the group settles", Duration::from_secs(60), |_, g| {
+            g.settled(&live)
         })
         .await?;
         self.set_phase("waiting until every Widget is reconciled");
@@ -449,7 +363,7 @@ impl Demo<'_> {
         self.wait(
             "the group settles after scaling",
             Duration::from_secs(90),
-            |d, g| g.settled(&live, d.s()),
+            |_, g| g.settled(&live),
         )
         .await?;
         let after = self.snapshot().await;
@@ -465,7 +379,7 @@ impl Demo<'_> {
             .position(|r| r.alive && Some(&r.name) != coordinator.as_ref())
             .unwrap_or(0);
         let victim = self.replicas[victim_idx].name.clone();
-        let victim_shards: Vec<u32> = after.owned_by(&victim).iter().collect();
+        let victim_shards: Vec<u32> = after.owned_by(&victim).into_iter().collect();
         self.set_phase(&format!(
             "SIGKILL {victim} ({} shards) under load",
             victim_shards.len()
@@ -494,7 +408,7 @@ impl Demo<'_> {
         self.wait(
             "the group settles after the kill",
             Duration::from_secs(90),
-            |d, g| g.settled(&live, d.s()),
+            |_, g| g.settled(&live),
         )
         .await?;
 
@@ -503,7 +417,7 @@ impl Demo<'_> {
         let _ = writer.await;
         let snap = self.snapshot().await;
         let live = self.live();
-        report.unowned_shards_after_settle = if snap.settled(&live, s) {
+        report.unowned_shards_after_settle = if snap.settled(&live) {
             let admitted = snap.admitted_by(&live);
             (0..s.get()).filter(|x| !admitted.contains(x)).count() as u64
         } else {
@@ -728,9 +642,17 @@ impl Demo<'_> {
 
     /// Poll the group (assignment, leases, coordinator, replica metrics).
     pub(crate) async fn snapshot(&self) -> GroupSnap {
-        let mut g = GroupSnap::from_view(
-            GroupView::read(self.admin.clone(), &self.args.namespace, &self.args.group).await,
-        );
+        let group = group::GroupSnap::read(
+            self.admin.clone(),
+            &self.args.namespace,
+            &self.args.group,
+            self.s(),
+        )
+        .await;
+        let mut g = GroupSnap {
+            group,
+            reconciles: BTreeMap::new(),
+        };
         for r in self.replicas.iter().filter(|r| r.alive) {
             if let Some(addr) = &r.metrics {
                 if let Ok(text) =
@@ -896,8 +818,8 @@ impl Demo<'_> {
     ) -> Result<(Vec<f64>, Vec<Option<f64>>, String), DemoError> {
         let live = self.live();
         let g0 = self
-            .wait("a settled window", Duration::from_secs(60), |d, g| {
-                g.settled(&live, d.s())
+            .wait("a settled window", Duration::from_secs(60), |_, g| {
+                g.settled(&live)
             })
             .await?;
         let gen0 = g0.assignment.as_ref().map(|a| a.view.generation);
@@ -941,7 +863,7 @@ impl Demo<'_> {
         for (i, (r, acc)) in self.replicas.iter().zip(&accounts).enumerate() {
             let owned: u64 = g1
                 .owned_by(&r.name)
-                .iter()
+                .into_iter()
                 .map(|sh| self.per_shard[sh as usize])
                 .sum();
             fractions.push(round4(owned as f64 / n.max(1) as f64));
@@ -1112,8 +1034,8 @@ fn scale_moves(
     s: ShardCount,
     live: &[String],
 ) -> (u64, u64) {
-    let b = before.owners(s);
-    let a = after.owners(s);
+    let b = before.owners();
+    let a = after.owners();
     let moved = b.iter().zip(&a).filter(|(x, y)| x != y).count() as u64;
     let ids: Vec<MemberId> = live
         .iter()

@@ -22,7 +22,7 @@ fn index_of(name: &str) -> usize {
 
 pub(super) fn render(d: &Demo<'_>, g: &GroupSnap) -> String {
     let s = d.s();
-    let owners = g.owners(s);
+    let owners = g.owners();
     let moving: Vec<bool> = (0..s.get())
         .map(|sh| {
             g.assignment.as_ref().is_some_and(|a| {

@@ -3,12 +3,6 @@
 //! harness crate's tests (`kube_shard_harness::demo`).
 
 use std::process::Command;
-use std::sync::Mutex;
-
-use serde_json::Value;
-
-/// The demos start replica processes with real-time leases: run them one at a time.
-pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The fields of the report, as they were before the scenario moved into the harness.
 const FIELDS: [&str; 24] = [
@@ -40,20 +34,8 @@ const FIELDS: [&str; 24] = [
 
 #[test]
 fn demo_prints_one_json_object_and_exits_by_its_verdict() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
-        .args(["demo", "--json", "--objects", "200", "--replicas", "2"])
-        .output()
-        .expect("run kshard-dev demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "exactly one JSON object on stdout:\n{stdout}\n{stderr}"
-    );
-    let v: Value = serde_json::from_str(lines[0]).expect("JSON");
+    let (out, v, stderr) =
+        crate::one_json(&["demo", "--json", "--objects", "200", "--replicas", "2"]);
     for f in FIELDS {
         assert!(v.get(f).is_some(), "field {f} missing: {v}");
     }

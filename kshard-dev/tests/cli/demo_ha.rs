@@ -7,24 +7,12 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn run(extra: &[&str]) -> (Output, Value) {
-    let _guard = crate::demo::SERIAL
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_kshard-dev"))
-        .args(["demo", "ha", "--json", "--quick", "--objects", "100"])
-        .args(extra)
-        .output()
-        .expect("run kshard-dev demo ha");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "exactly one JSON object on stdout:\n{stdout}\n{stderr}"
-    );
-    let v: Value = serde_json::from_str(lines[0]).expect("JSON");
-    eprintln!("kshard-dev demo ha {extra:?}: {v}");
+    let args = [
+        &["demo", "ha", "--json", "--quick", "--objects", "100"],
+        extra,
+    ]
+    .concat();
+    let (out, v, _) = crate::one_json(&args);
     (out, v)
 }
 
