@@ -278,6 +278,7 @@ pub struct Applied {
     pub ignored: bool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// The input of one step: an assignment view or a local event.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -361,6 +362,7 @@ impl MemberState {
         self.generation
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// How many views were ignored for an older or equal generation.
     #[must_use]
     pub fn ignored_views(&self) -> u64 {
@@ -439,6 +441,7 @@ impl MemberState {
         acks
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// Apply one input. This is the whole transition function.
     pub fn apply(&mut self, input: &Input) -> Applied {
         match input {
