@@ -56,7 +56,7 @@ use tokio::time::Instant;
 
 use support::fences::Recorder;
 use support::replicas::{
-    moved, observable_failover_bound, optimal_moves, planner_moves, Replicas, LEASE, RENEW_DEADLINE,
+    observable_failover_bound, planner_moves, Replicas, LEASE, RENEW_DEADLINE,
 };
 use support::{
     check_children, client, create_widgets, drop_namespace, install_widgets, kshard_binary,
@@ -607,10 +607,12 @@ async fn scale_3_4_3_moves_the_planners_optimum() {
             group.assignments.index_of(gen(a)).await,
         );
         let (moves, versions) = group.assignments.moves(i, j);
-        let optimum = optimal_moves(b, &members);
+        let optimum = b
+            .optimal_moves(&members)
+            .expect("an optimum for a valid group");
         let planned = planner_moves(b, a, &members, &leaving);
         figures.push(serde_json::json!({
-            "scale": what, "moved": moves, "moved_endpoints": moved(b, a), "optimal": optimum,
+            "scale": what, "moved": moves, "moved_endpoints": b.moved(a), "optimal": optimum,
             "planner": planned, "assignment_versions": versions, "settled_seconds": secs(took),
         }));
         assert_eq!(

@@ -120,6 +120,32 @@ impl GroupSnap {
             .map(|(inc, _)| MemberId::new(name, inc.as_str()))
     }
 
+    /// Shards whose owner (by name) differs in `after`.
+    #[must_use]
+    pub fn moved(&self, after: &GroupSnap) -> u64 {
+        let b = self.owners();
+        b.iter()
+            .zip(after.owners())
+            .filter(|(b, a)| **b != *a)
+            .count() as u64
+    }
+
+    /// The least any plan must move from these owners to the members `next` (equal weights): the
+    /// library's [`optimal_moves`](kube_shard::group::optimal_moves), counting the shards of members not
+    /// in `next` and unowned shards. `None` when the library finds no optimum for the input.
+    #[must_use]
+    pub fn optimal_moves(&self, next: &[String]) -> Option<u64> {
+        let ids: Vec<MemberId> = next
+            .iter()
+            .map(|n| {
+                self.member_id(n)
+                    .unwrap_or_else(|| MemberId::new(n.as_str(), "joining"))
+            })
+            .collect();
+        let owners = self.assignment.iter().flat_map(Assignment::owners);
+        kube_shard::group::optimal_moves(self.shards, owners, ids.iter().map(|m| (m, 1)))
+    }
+
     /// Settled over exactly `live`: every shard owned by a live member at its current incarnation, no
     /// moves, every live member applied the assignment and admits exactly what it owns (and owns
     /// something, when there are at least as many shards as members).

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+pub use rustix::process::Signal as ProcessSignal;
 use rustix::process::{kill_process, Pid, Signal};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -48,9 +49,15 @@ pub enum ProcessError {
         name: String,
         source: std::io::Error,
     },
-    /// It did not exit within the limit after SIGTERM.
-    #[error("{name} did not exit within {within:?} of SIGTERM")]
+    /// It did not exit within the limit.
+    #[error("{name} did not exit within {within:?}")]
     NoExit { name: String, within: Duration },
+    /// Waiting for its exit failed.
+    #[error("waiting for {name}: {source}")]
+    Wait {
+        name: String,
+        source: std::io::Error,
+    },
 }
 
 /// A command line for a replica process.
@@ -105,7 +112,6 @@ impl Launch {
 pub struct ReplicaProcess {
     name: String,
     child: Child,
-    pid: Option<u32>,
     metrics: Option<String>,
     log: PathBuf,
 }
@@ -185,7 +191,6 @@ impl ReplicaProcess {
             })?;
         Ok(ReplicaProcess {
             name: name.to_owned(),
-            pid: child.id(),
             child,
             metrics: None,
             log: log.to_owned(),
@@ -212,12 +217,13 @@ impl ReplicaProcess {
         &self.log
     }
 
-    /// Send `signal` (TERM, STOP, CONT, ...).
+    /// Send `signal` (TERM, STOP, CONT, ...); refused once the process has been reaped (its pid may
+    /// belong to another process by then).
     pub fn signal(&self, signal: Signal) -> Result<(), ProcessError> {
         let exited = || ProcessError::Exited {
             name: self.name.clone(),
         };
-        let pid = self.child.id().or(self.pid).ok_or_else(exited)?;
+        let pid = self.child.id().ok_or_else(exited)?;
         let pid = Pid::from_raw(pid as i32).ok_or_else(exited)?;
         kill_process(pid, signal).map_err(|e| ProcessError::Signal {
             name: self.name.clone(),
@@ -239,15 +245,16 @@ impl ReplicaProcess {
 
     /// Wait up to `within` for the exit.
     pub async fn wait(&mut self, within: Duration) -> Result<ExitStatus, ProcessError> {
-        let no_exit = || ProcessError::NoExit {
-            name: self.name.clone(),
-            within,
-        };
         match tokio::time::timeout(within, self.child.wait()).await {
             Ok(Ok(status)) => Ok(status),
-            Ok(Err(_)) | Err(_) => Err(no_exit()),
+            Ok(Err(source)) => Err(ProcessError::Wait {
+                name: self.name.clone(),
+                source,
+            }),
+            Err(_) => Err(ProcessError::NoExit {
+                name: self.name.clone(),
+                within,
+            }),
         }
     }
 }
-
-pub use rustix::process::Signal as ProcessSignal;

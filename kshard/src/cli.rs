@@ -26,13 +26,13 @@ enum Command {
     #[command(hide = true)]
     Operator(Box<crate::operator::OperatorArgs>),
     /// Developer tool (`kshard-dev demo`): run when `kshard-dev` is installed beside `kshard`.
-    #[command(hide = true)]
+    #[command(hide = true, disable_help_flag = true)]
     Demo(crate::dev::Forwarded),
     /// Developer tool (`kshard-dev testserver`): run when `kshard-dev` is installed beside `kshard`.
-    #[command(hide = true)]
+    #[command(hide = true, disable_help_flag = true)]
     Testserver(crate::dev::Forwarded),
     /// Developer tool (`kshard-dev bench`): run when `kshard-dev` is installed beside `kshard`.
-    #[command(hide = true)]
+    #[command(hide = true, disable_help_flag = true)]
     Bench(crate::dev::Forwarded),
     /// Show a live shard group: members, coordinator, generation, moves, unowned shards, the ring.
     Status(crate::ops::GroupArgs),

@@ -1,9 +1,10 @@
-//! `kshard operator`: the example sharded operator (hidden subcommand; `kshard-dev demo` re-executes its own
-//! binary with it for each replica). Its start-up is the library function
-//! `kube_shard_example_operator::run`; this module maps its errors and lends the CLI its kube-config loading.
+//! `kshard operator`: the example sharded operator (a hidden subcommand; the example's Deployment in
+//! `deploy/` runs it, and the CLI and e2e tests start it as replica processes). Its start-up is the library
+//! function `kube_shard_example_operator::run` (`kshard-dev operator` runs the same); this module also lends
+//! the CLI its kube-config loading.
 //!
-//! Output contract (for `kshard-dev demo`): with `--metrics-addr`, the first stdout line is
-//! `metrics http://ADDR` once the endpoint listens (`/metrics`, `/healthz`, `/readyz`).
+//! Output contract: with `--metrics-addr`, the first stdout line is `metrics http://ADDR` once the
+//! endpoint listens (`/metrics`, `/healthz`, `/readyz`).
 
 use std::path::Path;
 

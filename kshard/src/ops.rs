@@ -476,7 +476,7 @@ async fn read_object(
     client: Client,
     kind: &str,
     object: &str,
-) -> Result<(String, Option<String>, String, DynamicObject), CliError> {
+) -> Result<(String, Option<String>, String, DynamicObject), ExplainError> {
     let discovery = kube::discovery::Discovery::new(client.clone())
         .run()
         .await
@@ -498,8 +498,8 @@ async fn read_object(
     let api: Api<DynamicObject> = match (&ns, caps.scope) {
         (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client, ns, &ar),
         (None, kube::discovery::Scope::Cluster) => Api::all_with(client, &ar),
-        (None, _) => return Err(ExplainError::Namespaced(ar.kind).into()),
-        (Some(_), _) => return Err(ExplainError::ClusterScoped(ar.kind).into()),
+        (None, _) => return Err(ExplainError::Namespaced(ar.kind)),
+        (Some(_), _) => return Err(ExplainError::ClusterScoped(ar.kind)),
     };
     let obj = api.get(&name).await.map_err(|source| ExplainError::Read {
         object: object.to_owned(),

@@ -408,33 +408,6 @@ impl WidgetPlacement for GroupSnap {
     }
 }
 
-/// Shards whose owner (by name) differs.
-pub fn moved(before: &GroupSnap, after: &GroupSnap) -> u64 {
-    before
-        .owners()
-        .iter()
-        .zip(after.owners())
-        .filter(|(b, a)| **b != *a)
-        .count() as u64
-}
-
-/// The optimum from the owners `before` to the members `next` (equal weights): the library's own
-/// ([`kube_shard::group::optimal_moves`], the planner's quotas), counting the shards of members not in
-/// `next` and unowned shards, which must move whatever the plan.
-pub fn optimal_moves(before: &GroupSnap, next: &[String]) -> u64 {
-    let ids: Vec<MemberId> = next
-        .iter()
-        .map(|n| {
-            before
-                .member_id(n)
-                .unwrap_or_else(|| MemberId::new(n.as_str(), "joining"))
-        })
-        .collect();
-    let owners = before.assignment.iter().flat_map(Assignment::owners);
-    kube_shard::group::optimal_moves(before.shards, owners, ids.iter().map(|m| (m, 1)))
-        .expect("an optimum for a valid group")
-}
-
 /// The moves the planner itself makes from the owners `before` to the members `next` (by name, at their
 /// incarnation in `after`); `leaving` members are still present, marked leaving.
 pub fn planner_moves(

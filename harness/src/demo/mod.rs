@@ -1,8 +1,8 @@
-//! `kshard-dev demo`: the sharded example operator, end to end, in one command.
+//! The demo (`kshard-dev demo`): the sharded example operator, end to end.
 //!
 //! By default it starts kube-shard's embedded API server (testserver) over HTTP on 127.0.0.1, installs the
-//! Widget CRD, creates `--objects` Widgets and starts `--replicas` replica processes (this binary, re-run
-//! as `kshard operator ...`, each with its own kubeconfig identity). Then:
+//! Widget CRD, creates `objects` Widgets and starts `replicas` replica processes (the options' replica
+//! program: `kshard-dev operator`, `kube-shard-replica`; each with its own kubeconfig identity). Then:
 //!
 //! 1. waits until every Widget is reconciled (`status.observedGeneration == metadata.generation`);
 //! 2. starts a writer that keeps changing Widget specs until the end;
@@ -23,8 +23,7 @@
 //! the writes it refused (`refusals`): of members that had lost the shard, and of current owners — an
 //! invariant: none.
 //!
-//! Output contract: with `--json`, exactly one JSON object on stdout at the end (progress goes to stderr);
-//! the exit code is 0 only when every invariant held.
+//! [`run`] returns the report ([`DemoReport`]); a violated invariant is in it, not an error.
 
 mod error;
 pub mod ha;
@@ -42,7 +41,6 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_shard::group::assignment::{Assignment, DATA_KEY};
-use kube_shard::ownership::MemberId;
 use kube_shard::{fnv1a64, ShardCount, ShardKey};
 use kube_shard_example_operator::widget::{self, Widget, WidgetSpec};
 use kube_shard_testserver::{HttpServer, ResourceFilter, TestServer};
@@ -61,8 +59,8 @@ const LEASE: Duration = TIMINGS.lease;
 const GRACE: Duration = TIMINGS.takeover_grace;
 const RETRY: Duration = TIMINGS.retry;
 
-/// What the demo runs (`kshard-dev demo`'s flags; [`Default`] gives the CLI's defaults but a replica
-/// program, which the caller names).
+/// What the demo runs (`kshard-dev demo`'s flags; [`new`](Self::new) gives the CLI's defaults with the
+/// replica program the caller names).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct DemoOptions {
@@ -150,17 +148,10 @@ pub struct DemoReport {
     pub failures: Vec<String>,
 }
 
-/// Run the demo to its verdict: `Ok` with the report whether or not the invariants held (see
-/// [`DemoReport::invariants_held`]); `Err` only when it could not run.
-pub async fn run(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
-    demo(opts).await
-}
-
 /// One replica process.
 struct Replica {
     name: String,
     process: ReplicaProcess,
-    metrics: Option<String>,
     alive: bool,
 }
 
@@ -207,7 +198,9 @@ impl std::ops::Deref for GroupSnap {
     }
 }
 
-async fn demo(args: &DemoOptions) -> Result<DemoReport, DemoError> {
+/// Run the demo to its verdict: `Ok` with the report whether or not the invariants held (see
+/// [`DemoReport::invariants_held`]); `Err` only when it could not run.
+pub async fn run(args: &DemoOptions) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("kshard-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -367,7 +360,10 @@ impl Demo<'_> {
         )
         .await?;
         let after = self.snapshot().await;
-        let (moved, optimal) = scale_moves(&before, &after, s, &self.live());
+        let (moved, optimal) = (
+            before.moved(&after),
+            before.optimal_moves(&self.live()).unwrap_or(u64::MAX),
+        );
         report.scale_moved_shards = moved;
         report.scale_optimal_moved_shards = optimal;
 
@@ -523,7 +519,7 @@ impl Demo<'_> {
         }
         for r in &self.replicas {
             lines.push(format!("  process {}: alive {}", r.name, r.alive));
-            if let (true, Some(addr)) = (r.alive, &r.metrics) {
+            if let (true, Some(addr)) = (r.alive, r.process.metrics_addr()) {
                 if let Ok(text) =
                     kube_shard_example_operator::run::http::get(addr, "/metrics").await
                 {
@@ -617,7 +613,6 @@ impl Demo<'_> {
         let process = ReplicaProcess::start(&name, &launch, &log, Duration::from_secs(30)).await?;
         self.replicas.push(Replica {
             name,
-            metrics: process.metrics_addr().map(str::to_owned),
             process,
             alive: true,
         });
@@ -654,7 +649,7 @@ impl Demo<'_> {
             reconciles: BTreeMap::new(),
         };
         for r in self.replicas.iter().filter(|r| r.alive) {
-            if let Some(addr) = &r.metrics {
+            if let Some(addr) = r.process.metrics_addr() {
                 if let Ok(text) =
                     kube_shard_example_operator::run::http::get(addr, "/metrics").await
                 {
@@ -870,7 +865,7 @@ impl Demo<'_> {
             // distinct Widgets delivered (the embedded server's accounting, else the replica's index)
             let delivered = acc.or(held[i]);
             amps.push(delivered.map(|d| per_owned(d, owned)));
-            if let Some(addr) = &r.metrics {
+            if let Some(addr) = r.process.metrics_addr() {
                 if let Ok(text) =
                     kube_shard_example_operator::run::http::get(addr, "/metrics").await
                 {
@@ -903,7 +898,7 @@ impl Demo<'_> {
     async fn indexed_widgets(&self) -> Vec<Option<u64>> {
         let mut out = Vec::new();
         for r in &self.replicas {
-            let text = match (&r.metrics, r.alive) {
+            let text = match (r.process.metrics_addr(), r.alive) {
                 (Some(addr), true) => kube_shard_example_operator::run::http::get(addr, "/metrics")
                     .await
                     .ok(),
@@ -1026,35 +1021,6 @@ fn per_owned(delivered: u64, owned: u64) -> f64 {
     }
 }
 
-/// Shards whose owner changed between `before` and `after`, and the least any plan must move from the
-/// owners `before` to the `live` members (the library's optimum, equal weights).
-fn scale_moves(
-    before: &GroupSnap,
-    after: &GroupSnap,
-    s: ShardCount,
-    live: &[String],
-) -> (u64, u64) {
-    let b = before.owners();
-    let a = after.owners();
-    let moved = b.iter().zip(&a).filter(|(x, y)| x != y).count() as u64;
-    let ids: Vec<MemberId> = live
-        .iter()
-        .map(|n| {
-            let inc = before
-                .members
-                .get(n)
-                .or_else(|| after.members.get(n))
-                .map_or("joining", |(inc, _)| inc.as_str());
-            MemberId::new(n.as_str(), inc)
-        })
-        .collect();
-    let owners = before.assignment.iter().flat_map(Assignment::owners);
-    let optimal =
-        kube_shard::group::optimal_moves(s, owners, ids.iter().map(|m| (m, 1))).unwrap_or(u64::MAX);
-    (moved, optimal)
-}
-
-/// Per shard, in commit (resourceVersion) order, epochs never go back and one epoch belongs to one writer.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,4 @@
-//! `kshard-dev demo ha`: cross-cluster Active/Standby (HA.md) end to end, in one command.
+//! The HA demo (`kshard-dev demo ha`): cross-cluster Active/Standby (HA.md) end to end.
 //!
 //! Two embedded API servers (in-process, resourceVersion counters far apart) are clusters `a` and `b`,
 //! each with the Widget CRD. Per cluster the HA participants run as tasks of this process: the elector
@@ -24,8 +24,7 @@
 //! interval and status write is recorded by (cluster, failover epoch) on one clock (`measure`): the
 //! time two clusters admitted at once and the writes accepted under a lower epoch must both be 0.
 //!
-//! Output contract (as `kshard-dev demo`): with `--json`, exactly one JSON object on stdout at the end
-//! (progress to stderr); the exit code is 0 only when every invariant held.
+//! [`run`] returns the report ([`HaDemoReport`]); a violated invariant is in it, not an error.
 
 mod lag;
 mod measure;
@@ -186,7 +185,7 @@ pub struct HaDemoReport {
 /// [`HaDemoReport::invariants_held`]); `Err` only for bad options.
 pub async fn run(opts: &HaDemoOptions) -> Result<HaDemoReport, DemoError> {
     opts.validate()?;
-    Ok(demo(opts, opts.real.clone()).await)
+    Ok(demo(opts).await)
 }
 
 /// What the live view shows, shared with its task.
@@ -221,8 +220,9 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
-async fn demo(args: &HaDemoOptions, real: Option<(PathBuf, PathBuf)>) -> HaDemoReport {
+async fn demo(args: &HaDemoOptions) -> HaDemoReport {
     let started = Instant::now();
+    let real = args.real.clone();
     let ns = match (&args.namespace, &real) {
         (Some(ns), _) => ns.clone(),
         (None, None) => "kshard-demo-ha".into(),
