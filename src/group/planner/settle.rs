@@ -66,7 +66,7 @@ struct Seen {
 /// passes in (no clock is read here).
 ///
 /// The coordinator calls [`observe`](Self::observe) with the live members every time it looks at
-/// membership, plans only when [`ready_to_plan`](Self::ready_to_plan), sets [`Member::joining`] from
+/// membership, plans only when [`ready_to_plan`](Self::ready_to_plan), sets [`Member::joining`](super::Member::joining) from
 /// [`is_joining`](Self::is_joining), calls [`mark_planned`](Self::mark_planned) after its first plan (or at
 /// once when it found an existing assignment), and wakes up again at [`next_deadline`](Self::next_deadline).
 ///
@@ -170,7 +170,7 @@ impl Settle {
         self.planned
     }
 
-    /// Whether `member`'s join is still being debounced at `now` (set [`Member::joining`] from this).
+    /// Whether `member`'s join is still being debounced at `now` (set [`Member::joining`](super::Member::joining) from this).
     /// Before the first plan nobody is joining (the first plan takes everyone); a member never observed
     /// counts as joining.
     #[must_use]
