@@ -59,7 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let sharded = ShardedWatcher::new(api, watcher::Config::default(), ownership.clone())
             .name(identity.clone())
             .build_reflector();
-        let store = sharded.store.clone().expect("a reflector has a store");
+        let store = sharded.store.clone();
         let reconciled = Arc::new(AtomicUsize::new(0));
         counters.push((identity, reconciled.clone(), sharded.stats.clone()));
         let controller = Controller::for_stream(sharded.events.applied_objects(), store)

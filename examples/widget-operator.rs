@@ -208,12 +208,12 @@ async fn start_member(
     let ctx = Arc::new(Ctx {
         client,
         name: name.to_owned(),
-        children: children.store.clone().ok_or("a reflector has a store")?,
+        children: children.store.clone(),
         reconciles: AtomicU64::new(0),
         retries: AtomicU64::new(0),
         singleton_term: AtomicU64::new(0),
     });
-    let store = widgets.store.clone().ok_or("a reflector has a store")?;
+    let store = widgets.store.clone();
     let controller = Controller::for_stream(widgets.events.applied_objects(), store)
         .owns_stream(children.events.touched_objects())
         .reconcile_on(widgets.reenqueue) // every Widget of a shard that became ours
@@ -247,7 +247,7 @@ enum ReconcileError {
 async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, ReconcileError> {
     ctx.reconciles.fetch_add(1, Relaxed);
     let m = &w.metadata;
-    let (Some(name), Some(ns), Some(uid), Some(rv)) =
+    let (Some(name), Some(ns), Some(_), Some(_)) =
         (&m.name, &m.namespace, &m.uid, &m.resource_version)
     else {
         return Err(ReconcileError::Incomplete);
@@ -268,7 +268,7 @@ async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, 
             child.data = Some(data);
             match cms.create(&permit.fence()?, &child).await {
                 // created before and not in our cache yet: its watch event triggers us again
-                Err(e) if e.is_conflict() => {}
+                Err(e) if e.is_already_exists() => {}
                 Err(e) => return Err(e.into()),
                 Ok(_) => {}
             }
@@ -276,7 +276,7 @@ async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, 
         Some(child) if child.data.as_ref() != Some(&data) => {
             let mut child = (*child).clone(); // its uid and resourceVersion are the preconditions
             child.data = Some(data);
-            cms.replace(&permit.fence()?, &child_name, &child).await?;
+            cms.replace(&permit, &child).await?;
         }
         Some(_) => {}
     }
@@ -291,7 +291,7 @@ async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, 
     if w.status.as_ref() != Some(&want) {
         let widgets = FencedApi::new(Api::<Widget>::namespaced(ctx.client.clone(), ns));
         let patch = json!({ "status": want });
-        widgets.patch_status(&fence, name, uid, rv, &patch).await?;
+        widgets.patch_status(&fence, w.as_ref(), &patch).await?;
     }
     Ok(Action::await_change())
 }

@@ -4,8 +4,10 @@
 //! the objects, by logical shards of the FNV-1a hash space, read through KEP-5866 `shardSelector` list/watch.
 //!
 //! ## Start here
+//! - [`Controller`]: kube-runtime's controller over this member's shards, everything wired (the quickstart).
 //! - [`ShardGroup::builder`] → [`ShardGroupBuilder`] → [`ShardGroup::start`] → [`GroupHandle`]: join a group.
-//! - [`watcher()`], [`metadata_watcher()`], [`reflector()`], [`ShardedWatcher`]: read only the member's shards.
+//! - [`watcher()`], [`metadata_watcher()`], [`reflector()`], [`ShardedWatcher`]: read only the member's shards
+//!   (each returns its re-enqueue stream too); [`gained()`] for admission only.
 //! - [`reconcile::wrap`], [`wrap_fenced`](reconcile::wrap_fenced): admit by ownership ([`Permit`], [`AdmitError`]).
 //! - [`Fence`], [`FencedApi`]: writes a deposed owner can no longer make ([`FenceError`]).
 //! - [`Leadership`] / [`SingletonGuard`]: work that runs once per group.
@@ -71,6 +73,7 @@ mod yaml;
 
 pub mod rt;
 
+pub mod controller;
 pub mod group;
 pub mod ownership;
 pub mod watcher;
@@ -90,6 +93,7 @@ pub use token::{FenceToken, TokenError};
 
 pub use rt::jitter;
 
+pub use controller::Controller;
 pub use group::{
     GroupError, GroupHandle, Leadership, ShardGroup, ShardGroupBuilder, SingletonGuard,
 };
@@ -98,5 +102,6 @@ pub use ownership::fenced_write::FencedApi;
 pub use ownership::{fenced_write, reconcile};
 pub use ownership::{AdmitError, Fence, FenceError, Ownership, OwnershipConfig, Permit};
 pub use watcher::{
-    dependent_reflector, dependent_watcher, metadata_watcher, reflector, watcher, ShardedWatcher,
+    dependent_reflector, dependent_watcher, gained, metadata_watcher, reflector, watcher,
+    ShardedWatcher,
 };

@@ -27,7 +27,7 @@ pub(crate) struct Member {
     pub(crate) reader: String,
     pub(crate) group: GroupHandle,
     pub(crate) stats: WatcherStats,
-    pub(crate) store: Option<Store<DynamicObject>>,
+    pub(crate) store: Store<DynamicObject>,
     tasks: Vec<JoinHandle<()>>,
 }
 

@@ -121,7 +121,7 @@ fn reads(server: &TestServer, members: &[Member], shards: &[u32]) -> Vec<Replica
                 owned: owned_objects(shards, &m.group.status().owned),
                 delivered: acc.distinct_uids,
                 bytes: acc.bytes_written,
-                held: m.store.as_ref().map_or(0, |st| st.state().len() as u64),
+                held: m.store.state().len() as u64,
             }
         })
         .collect()
@@ -208,7 +208,7 @@ async fn fixed(server: &TestServer, n: usize) -> Result<Vec<Replica>, BenchError
         || {
             running.iter().all(|(_, owned, stats, store, _)| {
                 stats.initialized()
-                    && store.as_ref().map_or(0, |st| st.state().len() as u64)
+                    && store.state().len() as u64
                         >= owned_objects(&shards, owned)
             })
         },
@@ -222,7 +222,7 @@ async fn fixed(server: &TestServer, n: usize) -> Result<Vec<Replica>, BenchError
             owned: owned_objects(&shards, &owned),
             delivered: acc.distinct_uids,
             bytes: acc.bytes_written,
-            held: store.map_or(0, |st| st.state().len() as u64),
+            held: store.state().len() as u64,
         });
     }
     Ok(out)

@@ -124,7 +124,7 @@ pub async fn serve(
             Box::new(move || {
                 let st = m.group.status();
                 Status {
-                    held: m.store.as_ref().map_or(0, |s| s.state().len() as u64),
+                    held: m.store.state().len() as u64,
                     initialized: m.stats.initialized(),
                     owned_shards: st.owned.len() as u32,
                     moving: st.moves_in_flight as u32,

@@ -338,7 +338,7 @@ pub fn build(
         .transform(|w: &mut Widget| w.metadata.managed_fields = None)
         .build_reflector();
     let stats = sharded.stats.clone();
-    let widget_store = sharded.store.clone().expect("a reflector has a store");
+    let widget_store = sharded.store.clone();
 
     // children: a secondary watcher placed by the dependency-key map (the controller ownerReference's uid
     // under the `uid` key, the server filter under the `namespace` key), created before the group task runs
@@ -363,7 +363,7 @@ pub fn build(
     .metrics(read_metrics)
     .transform(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
     .build_reflector();
-    let children = child_watch.store.clone().expect("a reflector has a store");
+    let children = child_watch.store.clone();
     let child_stream = child_watch.events.touched_objects();
 
     let metrics = OperatorMetrics::default();

@@ -106,7 +106,6 @@ struct Meta<'a> {
     name: &'a str,
     ns: &'a str,
     uid: &'a str,
-    rv: &'a str,
     generation: i64,
 }
 
@@ -119,10 +118,6 @@ fn meta(w: &Widget) -> Result<Meta<'_>, ReconcileError> {
             .as_deref()
             .ok_or(ReconcileError::Missing("namespace"))?,
         uid: m.uid.as_deref().ok_or(ReconcileError::Missing("uid"))?,
-        rv: m
-            .resource_version
-            .as_deref()
-            .ok_or(ReconcileError::Missing("resourceVersion"))?,
         generation: m.generation.unwrap_or(0),
     })
 }
@@ -163,7 +158,7 @@ async fn child(
             match fenced(ctx, &fence, cms.create(&fence, &cm)).await {
                 Ok(_) => {}
                 // created before and not in our cache yet: the cache catches up and triggers us
-                Err(ReconcileError::Write(e)) if e.is_conflict() => {
+                Err(ReconcileError::Write(e)) if e.is_already_exists() => {
                     return Ok(Some(Action::requeue(Duration::from_millis(300))));
                 }
                 Err(e) => return Err(e),
@@ -183,7 +178,7 @@ async fn child(
             let mut c = (*c).clone();
             c.data = Some(data);
             let fence = permit.fence()?;
-            fenced(ctx, &fence, cms.replace(&fence, &cname, &c)).await?;
+            fenced(ctx, &fence, cms.replace(&fence, &c)).await?;
         }
         Some(_) => {}
     }
@@ -249,7 +244,7 @@ async fn reconcile_fenced(
         fenced(
             &ctx,
             &fence,
-            widgets.patch_status(&fence, m.name, m.uid, m.rv, &patch),
+            widgets.patch_status(&fence, w.as_ref(), &patch),
         )
         .await?;
     }

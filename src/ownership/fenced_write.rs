@@ -11,7 +11,7 @@
 use std::{fmt, time::Duration};
 
 use kube::{
-    api::{DeleteParams, PatchParams, PostParams, Preconditions},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
     core::{Request, Status},
     Api, Client, Resource,
 };
@@ -21,7 +21,7 @@ use tracing::{debug, info_span, Instrument};
 
 use super::{
     observe::{InFlight, RequestOutcome},
-    Fence, FenceError,
+    Fence, FenceError, Permit,
 };
 use crate::fence_policy::StatusFenceField;
 use crate::token::{FENCE_ANNOTATION, FENCE_HEADER};
@@ -37,12 +37,13 @@ pub enum Error {
     /// the preconditions keep that safe).
     #[error("request outlived its fence ({0:?})")]
     Timeout(Duration),
-    /// The object lacks a uid or resourceVersion: fenced writes always carry both preconditions.
-    #[error("fenced write of {name:?} needs metadata.{field}")]
+    /// The object lacks a name, uid or resourceVersion: fenced writes always carry both preconditions
+    /// (pass the object as read from the API or the store, not one built locally).
+    #[error("fenced write of {name:?} needs metadata.{field}: pass the object as read from the API")]
     MissingPrecondition {
         /// The object's name.
         name: String,
-        /// `uid` or `resourceVersion`.
+        /// `name`, `uid` or `resourceVersion`.
         field: &'static str,
     },
     /// The object or patch could not be encoded, or the patch is not a JSON object.
@@ -65,7 +66,14 @@ impl Error {
     /// re-read and retry, usually by requeueing the reconcile.
     #[must_use]
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Api(kube::Error::Api(s)) if s.code == 409)
+        matches!(self, Error::Api(kube::Error::Api(s)) if is_precondition_conflict(s))
+    }
+
+    /// A create found the name taken (409 `AlreadyExists`): the object was created before (its watch event
+    /// is on its way), or another object has the name.
+    #[must_use]
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, Error::Api(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
     }
 
     /// Nothing was sent because the fence was no longer valid: this member does not own the shard now.
@@ -79,10 +87,14 @@ impl Error {
     /// [`is_fenced`](Self::is_fenced), this member lost the shard: requeue, never report a reconcile error.
     #[must_use]
     pub fn is_fence_refused(&self) -> bool {
-        matches!(self, Error::Api(kube::Error::Api(s))
-            if s.code == 422
-                && s.message.contains("ValidatingAdmissionPolicy '")
-                && s.message.contains(crate::fence_policy::messages::MARK))
+        matches!(self, Error::Api(kube::Error::Api(s)) if is_refusal(s))
+    }
+
+    /// This member lost the shard: [`is_fenced`](Self::is_fenced), [`is_fence_refused`](Self::is_fence_refused),
+    /// or a request that outlived its fence. Requeue; never report a reconcile error.
+    #[must_use]
+    pub fn is_lost_shard(&self) -> bool {
+        matches!(self, Error::Fence(_) | Error::Timeout(_)) || self.is_fence_refused()
     }
 
     /// The fence policy refused the write for its failover epoch: below the stored object's, or below the
@@ -102,6 +114,19 @@ impl Error {
     }
 }
 
+/// The fence policy's refusal: a 422 from one of kube-shard's admission policies.
+pub(crate) fn is_refusal(s: &Status) -> bool {
+    s.code == 422
+        && s.message.contains("ValidatingAdmissionPolicy '")
+        && s.message.contains(crate::fence_policy::messages::MARK)
+}
+
+/// A failed precondition: 409 Conflict for a uid or resourceVersion that no longer matches — not an
+/// `AlreadyExists` (also 409) nor a server-side apply field conflict, which retrying does not cure.
+pub(crate) fn is_precondition_conflict(s: &Status) -> bool {
+    s.code == 409 && s.reason == "Conflict" && !s.message.starts_with("Apply failed")
+}
+
 /// The result of a fenced delete.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -110,6 +135,35 @@ pub enum Deleted<K> {
     Pending(K),
     /// The object is gone.
     Gone(Box<Status>),
+}
+
+/// What a fenced write takes its fence from: a [`Permit`] (the fence is taken at send time) or a [`Fence`]
+/// taken earlier (checked again at send time).
+pub trait FenceSource: sealed::Sealed {
+    /// A fence valid now.
+    ///
+    /// # Errors
+    /// [`Error::Fence`] when the member no longer holds the shard.
+    fn fence_now(&self) -> Result<Fence, Error>;
+}
+
+impl FenceSource for Permit {
+    fn fence_now(&self) -> Result<Fence, Error> {
+        self.fence().map_err(Error::Fence)
+    }
+}
+
+impl FenceSource for Fence {
+    fn fence_now(&self) -> Result<Fence, Error> {
+        self.check().map_err(Error::Fence)?;
+        Ok(self.clone())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Permit {}
+    impl Sealed for super::Fence {}
 }
 
 /// A wrapper around [`Api`] that fences every write.
@@ -121,10 +175,8 @@ pub enum Deleted<K> {
 ///
 /// # async fn doc(client: Client, permit: Permit, mut cm: ConfigMap) -> Result<(), Box<dyn std::error::Error>> {
 /// let api = FencedApi::new(Api::<ConfigMap>::namespaced(client, "default"));
-/// let fence = permit.fence()?;
 /// cm.data.get_or_insert_with(Default::default).insert("k".into(), "v".into());
-/// let name = cm.metadata.name.clone().unwrap();
-/// let cm = api.replace(&fence, &name, &cm).await?; // uid + resourceVersion from cm.metadata
+/// let cm = api.replace(&permit, &cm).await?; // fence at send time; uid + resourceVersion from cm.metadata
 /// # Ok(()) }
 /// ```
 pub struct FencedApi<K> {
@@ -204,118 +256,155 @@ where
 
     /// Replace the object (PUT) with its `metadata.uid` and `metadata.resourceVersion` as preconditions; the
     /// fence annotation is stamped.
-    pub async fn replace(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
+    pub async fn replace(&self, via: &impl FenceSource, obj: &K) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, _) = preconditions(obj.meta())?;
         let mut obj = obj.clone();
-        let uid = preconditions(name, obj.meta())?;
-        obj.meta_mut()
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(FENCE_ANNOTATION.to_owned(), fence.token().to_string());
+        stamp_annotation(obj.meta_mut(), &fence);
         let body = serde_json::to_vec(&obj).map_err(Error::Encode)?;
         let req = self
             .request()
-            .replace(name, &PostParams::default(), body)
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "replace", Some(&uid)).await
+            .replace(&name, &PostParams::default(), body)
+            .map_err(build_error)?;
+        self.send(&fence, req, "replace", Some(&uid)).await
     }
 
     /// Replace the `/status` subresource, with uid and resourceVersion preconditions in the body; the fence
     /// travels in the header (status writes ignore metadata) and, when configured, in the
     /// [status fence field](Self::status_fence_field).
-    pub async fn replace_status(&self, fence: &Fence, name: &str, obj: &K) -> Result<K, Error> {
-        let uid = preconditions(name, obj.meta())?;
+    pub async fn replace_status(&self, via: &impl FenceSource, obj: &K) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, _) = preconditions(obj.meta())?;
         let mut body = serde_json::to_value(obj).map_err(Error::Encode)?;
-        self.stamp_status(fence, &mut body, true)?;
+        self.stamp_status(&fence, &mut body, true)?;
         let body = serde_json::to_vec(&body).map_err(Error::Encode)?;
         let req = self
             .request()
-            .replace_subresource("status", name, &PostParams::default(), body)
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "replace_status", Some(&uid)).await
+            .replace_subresource("status", &name, &PostParams::default(), body)
+            .map_err(build_error)?;
+        self.send(&fence, req, "replace_status", Some(&uid)).await
     }
 
-    /// A JSON merge patch of the object, made conditional on `uid` and `resource_version` (added to the patch
-    /// as `metadata.uid` / `metadata.resourceVersion`); the fence annotation is stamped.
-    pub async fn patch(
-        &self,
-        fence: &Fence,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
-        patch: &Value,
-    ) -> Result<K, Error> {
-        let body = conditional_patch(patch, uid, resource_version, Some(fence))?;
+    /// A JSON merge patch of `obj`, made conditional on its uid and resourceVersion (added to the patch as
+    /// `metadata.uid` / `metadata.resourceVersion`); the fence annotation is stamped.
+    pub async fn patch(&self, via: &impl FenceSource, obj: &K, patch: &Value) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
+        let body = conditional_patch(patch, &uid, &rv, Some(&fence))?;
         let req = self
             .request()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &kube::api::Patch::Merge(&body),
-            )
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "patch", Some(uid)).await
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .map_err(build_error)?;
+        self.send(&fence, req, "patch", Some(&uid)).await
     }
 
-    /// A JSON merge patch of `/status`, conditional on `uid` and `resource_version`; the fence travels in
-    /// the header and, when configured, in the [status fence field](Self::status_fence_field).
+    /// A JSON merge patch of `obj`'s `/status`, conditional on its uid and resourceVersion; the fence travels
+    /// in the header and, when configured, in the [status fence field](Self::status_fence_field).
     pub async fn patch_status(
         &self,
-        fence: &Fence,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
+        via: &impl FenceSource,
+        obj: &K,
         patch: &Value,
     ) -> Result<K, Error> {
-        let mut body = conditional_patch(patch, uid, resource_version, None)?;
-        self.stamp_status(fence, &mut body, false)?;
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
+        let mut body = conditional_patch(patch, &uid, &rv, None)?;
+        self.stamp_status(&fence, &mut body, false)?;
         let req = self
             .request()
-            .patch_subresource(
-                "status",
-                name,
-                &PatchParams::default(),
-                &kube::api::Patch::Merge(&body),
-            )
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "patch_status", Some(uid)).await
+            .patch_subresource("status", &name, &PatchParams::default(), &Patch::Merge(&body))
+            .map_err(build_error)?;
+        self.send(&fence, req, "patch_status", Some(&uid)).await
+    }
+
+    /// A JSON patch (RFC 6902) of `obj`, preceded by `test` operations on its uid and resourceVersion and
+    /// followed by one that stamps the fence annotation.
+    pub async fn json_patch(
+        &self,
+        via: &impl FenceSource,
+        obj: &K,
+        patch: &json_patch::Patch,
+    ) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
+        let body = conditional_json_patch(patch, obj.meta(), &uid, &rv, &fence)?;
+        let req = self
+            .request()
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(body))
+            .map_err(build_error)?;
+        self.send(&fence, req, "json_patch", Some(&uid)).await
+    }
+
+    /// Server-side apply of `patch` (a partial object with `apiVersion` and `kind`) to `obj`, with `params`
+    /// (`PatchParams::apply(manager)`, `.force()` as usual): the applied object carries `metadata.uid` and
+    /// `metadata.resourceVersion` (the server makes the apply conditional on them) and the fence annotation.
+    pub async fn apply<P: Serialize>(
+        &self,
+        via: &impl FenceSource,
+        obj: &K,
+        params: &PatchParams,
+        patch: &P,
+    ) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
+        let patch = serde_json::to_value(patch).map_err(Error::Encode)?;
+        let body = conditional_patch(&patch, &uid, &rv, Some(&fence))?;
+        let req = self
+            .request()
+            .patch(&name, params, &Patch::Apply(&body))
+            .map_err(build_error)?;
+        self.send(&fence, req, "apply", Some(&uid)).await
+    }
+
+    /// Server-side apply to `obj`'s `/status` (kube-rs's way to write status): the applied object carries
+    /// `metadata.uid` and `metadata.resourceVersion`, the fence travels in the header and, when configured,
+    /// in the [status fence field](Self::status_fence_field).
+    pub async fn apply_status<P: Serialize>(
+        &self,
+        via: &impl FenceSource,
+        obj: &K,
+        params: &PatchParams,
+        patch: &P,
+    ) -> Result<K, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
+        let patch = serde_json::to_value(patch).map_err(Error::Encode)?;
+        let mut body = conditional_patch(&patch, &uid, &rv, None)?;
+        self.stamp_status(&fence, &mut body, false)?;
+        let req = self
+            .request()
+            .patch_subresource("status", &name, params, &Patch::Apply(&body))
+            .map_err(build_error)?;
+        self.send(&fence, req, "apply_status", Some(&uid)).await
     }
 
     /// Create an object (a child, typically) stamped with the fence annotation. A create has no uid or
     /// resourceVersion to be conditional on: the name makes it exclusive.
-    pub async fn create(&self, fence: &Fence, obj: &K) -> Result<K, Error> {
+    pub async fn create(&self, via: &impl FenceSource, obj: &K) -> Result<K, Error> {
+        let fence = via.fence_now()?;
         let mut obj = obj.clone();
-        obj.meta_mut()
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(FENCE_ANNOTATION.to_owned(), fence.token().to_string());
+        stamp_annotation(obj.meta_mut(), &fence);
         let body = serde_json::to_vec(&obj).map_err(Error::Encode)?;
         let req = self
             .request()
             .create(&PostParams::default(), body)
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        self.send(fence, req, "create", None).await
+            .map_err(build_error)?;
+        self.send(&fence, req, "create", None).await
     }
 
-    /// Delete with uid and resourceVersion `Preconditions`.
-    pub async fn delete(
-        &self,
-        fence: &Fence,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
-    ) -> Result<Deleted<K>, Error> {
+    /// Delete `obj` with its uid and resourceVersion as `DeleteOptions.preconditions`.
+    pub async fn delete(&self, via: &impl FenceSource, obj: &K) -> Result<Deleted<K>, Error> {
+        let fence = via.fence_now()?;
+        let (name, uid, rv) = preconditions(obj.meta())?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: Some(uid.to_owned()),
-                resource_version: Some(resource_version.to_owned()),
+                uid: Some(uid.clone()),
+                resource_version: Some(rv),
             }),
             ..DeleteParams::default()
         };
-        let req = self
-            .request()
-            .delete(name, &dp)
-            .map_err(|e| Error::Api(kube::Error::BuildRequest(e)))?;
-        let text: String = self.send_text(fence, req, "delete", Some(uid)).await?;
+        let req = self.request().delete(&name, &dp).map_err(build_error)?;
+        let text: String = self.send_text(&fence, req, "delete", Some(&uid)).await?;
         let v: Value =
             serde_json::from_str(&text).map_err(|e| Error::Api(kube::Error::SerdeError(e)))?;
         if v["kind"] == "Status" {
@@ -385,22 +474,67 @@ where
     }
 }
 
-/// Both preconditions present; the uid.
-fn preconditions(name: &str, meta: &kube::api::ObjectMeta) -> Result<String, Error> {
+/// The object's name, uid and resourceVersion: a fenced write is always conditional on both.
+fn preconditions(meta: &kube::api::ObjectMeta) -> Result<(String, String, String), Error> {
+    let name = meta.name.clone().unwrap_or_default();
     let missing = |field| Error::MissingPrecondition {
-        name: name.to_owned(),
+        name: name.clone(),
         field,
     };
+    if name.is_empty() {
+        return Err(missing("name"));
+    }
     let uid = meta
         .uid
-        .as_deref()
+        .clone()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| missing("uid"))?;
-    meta.resource_version
-        .as_deref()
+    let rv = meta
+        .resource_version
+        .clone()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| missing("resourceVersion"))?;
-    Ok(uid.to_owned())
+    Ok((name, uid, rv))
+}
+
+fn build_error(e: kube::core::request::Error) -> Error {
+    Error::Api(kube::Error::BuildRequest(e))
+}
+
+fn stamp_annotation(meta: &mut kube::api::ObjectMeta, fence: &Fence) {
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(FENCE_ANNOTATION.to_owned(), fence.token().to_string());
+}
+
+/// `patch` after `test` operations on the uid and resourceVersion, then the fence annotation added (with
+/// the annotations map itself when `meta` has none).
+fn conditional_json_patch(
+    patch: &json_patch::Patch,
+    meta: &kube::api::ObjectMeta,
+    uid: &str,
+    rv: &str,
+    fence: &Fence,
+) -> Result<json_patch::Patch, Error> {
+    let token = Value::String(fence.token().to_string());
+    let mut ops = vec![
+        serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+        serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
+    ];
+    ops.extend(
+        patch
+            .0
+            .iter()
+            .map(|op| serde_json::to_value(op).map_err(Error::Encode))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    if meta.annotations.is_some() {
+        let key = FENCE_ANNOTATION.replace('~', "~0").replace('/', "~1");
+        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": token}));
+    } else {
+        ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {FENCE_ANNOTATION: token}}));
+    }
+    serde_json::from_value(Value::Array(ops)).map_err(Error::Encode)
 }
 
 fn conditional_patch(

@@ -97,11 +97,13 @@ pub fn admit<K: Resource>(ownership: &Ownership, obj: &K) -> Result<Permit, Acti
 pub struct FenceMetrics {
     lost: prometheus_client::metrics::counter::Counter,
     refused: prometheus_client::metrics::counter::Counter,
+    conflicts: prometheus_client::metrics::counter::Counter,
 }
 
 impl FenceMetrics {
-    /// Register `kube_shard_reconcile_fence_lost` (a fenced write found its fence invalid at send time) and
-    /// `kube_shard_reconcile_fence_refused` (the apiserver's fence policy refused a fenced write).
+    /// Register `kube_shard_reconcile_fence_lost` (a fenced write found its fence invalid at send time),
+    /// `kube_shard_reconcile_fence_refused` (the apiserver's fence policy refused a fenced write) and
+    /// `kube_shard_reconcile_conflicts` (a precondition failed).
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register(
             "kube_shard_reconcile_fence_lost",
@@ -112,6 +114,11 @@ impl FenceMetrics {
             "kube_shard_reconcile_fence_refused",
             "Reconciles requeued because the apiserver's fence policy refused a fenced write",
             self.refused.clone(),
+        );
+        registry.register(
+            "kube_shard_reconcile_conflicts",
+            "Reconciles requeued because a write's precondition failed (the object changed since it was read)",
+            self.conflicts.clone(),
         );
     }
 
@@ -126,49 +133,116 @@ impl FenceMetrics {
     pub fn refused(&self) -> u64 {
         self.refused.get()
     }
-}
 
-/// A reconcile error that may carry a [`fenced_write::Error`](super::fenced_write::Error), so [`wrap_fenced`]
-/// can tell a lost shard from a failure.
-pub trait FencedWriteFailure {
-    /// The fenced-write error inside, if any.
-    fn fenced_write_error(&self) -> Option<&super::fenced_write::Error>;
-}
-
-impl FencedWriteFailure for super::fenced_write::Error {
-    fn fenced_write_error(&self) -> Option<&super::fenced_write::Error> {
-        Some(self)
+    /// Reconciles requeued because a precondition failed.
+    #[must_use]
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.get()
     }
 }
 
-/// [`wrap`], and a reconcile that failed because this member lost the shard — a fence invalid at send time
-/// ([`is_fenced`]) or a write the apiserver's fence policy refused ([`is_fence_refused`]) — is requeued after
-/// [`Ownership::requeue_delay`] and counted in `metrics`, never returned as a reconcile error (the shard's new
-/// owner, or this member when the shard comes back, reconciles the object).
-///
-/// [`is_fenced`]: super::fenced_write::Error::is_fenced
-/// [`is_fence_refused`]: super::fenced_write::Error::is_fence_refused
+/// Why a reconcile's error is routine rather than a failure, found by walking the error's `source()` chain
+/// (so it is found inside your own error enum, `kube::runtime::finalizer::Error`, a `Box`, or an
+/// `anyhow::Error` through [`Routine::of_any`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Routine {
+    /// A fence was invalid at send time, or a request outlived it: this member lost the shard.
+    Fenced,
+    /// The apiserver's fence policy refused a stale fence: this member lost the shard.
+    Refused,
+    /// A precondition failed (409 Conflict: the object changed or was re-created since it was read): its
+    /// newer version triggers a reconcile of its own.
+    Conflict,
+}
+
+impl Routine {
+    /// The routine cause in `err` or its sources, if any (the outermost one found).
+    #[must_use]
+    pub fn of(err: &(dyn std::error::Error + 'static)) -> Option<Routine> {
+        let mut next = Some(err);
+        while let Some(e) = next {
+            if let Some(found) = Self::at(e) {
+                return Some(found);
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    /// [`Routine::of`] for an error that is not itself a `std::error::Error` but refers to one:
+    /// `anyhow::Error`, `Box<dyn Error>`.
+    #[must_use]
+    pub fn of_any<E>(err: &E) -> Option<Routine>
+    where
+        E: AsRef<dyn std::error::Error + 'static> + ?Sized,
+    {
+        Self::of(err.as_ref())
+    }
+
+    /// Whether this member lost the shard ([`Fenced`](Self::Fenced) or [`Refused`](Self::Refused)).
+    #[must_use]
+    pub fn lost_shard(self) -> bool {
+        matches!(self, Routine::Fenced | Routine::Refused)
+    }
+
+    fn at(e: &(dyn std::error::Error + 'static)) -> Option<Routine> {
+        use super::fenced_write::Error as W;
+        if let Some(w) = e.downcast_ref::<W>() {
+            return match w {
+                W::Fence(_) | W::Timeout(_) => Some(Routine::Fenced),
+                W::Api(k) => Self::of_kube(k),
+                _ => None,
+            };
+        }
+        if e.downcast_ref::<super::FenceError>().is_some() {
+            return Some(Routine::Fenced);
+        }
+        e.downcast_ref::<kube::Error>().and_then(Self::of_kube)
+    }
+
+    fn of_kube(e: &kube::Error) -> Option<Routine> {
+        match e {
+            kube::Error::Api(s) if super::fenced_write::is_refusal(s) => Some(Routine::Refused),
+            kube::Error::Api(s) if super::fenced_write::is_precondition_conflict(s) => {
+                Some(Routine::Conflict)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// [`wrap`], and a reconcile whose error is [routine](Routine) is requeued after
+/// [`Ownership::requeue_delay`] and counted in `metrics`, never returned as a reconcile error: a lost shard
+/// (a fence invalid at send time, or a write the apiserver's fence policy refused: the shard's new owner,
+/// or this member when the shard comes back, reconciles the object) or a failed precondition (the
+/// object's newer version is on its way). The error is found anywhere in the `source()` chain: inside your
+/// own error enum, `kube::runtime::finalizer::Error` or a `Box`.
 ///
 /// ```no_run
 /// use std::sync::Arc;
 /// use futures::StreamExt;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::{runtime::{controller::{Action, Controller}, watcher}, Api, Client};
-/// use kube_shard::ownership::{fenced_write, reconcile, Ownership, Permit};
+/// use kube_shard::{fenced_write, reconcile, FencedApi, Ownership, Permit};
 ///
-/// async fn apply(cm: Arc<ConfigMap>, _ctx: Arc<()>, permit: Permit) -> Result<Action, fenced_write::Error> {
-///     let _fence = permit.fence().map_err(fenced_write::Error::Fence)?;
-///     // ... fenced writes, `?` on their errors ...
+/// async fn apply(cm: Arc<ConfigMap>, ctx: Arc<FencedApi<ConfigMap>>, permit: Permit) -> Result<Action, fenced_write::Error> {
+///     let patch = serde_json::json!({"data": {"seen": "yes"}});
+///     ctx.patch(&permit, &cm, &patch).await?; // a lost shard or a conflict: requeued, not an error
 ///     Ok(Action::await_change())
 /// }
 ///
 /// # async fn doc(client: Client, ownership: Ownership) {
+/// let api = Api::<ConfigMap>::all(client);
 /// let metrics = reconcile::FenceMetrics::default();
-/// Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+/// let controller = Controller::new(api.clone(), watcher::Config::default());
+/// let gained = kube_shard::watcher::gained(ownership.clone(), controller.store());
+/// controller
+///     .reconcile_on(gained)
 ///     .run(
 ///         reconcile::wrap_fenced(ownership, metrics.clone(), apply),
 ///         |_, _, _| Action::requeue(std::time::Duration::from_secs(5)),
-///         Arc::new(()),
+///         Arc::new(FencedApi::new(api)),
 ///     )
 ///     .for_each(|_| async {})
 ///     .await;
@@ -183,7 +257,7 @@ where
     K: Resource,
     F: FnMut(Arc<K>, Arc<Ctx>, Permit) -> Fut,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    E: FencedWriteFailure + Send + 'static,
+    E: std::error::Error + Send + 'static,
 {
     let mut inner = wrap(ownership.clone(), reconcile);
     move |obj, ctx| {
@@ -192,26 +266,49 @@ where
         let metrics = metrics.clone();
         Box::pin(async move {
             let res = fut.await;
-            match res
-                .as_ref()
-                .err()
-                .and_then(FencedWriteFailure::fenced_write_error)
-            {
-                Some(e) if e.is_fence_refused() => {
-                    match e.failover_refusal() {
-                        Some(m) => warn!(refusal = m, "the apiserver refused a write for its failover epoch: this cluster was deposed, or its HA pair runs below the epoch this object carries (see `kshard ha check`)"),
-                        None => debug!(error = %e, "the apiserver refused a stale fence: shard lost, requeue"),
-                    }
-                    metrics.refused.inc();
-                    Ok(Action::requeue(ownership.requeue_delay()))
-                }
-                Some(e) if e.is_fenced() => {
-                    debug!(error = %e, "fence invalid at send time: shard lost, requeue");
-                    metrics.lost.inc();
+            match res.as_ref().err().map(|e| (Routine::of(e), e)) {
+                Some((Some(routine), e)) => {
+                    metrics.count(routine, e);
                     Ok(Action::requeue(ownership.requeue_delay()))
                 }
                 _ => res,
             }
         })
     }
+}
+
+impl FenceMetrics {
+    fn count(&self, routine: Routine, e: &(dyn std::error::Error + 'static)) {
+        match routine {
+            Routine::Refused => {
+                match failover_refusal(e) {
+                    Some(m) => warn!(refusal = m, "the apiserver refused a write for its failover epoch: this cluster was deposed, or its HA pair runs below the epoch this object carries (see `kshard ha check`)"),
+                    None => debug!(error = %e, "the apiserver refused a stale fence: shard lost, requeue"),
+                }
+                self.refused.inc();
+            }
+            Routine::Fenced => {
+                debug!(error = %e, "fence invalid at send time: shard lost, requeue");
+                self.lost.inc();
+            }
+            Routine::Conflict => {
+                debug!(error = %e, "a precondition failed (the object changed since it was read): requeue");
+                self.conflicts.inc();
+            }
+        }
+    }
+}
+
+/// The failover refusal message anywhere in `e`'s chain.
+fn failover_refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(w) = e.downcast_ref::<super::fenced_write::Error>() {
+            if let Some(m) = w.failover_refusal() {
+                return Some(m);
+            }
+        }
+        next = e.source();
+    }
+    None
 }

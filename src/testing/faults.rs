@@ -131,8 +131,12 @@ pub const GRANT_OVER_KEPT_HOLDER: Fault = Fault::new("grant-over-kept-holder");
 /// rolled-back assignment can make), instead of reporting it `stale`.
 pub const ACTIVATE_ROLLED_BACK_GRANT: Fault = Fault::new("activate-rolled-back-grant");
 
+/// The read path drops its re-enqueues (objects of gained, un-fenced or un-held shards) instead of handing
+/// them to `Controller::reconcile_on`.
+pub const DROP_REENQUEUE: Fault = Fault::new("drop-reenqueue");
+
 /// The core's fault points.
-pub const CORE: [Fault; 7] = [
+pub const CORE: [Fault; 8] = [
     SKIP_DRAIN_WAIT,
     SKIP_ACTIVATION_BARRIER,
     UNOBSERVED_IS_GONE,
@@ -140,6 +144,7 @@ pub const CORE: [Fault; 7] = [
     FORGET_RETIRED_GATES,
     GRANT_OVER_KEPT_HOLDER,
     ACTIVATE_ROLLED_BACK_GRANT,
+    DROP_REENQUEUE,
 ];
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The read path: a drop-in for `kube_runtime::watcher` that reads only the shards a member serves.
 //!
-//! [`watcher`] has the item type of `kube_runtime::watcher` and never ends; [`reflector`] also owns the
-//! store; [`ShardedWatcher`] is the builder behind both. How it reads and hands off: `docs/read-path.md`.
+//! [`watcher()`] returns events with the item type of `kube_runtime::watcher` (they never end) **and** the
+//! re-enqueue stream for `Controller::reconcile_on`; [`reflector()`] also owns the store; [`ShardedWatcher`]
+//! is the builder behind both; [`gained`] re-enqueues for a plain kube `Store` (admission only). No entry
+//! point returns events without re-enqueues: a consumer that drops them loses work. How it reads and hands off: `docs/read-path.md`.
 //!
 //! # Events
 //! One `Init … InitDone` for the first sync, then `Apply`/`Delete` as shards are activated and released.
@@ -14,11 +16,13 @@
 
 mod dependent;
 mod depkey;
+mod gained;
 mod index;
 mod manager;
 mod metrics;
 mod mode;
 mod outq;
+mod pace;
 mod plan;
 mod request;
 mod stats;
@@ -42,6 +46,7 @@ use tokio::sync::mpsc;
 pub use dependent::{owner_shard, Dependency, DependencyMap, DependentError};
 pub use depkey::{shard_of_parent, stamp_shard_label, LABEL_MAX_SHARDS, SHARD_LABEL};
 use manager::{Manager, Settings};
+use pace::Pace;
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
 use stats::Stats;
@@ -51,7 +56,10 @@ pub use types::StreamRole;
 
 use crate::ownership::Ownership;
 
-/// A sharded watcher of `K` in the same shape as `kube_runtime::watcher`.
+/// A sharded watcher of `K`: [`Sharded::events`] has the item type of `kube_runtime::watcher` (so
+/// `WatchStreamExt` works), and [`Sharded::reenqueue`] carries what an event stream cannot — the objects
+/// of shards that became admitted (after a takeover, an un-fencing, a lifted hold), for
+/// `Controller::reconcile_on`. Most operators want [`crate::Controller`], which wires both.
 ///
 /// ```no_run
 /// use futures::TryStreamExt;
@@ -59,87 +67,121 @@ use crate::ownership::Ownership;
 /// use kube::{runtime::{watcher, WatchStreamExt}, Api, Client};
 /// # async fn run(client: Client, ownership: kube_shard::Ownership) -> Result<(), watcher::Error> {
 /// let api: Api<ConfigMap> = Api::all(client);
-/// let stream = kube_shard::watcher(api, watcher::Config::default(), ownership);
-/// let mut applied = std::pin::pin!(stream.applied_objects());
+/// let sharded = kube_shard::watcher(api, watcher::Config::default(), ownership);
+/// let mut applied = std::pin::pin!(sharded.events.applied_objects());
+/// # let _ = sharded.reenqueue; // give it to `Controller::reconcile_on`
 /// while let Some(cm) = applied.try_next().await? {
 ///     println!("owned: {:?}", cm.metadata.name);
 /// }
 /// # Ok(())
 /// # }
 /// ```
-pub fn watcher<K>(
-    api: Api<K>,
-    config: kube_watcher::Config,
-    ownership: Ownership,
-) -> impl Stream<Item = kube_watcher::Result<kube_watcher::Event<K>>> + Send
+pub fn watcher<K>(api: Api<K>, config: kube_watcher::Config, ownership: Ownership) -> Sharded<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
 {
-    ShardedWatcher::new(api, config, ownership).build().events
+    ShardedWatcher::new(api, config, ownership).build()
 }
 
-/// A sharded metadata-only watcher (`PartialObjectMetadata`), like `kube_runtime::metadata_watcher`.
+/// A sharded metadata-only watcher (`PartialObjectMetadata`), like `kube_runtime::metadata_watcher`, with
+/// its re-enqueue stream (see [`watcher()`]).
 pub fn metadata_watcher<K>(
     api: Api<K>,
     config: kube_watcher::Config,
     ownership: Ownership,
-) -> impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send
+) -> Sharded<PartialObjectMeta<K>>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
 {
-    ShardedWatcher::metadata(api, config, ownership)
-        .build()
-        .events
+    ShardedWatcher::metadata(api, config, ownership).build()
 }
 
-/// A sharded watcher that owns its store: the returned stream applies each event to the store before
-/// yielding it (do not `.reflect()` it again).
+/// A sharded watcher that owns its store: the event stream applies each event to the store before
+/// yielding it (do not `.reflect()` it again). Give the re-enqueues to `Controller::reconcile_on`.
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::{runtime::{watcher, Controller, WatchStreamExt}, Api, Client};
 /// # async fn run(client: Client, ownership: kube_shard::Ownership) {
 /// let api: Api<ConfigMap> = Api::all(client);
-/// let (store, stream) = kube_shard::reflector(api, watcher::Config::default(), ownership);
-/// let controller = Controller::for_stream(stream.applied_objects(), store);
+/// let r = kube_shard::reflector(api, watcher::Config::default(), ownership);
+/// let controller = Controller::for_stream(r.events.applied_objects(), r.store)
+///     .reconcile_on(r.reenqueue);
 /// # }
 /// ```
 pub fn reflector<K>(
     api: Api<K>,
     config: kube_watcher::Config,
     ownership: Ownership,
-) -> (
-    Store<K>,
-    impl Stream<Item = kube_watcher::Result<kube_watcher::Event<K>>> + Send,
-)
+) -> ShardedReflector<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
 {
-    let sharded = ShardedWatcher::new(api, config, ownership).build_reflector();
-    (
-        sharded.store.expect("build_reflector sets a store"),
-        sharded.events,
-    )
+    ShardedWatcher::new(api, config, ownership).build_reflector()
+}
+
+/// Re-enqueues for **admission-only** use, where kube's own watcher fills a plain `Store` and the reconcile
+/// wrapper ([`crate::reconcile::wrap`]) decides: the `ObjectRef` of every object in `store` whose shard
+/// became admitted (a shard taken over from a dead member, an un-fencing, a lifted hold), for
+/// `Controller::reconcile_on`. Without it such objects, answered `await_change` while another member owned
+/// them or while held, wait until they change. Paced like [`ReenqueueStream`]; call it inside a tokio
+/// runtime (it spawns the task that scans the store, which ends when the stream is dropped).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use futures::StreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{runtime::{controller::{Action, Controller}, watcher}, Api, Client};
+/// use kube_shard::{reconcile, Ownership, Permit};
+///
+/// async fn apply(cm: Arc<ConfigMap>, _ctx: Arc<()>, permit: Permit) -> Result<Action, kube_shard::fenced_write::Error> {
+///     Ok(Action::await_change())
+/// }
+///
+/// # async fn doc(client: Client, ownership: Ownership) {
+/// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default());
+/// let gained = kube_shard::watcher::gained(ownership.clone(), controller.store());
+/// controller
+///     .reconcile_on(gained)
+///     .run(reconcile::wrap(ownership, apply), |_, _, _| Action::requeue(std::time::Duration::from_secs(5)), Arc::new(()))
+///     .for_each(|_| async {})
+///     .await;
+/// # }
+/// ```
+pub fn gained<K>(ownership: Ownership, store: Store<K>) -> ReenqueueStream<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(gained::run(ownership, store, tx));
+    ReenqueueStream {
+        rx,
+        pace: Pace::new(),
+    }
 }
 
 /// A sharded **secondary** watcher of metadata only (`PartialObjectMeta`, the default for children whose
 /// bodies the reconciler does not need), placed by `dependency`; for `Controller::owns_stream` /
-/// `watches_stream`. Full objects: `ShardedWatcher::new(..).dependent(..)`.
+/// `watches_stream` (or [`crate::Controller::owns`], which builds it). Full objects:
+/// `ShardedWatcher::new(..).dependent(..)`. A secondary re-enqueues nothing itself (its parents' watcher
+/// does); its [`Sharded::reenqueue`] stays empty.
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::{runtime::{watcher, Controller, WatchStreamExt}, Api, Client};
 /// use kube_shard::watcher::Dependency;
 /// # async fn run(client: Client, ownership: kube_shard::Ownership) -> Result<(), kube_shard::watcher::DependentError> {
-/// let (parents, parent_events) = kube_shard::reflector(
+/// let parents = kube_shard::reflector(
 ///     Api::<ConfigMap>::all(client.clone()), watcher::Config::default(), ownership.clone());
-/// let (_children, child_events) = kube_shard::dependent_reflector(
+/// let children = kube_shard::dependent_watcher(
 ///     Api::<ConfigMap>::all(client), watcher::Config::default(), ownership, Dependency::controller_owner())?;
-/// let controller = Controller::for_stream(parent_events.applied_objects(), parents)
-///     .owns_stream(child_events.touched_objects());
+/// let controller = Controller::for_stream(parents.events.applied_objects(), parents.store)
+///     .reconcile_on(parents.reenqueue)
+///     .owns_stream(children.events.touched_objects());
 /// # Ok(())
 /// # }
 /// ```
@@ -151,48 +193,33 @@ pub fn dependent_watcher<K>(
     config: kube_watcher::Config,
     ownership: Ownership,
     dependency: Dependency<PartialObjectMeta<K>>,
-) -> Result<
-    impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send,
-    DependentError,
->
+) -> Result<Sharded<PartialObjectMeta<K>>, DependentError>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
 {
     Ok(ShardedWatcher::metadata(api, config, ownership)
         .dependent(dependency)?
-        .build()
-        .events)
+        .build())
 }
 
 /// [`dependent_watcher`] that owns its store (metadata only).
 ///
 /// # Errors
 /// A strategy the group cannot use (see [`DependentError`]).
-#[allow(clippy::type_complexity)]
 pub fn dependent_reflector<K>(
     api: Api<K>,
     config: kube_watcher::Config,
     ownership: Ownership,
     dependency: Dependency<PartialObjectMeta<K>>,
-) -> Result<
-    (
-        Store<PartialObjectMeta<K>>,
-        impl Stream<Item = kube_watcher::Result<kube_watcher::Event<PartialObjectMeta<K>>>> + Send,
-    ),
-    DependentError,
->
+) -> Result<ShardedReflector<PartialObjectMeta<K>>, DependentError>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Default + Send + Sync + Eq + std::hash::Hash,
 {
-    let sharded = ShardedWatcher::metadata(api, config, ownership)
+    Ok(ShardedWatcher::metadata(api, config, ownership)
         .dependent(dependency)?
-        .build_reflector();
-    Ok((
-        sharded.store.expect("build_reflector sets a store"),
-        sharded.events,
-    ))
+        .build_reflector())
 }
 
 /// The builder behind [`watcher`] and [`reflector`].
@@ -217,7 +244,10 @@ impl<K: Resource> Debug for ShardedWatcher<K> {
     }
 }
 
-/// What [`ShardedWatcher::build`] returns.
+/// What [`ShardedWatcher::build`] and [`watcher()`] return: the event stream and the re-enqueue stream,
+/// which belong together — pass the events to the reflector or controller and **the re-enqueues to
+/// `Controller::reconcile_on`**, or objects of gained, un-fenced or un-held shards that were held back
+/// (`await_change`) are never reconciled until they change.
 #[non_exhaustive]
 pub struct Sharded<K>
 where
@@ -230,8 +260,25 @@ where
     pub reenqueue: ReenqueueStream<K>,
     /// Live counters.
     pub stats: WatcherStats,
-    /// The store, from [`ShardedWatcher::build_reflector`].
-    pub store: Option<Store<K>>,
+}
+
+/// What [`ShardedWatcher::build_reflector`] and [`reflector()`] return: [`Sharded`] and the store the event
+/// stream writes to (the controller's store: `Controller::for_stream(events.applied_objects(), store)
+/// .reconcile_on(reenqueue)`, which [`crate::Controller`] does for you).
+#[non_exhaustive]
+pub struct ShardedReflector<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    /// The store: each event is applied to it before the event stream yields it.
+    pub store: Store<K>,
+    /// The event stream (never ends while its manager runs).
+    pub events: EventStream<K>,
+    /// `ObjectRef`s to pass to `Controller::reconcile_on`: the objects of shards that became admitted.
+    pub reenqueue: ReenqueueStream<K>,
+    /// Live counters.
+    pub stats: WatcherStats,
 }
 
 impl<K> Debug for Sharded<K>
@@ -241,6 +288,18 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sharded")
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Debug for ShardedReflector<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedReflector")
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -432,7 +491,6 @@ where
             writer.as_ref().map(|w| w.as_reader()),
         );
         let (re_tx, re_rx) = mpsc::unbounded_channel();
-        let store = writer.as_ref().map(|w| w.as_reader());
         Sharded {
             events: EventStream {
                 manager: Some(Box::new(manager)),
@@ -445,7 +503,6 @@ where
                 pace: Pace::new(),
             },
             stats: stats_handle,
-            store,
         }
     }
 
@@ -456,9 +513,20 @@ where
     }
 
     /// Build the streams with a store: each event is applied to the store before it is yielded.
-    pub fn build_reflector(self) -> Sharded<K> {
+    pub fn build_reflector(self) -> ShardedReflector<K> {
         let writer = Writer::new(self.settings.dyntype.clone());
-        self.start(Some(writer))
+        let store = writer.as_reader();
+        let Sharded {
+            events,
+            reenqueue,
+            stats,
+        } = self.start(Some(writer));
+        ShardedReflector {
+            store,
+            events,
+            reenqueue,
+            stats,
+        }
     }
 }
 
@@ -508,6 +576,9 @@ where
                 }
                 Poll::Ready(Some(Out::Reenqueue(refs))) => {
                     // every event before this marker was yielded (and reflected): the store holds them
+                    if planted!(DROP_REENQUEUE) {
+                        continue;
+                    }
                     for r in refs {
                         let _ = this.reenqueue.send(r);
                     }
@@ -535,51 +606,6 @@ impl<K: Resource> Debug for ReenqueueStream<K> {
     }
 }
 
-struct Pace {
-    tokens: f64,
-    last: Option<tokio::time::Instant>,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-const PACE_BURST: f64 = 1000.0;
-const PACE_RATE: f64 = 1000.0;
-
-impl Pace {
-    fn new() -> Self {
-        Pace {
-            tokens: PACE_BURST,
-            last: None,
-            sleep: None,
-        }
-    }
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(sleep) = self.sleep.as_mut() {
-            if sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            self.sleep = None;
-        }
-        let now = tokio::time::Instant::now();
-        if let Some(last) = self.last {
-            self.tokens =
-                (self.tokens + now.duration_since(last).as_secs_f64() * PACE_RATE).min(PACE_BURST);
-        }
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            Poll::Ready(())
-        } else {
-            let wait = crate::rt::jitter(Duration::from_millis(100));
-            let mut sleep = Box::pin(tokio::time::sleep(wait));
-            if sleep.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(());
-            }
-            self.sleep = Some(sleep);
-            Poll::Pending
-        }
-    }
-}
-
 impl<K: Resource> Stream for ReenqueueStream<K> {
     type Item = ObjectRef<K>;
 
@@ -598,4 +624,3 @@ impl<K: Resource> Stream for ReenqueueStream<K> {
     }
 }
 
-use std::future::Future as _;

@@ -177,15 +177,8 @@ async fn reconcile_member(
 ) -> Result<Action, Error> {
     let (name, generation, behind) = ctx.work(&obj).await?;
     if behind {
-        let uid = obj.metadata.uid.as_deref().ok_or(Error::Missing("uid"))?;
-        let rv = obj
-            .metadata
-            .resource_version
-            .as_deref()
-            .ok_or(Error::Missing("resourceVersion"))?;
-        let fence = permit.fence()?;
         FencedApi::new(ctx.api.clone())
-            .patch_status(&fence, &name, uid, rv, &status(generation))
+            .patch_status(&permit, obj.as_ref(), &status(generation))
             .await?;
         ctx.ledger.written(&name, generation);
     }
@@ -385,10 +378,7 @@ fn start_member(
         ar.clone(),
     )
     .build_reflector();
-    let store = sharded
-        .store
-        .clone()
-        .ok_or_else(|| BenchError::Library("a reflector without a store".into()))?;
+    let store = sharded.store.clone();
     let group_handle = handle.clone();
     let group_task = tokio::spawn(async move {
         let _ = group_task.await;

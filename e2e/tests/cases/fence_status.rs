@@ -59,12 +59,8 @@ async fn status_write(
 ) -> Result<DynamicObject, fenced_write::Error> {
     let cur = fenced.api().get(name).await.unwrap();
     let fence = who.admit(&cur).unwrap().fence().unwrap();
-    let (uid, rv) = (
-        cur.metadata.uid.clone().unwrap(),
-        cur.metadata.resource_version.clone().unwrap(),
-    );
     let patch = json!({"status": {"phase": phase}});
-    fenced.patch_status(&fence, name, &uid, &rv, &patch).await
+    fenced.patch_status(&fence, &cur, &patch).await
 }
 
 fn refusal(e: fenced_write::Error) -> Box<Status> {

@@ -708,7 +708,7 @@ pub(crate) mod fenced {
         let (api, mut handle) = api();
         let obj = cm("u1");
         let server = tokio::spawn(async move { next(&mut handle, reply()).await });
-        let out = api.replace(&fence, "x", &obj).await.unwrap();
+        let out = api.replace(&fence, &obj).await.unwrap();
         assert_eq!(out.metadata.resource_version.as_deref(), Some("6"));
         let (parts, body) = server.await.unwrap();
         assert_eq!(parts.method, http::Method::PUT);
@@ -731,11 +731,11 @@ pub(crate) mod fenced {
             let c = next(&mut handle, reply()).await;
             (a, b, c)
         });
-        api.replace_status(&fence, "x", &cm("u1")).await.unwrap();
-        api.patch(&fence, "x", "u1", "5", &json!({"data": {"k": "v"}}))
+        api.replace_status(&fence, &cm("u1")).await.unwrap();
+        api.patch(&fence, &cm("u1"), &json!({"data": {"k": "v"}}))
             .await
             .unwrap();
-        api.patch_status(&fence, "x", "u1", "5", &json!({"status": {"ok": true}}))
+        api.patch_status(&permit, &cm("u1"), &json!({"status": {"ok": true}}))
             .await
             .unwrap();
         let ((p1, b1), (p2, b2), (p3, b3)) = server.await.unwrap();
@@ -774,13 +774,60 @@ pub(crate) mod fenced {
             )
             .await
         });
-        let out = api.delete(&fence, "x", "u1", "5").await.unwrap();
+        let out = api.delete(&fence, &cm("u1")).await.unwrap();
         assert!(matches!(out, Deleted::Gone(_)));
         let (parts, body) = server.await.unwrap();
         assert_eq!(parts.method, http::Method::DELETE);
         assert_eq!(parts.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["preconditions"]["resourceVersion"], "5");
+    }
+
+    #[tokio::test]
+    async fn apply_and_json_patch_carry_preconditions_and_the_fence() {
+        let (own, _drv, _) = owning();
+        let permit = own.admit_shard(0).unwrap();
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            let a = next(&mut handle, reply()).await;
+            let b = next(&mut handle, reply()).await;
+            let c = next(&mut handle, reply()).await;
+            (a, b, c)
+        });
+        let pp = kube::api::PatchParams::apply("tests").force();
+        let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}});
+        api.apply(&permit, &cm("u1"), &pp, &applied).await.unwrap();
+        api.apply_status(&permit, &cm("u1"), &pp, &applied)
+            .await
+            .unwrap();
+        let ops: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "add", "path": "/data", "value": {"k": "v"}}]))
+                .unwrap();
+        api.json_patch(&permit, &cm("u1"), &ops).await.unwrap();
+        let ((p1, b1), (p2, b2), (p3, b3)) = server.await.unwrap();
+        assert_eq!(p1.headers["content-type"], "application/apply-patch+yaml");
+        assert!(p1.uri.query().unwrap().contains("fieldManager=tests"));
+        assert!(p1.uri.query().unwrap().contains("force=true"));
+        assert_eq!(p1.headers[FENCE_HEADER], "0:0/1");
+        assert_eq!(b1["metadata"]["uid"], "u1");
+        assert_eq!(b1["metadata"]["resourceVersion"], "5");
+        assert_eq!(b1["metadata"]["annotations"][FENCE_ANNOTATION], "0:0/1");
+        assert_eq!(b1["data"]["k"], "v");
+        assert_eq!(p2.uri.path(), "/api/v1/namespaces/default/configmaps/x/status");
+        assert_eq!(p2.headers[FENCE_HEADER], "0:0/1");
+        assert_eq!(b2["metadata"]["uid"], "u1");
+        assert_eq!(b2["metadata"]["resourceVersion"], "5");
+        assert_eq!(p3.headers["content-type"], "application/json-patch+json");
+        assert_eq!(p3.headers[FENCE_HEADER], "0:0/1");
+        assert_eq!(
+            b3,
+            json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "5"},
+                {"op": "add", "path": "/data", "value": {"k": "v"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {FENCE_ANNOTATION: "0:0/1"}},
+            ])
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -790,7 +837,7 @@ pub(crate) mod fenced {
         let fence = permit.fence().unwrap();
         let (api, mut handle) = api();
         tokio::time::advance(Duration::from_secs(9)).await;
-        let err = api.replace(&fence, "x", &cm("u1")).await.unwrap_err();
+        let err = api.replace(&fence, &cm("u1")).await.unwrap_err();
         assert!(
             matches!(err, Error::Fence(FenceError::Expired { .. })),
             "{err:?}"
@@ -807,7 +854,7 @@ pub(crate) mod fenced {
         let (api, mut handle) = api();
         let mut obj = (*cm("u1")).clone();
         obj.metadata.resource_version = None;
-        let err = api.replace(&fence, "x", &obj).await.unwrap_err();
+        let err = api.replace(&fence, &obj).await.unwrap_err();
         assert!(matches!(
             err,
             Error::MissingPrecondition {
@@ -815,6 +862,12 @@ pub(crate) mod fenced {
                 ..
             }
         ));
+        // a merge patch too: every update, patch and apply needs both preconditions
+        let err = api
+            .patch(&permit, &obj, &json!({"data": {}}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::MissingPrecondition { .. }), "{err:?}");
         drop(api);
         assert!(handle.next_request().await.is_none());
     }
@@ -842,7 +895,7 @@ pub(crate) mod fenced {
         let fence = permit.fence().unwrap();
         let (api, handle) = api();
         let server = silent(handle);
-        let write = tokio::spawn(async move { api.replace(&fence, "x", &cm("u1")).await });
+        let write = tokio::spawn(async move { api.replace(&fence, &cm("u1")).await });
         settle().await;
         drop(permit);
         drv.apply(&draining_view(2));
@@ -892,7 +945,7 @@ pub(crate) mod fenced {
         let fence = permit.fence().unwrap();
         let (api_a, handle) = api();
         let server = silent(handle);
-        let write = tokio::spawn(async move { api_a.replace(&fence, "x", &cm("u1")).await });
+        let write = tokio::spawn(async move { api_a.replace(&fence, &cm("u1")).await });
         settle().await;
         drop(permit);
         drv_a.apply(&draining_view(2));
@@ -908,7 +961,7 @@ pub(crate) mod fenced {
         let fence_b = permit_b.fence().unwrap();
         let (api_b, mut handle_b) = api();
         let server_b = tokio::spawn(async move { next(&mut handle_b, reply()).await });
-        api_b.replace(&fence_b, "x", &cm("u1")).await.unwrap();
+        api_b.replace(&fence_b, &cm("u1")).await.unwrap();
         server_b.await.unwrap();
         drop((fence_b, permit_b));
         let _ = write.await.unwrap();
@@ -926,7 +979,7 @@ pub(crate) mod fenced {
             let (_req, _send) = handle.next_request().await.unwrap();
             tokio::time::sleep(Duration::from_secs(60)).await;
         });
-        let err = api.replace(&fence, "x", &cm("u1")).await.unwrap_err();
+        let err = api.replace(&fence, &cm("u1")).await.unwrap_err();
         assert!(
             matches!(err, Error::Timeout(d) if d == Duration::from_secs(9)),
             "{err:?}"

@@ -78,11 +78,7 @@ async fn late_writes_across_a_handoff(publish: bool) -> (BTreeMap<String, bool>,
             let cm = reader.get(name).await.unwrap();
             let fence = a.admit(&cm).unwrap().fence().unwrap();
             let patch = json!({"data": {"late": "deposed"}});
-            let (uid, rv) = (
-                cm.metadata.uid.clone().unwrap(),
-                cm.metadata.resource_version.clone().unwrap(),
-            );
-            writer.patch(&fence, name, &uid, &rv, &patch).await
+            writer.patch(&fence, &cm, &patch).await
         }
     });
     for res in futures::future::join_all(sends).await {
@@ -239,18 +235,8 @@ async fn current_owners_writes_all_pass_under_handoffs_and_takeovers() {
                         for o in ownerships {
                             let Ok(permit) = o.admit(&cm) else { continue };
                             let Ok(fence) = permit.fence() else { continue };
-                            let (uid, rv) = (
-                                cm.metadata.uid.clone().unwrap(),
-                                cm.metadata.resource_version.clone().unwrap(),
-                            );
                             let res = api
-                                .patch(
-                                    &fence,
-                                    name,
-                                    &uid,
-                                    &rv,
-                                    &json!({"data": {"n": n.to_string()}}),
-                                )
+                                .patch(&fence, &cm, &json!({"data": {"n": n.to_string()}}))
                                 .await;
                             let mut c = counts.lock().unwrap();
                             match res {

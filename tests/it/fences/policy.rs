@@ -42,12 +42,12 @@ async fn late_write(server: &TestServer) -> Result<ConfigMap, fenced_write::Erro
     let fenced = FencedApi::new(api.clone());
     let cm = api.get(&name).await.unwrap();
     let old_fence = old.admit(&cm).unwrap().fence().unwrap();
-    fenced.replace(&old_fence, &name, &cm).await.unwrap(); // the deposed owner's last write, epoch 7
+    fenced.replace(&old_fence, &cm).await.unwrap(); // the deposed owner's last write, epoch 7
     let cm = api.get(&name).await.unwrap();
     let new_fence = new.admit(&cm).unwrap().fence().unwrap();
-    fenced.replace(&new_fence, &name, &cm).await.unwrap(); // the new owner's write, epoch 9
+    fenced.replace(&new_fence, &cm).await.unwrap(); // the new owner's write, epoch 9
     let fresh = api.get(&name).await.unwrap(); // the deposed owner re-reads: preconditions pass
-    fenced.replace(&old_fence, &name, &fresh).await
+    fenced.replace(&old_fence, &fresh).await
 }
 
 #[tokio::test(start_paused = true)]
@@ -184,30 +184,17 @@ async fn late_status_write(
     d_new.activate(shard, 9);
     let fenced = FencedApi::new(api.clone()).status_fence_field(STATUS_FIELD.parse().unwrap());
     let status = |who: &str| serde_json::json!({"status": {"phase": who}});
-    let meta = |o: &DynamicObject| {
-        (
-            o.metadata.uid.clone().unwrap(),
-            o.metadata.resource_version.clone().unwrap(),
-        )
-    };
     let old_fence = old.admit(&w).unwrap().fence().unwrap();
-    let (uid, rv) = meta(&w);
     // the deposed owner's last status write while it owned the shard: a first stamp, epoch 7
     fenced
-        .patch_status(&old_fence, "w1", &uid, &rv, &status("old"))
+        .patch_status(&old_fence, &w, &status("old"))
         .await
         .unwrap();
     let cur = api.get("w1").await.unwrap();
     let new_fence = new.admit(&cur).unwrap().fence().unwrap();
-    let (uid, rv) = meta(&cur);
-    let current = fenced
-        .patch_status(&new_fence, "w1", &uid, &rv, &status("new"))
-        .await;
+    let current = fenced.patch_status(&new_fence, &cur, &status("new")).await;
     let fresh = api.get("w1").await.unwrap(); // the deposed owner re-reads: preconditions pass
-    let (uid, rv) = meta(&fresh);
-    let late = fenced
-        .patch_status(&old_fence, "w1", &uid, &rv, &status("old-late"))
-        .await;
+    let late = fenced.patch_status(&old_fence, &fresh, &status("old-late")).await;
     (current, late)
 }
 

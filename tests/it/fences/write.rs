@@ -30,7 +30,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
         .data
         .get_or_insert_with(Default::default)
         .insert("k".into(), "v".into());
-    let written = fenced.replace(&fence, &name, &changed).await.unwrap();
+    let written = fenced.replace(&fence, &changed).await.unwrap();
     assert_eq!(
         written.metadata.annotations.as_ref().unwrap()["kube-shard.io/fence"],
         format!("0:{shard}/7"),
@@ -43,7 +43,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
         "the server saw the fence"
     );
     // a stale copy (old resourceVersion) is refused by the precondition, not silently applied
-    let err = fenced.replace(&fence, &name, &changed).await.unwrap_err();
+    let err = fenced.replace(&fence, &changed).await.unwrap_err();
     assert!(err.is_conflict() && !err.is_fenced(), "{err:?}");
     // a lower epoch committed later is flagged by the audit
     let (me2, o2, d2) = member("stale");
@@ -53,7 +53,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
     let fresh = api.get(&name).await.unwrap();
     let stale_fence = o2.admit(&fresh).unwrap().fence().unwrap();
     stale_api
-        .replace(&stale_fence, &name, &fresh)
+        .replace(&stale_fence, &fresh)
         .await
         .unwrap();
     assert_eq!(
@@ -80,7 +80,7 @@ async fn an_expired_fence_sends_nothing() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let before = server.accounting("late").requests(Verb::Update);
     let err = FencedApi::new(api)
-        .replace(&fence, &name, &cm)
+        .replace(&fence, &cm)
         .await
         .unwrap_err();
     assert!(err.to_string().to_lowercase().contains("fence"), "{err}");

@@ -484,7 +484,7 @@ fn spawn_worker(
         kube_shard::ShardedWatcher::new(api, watcher::Config::default(), ownership.clone())
             .barrier_timeout(Duration::from_secs(1))
             .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let who = name.to_owned();
     let seen = seen.clone();
     let writes = writes.clone();
@@ -528,15 +528,9 @@ fn spawn_worker(
                         if stamped == Some(&v) {
                             return Ok(Action::await_change());
                         }
-                        let (uid, rv) = (
-                            cm.metadata.uid.clone(),
-                            cm.metadata.resource_version.clone(),
-                        );
                         let patch =
                             serde_json::json!({"metadata": {"annotations": {RECONCILED: v}}});
-                        match fenced
-                            .patch(&fence, &name, &uid.unwrap(), &rv.unwrap(), &patch)
-                            .await
+                        match fenced.patch(&fence, cm.as_ref(), &patch).await
                         {
                             Ok(_) => {
                                 writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

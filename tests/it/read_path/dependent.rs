@@ -19,7 +19,7 @@ use kube_shard::ownership::{MemberId, Ownership, OwnershipConfig};
 use kube_shard::testing::{self, TestDriver};
 use kube_shard::watcher::{stamp_shard_label, SHARD_LABEL};
 use kube_shard::watcher::{
-    Dependency, DependencyMap, DependentError, ReadMode, Sharded, ShardedWatcher, WatcherStats,
+    Dependency, DependencyMap, DependentError, ReadMode, ShardedReflector, ShardedWatcher, WatcherStats,
 };
 use kube_shard::{fnv1a64, ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;
@@ -35,12 +35,12 @@ where
     task: tokio::task::JoinHandle<()>,
 }
 
-fn run<K>(sharded: Sharded<K>) -> Running<K>
+fn run<K>(sharded: ShardedReflector<K>) -> Running<K>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     Running { store, stats, task }
@@ -331,8 +331,8 @@ async fn children_by_owner_reference_move_with_their_parents(gate: bool, label: 
     .unwrap()
     .barrier_timeout(Duration::from_secs(1))
     .build_reflector();
-    let cb_store = cb.store.clone().unwrap();
-    let pb_store = pb.store.clone().unwrap();
+    let cb_store = cb.store.clone();
+    let pb_store = pb.store.clone();
     let log: Log = Arc::default();
     let ctx = Arc::new((cb_store.clone(), log.clone()));
     let ctrl = Controller::for_stream(pb.events.applied_objects(), pb_store.clone())
@@ -506,14 +506,15 @@ async fn dependent_reflector_shortcut() {
     let (me, o, d) = member("s");
     let own: BTreeSet<u32> = (4..12).collect();
     d.apply(&grant(AssignmentView::new(1), &me, own.iter().copied(), 1));
-    let (store, events) = kube_shard::dependent_reflector(
+    let children = kube_shard::dependent_reflector(
         Api::<ConfigMap>::all(server.client("s")),
         config("child"),
         o,
         Dependency::controller_owner(),
     )
     .unwrap();
-    let task = tokio::spawn(events.for_each(|_| async {}));
+    let store = children.store;
+    let task = tokio::spawn(children.events.for_each(|_| async {}));
     until(Duration::from_secs(30), "children of owned parents", || {
         names_of(&store) == fam.children_of_shards(&own)
     })
@@ -664,8 +665,8 @@ async fn referenced_objects_follow_their_referrers(gate: bool) {
     .unwrap()
     .barrier_timeout(Duration::from_secs(1))
     .build_reflector();
-    let deps_b_store = deps_b.store.clone().unwrap();
-    let jb_store = jb.store.clone().unwrap();
+    let deps_b_store = deps_b.store.clone();
+    let jb_store = jb.store.clone();
     // b's reconcile checks that the job's deployment is in the dependency store when it runs
     let missing: Arc<Mutex<Vec<String>>> = Arc::default();
     let reconciled: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();

@@ -101,7 +101,7 @@ pub(crate) fn read(server: &TestServer, identity: &str, ownership: &Ownership) -
         .barrier_timeout(Duration::from_secs(1))
         .probe_interval(Duration::from_secs(30))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let events = sharded.events;
     let task = tokio::spawn(async move {
@@ -231,7 +231,7 @@ async fn nothing_owned_still_initializes() {
     seed(&server.client("admin"), 20).await;
     let (_me, o, _d) = member("idle");
     let api: Api<ConfigMap> = Api::all(server.client("idle"));
-    let mut events = std::pin::pin!(kube_shard::watcher(api, watcher::Config::default(), o));
+    let mut events = std::pin::pin!(kube_shard::watcher(api, watcher::Config::default(), o).events);
     assert!(matches!(
         events.try_next().await.unwrap(),
         Some(watcher::Event::Init)
@@ -625,7 +625,7 @@ async fn controller_for_stream_reconciles_owned_and_reenqueued_objects() {
     let sharded = ShardedWatcher::new(api, watcher::Config::default(), o.clone())
         .barrier_timeout(Duration::from_secs(1))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let seen: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
     let ctx = seen.clone();
     let ctrl = Controller::for_stream(sharded.events.applied_objects(), store.clone())
@@ -712,7 +712,7 @@ async fn streaming_list_initial_sync() {
     let sharded = ShardedWatcher::new(api, watcher::Config::default().streaming_lists(), o.clone())
         .barrier_timeout(Duration::from_secs(1))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let want = owned_names(&all, &owned);
@@ -747,7 +747,7 @@ async fn metadata_watcher_projects_owned_metadata() {
     let sharded = ShardedWatcher::metadata(api, watcher::Config::default(), o.clone())
         .barrier_timeout(Duration::from_secs(1))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let want = owned_names(&all, &owned);
     until(Duration::from_secs(60), "metadata projection", || {
@@ -864,7 +864,7 @@ async fn invalid_selector_500_falls_back_and_alarms() {
     )
     .barrier_timeout(Duration::from_secs(1))
     .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let want = owned_names(&all, &owned);
@@ -910,7 +910,7 @@ async fn dynamic_objects_with_a_transform() {
         })
         .barrier_timeout(Duration::from_secs(1))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let want = owned_names(&all, &owned);
     until(Duration::from_secs(60), "dynamic projection", || {
@@ -1005,7 +1005,7 @@ async fn a_fresh_sub_watch_list_is_the_activation_barrier() {
         .barrier_timeout(timeout)
         .probe_interval(Duration::from_secs(3600))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let owned = |shards: &BTreeSet<u32>| {
@@ -1108,7 +1108,7 @@ async fn a_sub_watch_started_before_an_activation_is_not_its_barrier() {
         .barrier_timeout(Duration::from_secs(5))
         .probe_interval(Duration::from_secs(3600))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let state = |s: u32| shard_state(&o, s);
@@ -1278,7 +1278,7 @@ async fn a_black_holed_watch_start_does_not_leave_a_shard_stale() {
         .barrier_timeout(barrier_timeout)
         .probe_interval(Duration::from_secs(3600))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     until(
         Duration::from_secs(60),

@@ -226,7 +226,7 @@ fn widget_controller(
     )
     .barrier_timeout(Duration::from_secs(1))
     .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let trigger = sharded
         .events
         .applied_objects()
@@ -278,14 +278,9 @@ async fn stamp(
     if meta.annotations.as_ref().and_then(|a| a.get(RECONCILED)) == Some(&g) {
         return Ok(());
     }
-    let (name, uid, rv) = (
-        meta.name.as_deref().unwrap_or_default(),
-        meta.uid.as_deref().unwrap_or_default(),
-        meta.resource_version.as_deref().unwrap_or_default(),
-    );
     let patch = serde_json::json!({"metadata": {"annotations": {RECONCILED: g}}});
     fenced
-        .patch(fence, name, uid, rv, &patch)
+        .patch(fence, w, &patch)
         .await
         .map(|_| ())
         .map_err(|e| std::io::Error::other(e.to_string()))
@@ -503,7 +498,7 @@ async fn a_widget_changed_while_its_owner_is_self_fenced_is_done_after_the_renew
 /// second S = 16 member and the Event.
 #[tokio::test(start_paused = true)]
 async fn a_member_at_another_s_refuses_loudly_admits_nothing_and_writes_nothing() {
-    use k8s_openapi::api::core::v1::Event;
+    use k8s_openapi::api::events::v1::Event;
     use kube_shard::ShardCount;
     use kube_shard_testserver::{FailRule, Scope};
 

@@ -302,7 +302,7 @@ async fn long_reconcile_across_re_promotion(late: Late) -> LongRun {
     first.data = Some(BTreeMap::from([("state".into(), "seen-under-1001".into())]));
     {
         let _w = o.admit("a", 1001);
-        fenced.replace(&fence, "obj", &first).await.unwrap();
+        fenced.replace(&fence, &first).await.unwrap();
     }
 
     let io_start = Instant::now();
@@ -359,7 +359,7 @@ async fn long_reconcile_across_re_promotion(late: Late) -> LongRun {
     cur.data = Some(BTreeMap::from([("state".into(), "seen-under-3001".into())]));
     {
         let _w = o.admit("a", again);
-        fenced.replace(&f, "obj", &cur).await.unwrap();
+        fenced.replace(&f, &cur).await.unwrap();
     }
 
     // the long reconcile's late write, from a fresh read (the preconditions pass)
@@ -379,7 +379,7 @@ async fn long_reconcile_across_re_promotion(late: Late) -> LongRun {
             );
             assert!(matches!(fence.check(), Err(FenceError::TermEnded { .. })));
             fenced
-                .replace(&fence, "obj", &stale)
+                .replace(&fence, &stale)
                 .await
                 .map(drop)
                 .map_err(|e| format!("{e:?}"))
