@@ -312,3 +312,97 @@ fn failover_refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Routine;
+    use crate::ownership::{fenced_write, FenceError};
+    use kube::core::Status;
+    use kube::runtime::finalizer;
+
+    /// A typical operator's error: its own enum, writes through `#[from]`, kube's finalizer boxed.
+    #[derive(Debug, thiserror::Error)]
+    enum UserError {
+        #[error("write failed")]
+        Write(#[from] fenced_write::Error),
+        #[error("kube")]
+        Kube(#[source] kube::Error),
+        #[error("finalizer")]
+        Finalizer(#[source] Box<finalizer::Error<UserError>>),
+        #[error("illegal document")]
+        Illegal,
+    }
+
+    fn lost() -> fenced_write::Error {
+        fenced_write::Error::Fence(FenceError::NotHeld { shard: 3, epoch: 7 })
+    }
+
+    fn api(code: u16, reason: &str, message: &str) -> kube::Error {
+        let mut s = Status::failure(message, reason);
+        s.code = code;
+        kube::Error::Api(Box::new(s))
+    }
+
+    #[test]
+    fn a_lost_shard_is_found_through_the_users_enum_and_kubes_finalizer() {
+        assert_eq!(Routine::of(&UserError::from(lost())), Some(Routine::Fenced));
+        let nested = UserError::Finalizer(Box::new(finalizer::Error::ApplyFailed(
+            UserError::from(lost()),
+        )));
+        assert_eq!(Routine::of(&nested), Some(Routine::Fenced));
+        let cleanup = UserError::Finalizer(Box::new(finalizer::Error::CleanupFailed(
+            UserError::Write(fenced_write::Error::Timeout(std::time::Duration::from_secs(1))),
+        )));
+        assert_eq!(Routine::of(&cleanup), Some(Routine::Fenced));
+        assert!(Routine::of(&nested).unwrap().lost_shard());
+        // a bare FenceError (from `permit.fence()?`) counts too: one notion of "lost the shard"
+        assert_eq!(
+            Routine::of(&FenceError::SelfFenced { shard: 1 }),
+            Some(Routine::Fenced)
+        );
+    }
+
+    #[test]
+    fn anyhow_and_boxed_errors_are_walked_too() {
+        let any = anyhow::Error::new(lost()).context("reconciling doc-1");
+        assert_eq!(Routine::of_any(&any), Some(Routine::Fenced));
+        let boxed: Box<dyn std::error::Error> = Box::new(UserError::from(lost()));
+        assert_eq!(Routine::of_any(&boxed), Some(Routine::Fenced));
+        let unrelated = anyhow::anyhow!("disk full");
+        assert_eq!(Routine::of_any(&unrelated), None);
+    }
+
+    #[test]
+    fn only_precondition_conflicts_and_fence_refusals_are_routine() {
+        let modified = api(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on documents \"d\": the object has been modified",
+        );
+        assert_eq!(Routine::of(&UserError::Kube(modified)), Some(Routine::Conflict));
+        let add_finalizer = UserError::Finalizer(Box::new(finalizer::Error::AddFinalizer(api(
+            409,
+            "Conflict",
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+        ))));
+        assert_eq!(Routine::of(&add_finalizer), Some(Routine::Conflict));
+        // a field-manager conflict of server-side apply and a taken name do not cure themselves
+        let ssa = api(409, "Conflict", "Apply failed with 1 conflict: conflict with \"x\": .spec");
+        assert_eq!(Routine::of(&UserError::Kube(ssa)), None);
+        let exists = api(409, "AlreadyExists", "configmaps \"c\" already exists");
+        assert_eq!(Routine::of(&UserError::Kube(exists)), None);
+        assert_eq!(Routine::of(&UserError::Illegal), None);
+        let refused = api(
+            422,
+            "Invalid",
+            &format!(
+                "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: {}",
+                crate::fence_policy::messages::MARK
+            ),
+        );
+        assert_eq!(
+            Routine::of(&UserError::Write(fenced_write::Error::Api(refused))),
+            Some(Routine::Refused)
+        );
+    }
+}

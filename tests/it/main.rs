@@ -1,3 +1,4 @@
+mod controller;
 mod fences;
 mod fuzz_fallback;
 mod group;

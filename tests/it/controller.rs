@@ -1,0 +1,85 @@
+//! The pre-wired controller's shutdown: a signal makes the member leave the group before the controller
+//! stops, so its shards move at once instead of after a lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::{controller::Action, watcher};
+use kube::Api;
+use kube_shard::Permit;
+
+use crate::harness::{builder, group_server, s, until, CP_NS, GROUP, LEASE};
+use crate::read_path::watcher::NS;
+
+fn member(
+    server: &kube_shard_testserver::TestServer,
+    name: &str,
+    on_signal: bool,
+) -> (kube_shard::group::GroupHandle, tokio::task::JoinHandle<()>) {
+    let group = builder(server, name).build().expect("valid config");
+    let api: Api<ConfigMap> = Api::namespaced(server.client(&format!("{name}-app")), NS);
+    let mut controller = kube_shard::Controller::new(api, watcher::Config::default(), group);
+    if on_signal {
+        controller = controller.shutdown_on_signal();
+    }
+    let handle = controller.handle();
+    let run = controller.run(
+        |_: Arc<ConfigMap>, _: Arc<()>, _: Permit| async {
+            Ok::<_, std::convert::Infallible>(Action::await_change())
+        },
+        |_, _, _| Action::requeue(Duration::from_secs(1)),
+        Arc::new(()),
+    );
+    (handle, tokio::spawn(run.for_each(|_| async {})))
+}
+
+fn owns_every_shard(h: &kube_shard::group::GroupHandle) -> bool {
+    (0..s().get()).all(|shard| h.ownership().admit_shard(shard).is_ok())
+}
+
+/// SIGTERM to this process: `a` (the only controller listening for signals) leaves, and its controller
+/// stops only after the leave finished — `b` owns every shard by then, well within a lease.
+#[tokio::test(start_paused = true)]
+async fn shutdown_on_signal_leaves_the_group_before_the_controller_stops() {
+    let (server, _log) = group_server().await;
+    crate::read_path::watcher::seed(&server.client("admin"), 0).await;
+    let (a, a_task) = member(&server, "a", true);
+    let (b, b_task) = member(&server, "b", false);
+    until(Duration::from_secs(60), "a and b share the shards", || {
+        (0..s().get()).all(|shard| {
+            a.ownership().admit_shard(shard).is_ok() != b.ownership().admit_shard(shard).is_ok()
+        })
+    })
+    .await;
+    assert!(!owns_every_shard(&b), "a holds some shards before the signal");
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &std::process::id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let started = tokio::time::Instant::now();
+    until(Duration::from_secs(30), "a's controller stopped", || {
+        a_task.is_finished()
+    })
+    .await;
+    // the controller stopped after the leave: a had released every shard (b activates each once its
+    // read is warm) and deleted its Lease
+    assert!(
+        (0..s().get()).all(|shard| a.ownership().shard_state(shard).is_none()),
+        "a released every shard before its controller stopped: {:?}",
+        a.ownership().shard_states()
+    );
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    assert!(
+        leases.get_opt(&format!("{GROUP}-a")).await.unwrap().is_none(),
+        "a deleted its member Lease (a killed member's would wait out its lease)"
+    );
+    assert!(started.elapsed() < LEASE, "the leave took {:?}", started.elapsed());
+    until(Duration::from_secs(10), "b owns every shard", || owns_every_shard(&b)).await;
+    assert!(!b_task.is_finished(), "b, not listening for signals, runs on");
+    b_task.abort();
+}
