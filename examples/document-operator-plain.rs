@@ -703,8 +703,6 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore = "kube-shard-testserver refuses kube's add-finalizer patch: its JSON patch `test` of the \
-                missing /metadata/finalizers against null fails (a 422), where kube-apiserver passes it"]
     async fn new_document_gets_the_finalizer() {
         let (_server, docs, ctx, _) = setup().await;
         let created = docs

@@ -595,3 +595,34 @@ async fn objects_can_be_inspected_without_a_client() {
         .is_none());
     assert_eq!(server.accounting("a"), before);
 }
+
+/// kube's `finalizer` helper adds the first finalizer with `test /metadata/finalizers == null` then `add`:
+/// kube-apiserver passes a `test` of `null` on a missing path (and fails one of a value), so must this.
+#[tokio::test]
+async fn a_json_patch_test_of_null_passes_on_a_missing_path() {
+    let server = TestServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client("t"), "default");
+    api.create(&PostParams::default(), &cm("fin")).await.unwrap();
+    let first: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/f"]},
+    ]))
+    .unwrap();
+    let got = api
+        .patch("fin", &PatchParams::default(), &Patch::<()>::Json(first))
+        .await
+        .unwrap();
+    assert_eq!(got.metadata.finalizers, Some(vec!["example.com/f".to_owned()]));
+    // the same test now meets a value: refused, nothing changed
+    let again: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}},
+    ]))
+    .unwrap();
+    let err = api
+        .patch("fin", &PatchParams::default(), &Patch::<()>::Json(again))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(422));
+    assert!(api.get("fin").await.unwrap().metadata.labels.is_none());
+}
