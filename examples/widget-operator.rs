@@ -291,7 +291,14 @@ async fn apply(w: Arc<Widget>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, 
     if w.status.as_ref() != Some(&want) {
         let widgets = FencedApi::new(Api::<Widget>::namespaced(ctx.client.clone(), ns));
         let patch = json!({ "status": want });
-        widgets.patch_status(&fence, w.as_ref(), &patch).await?;
+        widgets
+            .patch_status(
+                &fence,
+                w.as_ref(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
     }
     Ok(Action::await_change())
 }

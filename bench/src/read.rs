@@ -207,9 +207,7 @@ async fn fixed(server: &TestServer, n: usize) -> Result<Vec<Replica>, BenchError
         "the static replicas did not sync",
         || {
             running.iter().all(|(_, owned, stats, store, _)| {
-                stats.initialized()
-                    && store.state().len() as u64
-                        >= owned_objects(&shards, owned)
+                stats.initialized() && store.state().len() as u64 >= owned_objects(&shards, owned)
             })
         },
     )

@@ -244,7 +244,12 @@ async fn reconcile_fenced(
         fenced(
             &ctx,
             &fence,
-            widgets.patch_status(&fence, w.as_ref(), &patch),
+            widgets.patch_status(
+                &fence,
+                w.as_ref(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            ),
         )
         .await?;
     }

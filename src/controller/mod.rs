@@ -7,12 +7,14 @@
 //! use std::sync::Arc;
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube::{runtime::{controller::Action, watcher}, Api};
+//! use kube::{api::{Patch, PatchParams}, runtime::{controller::Action, watcher}, Api};
 //! use kube_shard::{Controller, FencedApi, Permit, ShardGroup};
 //!
 //! async fn reconcile(cm: Arc<ConfigMap>, api: Arc<FencedApi<ConfigMap>>, permit: Permit)
 //!     -> Result<Action, kube_shard::fenced_write::Error> {
-//!     api.patch(&permit, &cm, &serde_json::json!({"data": {"seen": "yes"}})).await?;
+//!     // server-side apply, conditional on the uid and resourceVersion `cm` was read at
+//!     let seen = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"seen": "yes"}});
+//!     api.patch(&permit, &cm, &PatchParams::apply("my-operator"), &Patch::Apply(seen)).await?;
 //!     Ok(Action::await_change())
 //! }
 //!
@@ -130,7 +132,8 @@ where
     /// (metadata only), like kube's `owns`: a child's change reconciles its parent.
     pub fn owns<Child>(self, api: Api<Child>, config: watcher::Config) -> Self
     where
-        Child: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Child:
+            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         self.owns_by(api, config, Dependency::controller_owner())
     }
@@ -145,7 +148,8 @@ where
         dependency: Dependency<PartialObjectMeta<Child>>,
     ) -> Self
     where
-        Child: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Child:
+            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         match ShardedWatcher::metadata(api, config, self.handle.ownership()).dependent(dependency) {
             Ok(w) => {
@@ -183,7 +187,10 @@ where
     }
 
     /// kube's `reconcile_on`: more objects to reconcile (the member's own re-enqueues are wired already).
-    pub fn reconcile_on(mut self, trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static) -> Self {
+    pub fn reconcile_on(
+        mut self,
+        trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> Self {
         self.inner = self.inner.reconcile_on(trigger);
         self
     }
@@ -203,7 +210,10 @@ where
     /// Shut down when `trigger` completes: **leave the group first** (the member keeps reconciling until
     /// each of its shards has moved to another member), then stop the controller gracefully. Additive, like
     /// kube's: the first trigger to complete starts it.
-    pub fn graceful_shutdown_on(mut self, trigger: impl Future<Output = ()> + Send + 'static) -> Self {
+    pub fn graceful_shutdown_on(
+        mut self,
+        trigger: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
         self.triggers.push(trigger.boxed());
         self
     }
@@ -243,14 +253,11 @@ where
         let metrics = reconcile::FenceMetrics::default();
         let (group, done) = run::spawn_group(self.task);
         let stop = shutdown::spawn(self.triggers, self.signals, self.handle, done);
-        let stream = self
-            .inner
-            .graceful_shutdown_on(stop)
-            .run(
-                reconcile::wrap_fenced(ownership, metrics, reconciler),
-                error_policy,
-                context,
-            );
+        let stream = self.inner.graceful_shutdown_on(stop).run(
+            reconcile::wrap_fenced(ownership, metrics, reconciler),
+            error_policy,
+            context,
+        );
         Supervised::new(stream, group)
     }
 }

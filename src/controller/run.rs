@@ -43,7 +43,9 @@ type Item<K, E> = Result<(ObjectRef<K>, Action), RunError<E>>;
 /// [`RunError::Group`] and the end when the group's task fails.
 #[must_use = "streams do nothing unless polled"]
 pub struct Supervised<K: Resource, E: std::error::Error + 'static> {
-    inner: Option<BoxStream<'static, Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>>>,
+    inner: Option<
+        BoxStream<'static, Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>>,
+    >,
     group: Option<JoinHandle<Result<(), GroupError>>>,
     pending: Option<RunError<E>>,
 }

@@ -27,7 +27,9 @@ pub(super) fn spawn(
             future::pending::<()>().await;
         }
         future::select_all(triggers).await;
-        info!("shutting down: leaving the shard group first (its shards move to the other members)");
+        info!(
+            "shutting down: leaving the shard group first (its shards move to the other members)"
+        );
         handle.leave();
         let left = done.wait_for(|d| *d);
         if signals {

@@ -39,7 +39,9 @@ pub enum Error {
     Timeout(Duration),
     /// The object lacks a name, uid or resourceVersion: fenced writes always carry both preconditions
     /// (pass the object as read from the API or the store, not one built locally).
-    #[error("fenced write of {name:?} needs metadata.{field}: pass the object as read from the API")]
+    #[error(
+        "fenced write of {name:?} needs metadata.{field}: pass the object as read from the API"
+    )]
     MissingPrecondition {
         /// The object's name.
         name: String,
@@ -49,8 +51,9 @@ pub enum Error {
     /// The object or patch could not be encoded, or the patch is not a JSON object.
     #[error("cannot encode the write body")]
     Encode(#[source] serde_json::Error),
-    /// The patch is not a JSON object (a JSON merge patch).
-    #[error("a fenced patch must be a JSON object")]
+    /// The patch (apply, merge or strategic) is not a JSON object, or is of a kind fenced writes do not
+    /// know.
+    #[error("a fenced patch must be a JSON object (apply, merge or strategic) or a JSON patch")]
     PatchNotObject,
     /// A status write with a status fence field whose path is not an object in the body (a merge patch
     /// that sets `status` to `null`, or a non-object on the way): the fence cannot be stamped.
@@ -285,97 +288,89 @@ where
         self.send(&fence, req, "replace_status", Some(&uid)).await
     }
 
-    /// A JSON merge patch of `obj`, made conditional on its uid and resourceVersion (added to the patch as
-    /// `metadata.uid` / `metadata.resourceVersion`); the fence annotation is stamped.
-    pub async fn patch(&self, via: &impl FenceSource, obj: &K, patch: &Value) -> Result<K, Error> {
-        let fence = via.fence_now()?;
-        let (name, uid, rv) = preconditions(obj.meta())?;
-        let body = conditional_patch(patch, &uid, &rv, Some(&fence))?;
-        let req = self
-            .request()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
-            .map_err(build_error)?;
-        self.send(&fence, req, "patch", Some(&uid)).await
-    }
-
-    /// A JSON merge patch of `obj`'s `/status`, conditional on its uid and resourceVersion; the fence travels
-    /// in the header and, when configured, in the [status fence field](Self::status_fence_field).
-    pub async fn patch_status(
-        &self,
-        via: &impl FenceSource,
-        obj: &K,
-        patch: &Value,
-    ) -> Result<K, Error> {
-        let fence = via.fence_now()?;
-        let (name, uid, rv) = preconditions(obj.meta())?;
-        let mut body = conditional_patch(patch, &uid, &rv, None)?;
-        self.stamp_status(&fence, &mut body, false)?;
-        let req = self
-            .request()
-            .patch_subresource("status", &name, &PatchParams::default(), &Patch::Merge(&body))
-            .map_err(build_error)?;
-        self.send(&fence, req, "patch_status", Some(&uid)).await
-    }
-
-    /// A JSON patch (RFC 6902) of `obj`, preceded by `test` operations on its uid and resourceVersion and
-    /// followed by one that stamps the fence annotation.
-    pub async fn json_patch(
-        &self,
-        via: &impl FenceSource,
-        obj: &K,
-        patch: &json_patch::Patch,
-    ) -> Result<K, Error> {
-        let fence = via.fence_now()?;
-        let (name, uid, rv) = preconditions(obj.meta())?;
-        let body = conditional_json_patch(patch, obj.meta(), &uid, &rv, &fence)?;
-        let req = self
-            .request()
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(body))
-            .map_err(build_error)?;
-        self.send(&fence, req, "json_patch", Some(&uid)).await
-    }
-
-    /// Server-side apply of `patch` (a partial object with `apiVersion` and `kind`) to `obj`, with `params`
-    /// (`PatchParams::apply(manager)`, `.force()` as usual): the applied object carries `metadata.uid` and
-    /// `metadata.resourceVersion` (the server makes the apply conditional on them) and the fence annotation.
-    pub async fn apply<P: Serialize>(
+    /// Patch `obj` like [`Api::patch`] — any [`Patch`]: server-side apply (`Patch::Apply` with
+    /// `PatchParams::apply(manager)`), JSON merge, strategic merge, or JSON patch — made conditional on its
+    /// uid and resourceVersion (in the patch's `metadata`, or as `test` operations of a JSON patch) and
+    /// stamped with the fence annotation. An applied object then also claims the annotation for its field
+    /// manager.
+    pub async fn patch<P: Serialize + fmt::Debug>(
         &self,
         via: &impl FenceSource,
         obj: &K,
         params: &PatchParams,
-        patch: &P,
+        patch: &Patch<P>,
     ) -> Result<K, Error> {
-        let fence = via.fence_now()?;
-        let (name, uid, rv) = preconditions(obj.meta())?;
-        let patch = serde_json::to_value(patch).map_err(Error::Encode)?;
-        let body = conditional_patch(&patch, &uid, &rv, Some(&fence))?;
-        let req = self
-            .request()
-            .patch(&name, params, &Patch::Apply(&body))
-            .map_err(build_error)?;
-        self.send(&fence, req, "apply", Some(&uid)).await
+        self.patch_at(None, via, obj, params, patch).await
     }
 
-    /// Server-side apply to `obj`'s `/status` (kube-rs's way to write status): the applied object carries
-    /// `metadata.uid` and `metadata.resourceVersion`, the fence travels in the header and, when configured,
-    /// in the [status fence field](Self::status_fence_field).
-    pub async fn apply_status<P: Serialize>(
+    /// Patch `obj`'s `/status` like [`Api::patch_status`] (server-side apply is kube-rs's way to write
+    /// status), conditional on its uid and resourceVersion; the fence travels in the header and, when
+    /// configured, in the [status fence field](Self::status_fence_field) (not with a JSON patch:
+    /// [`Error::StatusFence`]).
+    pub async fn patch_status<P: Serialize + fmt::Debug>(
         &self,
         via: &impl FenceSource,
         obj: &K,
         params: &PatchParams,
-        patch: &P,
+        patch: &Patch<P>,
+    ) -> Result<K, Error> {
+        self.patch_at(Some("status"), via, obj, params, patch).await
+    }
+
+    async fn patch_at<P: Serialize + fmt::Debug>(
+        &self,
+        status: Option<&str>,
+        via: &impl FenceSource,
+        obj: &K,
+        params: &PatchParams,
+        patch: &Patch<P>,
     ) -> Result<K, Error> {
         let fence = via.fence_now()?;
         let (name, uid, rv) = preconditions(obj.meta())?;
+        // the annotation on the main resource only: a status write ignores metadata
+        let stamp = status.is_none().then_some(&fence);
+        let body = match patch {
+            Patch::Json(_) if status.is_some() && self.status_field.is_some() => {
+                return Err(Error::StatusFence(format!("{:?}", self.status_field)));
+            }
+            Patch::Json(ops) => {
+                Patch::Json(conditional_json_patch(ops, obj.meta(), &uid, &rv, stamp)?)
+            }
+            Patch::Apply(p) => Patch::Apply(self.body(p, &uid, &rv, stamp, status, &fence)?),
+            Patch::Merge(p) => Patch::Merge(self.body(p, &uid, &rv, stamp, status, &fence)?),
+            Patch::Strategic(p) => {
+                Patch::Strategic(self.body(p, &uid, &rv, stamp, status, &fence)?)
+            }
+            _ => return Err(Error::PatchNotObject),
+        };
+        let (req, verb) = match status {
+            None => (self.request().patch(&name, params, &body), "patch"),
+            Some(sub) => (
+                self.request().patch_subresource(sub, &name, params, &body),
+                "patch_status",
+            ),
+        };
+        let req = req.map_err(build_error)?;
+        self.send(&fence, req, verb, Some(&uid)).await
+    }
+
+    /// A merge-style patch body (apply, merge, strategic) with the preconditions, the annotation
+    /// (`stamp`) and, on a status write, the status fence field.
+    fn body<P: Serialize>(
+        &self,
+        patch: &P,
+        uid: &str,
+        rv: &str,
+        stamp: Option<&Fence>,
+        status: Option<&str>,
+        fence: &Fence,
+    ) -> Result<Value, Error> {
         let patch = serde_json::to_value(patch).map_err(Error::Encode)?;
-        let mut body = conditional_patch(&patch, &uid, &rv, None)?;
-        self.stamp_status(&fence, &mut body, false)?;
-        let req = self
-            .request()
-            .patch_subresource("status", &name, params, &Patch::Apply(&body))
-            .map_err(build_error)?;
-        self.send(&fence, req, "apply_status", Some(&uid)).await
+        let mut body = conditional_patch(&patch, uid, rv, stamp)?;
+        if status.is_some() {
+            self.stamp_status(fence, &mut body, false)?;
+        }
+        Ok(body)
     }
 
     /// Create an object (a child, typically) stamped with the fence annotation. A create has no uid or
@@ -514,9 +509,8 @@ fn conditional_json_patch(
     meta: &kube::api::ObjectMeta,
     uid: &str,
     rv: &str,
-    fence: &Fence,
+    stamp: Option<&Fence>,
 ) -> Result<json_patch::Patch, Error> {
-    let token = Value::String(fence.token().to_string());
     let mut ops = vec![
         serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid}),
         serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
@@ -528,11 +522,14 @@ fn conditional_json_patch(
             .map(|op| serde_json::to_value(op).map_err(Error::Encode))
             .collect::<Result<Vec<_>, _>>()?,
     );
-    if meta.annotations.is_some() {
-        let key = FENCE_ANNOTATION.replace('~', "~0").replace('/', "~1");
-        ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": token}));
-    } else {
-        ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {FENCE_ANNOTATION: token}}));
+    if let Some(fence) = stamp {
+        let token = Value::String(fence.token().to_string());
+        if meta.annotations.is_some() {
+            let key = FENCE_ANNOTATION.replace('~', "~0").replace('/', "~1");
+            ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": token}));
+        } else {
+            ops.push(serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": {FENCE_ANNOTATION: token}}));
+        }
     }
     serde_json::from_value(Value::Array(ops)).map_err(Error::Encode)
 }

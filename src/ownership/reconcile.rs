@@ -223,12 +223,13 @@ impl Routine {
 /// use std::sync::Arc;
 /// use futures::StreamExt;
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube::{runtime::{controller::{Action, Controller}, watcher}, Api, Client};
+/// use kube::{api::{Patch, PatchParams}, runtime::{controller::{Action, Controller}, watcher}, Api, Client};
 /// use kube_shard::{fenced_write, reconcile, FencedApi, Ownership, Permit};
 ///
 /// async fn apply(cm: Arc<ConfigMap>, ctx: Arc<FencedApi<ConfigMap>>, permit: Permit) -> Result<Action, fenced_write::Error> {
-///     let patch = serde_json::json!({"data": {"seen": "yes"}});
-///     ctx.patch(&permit, &cm, &patch).await?; // a lost shard or a conflict: requeued, not an error
+///     let patch = Patch::Merge(serde_json::json!({"data": {"seen": "yes"}}));
+///     // a lost shard or a conflict: requeued, not an error
+///     ctx.patch(&permit, &cm, &PatchParams::default(), &patch).await?;
 ///     Ok(Action::await_change())
 /// }
 ///
@@ -350,9 +351,10 @@ mod tests {
             UserError::from(lost()),
         )));
         assert_eq!(Routine::of(&nested), Some(Routine::Fenced));
-        let cleanup = UserError::Finalizer(Box::new(finalizer::Error::CleanupFailed(
-            UserError::Write(fenced_write::Error::Timeout(std::time::Duration::from_secs(1))),
-        )));
+        let cleanup =
+            UserError::Finalizer(Box::new(finalizer::Error::CleanupFailed(UserError::Write(
+                fenced_write::Error::Timeout(std::time::Duration::from_secs(1)),
+            ))));
         assert_eq!(Routine::of(&cleanup), Some(Routine::Fenced));
         assert!(Routine::of(&nested).unwrap().lost_shard());
         // a bare FenceError (from `permit.fence()?`) counts too: one notion of "lost the shard"
@@ -379,7 +381,10 @@ mod tests {
             "Conflict",
             "Operation cannot be fulfilled on documents \"d\": the object has been modified",
         );
-        assert_eq!(Routine::of(&UserError::Kube(modified)), Some(Routine::Conflict));
+        assert_eq!(
+            Routine::of(&UserError::Kube(modified)),
+            Some(Routine::Conflict)
+        );
         let add_finalizer = UserError::Finalizer(Box::new(finalizer::Error::AddFinalizer(api(
             409,
             "Conflict",
@@ -387,7 +392,11 @@ mod tests {
         ))));
         assert_eq!(Routine::of(&add_finalizer), Some(Routine::Conflict));
         // a field-manager conflict of server-side apply and a taken name do not cure themselves
-        let ssa = api(409, "Conflict", "Apply failed with 1 conflict: conflict with \"x\": .spec");
+        let ssa = api(
+            409,
+            "Conflict",
+            "Apply failed with 1 conflict: conflict with \"x\": .spec",
+        );
         assert_eq!(Routine::of(&UserError::Kube(ssa)), None);
         let exists = api(409, "AlreadyExists", "configmaps \"c\" already exists");
         assert_eq!(Routine::of(&UserError::Kube(exists)), None);

@@ -44,7 +44,11 @@ where
             }
             sent += 1;
         }
-        debug!(shards = shards.len(), objects = sent, "re-enqueued the objects of admitted shards");
+        debug!(
+            shards = shards.len(),
+            objects = sent,
+            "re-enqueued the objects of admitted shards"
+        );
         if tx.is_closed() {
             return;
         }

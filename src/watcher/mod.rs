@@ -46,9 +46,9 @@ use tokio::sync::mpsc;
 pub use dependent::{owner_shard, Dependency, DependencyMap, DependentError};
 pub use depkey::{shard_of_parent, stamp_shard_label, LABEL_MAX_SHARDS, SHARD_LABEL};
 use manager::{Manager, Settings};
-use pace::Pace;
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
+use pace::Pace;
 use stats::Stats;
 pub use stats::WatcherStats;
 use types::Out;
@@ -623,4 +623,3 @@ impl<K: Resource> Stream for ReenqueueStream<K> {
         }
     }
 }
-

@@ -11,7 +11,7 @@ use kube::runtime::{controller::Action, watcher};
 use kube::Api;
 use kube_shard::Permit;
 
-use crate::harness::{builder, group_server, s, until, CP_NS, GROUP, LEASE};
+use crate::harness::{builder, group_server, s, until, CP_NS, GROUP};
 use crate::read_path::watcher::NS;
 
 fn member(
@@ -54,14 +54,17 @@ async fn shutdown_on_signal_leaves_the_group_before_the_controller_stops() {
         })
     })
     .await;
-    assert!(!owns_every_shard(&b), "a holds some shards before the signal");
+    assert!(
+        !owns_every_shard(&b),
+        "a holds some shards before the signal"
+    );
 
     let status = std::process::Command::new("kill")
         .args(["-TERM", &std::process::id().to_string()])
         .status()
         .expect("kill runs");
     assert!(status.success());
-    let started = tokio::time::Instant::now();
+    // (no timing here: paused time runs ahead while the signal is in flight)
     until(Duration::from_secs(30), "a's controller stopped", || {
         a_task.is_finished()
     })
@@ -75,11 +78,20 @@ async fn shutdown_on_signal_leaves_the_group_before_the_controller_stops() {
     );
     let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
     assert!(
-        leases.get_opt(&format!("{GROUP}-a")).await.unwrap().is_none(),
+        leases
+            .get_opt(&format!("{GROUP}-a"))
+            .await
+            .unwrap()
+            .is_none(),
         "a deleted its member Lease (a killed member's would wait out its lease)"
     );
-    assert!(started.elapsed() < LEASE, "the leave took {:?}", started.elapsed());
-    until(Duration::from_secs(10), "b owns every shard", || owns_every_shard(&b)).await;
-    assert!(!b_task.is_finished(), "b, not listening for signals, runs on");
+    until(Duration::from_secs(10), "b owns every shard", || {
+        owns_every_shard(&b)
+    })
+    .await;
+    assert!(
+        !b_task.is_finished(),
+        "b, not listening for signals, runs on"
+    );
     b_task.abort();
 }

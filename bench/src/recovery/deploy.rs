@@ -178,7 +178,12 @@ async fn reconcile_member(
     let (name, generation, behind) = ctx.work(&obj).await?;
     if behind {
         FencedApi::new(ctx.api.clone())
-            .patch_status(&permit, obj.as_ref(), &status(generation))
+            .patch_status(
+                &permit,
+                obj.as_ref(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&status(generation)),
+            )
             .await?;
         ctx.ledger.written(&name, generation);
     }

@@ -60,7 +60,14 @@ async fn status_write(
     let cur = fenced.api().get(name).await.unwrap();
     let fence = who.admit(&cur).unwrap().fence().unwrap();
     let patch = json!({"status": {"phase": phase}});
-    fenced.patch_status(&fence, &cur, &patch).await
+    fenced
+        .patch_status(
+            &fence,
+            &cur,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
 }
 
 fn refusal(e: fenced_write::Error) -> Box<Status> {

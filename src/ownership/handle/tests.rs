@@ -732,12 +732,22 @@ pub(crate) mod fenced {
             (a, b, c)
         });
         api.replace_status(&fence, &cm("u1")).await.unwrap();
-        api.patch(&fence, &cm("u1"), &json!({"data": {"k": "v"}}))
-            .await
-            .unwrap();
-        api.patch_status(&permit, &cm("u1"), &json!({"status": {"ok": true}}))
-            .await
-            .unwrap();
+        api.patch(
+            &fence,
+            &cm("u1"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"data": {"k": "v"}})),
+        )
+        .await
+        .unwrap();
+        api.patch_status(
+            &permit,
+            &cm("u1"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"status": {"ok": true}})),
+        )
+        .await
+        .unwrap();
         let ((p1, b1), (p2, b2), (p3, b3)) = server.await.unwrap();
         assert_eq!(
             p1.uri.path(),
@@ -796,14 +806,18 @@ pub(crate) mod fenced {
         });
         let pp = kube::api::PatchParams::apply("tests").force();
         let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}});
-        api.apply(&permit, &cm("u1"), &pp, &applied).await.unwrap();
-        api.apply_status(&permit, &cm("u1"), &pp, &applied)
+        let applied = kube::api::Patch::Apply(applied);
+        api.patch(&permit, &cm("u1"), &pp, &applied).await.unwrap();
+        api.patch_status(&permit, &cm("u1"), &pp, &applied)
             .await
             .unwrap();
         let ops: json_patch::Patch =
             serde_json::from_value(json!([{"op": "add", "path": "/data", "value": {"k": "v"}}]))
                 .unwrap();
-        api.json_patch(&permit, &cm("u1"), &ops).await.unwrap();
+        let ops = kube::api::Patch::<()>::Json(ops);
+        api.patch(&permit, &cm("u1"), &Default::default(), &ops)
+            .await
+            .unwrap();
         let ((p1, b1), (p2, b2), (p3, b3)) = server.await.unwrap();
         assert_eq!(p1.headers["content-type"], "application/apply-patch+yaml");
         assert!(p1.uri.query().unwrap().contains("fieldManager=tests"));
@@ -813,7 +827,10 @@ pub(crate) mod fenced {
         assert_eq!(b1["metadata"]["resourceVersion"], "5");
         assert_eq!(b1["metadata"]["annotations"][FENCE_ANNOTATION], "0:0/1");
         assert_eq!(b1["data"]["k"], "v");
-        assert_eq!(p2.uri.path(), "/api/v1/namespaces/default/configmaps/x/status");
+        assert_eq!(
+            p2.uri.path(),
+            "/api/v1/namespaces/default/configmaps/x/status"
+        );
         assert_eq!(p2.headers[FENCE_HEADER], "0:0/1");
         assert_eq!(b2["metadata"]["uid"], "u1");
         assert_eq!(b2["metadata"]["resourceVersion"], "5");
@@ -864,7 +881,12 @@ pub(crate) mod fenced {
         ));
         // a merge patch too: every update, patch and apply needs both preconditions
         let err = api
-            .patch(&permit, &obj, &json!({"data": {}}))
+            .patch(
+                &permit,
+                &obj,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&json!({"data": {}})),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, Error::MissingPrecondition { .. }), "{err:?}");

@@ -78,7 +78,14 @@ async fn late_writes_across_a_handoff(publish: bool) -> (BTreeMap<String, bool>,
             let cm = reader.get(name).await.unwrap();
             let fence = a.admit(&cm).unwrap().fence().unwrap();
             let patch = json!({"data": {"late": "deposed"}});
-            writer.patch(&fence, &cm, &patch).await
+            writer
+                .patch(
+                    &fence,
+                    &cm,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
         }
     });
     for res in futures::future::join_all(sends).await {
@@ -236,7 +243,14 @@ async fn current_owners_writes_all_pass_under_handoffs_and_takeovers() {
                             let Ok(permit) = o.admit(&cm) else { continue };
                             let Ok(fence) = permit.fence() else { continue };
                             let res = api
-                                .patch(&fence, &cm, &json!({"data": {"n": n.to_string()}}))
+                                .patch(
+                                    &fence,
+                                    &cm,
+                                    &kube::api::PatchParams::default(),
+                                    &kube::api::Patch::Merge(
+                                        &json!({"data": {"n": n.to_string()}}),
+                                    ),
+                                )
                                 .await;
                             let mut c = counts.lock().unwrap();
                             match res {

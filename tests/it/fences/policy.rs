@@ -187,14 +187,33 @@ async fn late_status_write(
     let old_fence = old.admit(&w).unwrap().fence().unwrap();
     // the deposed owner's last status write while it owned the shard: a first stamp, epoch 7
     fenced
-        .patch_status(&old_fence, &w, &status("old"))
+        .patch_status(
+            &old_fence,
+            &w,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status("old")),
+        )
         .await
         .unwrap();
     let cur = api.get("w1").await.unwrap();
     let new_fence = new.admit(&cur).unwrap().fence().unwrap();
-    let current = fenced.patch_status(&new_fence, &cur, &status("new")).await;
+    let current = fenced
+        .patch_status(
+            &new_fence,
+            &cur,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status("new")),
+        )
+        .await;
     let fresh = api.get("w1").await.unwrap(); // the deposed owner re-reads: preconditions pass
-    let late = fenced.patch_status(&old_fence, &fresh, &status("old-late")).await;
+    let late = fenced
+        .patch_status(
+            &old_fence,
+            &fresh,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status("old-late")),
+        )
+        .await;
     (current, late)
 }
 

@@ -52,10 +52,7 @@ async fn fenced_writes_carry_preconditions_and_the_fence_and_are_audited() {
     let stale_api = FencedApi::new(Api::<ConfigMap>::namespaced(server.client("stale"), NS));
     let fresh = api.get(&name).await.unwrap();
     let stale_fence = o2.admit(&fresh).unwrap().fence().unwrap();
-    stale_api
-        .replace(&stale_fence, &fresh)
-        .await
-        .unwrap();
+    stale_api.replace(&stale_fence, &fresh).await.unwrap();
     assert_eq!(
         server.fence_violations(),
         1,
@@ -79,10 +76,7 @@ async fn an_expired_fence_sends_nothing() {
     // past the renew deadline: the fence has expired
     tokio::time::sleep(Duration::from_secs(30)).await;
     let before = server.accounting("late").requests(Verb::Update);
-    let err = FencedApi::new(api)
-        .replace(&fence, &cm)
-        .await
-        .unwrap_err();
+    let err = FencedApi::new(api).replace(&fence, &cm).await.unwrap_err();
     assert!(err.to_string().to_lowercase().contains("fence"), "{err}");
     assert_eq!(
         server.accounting("late").requests(Verb::Update),

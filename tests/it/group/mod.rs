@@ -530,7 +530,14 @@ fn spawn_worker(
                         }
                         let patch =
                             serde_json::json!({"metadata": {"annotations": {RECONCILED: v}}});
-                        match fenced.patch(&fence, cm.as_ref(), &patch).await
+                        match fenced
+                            .patch(
+                                &fence,
+                                cm.as_ref(),
+                                &kube::api::PatchParams::default(),
+                                &kube::api::Patch::Merge(&patch),
+                            )
+                            .await
                         {
                             Ok(_) => {
                                 writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

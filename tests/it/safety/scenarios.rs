@@ -280,7 +280,12 @@ async fn stamp(
     }
     let patch = serde_json::json!({"metadata": {"annotations": {RECONCILED: g}}});
     fenced
-        .patch(fence, w, &patch)
+        .patch(
+            fence,
+            w,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
         .await
         .map(|_| ())
         .map_err(|e| std::io::Error::other(e.to_string()))
