@@ -718,7 +718,7 @@ async fn fence_key_skew(w: &mut World, shard: u32, hours: u64) {
 
 /// The coordinator's `FenceKeyOutOfReach` Event names `shard`'s key at `value`.
 async fn out_of_reach_alarmed(w: &World, shard: u32, value: u64) -> bool {
-    let events: Api<k8s_openapi::api::core::v1::Event> =
+    let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(w.server.client("admin"), CP_NS);
     let named = format!("\"{shard}\" = {value}");
     events
@@ -727,7 +727,7 @@ async fn out_of_reach_alarmed(w: &World, shard: u32, value: u64) -> bool {
         .map(|l| {
             l.items.iter().any(|e| {
                 e.reason.as_deref() == Some("FenceKeyOutOfReach")
-                    && e.message.as_deref().is_some_and(|m| m.contains(&named))
+                    && e.note.as_deref().is_some_and(|m| m.contains(&named))
             })
         })
         .unwrap_or(false)

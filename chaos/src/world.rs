@@ -381,15 +381,29 @@ fn tap(
 ) -> impl Fn(&kube_shard_testserver::Tapped) + Send + Sync + 'static {
     move |t| {
         let ms = started.get().map_or(0, |s| s.elapsed().as_millis());
-        let line = match t.status {
-            None => format!(
+        let line = match (event_publication(&t.uri), t.status) {
+            (Some(events), None) => format!("{ms:>9} > {} EVENT {events}", t.identity),
+            (Some(events), Some(_)) => format!("{ms:>9} < {} EVENT {events}", t.identity),
+            (None, None) => format!(
                 "{ms:>9} > {} {} {} {:016x}",
                 t.identity, t.method, t.uri, t.body_digest
             ),
-            Some(code) => format!("{ms:>9} < {} {} {} {code}", t.identity, t.method, t.uri),
+            (None, Some(code)) => format!("{ms:>9} < {} {} {} {code}", t.identity, t.method, t.uri),
         };
         log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
     }
+}
+
+/// The Events collection a request publishes to (events.k8s.io), if it is one. The members publish Events
+/// through kube's `Recorder`, which stamps their names and `eventTime` with the real wall clock (not the
+/// simulated one) and picks create or patch by a real-time cache: the trace keeps that an Event was
+/// published and where, not its method, name, body or status, so a seed's trace still repeats exactly.
+fn event_publication(uri: &str) -> Option<&str> {
+    let start = uri.find("/apis/events.k8s.io/")?;
+    let end = uri[start..]
+        .find("/events")
+        .map(|i| start + i + "/events".len())?;
+    Some(&uri[..end])
 }
 
 /// Whether a trace line is a request line (`tap`), which `--log` leaves out.

@@ -1,17 +1,17 @@
-//! Kubernetes Events for handoffs, takeovers and alarms, on the member's Lease (core/v1 Events, which
-//! every apiserver serves). Fire-and-forget, bounded, and rate-limited per reason: an Event never
-//! delays a renewal.
+//! Kubernetes Events for handoffs, takeovers and alarms, regarding the member's Lease: `events.k8s.io/v1`
+//! Events published through kube's [`Recorder`], so the group needs one RBAC rule (`create` and `patch` on
+//! `events` in API group `events.k8s.io`). Fire-and-forget, bounded, and rate-limited per reason (and
+//! subject): an Event never delays a renewal. The same note again after the rate limit continues the
+//! Event as a series (the Recorder's patch); a new note is a new Event.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::rt::Clock;
 use crate::rt::Spawner;
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ObjectMeta, PostParams};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -22,40 +22,55 @@ pub(crate) enum Kind {
     Warning,
 }
 
-#[derive(Clone)]
-pub(crate) struct Events {
-    api: Api<Event>,
-    involved: ObjectReference,
-    member: String,
-    last: Arc<Mutex<BTreeMap<String, Instant>>>,
-    spawner: Spawner,
-    clock: Clock,
+/// The reporting controller every Event names.
+const CONTROLLER: &str = "kube-shard";
+/// At most one Event per reason (and subject) this often.
+const MIN_INTERVAL: Duration = Duration::from_secs(10);
+/// events.k8s.io/v1 refuses a longer `note`.
+const MAX_NOTE: usize = 1024;
+/// How long one publication may take.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The last Event of one reason and subject: when, its note, and the recorder that keeps its series.
+struct Sent {
+    at: Instant,
+    note: String,
+    recorder: Recorder,
 }
 
-const MIN_INTERVAL: Duration = Duration::from_secs(10);
+#[derive(Clone)]
+pub(crate) struct Events {
+    client: Client,
+    reporter: Reporter,
+    regarding: ObjectReference,
+    last: Arc<Mutex<BTreeMap<String, Sent>>>,
+    spawner: Spawner,
+}
 
 impl Events {
+    /// Events regarding the Lease `lease` in `namespace`, reported by `member`.
     pub(crate) fn new(
         client: Client,
         namespace: &str,
         lease: &str,
         member: &str,
         spawner: Spawner,
-        clock: Clock,
     ) -> Self {
         Events {
-            api: Api::namespaced(client, namespace),
-            involved: ObjectReference {
+            client,
+            reporter: Reporter {
+                controller: CONTROLLER.into(),
+                instance: Some(member.into()),
+            },
+            regarding: ObjectReference {
                 api_version: Some("coordination.k8s.io/v1".into()),
                 kind: Some("Lease".into()),
                 name: Some(lease.into()),
                 namespace: Some(namespace.into()),
                 ..ObjectReference::default()
             },
-            member: member.into(),
             last: Arc::default(),
             spawner,
-            clock,
         }
     }
 
@@ -73,60 +88,79 @@ impl Events {
         about: &str,
         message: impl Into<String>,
     ) {
-        let now = Instant::now();
-        {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let key = format!("{reason}/{about}");
-            if last
-                .get(&key)
-                .is_some_and(|t| now.duration_since(*t) < MIN_INTERVAL)
-            {
-                return;
-            }
-            last.insert(key, now);
-        }
-        let stamp = Time(self.clock.wall_timestamp());
-        let name = format!(
-            "{}.{:016x}",
-            self.involved.name.as_deref().unwrap_or("kube-shard"),
-            crate::rt::next_u64()
-        );
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(name),
-                namespace: self.involved.namespace.clone(),
-                ..ObjectMeta::default()
-            },
-            involved_object: self.involved.clone(),
-            reason: Some(reason.to_owned()),
-            message: Some(message.into()),
-            type_: Some(match kind {
-                Kind::Normal => "Normal".into(),
-                Kind::Warning => "Warning".into(),
-            }),
-            source: Some(EventSource {
-                component: Some("kube-shard".into()),
-                host: Some(self.member.clone()),
-            }),
-            reporting_component: Some("kube-shard".into()),
-            reporting_instance: Some(self.member.clone()),
-            first_timestamp: Some(stamp.clone()),
-            last_timestamp: Some(stamp),
-            count: Some(1),
-            ..Event::default()
+        let note = truncate(message.into(), MAX_NOTE);
+        let Some(recorder) = self.recorder_for(&format!("{reason}/{about}"), &note) else {
+            return;
         };
-        let api = self.api.clone();
+        let event = Event {
+            type_: match kind {
+                Kind::Normal => EventType::Normal,
+                Kind::Warning => EventType::Warning,
+            },
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        let regarding = self.regarding.clone();
         self.spawner.spawn(async move {
-            match tokio::time::timeout(
-                Duration::from_secs(5),
-                api.create(&PostParams::default(), &event),
-            )
-            .await
-            {
-                Ok(Ok(_)) => {}
+            let published = recorder.publish(&event, &regarding);
+            match tokio::time::timeout(PUBLISH_TIMEOUT, published).await {
+                Ok(Ok(())) => {}
                 Ok(Err(err)) => debug!(error = %err, "could not publish an Event"),
                 Err(_) => debug!("publishing an Event timed out"),
             }
         });
+    }
+
+    /// The recorder to publish `note` under `key` with, unless one went out under `key` within the rate
+    /// limit: the last one's (a series) when the note is the same, else a fresh one (a new Event).
+    fn recorder_for(&self, key: &str, note: &str) -> Option<Recorder> {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sent) = last.get_mut(key) {
+            if now.duration_since(sent.at) < MIN_INTERVAL {
+                return None;
+            }
+            sent.at = now;
+            if sent.note == note {
+                return Some(sent.recorder.clone());
+            }
+        }
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let sent = Sent {
+            at: now,
+            note: note.to_owned(),
+            recorder: recorder.clone(),
+        };
+        last.insert(key.to_owned(), sent);
+        Some(recorder)
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary, marked with `…` when cut.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_notes_are_cut_to_what_the_api_accepts() {
+        assert_eq!(truncate("short".into(), MAX_NOTE), "short");
+        let long = "é".repeat(700);
+        let cut = truncate(long, MAX_NOTE);
+        assert!(cut.len() <= MAX_NOTE && cut.ends_with('…'), "{}", cut.len());
     }
 }

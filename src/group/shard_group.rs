@@ -243,7 +243,7 @@ impl ShardGroupBuilder {
     }
 
     /// The member's clocks (default [`Clock::system`]): the boot clock fences are also checked against, and
-    /// the wall clock that stamps `renewTime`, generations, terms and Events. A simulator drives both from
+    /// the wall clock that stamps `renewTime`, generations and terms. A simulator drives both from
     /// simulated time, so boot-clock expiry, suspends and wall-clock jumps are exercised. The runtime clock is
     /// always tokio's (pause it in tests).
     pub fn clock(mut self, clock: Clock) -> Self {

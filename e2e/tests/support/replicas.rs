@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -321,15 +322,19 @@ impl Replicas {
         }
     }
 
-    /// Core/v1 Events on a member's Lease with one of `reasons`, as `(reason, message)`.
+    /// The group's Events (events.k8s.io/v1) regarding a member's Lease with one of `reasons`, as
+    /// `(reason, note)`.
     pub async fn lease_events(&self, member: &str, reasons: &[&str]) -> Vec<(String, String)> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let lease = format!("{}-{member}", self.group);
         let list = api.list(&ListParams::default()).await.expect("list Events");
         list.items
             .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(lease.as_str()))
-            .filter_map(|e| Some((e.reason?, e.message.unwrap_or_default())))
+            .filter(|e| {
+                let regarding = e.regarding.as_ref();
+                regarding.and_then(|r| r.name.as_deref()) == Some(lease.as_str())
+            })
+            .filter_map(|e| Some((e.reason?, e.note.unwrap_or_default())))
             .filter(|(r, _)| reasons.contains(&r.as_str()))
             .collect()
     }

@@ -179,7 +179,6 @@ impl Runtime {
             &cfg.member_lease(),
             &cfg.member,
             spawner.clone(),
-            ownership.inner.clock.clone(),
         );
         // the watches start reading when `run` starts them; until then, empty feeds
         let (_, lease_rx) = tokio::sync::mpsc::unbounded_channel();

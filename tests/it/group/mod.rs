@@ -263,7 +263,7 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
     );
     check_fences(&log);
     // the takeover is visible as an Event and a counter
-    let events: Api<k8s_openapi::api::core::v1::Event> =
+    let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(server.client("admin"), CP_NS);
     let reasons: Vec<String> = events
         .list(&Default::default())

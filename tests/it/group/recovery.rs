@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use kube_shard::group::assignment::DATA_KEY;
@@ -179,7 +180,7 @@ async fn a_fence_key_days_ahead_is_alarmed_and_never_freezes_the_group() {
     assert!(
         events.items.iter().any(|e| {
             e.reason.as_deref() == Some("FenceKeyOutOfReach")
-                && e.message.as_deref().is_some_and(|t| t.contains(&named))
+                && e.note.as_deref().is_some_and(|t| t.contains(&named))
         }),
         "no alarm names the key"
     );

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::DeleteParams;
 use kube::Api;
 use kube_shard::group::assignment::Handoff;
