@@ -100,7 +100,7 @@ pub use group::{
 pub use ownership::fenced_write::FencedApi;
 #[doc(inline)]
 pub use ownership::{fenced_write, reconcile};
-pub use ownership::{AdmitError, Fence, FenceError, Ownership, OwnershipConfig, Permit};
+pub use ownership::{AdmitError, Current, Fence, FenceError, Ownership, OwnershipConfig, Permit};
 pub use watcher::{
     dependent_reflector, dependent_watcher, gained, metadata_watcher, reflector, watcher,
     ShardedWatcher,

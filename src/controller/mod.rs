@@ -8,13 +8,14 @@
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::{api::{Patch, PatchParams}, runtime::{controller::Action, watcher}, Api};
-//! use kube_shard::{Controller, FencedApi, Permit, ShardGroup};
+//! use kube_shard::{Controller, Current, FencedApi, ShardGroup};
 //!
-//! async fn reconcile(cm: Arc<ConfigMap>, api: Arc<FencedApi<ConfigMap>>, permit: Permit)
+//! async fn reconcile(cm: Arc<ConfigMap>, api: Arc<FencedApi<ConfigMap>>)
 //!     -> Result<Action, kube_shard::fenced_write::Error> {
-//!     // server-side apply, conditional on the uid and resourceVersion `cm` was read at
+//!     // server-side apply, fenced by this reconcile's permit, conditional on the uid and
+//!     // resourceVersion `cm` was read at
 //!     let seen = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"seen": "yes"}});
-//!     api.patch(&permit, &cm, &PatchParams::apply("my-operator"), &Patch::Apply(seen)).await?;
+//!     api.patch(&Current, &cm, &PatchParams::apply("my-operator"), &Patch::Apply(seen)).await?;
 //!     Ok(Action::await_change())
 //! }
 //!
@@ -225,16 +226,38 @@ where
         self
     }
 
-    /// Start: the group's task, and the controller with `reconciler` run only for objects this member
-    /// admits (its third argument is the [`Permit`]: give it to each [`crate::FencedApi`] write). A
-    /// reconcile error that is [routine](reconcile::Routine) — a lost shard, a failed precondition — is
-    /// requeued and counted, never handed to `error_policy`.
+    /// Start: the group's task, and the controller with `reconciler` — kube's signature — run only for
+    /// objects this member admits, inside the admission's permit: [`FencedApi`](crate::FencedApi) writes
+    /// fenced by [`Current`](crate::Current) take their fence from it (or pass a permit yourself:
+    /// [`run_with_permit`](Self::run_with_permit)). A reconcile error that is
+    /// [routine](reconcile::Routine) — a lost shard, a failed precondition — is requeued and counted, never
+    /// handed to `error_policy`.
     ///
     /// The stream yields kube's results; it ends after a shutdown, or with [`RunError::Group`] when the
     /// group's task fails (RBAC, a lost Lease that cannot be re-joined): the member can no longer prove it
     /// owns anything, so the controller stops too. Poll it to the end (`for_each`) and exit non-zero on
-    /// that error, so the pod restarts.
+    /// that error, so the pod restarts. Dropping the stream stops the member like a killed process.
     pub fn run<F, Fut, E, Ctx>(
+        self,
+        mut reconciler: F,
+        error_policy: impl Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        context: Arc<Ctx>,
+    ) -> Supervised<K, E>
+    where
+        F: FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+    {
+        self.run_with_permit(
+            move |obj, ctx, permit: Permit| permit.scope(reconciler(obj, ctx)),
+            error_policy,
+            context,
+        )
+    }
+
+    /// [`run`](Self::run) with the [`Permit`] as the reconciler's third argument.
+    pub fn run_with_permit<F, Fut, E, Ctx>(
         self,
         reconciler: F,
         error_policy: impl Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,

@@ -30,6 +30,10 @@ use crate::token::{FENCE_ANNOTATION, FENCE_HEADER};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A write fenced by [`Current`](super::Current) outside a reconcile's scope (a task the reconciler
+    /// spawned, code outside a reconcile): nothing was sent. Pass the [`Permit`] explicitly there.
+    #[error("no permit in scope: this write runs outside a reconcile of kube_shard::Controller (a spawned task?); pass the Permit explicitly")]
+    NoPermit,
     /// The fence was no longer valid at send time: nothing was sent.
     #[error("fence invalid at send time")]
     Fence(#[source] FenceError),
@@ -140,8 +144,9 @@ pub enum Deleted<K> {
     Gone(Box<Status>),
 }
 
-/// What a fenced write takes its fence from: a [`Permit`] (the fence is taken at send time) or a [`Fence`]
-/// taken earlier (checked again at send time).
+/// What a fenced write takes its fence from: a [`Permit`] (the fence is taken at send time), a [`Fence`]
+/// taken earlier (checked again at send time), or [`Current`](super::Current): the permit of the reconcile
+/// in progress.
 pub trait FenceSource: sealed::Sealed {
     /// A fence valid now.
     ///
@@ -156,6 +161,14 @@ impl FenceSource for Permit {
     }
 }
 
+impl FenceSource for super::Current {
+    fn fence_now(&self) -> Result<Fence, Error> {
+        super::Current::fence()
+            .ok_or(Error::NoPermit)?
+            .map_err(Error::Fence)
+    }
+}
+
 impl FenceSource for Fence {
     fn fence_now(&self) -> Result<Fence, Error> {
         self.check().map_err(Error::Fence)?;
@@ -167,6 +180,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Permit {}
     impl Sealed for super::Fence {}
+    impl Sealed for super::super::Current {}
 }
 
 /// A wrapper around [`Api`] that fences every write.

@@ -11,6 +11,7 @@
 
 mod admission;
 mod config;
+pub(crate) mod current;
 mod fence;
 pub mod fenced_write;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, dead_code))]
@@ -29,6 +30,7 @@ pub(crate) mod term_gate;
 
 pub use admission::{AdmitError, Permit};
 pub use config::OwnershipConfig;
+pub use current::Current;
 pub use fence::{Fence, FenceError};
 pub use handle::{Ownership, Transitions};
 pub use state::{AdmitCause, MemberId, MoveId, ShardState, ShardTransition};

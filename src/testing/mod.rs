@@ -17,6 +17,7 @@ mod driver;
 pub mod faults;
 pub mod oracles;
 
+pub use crate::ownership::current::admit_all_on_this_thread;
 pub use crate::ownership::observe::{FenceEvent, FenceObserver, RequestOutcome};
 pub use crate::rt::clock::{Deadline, Now};
 pub use driver::{driver, driver_with_clock, TestDriver};

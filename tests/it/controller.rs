@@ -9,7 +9,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{controller::Action, watcher};
 use kube::Api;
-use kube_shard::Permit;
 
 use crate::harness::{builder, group_server, s, until, CP_NS, GROUP};
 use crate::read_path::watcher::NS;
@@ -27,7 +26,9 @@ fn member(
     }
     let handle = controller.handle();
     let run = controller.run(
-        |_: Arc<ConfigMap>, _: Arc<()>, _: Permit| async {
+        |_: Arc<ConfigMap>, _: Arc<()>| async {
+            // kube's reconciler signature: the permit is in scope, and fences this reconcile's writes
+            assert!(matches!(kube_shard::Current::fence(), Some(Ok(_))));
             Ok::<_, std::convert::Infallible>(Action::await_change())
         },
         |_, _, _| Action::requeue(Duration::from_secs(1)),

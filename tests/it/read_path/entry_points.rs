@@ -51,7 +51,10 @@ impl Log {
             .unwrap()
             .entry(m.name.clone().unwrap_or_default())
             .or_default()
-            .push((who.to_owned(), m.resource_version.clone().unwrap_or_default()));
+            .push((
+                who.to_owned(),
+                m.resource_version.clone().unwrap_or_default(),
+            ));
     }
 
     fn by(&self, name: &str, who: &str) -> Vec<String> {
@@ -96,7 +99,7 @@ fn launch(server: &TestServer, name: &str, entry: Entry, log: &Log) -> Member {
     if entry == Entry::Controller {
         let controller = kube_shard::Controller::new(api, cfg, group);
         let handle = controller.handle();
-        let run = controller.run(reconciler(name, log), requeue, Arc::new(()));
+        let run = controller.run_with_permit(reconciler(name, log), requeue, Arc::new(()));
         let task = tokio::spawn(run.for_each(|_| async {}));
         return Member { handle, task };
     }
@@ -107,33 +110,55 @@ fn launch(server: &TestServer, name: &str, entry: Entry, log: &Log) -> Member {
             let r = kube_shard::reflector(api, cfg, own.clone());
             kube::runtime::Controller::for_stream(r.events.applied_objects(), r.store)
                 .reconcile_on(r.reenqueue)
-                .run(reconcile::wrap(own, reconciler(name, log)), requeue, Arc::new(()))
+                .run(
+                    reconcile::wrap(own, reconciler(name, log)),
+                    requeue,
+                    Arc::new(()),
+                )
                 .for_each(|_| async {})
                 .boxed()
         }
         Entry::Watcher => {
             let w = kube_shard::watcher(api, cfg, own.clone());
             let (store, writer) = reflector::store();
-            kube::runtime::Controller::for_stream(reflector(writer, w.events).applied_objects(), store)
-                .reconcile_on(w.reenqueue)
-                .run(reconcile::wrap(own, reconciler(name, log)), requeue, Arc::new(()))
-                .for_each(|_| async {})
-                .boxed()
+            kube::runtime::Controller::for_stream(
+                reflector(writer, w.events).applied_objects(),
+                store,
+            )
+            .reconcile_on(w.reenqueue)
+            .run(
+                reconcile::wrap(own, reconciler(name, log)),
+                requeue,
+                Arc::new(()),
+            )
+            .for_each(|_| async {})
+            .boxed()
         }
         Entry::MetadataWatcher => {
             let w = kube_shard::metadata_watcher(api, cfg, own.clone());
             let (store, writer) = reflector::store::<PartialObjectMeta<ConfigMap>>();
-            kube::runtime::Controller::for_stream(reflector(writer, w.events).applied_objects(), store)
-                .reconcile_on(w.reenqueue)
-                .run(reconcile::wrap(own, reconciler(name, log)), requeue, Arc::new(()))
-                .for_each(|_| async {})
-                .boxed()
+            kube::runtime::Controller::for_stream(
+                reflector(writer, w.events).applied_objects(),
+                store,
+            )
+            .reconcile_on(w.reenqueue)
+            .run(
+                reconcile::wrap(own, reconciler(name, log)),
+                requeue,
+                Arc::new(()),
+            )
+            .for_each(|_| async {})
+            .boxed()
         }
         Entry::Gained => {
             let c = kube::runtime::Controller::new(api, cfg);
             let gained = kube_shard::gained(own.clone(), c.store());
             c.reconcile_on(gained)
-                .run(reconcile::wrap(own, reconciler(name, log)), requeue, Arc::new(()))
+                .run(
+                    reconcile::wrap(own, reconciler(name, log)),
+                    requeue,
+                    Arc::new(()),
+                )
                 .for_each(|_| async {})
                 .boxed()
         }
@@ -176,7 +201,11 @@ async fn create(server: &TestServer, name: &str) -> ConfigMap {
 async fn unchanged(server: &TestServer, cm: &ConfigMap) {
     let api: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
     let now = api.get(&cm.name_any()).await.unwrap();
-    assert_eq!(now.resource_version(), cm.resource_version(), "the object did not change");
+    assert_eq!(
+        now.resource_version(),
+        cm.resource_version(),
+        "the object did not change"
+    );
 }
 
 /// An object created while its owner is self-fenced is reconciled once the owner renews again.
@@ -186,7 +215,10 @@ async fn held_while_fenced(entry: Entry, reenqueue: bool) -> bool {
     crate::read_path::watcher::seed(&server.client("admin"), 0).await;
     let log = Log::default();
     let a = launch(&server, "a", entry, &log);
-    until(Duration::from_secs(30), "a owns every shard", || owns_all(&[&a])).await;
+    until(Duration::from_secs(30), "a owns every shard", || {
+        owns_all(&[&a])
+    })
+    .await;
 
     server.faults().partition(Scope::identity("a"), true);
     until(Duration::from_secs(10), "a self-fenced", || {
@@ -195,7 +227,10 @@ async fn held_while_fenced(entry: Entry, reenqueue: bool) -> bool {
     .await;
     let x = create(&server, "held").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(log.by("held", "a").is_empty(), "not reconciled while self-fenced");
+    assert!(
+        log.by("held", "a").is_empty(),
+        "not reconciled while self-fenced"
+    );
 
     server.faults().partition(Scope::identity("a"), false);
     until(Duration::from_secs(10), "a renewed", || {
@@ -229,13 +264,17 @@ async fn taken_over(entry: Entry, reenqueue: bool) -> bool {
     }
     assert!(!theirs.is_empty(), "b owns some of twelve objects");
     until(Duration::from_secs(20), "b reconciled its objects", || {
-        theirs.iter().all(|cm| !log.by(&cm.name_any(), "b").is_empty())
+        theirs
+            .iter()
+            .all(|cm| !log.by(&cm.name_any(), "b").is_empty())
     })
     .await;
 
     b.task.abort();
     let reconciled = wait(Duration::from_secs(30), || {
-        theirs.iter().all(|cm| !log.by(&cm.name_any(), "a").is_empty())
+        theirs
+            .iter()
+            .all(|cm| !log.by(&cm.name_any(), "a").is_empty())
     })
     .await;
     for cm in &theirs {
