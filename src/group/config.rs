@@ -224,6 +224,12 @@ pub enum ConfigError {
     /// A rule is broken.
     #[error("invalid shard group configuration: {0}")]
     Invalid(String),
+    /// No namespace given, and none found in a pod (`POD_NAMESPACE`, the service account's namespace).
+    #[error("the shard group's namespace is required outside a cluster: set ShardGroupBuilder::namespace (neither POD_NAMESPACE nor the service account's namespace file is present; a kubeconfig's default namespace is never used, since replicas with different kubeconfigs would form two groups)")]
+    NamespaceRequired,
+    /// The application's client could not be built from the `kube::Config`.
+    #[error("cannot build a Kubernetes client from the kube::Config: {0}")]
+    Client(String),
 }
 
 #[cfg(test)]

@@ -38,6 +38,9 @@ pub struct GroupSnapshot {
     pub assignment_refused: bool,
     /// A member report of another format (another build) is in the group: nothing is admitted.
     pub foreign_format: bool,
+    /// The API server refuses one of the group's requests (401, 403): a missing Role
+    /// ([`Health::permission_error`](crate::group::Health::permission_error) says which).
+    pub permission_denied: bool,
     /// Members seen renewing.
     pub live_members: u64,
     /// Shards moving per the assignment.
@@ -161,6 +164,11 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "kube_shard_foreign_report_format",
         "1 while a member of another build (report format) is in the group: nothing is admitted",
         |s| u64::from(s.foreign_format),
+    ),
+    (
+        "kube_shard_permission_denied",
+        "1 while the API server refuses one of the group's requests (401, 403): a missing Role",
+        |s| u64::from(s.permission_denied),
     ),
     ("kube_shard_live_members", "Members seen renewing", |s| {
         s.live_members

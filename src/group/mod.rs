@@ -9,12 +9,15 @@
 
 pub mod admin;
 pub mod assignment;
+mod builder;
 mod config;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod coordinator;
 mod events;
+mod handle;
 mod metrics;
 mod moves;
+mod permission;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub(crate) mod planner;
 pub mod report;
@@ -23,12 +26,16 @@ mod shard_group;
 mod singleton;
 mod status;
 mod term_gate;
+mod wiring;
 
+pub use builder::ShardGroupBuilder;
 pub use config::{default_member_name, ConfigError, GroupConfig};
+pub use handle::GroupHandle;
 pub use metrics::{GroupMetrics, GroupSnapshot};
 pub use moves::optimal_moves;
+pub use permission::{PermissionError, PERMISSION_ERROR};
 pub use runtime::next_stamp;
 pub use runtime::GroupError;
-pub use shard_group::{GroupHandle, ShardGroup, ShardGroupBuilder};
+pub use shard_group::ShardGroup;
 pub use singleton::{LeaderTerm, Leadership, NotLeader, SingletonGuard, TERM_ANNOTATION};
 pub use status::{GroupStatus, Health};

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::permission::PermissionError;
 use crate::ownership::MemberId;
 use crate::shard::ShardSet;
 
@@ -14,6 +15,8 @@ use crate::shard::ShardSet;
 pub struct GroupStatus {
     /// This member (its current incarnation).
     pub member: MemberId,
+    /// The group's namespace (its Leases, ConfigMaps and Events).
+    pub namespace: String,
     /// It holds the coordinator Lease.
     pub coordinator: bool,
     /// The assignment generation it applied.
@@ -28,12 +31,16 @@ pub struct GroupStatus {
     pub self_fenced: bool,
     /// Its Lease is established.
     pub joined: bool,
+    /// A request of the group the API server refuses (401, 403), the first of them while any is: a
+    /// missing Role, not a timing problem ([`Health::permission_error`]).
+    pub permission_error: Option<PermissionError>,
 }
 
 impl GroupStatus {
-    pub(crate) fn initial(member: MemberId) -> Self {
+    pub(crate) fn initial(member: MemberId, namespace: &str) -> Self {
         GroupStatus {
             member,
+            namespace: namespace.to_owned(),
             coordinator: false,
             generation: 0,
             owned: ShardSet::new(),
@@ -41,6 +48,7 @@ impl GroupStatus {
             moves_in_flight: 0,
             self_fenced: true,
             joined: false,
+            permission_error: None,
         }
     }
 }
@@ -53,6 +61,10 @@ struct HealthState {
     assignment_refused: Option<String>,
     assignment_rollback: Option<String>,
     foreign_format: Option<String>,
+    /// The oldest refusal (401, 403) of a request of the group not answered since, and when it was first seen.
+    permission: Option<(PermissionError, Instant)>,
+    /// Why the member's task ended with an error.
+    task_error: Option<String>,
 }
 
 /// Liveness and readiness of a member, for `/healthz` and `/readyz`. Cheap to clone.
@@ -60,13 +72,22 @@ struct HealthState {
 pub struct Health {
     state: Arc<Mutex<HealthState>>,
     unhealthy_after_fenced: Duration,
+    /// A refusal that lasts this long (the renew deadline) is not transient.
+    refused_for: Duration,
+    namespace: Arc<str>,
 }
 
 impl Health {
-    pub(crate) fn new(unhealthy_after_fenced: Duration) -> Self {
+    pub(crate) fn new(
+        unhealthy_after_fenced: Duration,
+        renew_deadline: Duration,
+        namespace: &str,
+    ) -> Self {
         Health {
             state: Arc::default(),
             unhealthy_after_fenced,
+            refused_for: renew_deadline,
+            namespace: namespace.into(),
         }
     }
 
@@ -98,17 +119,31 @@ impl Health {
         self.lock().foreign_format = why;
     }
 
+    pub(crate) fn set_permission_error(&self, p: Option<(PermissionError, Instant)>) {
+        self.lock().permission = p;
+    }
+
+    pub(crate) fn set_task_error(&self, why: String) {
+        self.lock().task_error = Some(why);
+    }
+
     /// `/healthz`: false once the member has been self-fenced for longer than the configured bound (a
-    /// restart gets a fresh incarnation and a fresh chance to renew).
+    /// restart gets a fresh incarnation and a fresh chance to renew), once a request of the group has been
+    /// refused (401, 403) for a renew deadline ([`permission_error`](Self::permission_error)), and once the
+    /// member's task ended with an error ([`task_error`](Self::task_error)).
     #[must_use]
     pub fn is_live(&self) -> bool {
         let s = self.lock();
         s.fenced_since
             .is_none_or(|t| t.elapsed() < self.unhealthy_after_fenced)
+            && s.permission
+                .as_ref()
+                .is_none_or(|(_, t)| t.elapsed() < self.refused_for)
+            && s.task_error.is_none()
     }
 
     /// `/readyz`: the member joined (its Lease is established and renewing), no other process holds
-    /// its name, and it can apply the group's assignment.
+    /// its name, it can apply the group's assignment, and none of its requests is refused (401, 403).
     #[must_use]
     pub fn is_ready(&self) -> bool {
         let s = self.lock();
@@ -117,6 +152,30 @@ impl Health {
             && s.fenced_since.is_none()
             && s.assignment_refused.is_none()
             && s.foreign_format.is_none()
+            && s.permission.is_none()
+            && s.task_error.is_none()
+    }
+
+    /// The group's namespace (its Leases, ConfigMaps and Events).
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// A request of the group the API server refuses (401 Unauthorized, 403 Forbidden) — the verb, the
+    /// resource, the namespace and the object — while any is refused (the one seen first). A missing Role,
+    /// not a timing problem: the member is not ready meanwhile, not live once it has lasted a renew
+    /// deadline, and then its task ends with [`GroupError::Forbidden`](super::GroupError::Forbidden).
+    #[must_use]
+    pub fn permission_error(&self) -> Option<PermissionError> {
+        self.lock().permission.as_ref().map(|(p, _)| p.clone())
+    }
+
+    /// Why the member's task ended with an error, once it has ([`GroupError`](super::GroupError) as text):
+    /// the member is neither live nor ready from then on.
+    #[must_use]
+    pub fn task_error(&self) -> Option<String> {
+        self.lock().task_error.clone()
     }
 
     /// Why this member refuses the group's assignment ConfigMap, while it does: another `S`, key or

@@ -19,4 +19,4 @@ mod view;
 
 pub use edit::edit;
 pub use types::{AdminError, Edit, GroupRef};
-pub use view::{GroupView, MemberView};
+pub use view::{GroupView, MemberLease, MemberView};

@@ -10,6 +10,7 @@ use kube::Client;
 
 use super::types::{AdminError, GroupRef};
 use crate::group::assignment::{Assignment, Handoff, DATA_KEY};
+use crate::group::permission::PERMISSION_ERROR;
 use crate::group::report::{lease_age, MemberReport, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL};
 use crate::shard::ShardSet;
 
@@ -37,6 +38,20 @@ pub struct MemberView {
     pub stale_incarnation: bool,
     /// Named in the assignment's drained members.
     pub drained: bool,
+    /// A request of the group the API server refuses this member (401, 403), as its Lease says
+    /// ([`PERMISSION_ERROR`]).
+    pub permission_error: Option<String>,
+}
+
+/// A member Lease of a group, read without the assignment (which may be missing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemberLease {
+    /// The member's name (the Lease's name without the group's prefix).
+    pub name: String,
+    /// A request of the group the API server refuses this member (401, 403), as its Lease says
+    /// ([`PERMISSION_ERROR`]).
+    pub permission_error: Option<String>,
 }
 
 /// A group as read at one moment: the assignment, the coordinator and the members, by name.
@@ -186,7 +201,34 @@ impl GroupRef {
             owned,
             stale_incarnation,
             drained: a.drained.contains(name),
+            permission_error: ann.get(PERMISSION_ERROR).cloned(),
         })
+    }
+
+    /// The group's member Leases (not the coordinator's), sorted by name, without reading the assignment:
+    /// what can be said of a group whose assignment is missing (no member has joined, or none could
+    /// write it).
+    pub async fn member_leases(&self) -> Result<Vec<MemberLease>, AdminError> {
+        let prefix = format!("{}-", self.group);
+        let mut members: Vec<MemberLease> = self
+            .list_leases()
+            .await?
+            .iter()
+            .filter(|l| {
+                let role = l.metadata.labels.as_ref().and_then(|l| l.get(ROLE_LABEL));
+                role.is_none_or(|r| r != "coordinator")
+            })
+            .filter_map(|l| {
+                let name = l.metadata.name.as_deref()?.strip_prefix(&prefix)?;
+                let ann = l.metadata.annotations.as_ref();
+                Some(MemberLease {
+                    name: name.to_owned(),
+                    permission_error: ann.and_then(|a| a.get(PERMISSION_ERROR)).cloned(),
+                })
+            })
+            .collect();
+        members.sort_by(|x, y| x.name.cmp(&y.name));
+        Ok(members)
     }
 
     /// Read only the assignment, decoded with the `S` and key it states.

@@ -37,6 +37,8 @@ pub(super) enum MemberAnswer {
 pub(super) struct CoordinatorWrite {
     /// The incarnation that wrote it.
     pub(super) incarnation: String,
+    /// `create` or `update`, as RBAC names it.
+    pub(super) verb: &'static str,
     pub(super) what: Written,
     pub(super) result: Result<Lease, kube::Error>,
 }

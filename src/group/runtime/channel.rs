@@ -87,11 +87,11 @@ impl Runtime {
                 .annotations
                 .get_or_insert_with(Default::default)
                 .insert(ASSIGNMENT_HINT.into(), generation.to_string());
+            let api = self.leases.clone();
             match self
-                .bounded(
-                    self.leases
-                        .clone()
-                        .replace(&name, &PostParams::default(), &lease),
+                .checked(
+                    self.lease_named("update", name.clone()),
+                    api.replace(&name, &PostParams::default(), &lease),
                 )
                 .await
             {
@@ -101,7 +101,9 @@ impl Runtime {
                     return;
                 }
                 Err(err) if attempt == 0 && is_conflict(&err) => {
-                    match self.bounded(self.leases.clone().get_opt(&name)).await {
+                    let (api, access) =
+                        (self.leases.clone(), self.lease_named("get", name.clone()));
+                    match self.checked(access, api.get_opt(&name)).await {
                         Ok(Some(l)) => lease = l,
                         _ => return,
                     }
@@ -131,7 +133,11 @@ impl Runtime {
         };
         let name = self.cfg.assignment_name();
         // a failed read is tried again at the next renewal: only a read marks the hint followed
-        match self.bounded(self.cms.clone().get_opt(&name)).await {
+        let api = self.cms.clone();
+        match self
+            .checked(self.assignment_access("get"), api.get_opt(&name))
+            .await
+        {
             Ok(Some(cm)) => {
                 self.membership.hint_followed = hint;
                 warn!(

@@ -326,8 +326,9 @@ impl Runtime {
             return false;
         }
         // our watch may only lag behind another coordinator's writes: read the stored one directly
+        let (api, name) = (self.cms.clone(), self.cfg.assignment_name());
         match self
-            .bounded(self.cms.clone().get_opt(&self.cfg.assignment_name()))
+            .checked(self.assignment_access("get"), api.get_opt(&name))
             .await
         {
             Ok(Some(cm)) => self.assignment_seen(cm),
@@ -522,7 +523,11 @@ impl Runtime {
             }),
             ..DeleteParams::default()
         };
-        match self.bounded(self.leases.clone().delete(&name, &dp)).await {
+        let (api, access) = (
+            self.leases.clone(),
+            self.lease_named("delete", name.clone()),
+        );
+        match self.checked(access, api.delete(&name, &dp)).await {
             Ok(_) => {
                 info!(member = %id, lease = %name, "deleted the Lease of a member long gone");
                 if let Some(o) = self.observations.observed.get_mut(&name) {
@@ -629,12 +634,12 @@ impl Runtime {
             .annotations
             .get_or_insert_with(Default::default)
             .insert(TAKEN_OVER.into(), victim.incarnation.to_string());
+        let (api, access) = (
+            self.leases.clone(),
+            self.lease_named("update", name.clone()),
+        );
         match self
-            .bounded(
-                self.leases
-                    .clone()
-                    .replace(&name, &PostParams::default(), &lease),
-            )
+            .checked(access, api.replace(&name, &PostParams::default(), &lease))
             .await
         {
             Ok(l) => {
@@ -724,12 +729,15 @@ impl Runtime {
         if !self.renew_between().await {
             return false;
         }
+        let api = self.cms.clone();
         let result = if self.coordination.assignment_cm.is_some() {
-            self.bounded(self.cms.clone().replace(&name, &PostParams::default(), &cm))
+            let access = self.assignment_access("update");
+            self.checked(access, api.replace(&name, &PostParams::default(), &cm))
                 .await
         } else {
             cm.metadata.resource_version = None;
-            self.bounded(self.cms.clone().create(&PostParams::default(), &cm))
+            let access = self.assignment_access("create");
+            self.checked(access, api.create(&PostParams::default(), &cm))
                 .await
         };
         match result {
@@ -753,7 +761,11 @@ impl Runtime {
                 if !self.renew_between().await {
                     return false;
                 }
-                match self.bounded(self.cms.clone().get_opt(&name)).await {
+                let api = self.cms.clone();
+                match self
+                    .checked(self.assignment_access("get"), api.get_opt(&name))
+                    .await
+                {
                     Ok(Some(cm)) => self.assignment_seen(cm),
                     Ok(None) => self.assignment_deleted(),
                     Err(err) => debug!(error = %err, "cannot re-read the assignment"),

@@ -152,6 +152,11 @@ impl Runtime {
         self.election.elected_at = Some(now);
         let (api, limit) = (self.leases.clone(), self.timeout());
         let incarnation = self.me.incarnation.to_string();
+        let verb = if current.is_some() {
+            "update"
+        } else {
+            "create"
+        };
         Some(Box::pin(async move {
             let pp = PostParams::default();
             let result = match current {
@@ -160,6 +165,7 @@ impl Runtime {
             };
             Beside::Coordinator(CoordinatorWrite {
                 incarnation,
+                verb,
                 what: Written::Elect {
                     term,
                     renewing,
@@ -175,6 +181,7 @@ impl Runtime {
     pub(super) fn coordinator_written(&mut self, w: CoordinatorWrite) {
         let name = self.cfg.coordinator_lease();
         let ours = w.incarnation == *self.me.incarnation;
+        self.noted(self.lease_named(w.verb, name.clone()), &w.result);
         match (w.what, w.result) {
             (Written::Release, Ok(l)) => {
                 info!("released the coordinator lease");
@@ -250,6 +257,7 @@ impl Runtime {
             let result = limited(limit, api.replace(&name, &PostParams::default(), &lease)).await;
             Beside::Coordinator(CoordinatorWrite {
                 incarnation,
+                verb: "update",
                 what: Written::Release,
                 result,
             })

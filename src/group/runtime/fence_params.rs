@@ -84,7 +84,10 @@ impl Runtime {
         async {
             let read = match self.coordination.fence_floors.this_pass.take() {
                 Some(c) => Ok(c),
-                None => self.bounded(self.cms.clone().get_opt(&name)).await,
+                None => {
+                    let (api, access) = (self.cms.clone(), self.configmap_named("get", name.clone()));
+                    self.checked(access, api.get_opt(&name)).await
+                }
             };
             let current = match read {
                 Ok(c) => c,
@@ -141,7 +144,8 @@ impl Runtime {
             .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration);
         self.coordination.fence_floors.this_pass = None;
         if due {
-            match self.bounded(self.cms.clone().get_opt(&name)).await {
+            let (api, access) = (self.cms.clone(), self.configmap_named("get", name.clone()));
+            match self.checked(access, api.get_opt(&name)).await {
                 Ok(c) => {
                     self.coordination.fence_floors.read_at = Some(now);
                     self.coordination
@@ -192,11 +196,14 @@ impl Runtime {
         let exists = current.is_some();
         let mut cm = self.group_configmap(name, current);
         cm.data = Some(data);
+        let api = self.cms.clone();
         if exists {
-            self.bounded(self.cms.clone().replace(name, &PostParams::default(), &cm))
+            let access = self.configmap_named("update", name.to_owned());
+            self.checked(access, api.replace(name, &PostParams::default(), &cm))
                 .await?;
         } else {
-            self.bounded(self.cms.clone().create(&PostParams::default(), &cm))
+            let access = self.configmap_named("create", name.to_owned());
+            self.checked(access, api.create(&PostParams::default(), &cm))
                 .await?;
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! This member's own Lease: join (and the same-name claim), renewals, self-fencing, rejoining and leaving.
 
 use super::*;
+use crate::group::permission::PERMISSION_ERROR;
 
 impl Runtime {
     pub(super) fn report(&self) -> MemberReport {
@@ -75,6 +76,11 @@ impl Runtime {
             Some(e) => ann.insert(GATE_DRAINED.into(), e.wire().to_string()),
             None => ann.remove(GATE_DRAINED),
         };
+        // a refusal of another object is seen where the member's logs are not (`kshard status`)
+        match self.oldest_refusal() {
+            Some((p, _)) => ann.insert(PERMISSION_ERROR.into(), p.to_string()),
+            None => ann.remove(PERMISSION_ERROR),
+        };
         self.hint_consumed(ann);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(self.me.name.to_string());
@@ -91,7 +97,7 @@ impl Runtime {
     pub(super) async fn join(&mut self) {
         let name = self.cfg.member_lease();
         let existing = match self
-            .bounded(self.leases.clone().clone().get_opt(&name))
+            .checked(self.own_lease("get"), self.leases.clone().get_opt(&name))
             .await
         {
             Ok(l) => l,
@@ -105,11 +111,10 @@ impl Runtime {
         let result = match existing {
             None => {
                 let body = self.lease_body(None);
-                self.bounded(
-                    self.leases
-                        .clone()
-                        .clone()
-                        .create(&PostParams::default(), &body),
+                let api = self.leases.clone();
+                self.checked(
+                    self.own_lease("create"),
+                    api.create(&PostParams::default(), &body),
                 )
                 .await
             }
@@ -173,11 +178,11 @@ impl Runtime {
                     _ => l,
                 };
                 let body = self.lease_body(Some(&base));
-                self.bounded(self.leases.clone().clone().replace(
-                    &name,
-                    &PostParams::default(),
-                    &body,
-                ))
+                let api = self.leases.clone();
+                self.checked(
+                    self.own_lease("update"),
+                    api.replace(&name, &PostParams::default(), &body),
+                )
                 .await
             }
         };
@@ -248,12 +253,14 @@ impl Runtime {
         match r.answer {
             MemberAnswer::Written(l) => {
                 debug!(took = ?r.t0.elapsed(), "renewed");
+                self.answered(&self.own_lease("update"));
                 self.membership.own = Some(l);
                 self.membership.published = r.report;
                 self.renewed(r.start, r.t0);
                 self.membership.hint_due = true;
             }
             MemberAnswer::Conflict(Ok(Some(l))) => {
+                self.answered(&self.own_lease("update"));
                 let ann = l.metadata.annotations.clone().unwrap_or_default();
                 let taken = ann
                     .get(TAKEN_OVER)
@@ -275,12 +282,14 @@ impl Runtime {
             MemberAnswer::Conflict(Ok(None)) => self.taken_over("our lease was deleted"),
             MemberAnswer::Conflict(Err(e)) => {
                 debug!(lease = %name, error = %e, "cannot re-read own lease");
+                self.refused(self.own_lease("get"), &e);
             }
             MemberAnswer::Failed(err) if is_not_found(&err) => {
                 self.taken_over("our lease was deleted");
             }
             MemberAnswer::Failed(err) => {
                 debug!(error = %err, "renewal failed");
+                self.refused(self.own_lease("update"), &err);
                 self.missed_renewal(Instant::now());
             }
         }
@@ -388,8 +397,9 @@ impl Runtime {
             }),
             ..DeleteParams::default()
         };
+        let api = self.leases.clone();
         if let Err(err) = self
-            .bounded(self.leases.clone().clone().delete(&name, &dp))
+            .checked(self.own_lease("delete"), api.delete(&name, &dp))
             .await
         {
             debug!(error = %err, "could not delete own lease (it will expire)");

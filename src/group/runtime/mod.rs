@@ -51,9 +51,10 @@ mod gates;
 mod membership;
 mod observe;
 mod parts;
+mod permissions;
 mod publish;
 
-use parts::{Coordination, Election, Gates, Membership, Obs, Observations, Rebuild};
+use parts::{Coordination, Election, Gates, Membership, Obs, Observations, Permissions, Rebuild};
 
 /// Why the member task stopped.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,43 @@ pub enum GroupError {
     /// The dedicated member thread could not run.
     #[error("shard group member thread: {0}")]
     Thread(String),
+    /// The API server refused one of the group's requests (401 Unauthorized or 403 Forbidden) for a whole
+    /// renew deadline: a Role (or the credentials) the member needs is missing, which retrying cannot fix.
+    /// The member admits nothing once it ends; its Lease, when writable, names the refusal
+    /// ([`PERMISSION_ERROR`](crate::group::PERMISSION_ERROR)) until it expires.
+    #[error("shard group {group}: {} (refused for a whole renew deadline: the member stopped)", super::permission::describe(verb, resource, namespace, name.as_deref(), *code, message))]
+    #[non_exhaustive]
+    Forbidden {
+        /// The group.
+        group: String,
+        /// The verb refused (`get`, `list`, `watch`, `create`, `update`, `delete`).
+        verb: String,
+        /// `group/plural` (`coordination.k8s.io/leases`), or the plural for the core group (`configmaps`).
+        resource: String,
+        /// The namespace of the request.
+        namespace: String,
+        /// The object named, if any.
+        name: Option<String>,
+        /// 401 or 403.
+        code: u16,
+        /// What the API server said.
+        message: String,
+    },
+}
+
+impl GroupError {
+    /// The member stopped for `denied`.
+    pub(crate) fn forbidden(group: &str, denied: &super::permission::PermissionError) -> Self {
+        GroupError::Forbidden {
+            group: group.to_owned(),
+            verb: denied.verb.clone(),
+            resource: denied.resource.clone(),
+            namespace: denied.namespace.clone(),
+            name: denied.name.clone(),
+            code: denied.code,
+            message: denied.message.clone(),
+        }
+    }
 }
 
 pub(crate) struct Runtime {
@@ -109,6 +147,8 @@ pub(crate) struct Runtime {
     coordination: Coordination,
     /// The admission gates this runtime sets: the legacy leader gate and the hold (`gates.rs`).
     gates: Gates,
+    /// The group's requests the API server refuses (401, 403) (`permissions.rs`).
+    permissions: Permissions,
 }
 
 /// A watch read by a task of its own: each item with its arrival time on our clock (`None`: it ended).
@@ -262,6 +302,7 @@ impl Runtime {
                 legacy_live: false,
                 hold: None,
             },
+            permissions: Default::default(),
         }
     }
 
@@ -303,27 +344,10 @@ impl Runtime {
     }
 
     pub(crate) async fn run(mut self, mut leave: oneshot::Receiver<()>) -> Result<(), GroupError> {
-        let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member);
+        let span = info_span!("shard_group", group = %self.cfg.group, member = %self.cfg.member, namespace = %self.cfg.namespace);
         async move {
-            if self.cfg.shadow {
-                info!("shadow mode: ownership is computed and reported, nothing is admitted");
-            }
-            // fail closed: held until a successful read shows no live legacy holder
-            self.gates.legacy_live = self.cfg.legacy_leader_lease.is_some();
-            self.update_hold();
-            // the streams back off by themselves, each read by a task of its own: a failing watch never
-            // blocks renewals, and a slow pass never leaves the watches unread
-            self.lease_rx = feed(&self.spawner, self.lease_watch());
+            self.begin();
             let mut lease_watch_started = Instant::now();
-            let cm_cfg = watcher::Config::default()
-                .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
-                .timeout(30);
-            self.cm_rx = feed(
-                &self.spawner,
-                watcher::watcher(self.cms.clone(), cm_cfg)
-                    .default_backoff()
-                    .boxed(),
-            );
             let mut changed = self.ownership.changed();
             let mut tick = tokio::time::interval(self.cfg.retry_period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -333,32 +357,23 @@ impl Runtime {
                 // a renewal starts the moment it falls due, whatever else waits
                 self.start_due(Instant::now());
                 let next_due = self.next_due();
+                let forbidden_due = self.forbidden_due();
                 // biased: a fixed branch order (tokio's random one cannot be seeded), rarest first so a
                 // busy watch never starves the tick or the leave; the watches are drained below anyway
                 tokio::select! {
                     biased;
-                    r = &mut leave, if leave_armed => {
+                    // a refusal that lasted a renew deadline ends the task (checked below)
+                    _ = tokio::time::sleep_until(forbidden_due.unwrap_or(next_due)), if forbidden_due.is_some() => {}
+                    _ = &mut leave, if leave_armed => {
                         leave_armed = false;
-                        let _ = r;
                         info!("leaving the shard group: shards move away before shutdown");
                         self.leaving = true;
                         dirty = true;
                     }
                     _ = tick.tick() => {
                         dirty = true;
-                        // events that arrived while a long pass ran wait in the feed: apply them before
-                        // judging the watch silent (a restart would drop them and reset every clock)
-                        if !self.apply_delivered() {
+                        if !self.on_tick(&mut lease_watch_started) {
                             return Ok(());
-                        }
-                        // a LIST or watch start that never answers (a black-holed connection) is not
-                        // bounded by kube's watcher; a lease watch silent for a lease period is restarted
-                        let now = Instant::now();
-                        if self.lease_watch_stuck(now, lease_watch_started) {
-                            warn!("the lease watch delivered nothing for a lease period: restarting it");
-                            self.lease_rx = feed(&self.spawner, self.lease_watch());
-                            lease_watch_started = now;
-                            self.reset_observations();
                         }
                     }
                     Some(done) = self.beside.next(), if !self.beside.is_empty() => {
@@ -367,12 +382,7 @@ impl Runtime {
                     _ = tokio::time::sleep_until(next_due) => {}
                     r = changed.changed() => {
                         if r.is_err() { return Ok(()); }
-                        self.vacuous_progress();
-                        // publish acks promptly, but a renewal itself changes ownership bookkeeping:
-                        // renew early only when the report would say something new
-                        if self.report().encode() != self.membership.published {
-                            dirty = true;
-                        }
+                        dirty |= self.on_ownership_changed();
                     }
                     Some(ev) = self.lease_rx.recv() => match self.lease_item(ev) {
                         Some(soon) => self.coordination.coordinate_soon |= soon,
@@ -386,49 +396,107 @@ impl Runtime {
                 if !self.apply_delivered() {
                     return Ok(());
                 }
-                if self.membership.hint_due {
-                    self.membership.hint_due = false;
-                    self.follow_hint().await;
+                if let Some(e) = self.forbidden(Instant::now()) {
+                    return Err(self.stop_forbidden(e));
                 }
-                if self.coordination.coordinate_soon && !dirty && self.election.leader {
-                    self.coordination.coordinate_soon = false;
-                    self.start_due(Instant::now());
-                    self.coordinate().await;
-                    self.publish_status();
-                }
-                if dirty {
-                    dirty = false;
-                    self.coordination.coordinate_soon = false;
-                    if self.membership.own.is_none() {
-                        self.join().await;
-                    } else {
-                        // an early renewal when the report changed; else whatever is due
-                        self.start_renewal(true);
-                    }
-                    self.check_legacy_leader().await;
-                    self.elect().await;
-                    if self.election.leader && self.renew_between().await {
-                        self.coordinate().await;
-                    }
-                    self.publish_status();
-                    if self.leaving && (self.done_leaving() || self.nobody_stays()) {
-                        // no renewal starts from here, and the one in flight answers first: a renewal
-                        // answered after the fence below would lift it
-                        self.exiting = true;
-                        self.settle_renewal().await;
-                        if !self.done_leaving() {
-                            warn!("leaving while holding shards: no live member stays to take them (the last member, or all leave at once); self-fenced, they are reassigned once this member's lease has expired");
-                            self.ownership.mark_self_fenced();
-                        }
-                        self.delete_own_lease().await;
-                        info!("left the shard group");
-                        return Ok(());
-                    }
+                if self.act(std::mem::take(&mut dirty)).await {
+                    return Ok(());
                 }
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// Before the loop: say where the group lives, hold admission as configured, start the watches.
+    fn begin(&mut self) {
+        info!(
+            "starting: the group's Leases, ConfigMaps and Events are in namespace {}",
+            self.cfg.namespace
+        );
+        if self.cfg.shadow {
+            info!("shadow mode: ownership is computed and reported, nothing is admitted");
+        }
+        // fail closed: held until a successful read shows no live legacy holder
+        self.gates.legacy_live = self.cfg.legacy_leader_lease.is_some();
+        self.update_hold();
+        self.start_watches();
+    }
+
+    /// Every retry period: apply what the watches delivered, and restart a lease watch that hangs. False
+    /// when a watch ended.
+    fn on_tick(&mut self, lease_watch_started: &mut Instant) -> bool {
+        // events that arrived while a long pass ran wait in the feed: apply them before judging the watch
+        // silent (a restart would drop them and reset every clock)
+        if !self.apply_delivered() {
+            return false;
+        }
+        // a LIST or watch start that never answers (a black-holed connection) is not bounded by kube's
+        // watcher; a lease watch silent for a lease period is restarted
+        let now = Instant::now();
+        if self.lease_watch_stuck(now, *lease_watch_started) {
+            warn!("the lease watch delivered nothing for a lease period: restarting it");
+            self.lease_rx = feed(&self.spawner, self.lease_watch());
+            *lease_watch_started = now;
+            self.reset_observations();
+        }
+        true
+    }
+
+    /// Ownership changed: whether to renew early (publish acks promptly; a renewal itself changes the
+    /// ownership bookkeeping, so only when the report would say something new).
+    fn on_ownership_changed(&mut self) -> bool {
+        self.vacuous_progress();
+        self.report().encode() != self.membership.published
+    }
+
+    /// Act on what the loop saw: follow a hint, coordinate, and — when `dirty` — join or renew, elect,
+    /// coordinate and publish. True once the member has left.
+    async fn act(&mut self, dirty: bool) -> bool {
+        if self.membership.hint_due {
+            self.membership.hint_due = false;
+            self.follow_hint().await;
+        }
+        if self.coordination.coordinate_soon && !dirty && self.election.leader {
+            self.coordination.coordinate_soon = false;
+            self.start_due(Instant::now());
+            self.coordinate().await;
+            self.publish_status();
+        }
+        if !dirty {
+            return false;
+        }
+        self.coordination.coordinate_soon = false;
+        if self.membership.own.is_none() {
+            self.join().await;
+        } else {
+            // an early renewal when the report changed; else whatever is due
+            self.start_renewal(true);
+        }
+        self.check_legacy_leader().await;
+        self.elect().await;
+        if self.election.leader && self.renew_between().await {
+            self.coordinate().await;
+        }
+        self.publish_status();
+        if self.leaving && (self.done_leaving() || self.nobody_stays()) {
+            self.finish_leaving().await;
+            return true;
+        }
+        false
+    }
+
+    /// Leave for good: no renewal starts from here, and the one in flight answers first (a renewal answered
+    /// after the fence below would lift it); then the Lease is deleted.
+    async fn finish_leaving(&mut self) {
+        self.exiting = true;
+        self.settle_renewal().await;
+        if !self.done_leaving() {
+            warn!("leaving while holding shards: no live member stays to take them (the last member, or all leave at once); self-fenced, they are reassigned once this member's lease has expired");
+            self.ownership.mark_self_fenced();
+        }
+        self.delete_own_lease().await;
+        info!("left the shard group");
     }
 }
 
@@ -436,13 +504,31 @@ impl Runtime {
 const MAX_DRAINED: usize = 10_000;
 
 impl Runtime {
+    /// Start the group's Lease watch and the assignment watch. The streams back off by themselves, each
+    /// read by a task of its own: a failing watch never blocks renewals, and a slow pass never leaves the
+    /// watches unread.
+    fn start_watches(&mut self) {
+        self.lease_rx = feed(&self.spawner, self.lease_watch());
+        let cm_cfg = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.cfg.assignment_name()))
+            .timeout(30);
+        self.cm_rx = feed(
+            &self.spawner,
+            watcher::watcher(self.cms.clone(), cm_cfg)
+                .default_backoff()
+                .boxed(),
+        );
+    }
+
     /// One item of the lease watch: `None` when the stream ended, else whether the coordinator should
     /// look again now.
     fn lease_item(
         &mut self,
         (arrived, ev): (Instant, Option<watcher::Result<Event<Lease>>>),
     ) -> Option<bool> {
-        match ev? {
+        let item = ev?;
+        self.watch_noted(super::permission::LEASES, None, &item);
+        match item {
             Ok(ev) => {
                 self.lease_watch_delivered(arrived);
                 Some(self.on_lease_event(ev, arrived))
@@ -460,6 +546,10 @@ impl Runtime {
         &mut self,
         (_, ev): (Instant, Option<watcher::Result<Event<ConfigMap>>>),
     ) -> bool {
+        if let Some(item) = &ev {
+            let name = self.cfg.assignment_name();
+            self.watch_noted(super::permission::CONFIGMAPS, Some(name), item);
+        }
         match ev {
             Some(Ok(ev)) => self.on_assignment_event(ev),
             Some(Err(err)) => debug!(error = %err, "assignment watch failed"),

@@ -2,6 +2,7 @@
 //! every part shares (the config, the API handles, the ownership, the metrics and Events).
 
 use super::*;
+use crate::group::permission::PermissionError;
 
 /// This member's own Lease: renewals, self-fencing, the report it publishes, hints it follows (`membership.rs`).
 pub(super) struct Membership {
@@ -136,4 +137,14 @@ pub(super) struct Obs {
 pub(super) struct Rebuild {
     pub(super) generation: u64,
     pub(super) all_applied_at: Option<Instant>,
+}
+
+/// A request as RBAC sees it: the verb, the resource, the object named (if any).
+pub(super) type PermissionKey = (&'static str, &'static str, Option<String>);
+
+/// The group's requests the API server refused (401, 403) and has not answered since, each with its refusal
+/// and when it was first seen (`permissions.rs`).
+#[derive(Default)]
+pub(super) struct Permissions {
+    pub(super) denied: BTreeMap<PermissionKey, (PermissionError, Instant)>,
 }

@@ -15,6 +15,7 @@ impl Runtime {
         let members = self.members(now);
         let status = GroupStatus {
             member: self.me.clone(),
+            namespace: self.cfg.namespace.clone(),
             coordinator: self.election.leader,
             generation: snap.state().generation(),
             owned,
@@ -26,6 +27,7 @@ impl Runtime {
                 .map_or(0, Assignment::moves_in_flight),
             self_fenced: snap.state().is_fenced(),
             joined: self.membership.own.is_some(),
+            permission_error: self.oldest_refusal().map(|(p, _)| p.clone()),
         };
         // cluster-wide gauges from every live member's published sets
         let mut admitted: BTreeMap<u32, usize> = BTreeMap::new();
@@ -65,6 +67,7 @@ impl Runtime {
             g.identity_collision = self.health.identity_collision();
             g.assignment_refused = self.coordination.assignment_refused.is_some();
             g.foreign_format = !self.observations.foreign_formats.is_empty();
+            g.permission_denied = status.permission_error.is_some();
             g.live_members = status.live_members as u64;
             g.moves_in_flight = status.moves_in_flight as u64;
             g.handoffs_completed = self.coordination.handoffs;

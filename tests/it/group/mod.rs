@@ -1392,6 +1392,7 @@ async fn the_lease_of_a_member_long_gone_is_deleted() {
 }
 
 mod admin;
+mod permissions;
 mod realtime;
 pub(crate) mod recovery;
 mod slow_api;
