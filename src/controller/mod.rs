@@ -97,6 +97,8 @@ where
     /// every stream of this builder exists (a shard is warm only when all of them synced it).
     pub fn new(api: Api<K>, config: watcher::Config, group: ShardGroup) -> Self {
         let (handle, task) = group.start();
+        #[cfg(feature = "test-util")]
+        crate::testing::fence_log::install_from_env(&handle.ownership());
         let sharded = ShardedWatcher::new(api, config, handle.ownership()).build_reflector();
         let inner =
             kube::runtime::Controller::for_stream(sharded.events.applied_objects(), sharded.store)

@@ -15,6 +15,7 @@ use crate::ownership::Ownership;
 
 mod driver;
 pub mod faults;
+pub mod fence_log;
 pub mod oracles;
 
 pub use crate::ownership::current::admit_all_on_this_thread;
