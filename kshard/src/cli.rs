@@ -157,6 +157,8 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Explain(#[from] crate::ops::ExplainError),
     #[error("{0}")]
+    Status(#[from] crate::status::StatusError),
+    #[error("{0}")]
     Switch(#[from] kube_shard_ha::switchover::SwitchError),
     #[error("{0}")]
     Promote(#[from] kube_shard_ha::failover::ForceFailed),
@@ -189,6 +191,7 @@ impl CliError {
             | CliError::Admin(_)
             | CliError::Operator(_)
             | CliError::Explain(_)
+            | CliError::Status(_)
             | CliError::Switch(_)
             | CliError::Promote(_)
             | CliError::NotATarget(_)
@@ -213,7 +216,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), CliError> {
             drop(out);
             crate::operator::run(*args)
         }
-        Command::Status(args) => crate::ops::status(&args, &mut out),
+        Command::Status(args) => crate::status::status(&args, &mut out),
         Command::Explain(args) => crate::ops::explain(&args, &mut out),
         Command::Pin(args) => crate::ops::edit(
             &args.group,

@@ -30,6 +30,7 @@ mod ha_check;
 mod ha_cmd;
 mod operator;
 mod ops;
+mod status;
 
 use std::process::ExitCode;
 

@@ -46,6 +46,19 @@ fn status(kubeconfig: &Path, json: bool) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `kshard status`'s error when it fails.
+fn status_error(kubeconfig: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .arg("status")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", "default", "--group", "g"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn kshard(args: &[&str], kubeconfig: &Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args(args)
@@ -116,8 +129,13 @@ fn status_shows_a_settled_group_and_a_graceful_leave() {
     let (dir, _server) = testserver();
     let kc = dir.path().join("kubeconfig");
 
-    // before anything runs there is no group
+    // before anything runs there is no group, and the error says which RBAC a member would lack
     assert!(status(&kc, true).is_none());
+    let why = status_error(&kc);
+    assert!(
+        why.contains("no member Lease") && why.contains("leases in API group coordination.k8s.io"),
+        "{why}"
+    );
 
     let (mut a, a_addr) = operator(&kc, "member-a");
     let (_b, b_addr) = operator(&kc, "member-b");
