@@ -36,6 +36,10 @@ mod fence_cost;
 #[path = "cases/fence_support.rs"]
 mod fence_support;
 
+/// A group member without RBAC on its Leases: the real 403 named, `GroupError::Forbidden`, `kshard status`.
+#[path = "cases/group_rbac.rs"]
+mod group_rbac;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
