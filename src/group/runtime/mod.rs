@@ -60,7 +60,8 @@ use parts::{Coordination, Election, Gates, Membership, Obs, Observations, Permis
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GroupError {
-    /// The Kubernetes API failed in a way that retrying cannot fix (for example RBAC).
+    /// The Kubernetes API failed in a way that retrying cannot fix: the dedicated thread's own client could
+    /// not be built. (A refused request is [`Forbidden`](Self::Forbidden).)
     #[error("shard group {group}: {what}: {source}")]
     Api {
         /// The group.
