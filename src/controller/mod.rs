@@ -99,7 +99,9 @@ where
         let (handle, task) = group.start();
         #[cfg(feature = "test-util")]
         crate::testing::fence_log::install_from_env(&handle.ownership());
-        let sharded = ShardedWatcher::new(api, config, handle.ownership()).build_reflector();
+        let sharded = ShardedWatcher::new(api, config, handle.ownership())
+            .metrics(&handle.read_path_metrics())
+            .build_reflector();
         let inner =
             kube::runtime::Controller::for_stream(sharded.events.applied_objects(), sharded.store)
                 .reconcile_on(sharded.reenqueue);
@@ -154,7 +156,9 @@ where
         Child:
             Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        match ShardedWatcher::metadata(api, config, self.handle.ownership()).dependent(dependency) {
+        let read = ShardedWatcher::metadata(api, config, self.handle.ownership())
+            .metrics(&self.handle.read_path_metrics());
+        match read.dependent(dependency) {
             Ok(w) => {
                 let children = w.build();
                 self.inner = self.inner.owns_stream(children.events.touched_objects());
@@ -275,7 +279,7 @@ where
             return Supervised::failed(RunError::Setup(e));
         }
         let ownership = self.handle.ownership();
-        let metrics = reconcile::FenceMetrics::default();
+        let metrics = self.handle.fence_metrics();
         let (group, done) = run::spawn_group(self.task);
         let stop = shutdown::spawn(self.triggers, self.signals, self.handle, done);
         let stream = self.inner.graceful_shutdown_on(stop).run(

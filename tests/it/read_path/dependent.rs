@@ -19,7 +19,8 @@ use kube_shard::ownership::{MemberId, Ownership, OwnershipConfig};
 use kube_shard::testing::{self, TestDriver};
 use kube_shard::watcher::{stamp_shard_label, SHARD_LABEL};
 use kube_shard::watcher::{
-    Dependency, DependencyMap, DependentError, ReadMode, ShardedReflector, ShardedWatcher, WatcherStats,
+    Dependency, DependencyMap, DependentError, ReadMode, ShardedReflector, ShardedWatcher,
+    WatcherStats,
 };
 use kube_shard::{fnv1a64, ShardCount, ShardKey};
 use kube_shard_testserver::TestServer;

@@ -87,7 +87,7 @@ fn record_config(
         .barrier_timeout(barrier)
         .probe_interval(Duration::from_secs(30))
         .build_reflector();
-    let store = sharded.store.clone().unwrap();
+    let store = sharded.store.clone();
     let stats = sharded.stats.clone();
     let seen: Seen = Arc::default();
     let log = seen.clone();

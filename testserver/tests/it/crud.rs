@@ -602,7 +602,9 @@ async fn objects_can_be_inspected_without_a_client() {
 async fn a_json_patch_test_of_null_passes_on_a_missing_path() {
     let server = TestServer::new();
     let api: Api<ConfigMap> = Api::namespaced(server.client("t"), "default");
-    api.create(&PostParams::default(), &cm("fin")).await.unwrap();
+    api.create(&PostParams::default(), &cm("fin"))
+        .await
+        .unwrap();
     let first: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/finalizers", "value": null},
         {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/f"]},
@@ -612,7 +614,10 @@ async fn a_json_patch_test_of_null_passes_on_a_missing_path() {
         .patch("fin", &PatchParams::default(), &Patch::<()>::Json(first))
         .await
         .unwrap();
-    assert_eq!(got.metadata.finalizers, Some(vec!["example.com/f".to_owned()]));
+    assert_eq!(
+        got.metadata.finalizers,
+        Some(vec!["example.com/f".to_owned()])
+    );
     // the same test now meets a value: refused, nothing changed
     let again: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/finalizers", "value": null},
