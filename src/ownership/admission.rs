@@ -216,3 +216,18 @@ fn refusal(snap: &super::inner::Snapshot, shard: u32) -> AdmitError {
         Some(state) => AdmitError::NotAdmitted { shard, state },
     }
 }
+
+impl Fence {
+    /// A fence for `obj` for a unit test ([`Permit::for_test`]'s, taken at once): it never expires.
+    ///
+    /// # Errors
+    /// The object cannot be placed in a shard (no uid).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn for_test<K: kube::Resource>(obj: &K) -> Result<Fence, AdmitError> {
+        let permit = Permit::for_test(obj)?;
+        Ok(permit
+            .fence()
+            .expect("a static member's fence is always valid"))
+    }
+}

@@ -108,3 +108,21 @@ mod tests {
         .unwrap();
     }
 }
+
+#[cfg(test)]
+mod for_test {
+    use crate::ownership::Permit;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn test_permits_and_fences_need_only_a_uid() {
+        let mut cm = ConfigMap::default();
+        assert!(Permit::for_test(&cm).is_err(), "no uid: no shard");
+        cm.metadata.uid = Some("u1".into());
+        let permit = Permit::for_test(&cm).unwrap();
+        assert_eq!(permit.epoch(), 0);
+        let fence = crate::ownership::Fence::for_test(&cm).unwrap();
+        assert_eq!(fence.shard(), permit.shard());
+        assert!(fence.check().is_ok());
+    }
+}
