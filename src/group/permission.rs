@@ -27,10 +27,10 @@ pub(crate) const CONFIGMAPS: &str = "configmaps";
 #[non_exhaustive]
 pub struct PermissionError {
     /// The verb as RBAC names it: `get`, `list`, `watch`, `create`, `update` or `delete`.
-    pub verb: String,
+    pub verb: &'static str,
     /// `group/plural` (`coordination.k8s.io/leases`), or the plural alone for the core group
     /// (`configmaps`).
-    pub resource: String,
+    pub resource: &'static str,
     /// The namespace of the request (the group's).
     pub namespace: String,
     /// The object named, if the request named one (a LIST or WATCH of the group's Leases names none).
@@ -45,8 +45,8 @@ impl PermissionError {
     /// The refusal in `err` of `verb` on `resource` in `namespace` (`name`), if `err` is a 401 or 403.
     pub(crate) fn from_error(
         err: &kube::Error,
-        verb: &str,
-        resource: &str,
+        verb: &'static str,
+        resource: &'static str,
         namespace: &str,
         name: Option<&str>,
     ) -> Option<Self> {
@@ -55,15 +55,15 @@ impl PermissionError {
 
     /// `verb` on `resource` in `namespace` (`name`) refused with `answer` (its status and message).
     pub(crate) fn new(
-        verb: &str,
-        resource: &str,
+        verb: &'static str,
+        resource: &'static str,
         namespace: &str,
         name: Option<&str>,
         (code, message): (u16, String),
     ) -> Self {
         PermissionError {
-            verb: verb.to_owned(),
-            resource: resource.to_owned(),
+            verb,
+            resource,
             namespace: namespace.to_owned(),
             name: name.map(str::to_owned),
             code,
@@ -75,8 +75,8 @@ impl PermissionError {
 impl fmt::Display for PermissionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&describe(
-            &self.verb,
-            &self.resource,
+            self.verb,
+            self.resource,
             &self.namespace,
             self.name.as_deref(),
             self.code,

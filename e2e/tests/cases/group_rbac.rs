@@ -144,7 +144,7 @@ async fn group_member_without_lease_rbac_stops_with_forbidden() {
             ..
         }) => {
             assert_eq!(
-                (verb.as_str(), resource.as_str(), namespace.as_str()),
+                (*verb, *resource, namespace.as_str()),
                 ("create", "coordination.k8s.io/leases", ns.as_str())
             );
             assert_eq!((name.as_deref(), *code), (Some(lease.as_str()), 403));

@@ -79,16 +79,14 @@ pub enum GroupError {
     /// renew deadline: a Role (or the credentials) the member needs is missing, which retrying cannot fix.
     /// The member admits nothing once it ends; its Lease, when writable, names the refusal
     /// ([`PERMISSION_ERROR`](crate::group::PERMISSION_ERROR)) until it expires.
-    #[error("shard group {group}: {} (refused for a whole renew deadline: the member stopped)", super::permission::describe(verb, resource, namespace, name.as_deref(), *code, message))]
+    #[error("shard group member: {} (refused for a whole renew deadline: the member stopped)", super::permission::describe(verb, resource, namespace, name.as_deref(), *code, message))]
     #[non_exhaustive]
     Forbidden {
-        /// The group.
-        group: String,
         /// The verb refused (`get`, `list`, `watch`, `create`, `update`, `delete`).
-        verb: String,
+        verb: &'static str,
         /// `group/plural` (`coordination.k8s.io/leases`), or the plural for the core group (`configmaps`).
-        resource: String,
-        /// The namespace of the request.
+        resource: &'static str,
+        /// The namespace of the request (the group's; the object's name starts with the group's).
         namespace: String,
         /// The object named, if any.
         name: Option<String>,
@@ -101,11 +99,10 @@ pub enum GroupError {
 
 impl GroupError {
     /// The member stopped for `denied`.
-    pub(crate) fn forbidden(group: &str, denied: &super::permission::PermissionError) -> Self {
+    pub(crate) fn forbidden(denied: &super::permission::PermissionError) -> Self {
         GroupError::Forbidden {
-            group: group.to_owned(),
-            verb: denied.verb.clone(),
-            resource: denied.resource.clone(),
+            verb: denied.verb,
+            resource: denied.resource,
             namespace: denied.namespace.clone(),
             name: denied.name.clone(),
             code: denied.code,

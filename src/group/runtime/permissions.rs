@@ -187,7 +187,6 @@ impl Runtime {
     /// A refusal has lasted a renew deadline: the error the task ends with.
     pub(super) fn forbidden(&self, now: Instant) -> Option<GroupError> {
         let (p, since) = self.oldest_refusal()?;
-        (now.duration_since(*since) >= self.cfg.renew_deadline)
-            .then(|| GroupError::forbidden(&self.cfg.group, p))
+        (now.duration_since(*since) >= self.cfg.renew_deadline).then(|| GroupError::forbidden(p))
     }
 }

@@ -91,13 +91,7 @@ async fn published_refusal(server: &TestServer, member: &str, limit: Duration) -
 }
 
 fn what(p: &PermissionError) -> (&str, &str, &str, Option<&str>, u16) {
-    (
-        &p.verb,
-        &p.resource,
-        &p.namespace,
-        p.name.as_deref(),
-        p.code,
-    )
+    (p.verb, p.resource, &p.namespace, p.name.as_deref(), p.code)
 }
 
 /// The member's Lease cannot be created: it never joins, says why (log, Health, status), and its task
@@ -153,13 +147,7 @@ async fn a_member_refused_its_lease_says_so_and_stops_within_a_renew_deadline() 
     else {
         panic!("ended with {result:?}");
     };
-    let got = (
-        verb.as_str(),
-        resource.as_str(),
-        namespace.as_str(),
-        name.as_deref(),
-        *code,
-    );
+    let got = (*verb, *resource, namespace.as_str(), name.as_deref(), *code);
     assert_eq!(got, expected);
     let text = result.unwrap_err().to_string();
     assert!(
@@ -235,7 +223,7 @@ async fn a_refused_assignment_write_is_published_on_the_members_lease() {
     );
     assert!(
         matches!(&result, Err(GroupError::Forbidden { resource, name, .. })
-            if resource == "configmaps" && name.as_deref() == Some(assignment.as_str())),
+            if *resource == "configmaps" && name.as_deref() == Some(assignment.as_str())),
         "{result:?}"
     );
     let events: Api<k8s_openapi::api::events::v1::Event> =
@@ -307,7 +295,7 @@ async fn refused_renewals_end_the_task_with_forbidden() {
     );
     assert!(
         matches!(&result, Err(GroupError::Forbidden { verb, name, .. })
-            if verb == "update" && name.as_deref() == Some(lease.as_str())),
+            if *verb == "update" && name.as_deref() == Some(lease.as_str())),
         "{result:?}"
     );
     assert!(
