@@ -39,13 +39,14 @@ pub enum RunError<E: std::error::Error + 'static> {
 
 type Item<K, E> = Result<(ObjectRef<K>, Action), RunError<E>>;
 
+/// What kube's controller stream yields.
+type KubeItem<K, E> = Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>;
+
 /// The stream [`Controller::run`](super::Controller::run) returns: kube's results, then the end — or one
 /// [`RunError::Group`] and the end when the group's task fails.
 #[must_use = "streams do nothing unless polled"]
 pub struct Supervised<K: Resource, E: std::error::Error + 'static> {
-    inner: Option<
-        BoxStream<'static, Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>>,
-    >,
+    inner: Option<BoxStream<'static, KubeItem<K, E>>>,
     group: Option<JoinHandle<Result<(), GroupError>>>,
     pending: Option<RunError<E>>,
 }
@@ -65,9 +66,7 @@ where
     E: std::error::Error + 'static,
 {
     pub(super) fn new(
-        inner: impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>>
-            + Send
-            + 'static,
+        inner: impl Stream<Item = KubeItem<K, E>> + Send + 'static,
         group: JoinHandle<Result<(), GroupError>>,
     ) -> Self {
         Supervised {

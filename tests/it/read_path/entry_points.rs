@@ -39,9 +39,12 @@ enum Entry {
     Gained,
 }
 
-/// Who reconciled what: object name → (member, resourceVersion) in order.
+/// (member, resourceVersion) of each reconcile of one object, in order.
+type Reconciles = Vec<(String, String)>;
+
+/// Who reconciled what: object name → its reconciles.
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<BTreeMap<String, Vec<(String, String)>>>>);
+struct Log(Arc<Mutex<BTreeMap<String, Reconciles>>>);
 
 impl Log {
     fn record<K: Resource>(&self, who: &str, obj: &K) {
