@@ -64,26 +64,6 @@ impl Permit {
         self.failover
     }
 
-    /// A permit for `obj` for a unit test that calls a reconciler directly: from a member that owns every
-    /// shard in static mode, so its fences never expire (epoch 0). `obj` needs a uid (the shard key).
-    ///
-    /// ```
-    /// # let cm = k8s_openapi::api::core::v1::ConfigMap {
-    /// #     metadata: kube::api::ObjectMeta { uid: Some("u1".into()), ..Default::default() }, ..Default::default() };
-    /// let permit = kube_shard::Permit::for_test(&cm).unwrap();
-    /// assert!(permit.fence().is_ok());
-    /// ```
-    ///
-    /// # Errors
-    /// The object cannot be placed in a shard (no uid).
-    #[cfg(any(test, feature = "test-util"))]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-    pub fn for_test<K: kube::Resource>(obj: &K) -> Result<Permit, AdmitError> {
-        let everything = super::Ownership::new_static(super::OwnershipConfig::default(), 0, 1)
-            .expect("one static member of one is a valid static configuration");
-        everything.admit(obj)
-    }
-
     /// A fence for a side effect now: valid only while the shard is still Owned at this epoch (or Outgoing,
     /// before the drain deadline), the member's last renewal is recent enough, on both clocks, and (with HA)
     /// the cluster's term at the permit's failover epoch still holds.
@@ -214,20 +194,5 @@ fn refusal(snap: &super::inner::Snapshot, shard: u32) -> AdmitError {
         None => AdmitError::NotOwned { shard },
         Some(ShardState::Owned { .. }) => AdmitError::SelfFenced { shard },
         Some(state) => AdmitError::NotAdmitted { shard, state },
-    }
-}
-
-impl Fence {
-    /// A fence for `obj` for a unit test ([`Permit::for_test`]'s, taken at once): it never expires.
-    ///
-    /// # Errors
-    /// The object cannot be placed in a shard (no uid).
-    #[cfg(any(test, feature = "test-util"))]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-    pub fn for_test<K: kube::Resource>(obj: &K) -> Result<Fence, AdmitError> {
-        let permit = Permit::for_test(obj)?;
-        Ok(permit
-            .fence()
-            .expect("a static member's fence is always valid"))
     }
 }

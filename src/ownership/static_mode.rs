@@ -95,3 +95,41 @@ impl Ownership {
         Ok(ownership)
     }
 }
+
+impl super::Permit {
+    /// A permit for `obj` for a unit test that calls a reconciler directly: from a member that owns every
+    /// shard in static mode, so its fences never expire (epoch 0). `obj` needs a uid (the shard key).
+    ///
+    /// ```
+    /// # let cm = k8s_openapi::api::core::v1::ConfigMap {
+    /// #     metadata: kube::api::ObjectMeta { uid: Some("u1".into()), ..Default::default() }, ..Default::default() };
+    /// let permit = kube_shard::Permit::for_test(&cm).unwrap();
+    /// assert!(permit.fence().is_ok());
+    /// ```
+    ///
+    /// # Errors
+    /// The object cannot be placed in a shard (no uid).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn for_test<K: kube::Resource>(obj: &K) -> Result<super::Permit, super::AdmitError> {
+        let everything = Ownership::new_static(OwnershipConfig::default(), 0, 1)
+            .expect("one static member of one is a valid static configuration");
+        everything.admit(obj)
+    }
+}
+
+impl super::Fence {
+    /// A fence for `obj` for a unit test ([`Permit::for_test`](super::Permit::for_test)'s, taken at once): it
+    /// never expires.
+    ///
+    /// # Errors
+    /// The object cannot be placed in a shard (no uid).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn for_test<K: kube::Resource>(obj: &K) -> Result<super::Fence, super::AdmitError> {
+        let permit = super::Permit::for_test(obj)?;
+        Ok(permit
+            .fence()
+            .expect("a static member's fence is always valid"))
+    }
+}
