@@ -40,6 +40,12 @@ mod fence_support;
 #[path = "cases/group_rbac.rs"]
 mod group_rbac;
 
+/// The sharded example operator (`examples/document-operator-sharded.rs`) as three replica processes:
+/// the Documents split, a SIGKILLed replica's Documents reconciled again by their new owners, every
+/// status write fenced.
+#[path = "cases/document_operator.rs"]
+mod document_operator;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
