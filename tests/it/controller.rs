@@ -96,3 +96,84 @@ async fn shutdown_on_signal_leaves_the_group_before_the_controller_stops() {
     );
     b_task.abort();
 }
+
+/// `owns`: a child's change reconciles its parent (read sharded with it, by its controller ownerReference),
+/// the parent unchanged.
+#[tokio::test(start_paused = true)]
+async fn owns_reconciles_the_parent_when_its_child_changes() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::{ObjectMeta, PostParams};
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    let (server, _log) = group_server().await;
+    crate::read_path::watcher::seed(&server.client("admin"), 0).await;
+    let admin: Api<ConfigMap> = Api::namespaced(server.client("admin"), NS);
+    let object = |name: &str, role: &str| ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([("role".to_owned(), role.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    let parent = admin
+        .create(&PostParams::default(), &object("p", "parent"))
+        .await
+        .unwrap();
+
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let group = builder(&server, "a").build().expect("valid config");
+    let app = server.client("a-app");
+    let controller = kube_shard::Controller::new(
+        Api::namespaced(app.clone(), NS),
+        watcher::Config::default().labels("role=parent"),
+        group,
+    )
+    .owns(
+        Api::<ConfigMap>::namespaced(app, NS),
+        watcher::Config::default().labels("role=child"),
+    );
+    let log = seen.clone();
+    let run = controller.run(
+        move |p: Arc<ConfigMap>, _: Arc<()>| {
+            log.lock().unwrap().push(p.metadata.name.clone().unwrap());
+            async { Ok::<_, std::convert::Infallible>(Action::await_change()) }
+        },
+        |_, _, _| Action::requeue(Duration::from_secs(1)),
+        Arc::new(()),
+    );
+    let task = tokio::spawn(run.for_each(|_| async {}));
+    let count = || seen.lock().unwrap().iter().filter(|n| *n == "p").count();
+    until(
+        Duration::from_secs(60),
+        "the parent reconciled once",
+        || count() >= 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = count();
+
+    let mut child = object("c", "child");
+    child.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: "p".into(),
+        uid: parent.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    }]);
+    admin.create(&PostParams::default(), &child).await.unwrap();
+    until(
+        Duration::from_secs(10),
+        "the child's parent reconciled again",
+        || count() > before,
+    )
+    .await;
+    let now = admin.get("p").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version,
+        parent.metadata.resource_version
+    );
+    task.abort();
+}

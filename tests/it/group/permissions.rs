@@ -43,6 +43,7 @@ impl Logs {
     fn capture(&self) -> tracing::subscriber::DefaultGuard {
         let sub = tracing_subscriber::fmt()
             .with_writer(self.clone())
+            .with_ansi(false) // plain text to match, whatever the terminal
             .with_max_level(tracing::Level::INFO)
             .finish();
         tracing::subscriber::set_default(sub)
