@@ -1,6 +1,7 @@
 //! The running controller: kube's result stream, ended with the group task's failure.
 
 use std::fmt::{self, Debug};
+use std::future::Future as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -141,8 +142,6 @@ impl<K: Resource, E: std::error::Error + 'static> Drop for Supervised<K, E> {
         }
     }
 }
-
-use std::future::Future as _;
 
 /// Spawn the group's task; the receiver turns `true` when it ends (however it ends).
 pub(super) fn spawn_group(

@@ -343,10 +343,11 @@ where
         let (name, uid, rv) = preconditions(obj.meta())?;
         // the annotation on the main resource only: a status write ignores metadata
         let stamp = status.is_none().then_some(&fence);
+        if let (Patch::Json(_), Some(_), Some(field)) = (patch, status, &self.status_field) {
+            // a JSON patch cannot carry the token into the status fence field
+            return Err(Error::StatusFence(field.to_string()));
+        }
         let body = match patch {
-            Patch::Json(_) if status.is_some() && self.status_field.is_some() => {
-                return Err(Error::StatusFence(format!("{:?}", self.status_field)));
-            }
             Patch::Json(ops) => {
                 Patch::Json(conditional_json_patch(ops, obj.meta(), &uid, &rv, stamp)?)
             }

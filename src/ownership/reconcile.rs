@@ -160,14 +160,7 @@ impl Routine {
     /// The routine cause in `err` or its sources, if any (the outermost one found).
     #[must_use]
     pub fn of(err: &(dyn std::error::Error + 'static)) -> Option<Routine> {
-        let mut next = Some(err);
-        while let Some(e) = next {
-            if let Some(found) = Self::at(e) {
-                return Some(found);
-            }
-            next = e.source();
-        }
-        None
+        chain(err).find_map(Self::at)
     }
 
     /// [`Routine::of`] for an error that is not itself a `std::error::Error` but refers to one:
@@ -302,16 +295,16 @@ impl FenceMetrics {
 
 /// The failover refusal message anywhere in `e`'s chain.
 fn failover_refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
-    let mut next = Some(e);
-    while let Some(e) = next {
-        if let Some(w) = e.downcast_ref::<super::fenced_write::Error>() {
-            if let Some(m) = w.failover_refusal() {
-                return Some(m);
-            }
-        }
-        next = e.source();
-    }
-    None
+    chain(e)
+        .filter_map(|e| e.downcast_ref::<super::fenced_write::Error>())
+        .find_map(super::fenced_write::Error::failover_refusal)
+}
+
+/// `e` and its sources, outermost first.
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| e.source())
 }
 
 #[cfg(test)]

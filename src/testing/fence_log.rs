@@ -59,8 +59,7 @@ impl FenceObserver for FenceLogWriter {
                 epoch,
                 ..
             } => {
-                let who = format!("{}/{}", member.name, member.incarnation);
-                st.fences.insert(fence, (who, shard, epoch));
+                st.fences.insert(fence, (member.to_string(), shard, epoch));
             }
             FenceEvent::RequestSent { request, fence, .. } => {
                 st.requests.insert(request, (fence, now_ns()));

@@ -28,15 +28,12 @@ where
             }
             next = transitions.try_next_transition();
         }
-        if shards.is_empty() {
+        if shards.is_empty() || planted!(DROP_REENQUEUE) {
             continue;
         }
         let mut sent = 0usize;
         for obj in store.state() {
             if !matches!(ownership.shard_of(obj.as_ref()), Ok(s) if shards.contains(&s)) {
-                continue;
-            }
-            if planted!(DROP_REENQUEUE) {
                 continue;
             }
             if tx.send(ObjectRef::from_obj(obj.as_ref())).is_err() {

@@ -63,49 +63,13 @@ const POLL: Duration = Duration::from_millis(250);
 
 // ---- the example binary and its CRD ----
 
-/// The example operator as a private hard link (a rebuild of the original while the scenario runs cannot
-/// pull it away from under the replicas): `KSHARD_DOCUMENT_OPERATOR_BIN`, or built by this test into
-/// `target/e2e` (its own target dir, so the outer `cargo test` lock is not contended).
+/// The example operator as a private hard link: `KSHARD_DOCUMENT_OPERATOR_BIN`, or built by this test.
 fn operator_binary() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned();
-    let target = root.join("target").join("e2e");
-    let original: PathBuf = match std::env::var_os("KSHARD_DOCUMENT_OPERATOR_BIN") {
-        Some(p) => p.into(),
-        None => {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "-q",
-                    "-p",
-                    "kube-shard",
-                    "--example",
-                    "document-operator-sharded",
-                ])
-                .current_dir(&root)
-                .env("CARGO_TARGET_DIR", &target)
-                .status()
-                .expect("run cargo build --example document-operator-sharded");
-            assert!(status.success(), "building the example operator failed");
-            target
-                .join("debug")
-                .join("examples")
-                .join("document-operator-sharded")
-        }
-    };
-    let dir = target.join("bin");
-    std::fs::create_dir_all(&dir).expect("create target/e2e/bin");
-    let private = dir.join(format!("document-operator-sharded-{}", std::process::id()));
-    let _ = std::fs::remove_file(&private);
-    if std::fs::hard_link(&original, &private).is_err() {
-        std::fs::copy(&original, &private).unwrap_or_else(|e| {
-            panic!("copy {} to {}: {e}", original.display(), private.display())
-        });
-    }
-    private
+    crate::support::private_binary(
+        "KSHARD_DOCUMENT_OPERATOR_BIN",
+        &["-p", "kube-shard", "--example", "document-operator-sharded"],
+        "examples/document-operator-sharded",
+    )
 }
 
 fn document_resource() -> ApiResource {

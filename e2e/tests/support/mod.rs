@@ -284,57 +284,66 @@ pub async fn touch_all(client: &Client, targets: &[(String, String)]) -> usize {
     ok.into_iter().filter(|o| *o).count()
 }
 
-/// The `kshard` binary, as a private hard link (or copy) so a rebuild of the original while the suite
-/// runs cannot pull it away from under the replicas: `KSHARD_BIN`, or built by this test run into
-/// `target/e2e` (its own target dir, so the outer `cargo test` lock is not contended).
+/// The `kshard` binary, as a private hard link (see [`private_binary`]): `KSHARD_BIN`, or built by this
+/// test run.
 pub fn kshard_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace root")
-            .to_owned();
-        let target = root.join("target").join("e2e");
-        let original: PathBuf = match std::env::var_os("KSHARD_BIN") {
-            Some(p) => p.into(),
-            None => {
-                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-                let status = std::process::Command::new(cargo)
-                    .args(["build", "-q", "-p", "kshard"])
-                    .current_dir(&root)
-                    .env("CARGO_TARGET_DIR", &target)
-                    .status()
-                    .expect("run cargo build -p kshard");
-                assert!(status.success(), "building kshard failed");
-                target.join("debug").join("kshard")
-            }
-        };
-        let dir = target.join("bin");
-        std::fs::create_dir_all(&dir).expect("create target/e2e/bin");
-        // links of earlier runs
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for e in entries.flatten() {
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|m| m.elapsed().ok())
-                    .is_some_and(|age| age > Duration::from_secs(3600));
-                if old {
-                    let _ = std::fs::remove_file(e.path());
-                }
+    BIN.get_or_init(|| private_binary("KSHARD_BIN", &["-p", "kshard"], "kshard"))
+        .clone()
+}
+
+/// A workspace binary as a private hard link (or copy), so a rebuild of the original while the suite runs
+/// cannot pull it away from under the replicas: the path in `env`, or built by this test run with `cargo
+/// build <args>` into `target/e2e` (its own target dir, so the outer `cargo test` lock is not contended),
+/// found there as `debug/<built>`. Links of earlier runs older than an hour are removed.
+pub fn private_binary(env: &str, args: &[&str], built: &str) -> PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned();
+    let target = root.join("target").join("e2e");
+    let original: PathBuf = match std::env::var_os(env) {
+        Some(p) => p.into(),
+        None => {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-q"])
+                .args(args)
+                .current_dir(&root)
+                .env("CARGO_TARGET_DIR", &target)
+                .status()
+                .unwrap_or_else(|e| panic!("run cargo build {args:?}: {e}"));
+            assert!(status.success(), "cargo build {args:?} failed");
+            target.join("debug").join(built)
+        }
+    };
+    let dir = target.join("bin");
+    std::fs::create_dir_all(&dir).expect("create target/e2e/bin");
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(3600));
+            if old {
+                let _ = std::fs::remove_file(e.path());
             }
         }
-        let private = dir.join(format!("kshard-{}", std::process::id()));
-        let _ = std::fs::remove_file(&private);
-        if std::fs::hard_link(&original, &private).is_err() {
-            std::fs::copy(&original, &private).unwrap_or_else(|e| {
-                panic!("copy {} to {}: {e}", original.display(), private.display())
-            });
-        }
-        private
-    })
-    .clone()
+    }
+    let name = std::path::Path::new(built)
+        .file_name()
+        .expect("a file name")
+        .to_string_lossy();
+    let private = dir.join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&private);
+    if std::fs::hard_link(&original, &private).is_err() {
+        std::fs::copy(&original, &private).unwrap_or_else(|e| {
+            panic!("copy {} to {}: {e}", original.display(), private.display())
+        });
+    }
+    private
 }
 
 /// GET `path` from `addr` (`host:port`): (status code, body). `None` when it does not answer within 2 s
