@@ -31,6 +31,8 @@
 //! - `faults` and `overlap` (feature `test-util`): fault points for tests, and the overlap checker.
 
 #![forbid(unsafe_code)]
+// docs.rs (nightly, `--cfg docsrs`) marks the items behind a feature
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -1,10 +1,11 @@
-//! Cross-cluster HA on real apiservers (issue 20): the elector of each cluster runs in this process, its
+//! Cross-cluster HA on real apiservers: the elector of each cluster runs in this process, its
 //! requests to each cluster through its own [`Link`] (so one direction of one path can be cut), a worker per
 //! cluster admits through the guard, and the cross-cluster overlap checker (`kube_shard_ha::overlap`) judges.
 //! Late commits are real: the Active cluster's etcd is stopped with SIGSTOP and resumed.
 //!
 //! Needs `KUBECONFIG` (cluster A), `KSHARD_E2E_PEER_KUBECONFIG` (cluster B) and, for the witness scenario,
-//! `KSHARD_E2E_WITNESS_KUBECONFIG`; the etcd scenario needs `realkube` instances (it reads etcd's pid file).
+//! `KSHARD_E2E_WITNESS_KUBECONFIG`; the etcd scenario needs cluster A's etcd on this machine (its pid file beside the kubeconfig, as a
+//! local apiserver started by a script writes it). A scenario whose clusters are not given is skipped, by name.
 //! Timings are scaled: lease 6 s, renew deadline 3 s, retry 1 s, request timeout 1 s, grace 1 s (a taker
 //! waits 7 s).
 
@@ -19,7 +20,7 @@ use kube_shard_ha::overlap::HaOverlap;
 use kube_shard_ha::{HaClients, HaConfig, HaControl, HaHandle, HaMetrics, HaMode, Timings};
 use tokio::time::Instant;
 
-use crate::support::links::{freeze, Cluster, Link};
+use crate::support::links::{freeze, skip, Cluster, Link};
 use crate::support::{rand_u32, report};
 
 const RENEW_DEADLINE: Duration = Duration::from_secs(3);
@@ -37,17 +38,9 @@ struct World {
 }
 
 impl World {
-    async fn new(witness: bool) -> World {
-        let mut clusters = vec![
-            Cluster::from_env("KUBECONFIG", "cluster A"),
-            Cluster::from_env("KSHARD_E2E_PEER_KUBECONFIG", "cluster B"),
-        ];
-        if witness {
-            clusters.push(Cluster::from_env(
-                "KSHARD_E2E_WITNESS_KUBECONFIG",
-                "the witness cluster",
-            ));
-        }
+    /// The scenario's world, or `None` (the scenario skipped, by name) when its clusters are not given.
+    async fn new(scenario: &str, witness: bool) -> Option<World> {
+        let clusters = Cluster::for_scenario(scenario, witness)?;
         let ns = format!("e2e-ha-{:08x}", rand_u32());
         for c in &clusters {
             let api: Api<Namespace> = Api::all(c.client().await);
@@ -65,11 +58,11 @@ impl World {
             .await
             .expect("create the namespace");
         }
-        World {
+        Some(World {
             clusters,
             ns,
             overlap: HaOverlap::default(),
-        }
+        })
     }
 
     /// Start cluster `me`'s operator (0 = A, 1 = B), with a link to every cluster.
@@ -232,7 +225,10 @@ impl Drop for Frozen {
 #[tokio::test]
 #[ignore = "needs two real clusters: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
 async fn ha_real_cut_active_forced_promotion_and_the_old_active_steps_down() {
-    let w = World::new(false).await;
+    let scenario = "ha_real_cut_active_forced_promotion_and_the_old_active_steps_down";
+    let Some(w) = World::new(scenario, false).await else {
+        return;
+    };
     let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(
@@ -281,12 +277,20 @@ async fn ha_real_cut_active_forced_promotion_and_the_old_active_steps_down() {
 /// unable to read A's Lease for the full wait, is armed and promoted by force. etcd resumes and whatever A
 /// sent meanwhile commits late; A then sees the higher epoch and stands by, never admitting again.
 #[tokio::test]
-#[ignore = "needs two realkube instances: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
+#[ignore = "needs two local apiservers whose etcd it can pause: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
 async fn ha_real_a_stopped_etcd_commits_late_without_two_actives() {
-    let w = World::new(false).await;
-    let pid = w.clusters[0]
-        .etcd_pid()
-        .expect("cluster A is a realkube instance (etcd.pid beside its kubeconfig)");
+    let scenario = "ha_real_a_stopped_etcd_commits_late_without_two_actives";
+    let Some(w) = World::new(scenario, false).await else {
+        return;
+    };
+    let Some(pid) = w.clusters[0].etcd_pid() else {
+        skip(
+            scenario,
+            "needs cluster A's etcd on this machine, to pause it (its pid in etcd.pid beside the kubeconfig)",
+        );
+        w.drop_namespaces().await;
+        return;
+    };
     let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -337,7 +341,10 @@ async fn ha_real_a_stopped_etcd_commits_late_without_two_actives() {
 #[tokio::test]
 #[ignore = "needs three real clusters: KUBECONFIG, KSHARD_E2E_PEER_KUBECONFIG, KSHARD_E2E_WITNESS_KUBECONFIG"]
 async fn ha_real_witness_a_site_partition_moves_the_term_without_overlap() {
-    let w = World::new(true).await;
+    let scenario = "ha_real_witness_a_site_partition_moves_the_term_without_overlap";
+    let Some(w) = World::new(scenario, true).await else {
+        return;
+    };
     let (a, b) = w.active_and_standby().await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(b.admitted.load(Ordering::SeqCst), 0);

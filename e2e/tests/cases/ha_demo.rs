@@ -38,8 +38,9 @@ async fn demo_ha(a: &Cluster, b: &Cluster, plant_lost_write: bool) -> (bool, ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs two real clusters: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
 async fn kshard_demo_ha_on_two_real_clusters() {
-    let a = Cluster::from_env("KUBECONFIG", "cluster A");
-    let b = Cluster::from_env("KSHARD_E2E_PEER_KUBECONFIG", "cluster B");
+    let Some((a, b)) = Cluster::pair_for_scenario("kshard_demo_ha_on_two_real_clusters") else {
+        return;
+    };
 
     let (held, v) = demo_ha(&a, &b, false).await;
     assert!(held, "{v}");

@@ -346,8 +346,9 @@ async fn check_refusals(reader: &Client, writer: &Client, ns: &str) -> usize {
 #[tokio::test]
 #[ignore = "needs two clusters: KUBECONFIG and KSHARD_E2E_PEER_KUBECONFIG"]
 async fn ha_real_mirror_rbac_sample_as_shipped() {
-    let a = Cluster::from_env("KUBECONFIG", "cluster A");
-    let b = Cluster::from_env("KSHARD_E2E_PEER_KUBECONFIG", "cluster B");
+    let Some((a, b)) = Cluster::pair_for_scenario("ha_real_mirror_rbac_sample_as_shipped") else {
+        return;
+    };
     let (admin_a, admin_b) = (a.client().await, b.client().await);
     for c in [&admin_a, &admin_b] {
         ensure_namespace(c, OPS).await;

@@ -23,14 +23,52 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The clusters a multi-cluster scenario needs: cluster A (`KUBECONFIG`), cluster B
+    /// (`KSHARD_E2E_PEER_KUBECONFIG`) and, with `witness`, the witness (`KSHARD_E2E_WITNESS_KUBECONFIG`).
+    /// `None` when one is not given: the scenario is skipped, and says so by name (a one-cluster run of the
+    /// suite passes).
+    pub fn for_scenario(scenario: &str, witness: bool) -> Option<Vec<Cluster>> {
+        let mut wanted = vec![
+            ("KUBECONFIG", "cluster A"),
+            ("KSHARD_E2E_PEER_KUBECONFIG", "cluster B"),
+        ];
+        if witness {
+            wanted.push(("KSHARD_E2E_WITNESS_KUBECONFIG", "the witness cluster"));
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .filter(|(var, _)| std::env::var_os(var).is_none_or(|v| v.is_empty()))
+            .map(|(var, _)| *var)
+            .collect();
+        if !missing.is_empty() {
+            skip(
+                scenario,
+                &format!(
+                    "needs {} clusters; set {} (each the kubeconfig of one cluster, e.g. of a kind cluster)",
+                    wanted.len(),
+                    missing.join(" and ")
+                ),
+            );
+            return None;
+        }
+        Some(
+            wanted
+                .iter()
+                .map(|(var, what)| Cluster::from_env(var, what))
+                .collect(),
+        )
+    }
+
+    /// Clusters A and B of a two-cluster scenario, or `None` (skipped, by name): [`Cluster::for_scenario`].
+    pub fn pair_for_scenario(scenario: &str) -> Option<(Cluster, Cluster)> {
+        let mut clusters = Cluster::for_scenario(scenario, false)?.into_iter();
+        Some((clusters.next()?, clusters.next()?))
+    }
+
     /// The cluster named by the environment variable `var` (a kubeconfig path), or a clear panic.
-    pub fn from_env(var: &str, what: &str) -> Cluster {
-        let path = std::env::var_os(var).unwrap_or_else(|| {
-            panic!(
-                "set {var} to the kubeconfig of {what} (the HA scenarios need several clusters: \
-                 two realkube instances, or two kind clusters; see e2e/run.sh)"
-            )
-        });
+    fn from_env(var: &str, what: &str) -> Cluster {
+        let path = std::env::var_os(var)
+            .unwrap_or_else(|| panic!("set {var} to the kubeconfig of {what}"));
         let kubeconfig = PathBuf::from(path);
         let kc = Kubeconfig::read_from(&kubeconfig).expect("read the kubeconfig");
         let url = kc
@@ -70,6 +108,13 @@ impl Cluster {
         let dir = self.kubeconfig.parent()?;
         read_pid(&dir.join("etcd.pid"))
     }
+}
+
+/// Say, past libtest's output capture, that `scenario` is skipped and why: a skipped scenario passes, and
+/// the run's output names it.
+pub fn skip(scenario: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped {scenario}: {why}");
 }
 
 fn read_pid(path: &Path) -> Option<i32> {
