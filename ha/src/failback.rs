@@ -67,6 +67,9 @@ pub struct FailbackReport {
     pub divergent: Vec<Divergent>,
     /// Divergent objects deleted in this pass (after the prune grace).
     pub deleted: Vec<ObjRef>,
+    /// Divergent objects kube-shard never wrote (no fence stamp, no mirror marker or label): never
+    /// deleted; they stay divergent (the cluster is no promotion target) until a person resolves them.
+    pub never_written: Vec<ObjRef>,
     /// Writes that failed (retried at the next pass).
     pub failed: Vec<Problem>,
 }
@@ -170,7 +173,14 @@ impl Failback {
                         let key = (d.at.clone(), d.uid.clone());
                         let first = self.seen.get(&key).copied().unwrap_or_else(Instant::now);
                         still.insert(key, first);
-                        if !self.opts.keep_divergent && first.elapsed() >= self.opts.prune_grace {
+                        let ours = written_by_kube_shard(&old);
+                        if !ours {
+                            rep.never_written.push(d.at.clone());
+                        }
+                        if ours
+                            && !self.opts.keep_divergent
+                            && first.elapsed() >= self.opts.prune_grace
+                        {
                             match delete_divergent(&local, &old).await {
                                 Ok(()) => {
                                     info!(at = %d.at, fence = ?d.fence, "failback: divergent object deleted");
@@ -193,6 +203,20 @@ impl Failback {
         }
         Ok(rep)
     }
+}
+
+/// Whether kube-shard wrote `o`: it carries a fence stamp (every fenced write stamps one) or a mirror
+/// marker or label. Only such objects may failback delete; an object without them was written by
+/// someone else (a person, another controller) and is left for a person.
+fn written_by_kube_shard(o: &DynamicObject) -> bool {
+    let m = &o.metadata;
+    m.annotations.as_ref().is_some_and(|a| {
+        a.contains_key(kube_shard::token::FENCE_ANNOTATION)
+            || a.contains_key(crate::mirror::plan::SOURCE_RV)
+    }) || m
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(crate::mirror::plan::MIRRORED_FROM))
 }
 
 /// Make `old` the copy `p` of the new Active's object: the mirror's update (`/status` first if it

@@ -377,7 +377,9 @@ impl Duty {
             let done = rep.failed.is_empty() && (left == 0 || self.opts.keep_divergent);
             let detail = (!done).then(|| {
                 format!(
-                    "{left} divergent object(s) within the prune grace, {} failed write(s)",
+                    "{left} divergent object(s) ({} never written by kube-shard: a person resolves \
+                     them; the rest within the prune grace), {} failed write(s)",
+                    rep.never_written.len(),
                     rep.failed.len()
                 )
             });

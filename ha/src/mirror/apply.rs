@@ -6,16 +6,19 @@
 //! are deleted with `propagationPolicy: Orphan`, only when [`may_delete`] allows.
 
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams, Preconditions,
+    ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams, Preconditions,
     PropagationPolicy,
 };
 use kube::Api;
 use serde_json::Value;
 use tracing::warn;
 
-use super::plan::{decide, may_delete, plan, Action, CopyContext, Planned, SourceNow, SOURCE_RV};
+use super::plan::{
+    ahead, decide, may_delete, plan, Action, CopyContext, Planned, SourceNow, SOURCE_RV,
+};
 use super::queue::Key;
 use super::rv::marker;
+use super::rv::parse_rv;
 
 /// The result of one attempt.
 #[derive(Debug, PartialEq, Eq)]
@@ -101,8 +104,15 @@ pub(super) async fn apply(
         Ok(a) => a,
         Err(e) => return Outcome::Poison(e.to_string()),
     };
+    let action = match action {
+        Action::Ahead { held } => match collection_rv(s).await {
+            Ok(now) => ahead(held, now),
+            Err(o) => return o,
+        },
+        a => a,
+    };
     match (action, copy) {
-        (Action::Skip, _) => Outcome::Applied(None),
+        (Action::Skip | Action::Ahead { .. }, _) => Outcome::Applied(None),
         (Action::NotOurs, _) => Outcome::Poison(format!(
             "{ns}/{name} exists on the Standby and was not made by the mirror from {}: not touched",
             ctx.source.cluster
@@ -127,6 +137,20 @@ pub(super) async fn apply(
         }
         (_, None) => Outcome::Retry("the copy vanished".into()),
     }
+}
+
+/// The source collection's current resourceVersion: a `limit=1` LIST, as the lag probe reads it.
+async fn collection_rv(s: &Sides) -> Result<u64, Outcome> {
+    let api: Api<DynamicObject> = Api::all_with(s.source.clone(), &s.ar);
+    let l = api
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| classify("reading the source's current version", e))?;
+    parse_rv(
+        l.metadata.resource_version.as_deref().unwrap_or(""),
+        "the source's current version",
+    )
+    .map_err(|e| Outcome::Poison(e.to_string()))
 }
 
 async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {

@@ -162,12 +162,81 @@ impl OwnObjects {
     }
 }
 
+/// The objects each cluster makes for itself, never mirrored, paired with a copy or deleted: the
+/// `kube-root-ca.crt` ConfigMap and the `default` ServiceAccount of every namespace (kube-controller-manager
+/// makes them), service-account token Secrets, and the `kube-*` namespaces with everything in them.
+#[must_use]
+pub(crate) fn per_cluster(kind: &Kind, meta: &ObjectMeta) -> bool {
+    let name = meta.name.as_deref().unwrap_or("");
+    if meta
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns.starts_with("kube-"))
+    {
+        return true;
+    }
+    if !kind.group.is_empty() {
+        return false;
+    }
+    match kind.plural.as_str() {
+        "namespaces" => name.starts_with("kube-"),
+        "configmaps" => name == "kube-root-ca.crt",
+        "serviceaccounts" => name == "default",
+        "secrets" => meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("kubernetes.io/service-account.name")),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn k(s: &str) -> Kind {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn objects_every_cluster_makes_for_itself_are_never_mirrored() {
+        let m = |ns: Option<&str>, name: &str| ObjectMeta {
+            namespace: ns.map(str::to_string),
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        };
+        let (cm, sa, secret, ns) = (
+            k("configmaps/v1"),
+            k("serviceaccounts/v1"),
+            k("secrets/v1"),
+            k("namespaces/v1"),
+        );
+        assert!(per_cluster(&cm, &m(Some("apps"), "kube-root-ca.crt")));
+        assert!(per_cluster(&sa, &m(Some("apps"), "default")));
+        let mut token = m(Some("apps"), "builder-token-x");
+        token.annotations = Some(
+            [(
+                "kubernetes.io/service-account.name".to_string(),
+                "builder".to_string(),
+            )]
+            .into(),
+        );
+        assert!(per_cluster(&secret, &token));
+        assert!(per_cluster(&ns, &m(None, "kube-system")));
+        assert!(per_cluster(&cm, &m(Some("kube-system"), "anything")));
+        assert!(per_cluster(
+            &k("widgets.example.com/v1"),
+            &m(Some("kube-public"), "w")
+        ));
+        // the user's objects of the same kinds
+        assert!(!per_cluster(&cm, &m(Some("apps"), "settings")));
+        assert!(!per_cluster(&sa, &m(Some("apps"), "builder")));
+        assert!(!per_cluster(&secret, &m(Some("apps"), "tls")));
+        assert!(!per_cluster(&ns, &m(None, "apps")));
+        assert!(!per_cluster(
+            &k("widgets.example.com/v1"),
+            &m(Some("apps"), "kube-root-ca.crt")
+        ));
     }
 
     #[test]

@@ -143,8 +143,16 @@ pub enum Action {
     Create,
     /// Update it (`/status` first if it changed, then the main resource with the marker).
     Update {
-        /// A marker above the source's version, or a copy someone else changed: re-applied with an alarm.
+        /// A copy someone else changed, or a corrupt marker: re-applied with an alarm.
         alarm: Option<String>,
+    },
+    /// The copy's marker is above the version this read of the source returned: another writer (a second
+    /// mirror process, as in a rolling update) applied a newer version since. Only a marker above the
+    /// source's *current collection* version is corruption ([`ahead`]); the worker reads that version and
+    /// decides — never by writing this older version over it.
+    Ahead {
+        /// The copy's marker.
+        held: u64,
     },
     /// The source was re-created (another uid): delete the copy (preconditions), then create.
     Recreate,
@@ -181,15 +189,29 @@ pub fn decide(
     let held = marker_rv(ann.get(SOURCE_RV).map(String::as_str), source)?;
     let changed = last_written.is_some_and(|w| cm.resource_version.as_deref() != Some(w));
     Ok(match held {
-        Some(h) if h > p.source_rv => Action::Update {
-            alarm: Some(format!("marker {h} above the source's {}", p.source_rv)),
-        },
+        Some(h) if h > p.source_rv => Action::Ahead { held: h },
         Some(h) if h == p.source_rv && changed => Action::Update {
             alarm: Some("the copy was changed by someone else".into()),
         },
         Some(h) if h == p.source_rv => Action::Skip,
         _ => Action::Update { alarm: None },
     })
+}
+
+/// A copy whose marker `held` is above the version a read of the source returned: `Skip` unless the marker is
+/// also above `collection_rv`, the source collection's current resourceVersion read after it — a version
+/// the source has not reached, which no mirror can have copied (a corrupt marker: re-applied, with an alarm).
+#[must_use]
+pub fn ahead(held: u64, collection_rv: u64) -> Action {
+    if held > collection_rv {
+        Action::Update {
+            alarm: Some(format!(
+                "marker {held} above the source's current version {collection_rv}"
+            )),
+        }
+    } else {
+        Action::Skip
+    }
 }
 
 /// The source object as a GET by name returned it, for a delete decision.
@@ -364,11 +386,20 @@ mod tests {
             ),
             Action::Update { alarm: None }
         );
-        assert!(matches!(
+        // a marker above this read of the source: decided against the collection's current version
+        assert_eq!(
             d(
                 Some(&copy(Some("a"), "u-src", Some(1_000_000_043), "5")),
                 None
             ),
+            Action::Ahead {
+                held: 1_000_000_043
+            }
+        );
+        assert_eq!(ahead(1_000_000_043, 1_000_000_043), Action::Skip);
+        assert_eq!(ahead(1_000_000_043, 1_000_000_050), Action::Skip);
+        assert!(matches!(
+            ahead(1_000_000_043, 1_000_000_042),
             Action::Update { alarm: Some(_) }
         ));
         assert!(matches!(

@@ -103,6 +103,12 @@ impl RetryQueue {
         }
     }
 
+    /// Whether `key` is queued, in flight or failed.
+    #[must_use]
+    pub fn contains(&self, key: &Key) -> bool {
+        self.entries.contains_key(key)
+    }
+
     /// The next key due at `now` (in key order among those due); it is in flight until
     /// [`done`](Self::done), [`retry`](Self::retry) or [`fail`](Self::fail).
     pub fn pop(&mut self, now: Duration) -> Option<Key> {

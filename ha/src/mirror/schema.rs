@@ -4,13 +4,15 @@
 //! refuses to start with the first difference named. Copies of an object whose schema differs would
 //! be pruned, defaulted or refused differently by the target, and the poison list would fill with them.
 //! Built-in kinds have no definition to compare: their group/version and scope are compared by the
-//! mirror's discovery.
+//! mirror's discovery. A kind an aggregated API server serves (its APIService names a service) is refused.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::{Api, Client};
 use serde_json::Value;
+use tracing::warn;
 
 use super::error::{api_err, MirrorError};
 use crate::checkpoint::Kind;
@@ -77,13 +79,49 @@ async fn definition(
         )))
 }
 
-/// Compare `kind`'s definitions on both sides (core and built-in groups have none: nothing to do).
+/// The service behind `kind`'s group and version when an aggregated API server serves it (its
+/// APIService names a service; a local one, as every built-in and CRD group has, names none). `None`
+/// also when the APIService cannot be read (no permission: the check is skipped, with a warning).
+async fn aggregated(c: &Client, kind: &Kind, side: &str) -> Result<Option<String>, MirrorError> {
+    let name = format!("{}.{}", kind.version, kind.group);
+    match Api::<APIService>::all(c.clone()).get_opt(&name).await {
+        Ok(a) => Ok(a.and_then(|a| a.spec.and_then(|s| s.service)).map(|s| {
+            format!(
+                "{}/{}",
+                s.namespace.unwrap_or_default(),
+                s.name.unwrap_or_default()
+            )
+        })),
+        Err(kube::Error::Api(e)) if matches!(e.code, 401 | 403) => {
+            warn!(kind = %kind.key(), side, "mirror: cannot read APIService {name} ({}): not checked for an aggregated API", e.code);
+            Ok(None)
+        }
+        Err(e) => Err(api_err(format!(
+            "reading the APIService {name} on the {side}"
+        ))(e)),
+    }
+}
+
+/// Compare `kind`'s definitions on both sides (core and built-in groups have none: nothing to do), and
+/// refuse a kind an aggregated API server serves: its resourceVersions, consistent LISTs and admission
+/// (the switchover freeze) are that server's, not the cluster's, and the mirror's rules rest on them.
 pub(super) async fn check(
     source: &Client,
     target: &Client,
     kind: &Kind,
 ) -> Result<(), MirrorError> {
-    if kind.group.is_empty() || !kind.group.contains('.') {
+    if kind.group.is_empty() {
+        return Ok(());
+    }
+    for (c, side) in [(source, "source"), (target, "target")] {
+        if let Some(service) = aggregated(c, kind, side).await? {
+            return Err(MirrorError::Kind(
+                kind.key(),
+                format!("served by an aggregated API server on the {side} (service {service}): not mirrored"),
+            ));
+        }
+    }
+    if !kind.group.contains('.') {
         return Ok(());
     }
     let name = format!("{}.{}", kind.plural, kind.group);

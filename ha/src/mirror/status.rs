@@ -35,6 +35,9 @@ pub struct KindStatus {
     pub writes: u64,
     /// Copies the prune backstop handed to the worker (their source absent at two sweeps a grace apart).
     pub prunes: u64,
+    /// Copies the reverse sweep queued again: missing on the Standby, holding another version than the
+    /// source's, or changed there since the mirror's own last write.
+    pub repairs: u64,
     /// Copies found out of scope at the last LIST (reported, never deleted).
     pub out_of_scope: usize,
     /// Why the kind stopped (an unparseable version, a regression).

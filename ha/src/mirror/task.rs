@@ -67,15 +67,23 @@ pub(super) enum Initial {
     Applied(Synced),
 }
 
-/// In the configured namespaces, and not kube-shard's own.
+/// In the configured namespaces, and neither kube-shard's own nor an object every cluster makes for
+/// itself ([`super::kinds::per_cluster`]). Under a namespace scope a Namespace is in scope by its name, and
+/// every other cluster-scoped object is in scope: the scope names namespaces, and a cluster-scoped kind
+/// has none (it is mirrored whole, never silently left out).
 pub(crate) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
-    let ns_ok = cfg.namespaces.as_ref().is_none_or(|set| {
-        o.metadata
-            .namespace
-            .as_ref()
-            .is_some_and(|n| set.contains(n))
-    });
-    ns_ok && !cfg.own.is_own(kind, &o.metadata)
+    let m = &o.metadata;
+    let ns_ok = cfg
+        .namespaces
+        .as_ref()
+        .is_none_or(|set| match &m.namespace {
+            Some(n) => set.contains(n),
+            None if kind.group.is_empty() && kind.plural == "namespaces" => {
+                m.name.as_ref().is_some_and(|n| set.contains(n))
+            }
+            None => true,
+        });
+    ns_ok && !cfg.own.is_own(kind, m) && !super::kinds::per_cluster(kind, m)
 }
 
 fn key_of(o: &DynamicObject) -> Key {
@@ -264,6 +272,55 @@ impl KindTask {
             }
         }
         self.suspects = still;
+        self.repair(&sources, &copies, now);
+    }
+
+    /// The reverse sweep (with the prune pass's two LISTs): a source in scope whose copy is missing, holds
+    /// another version, or was changed since the mirror's own last write (someone on the Standby deleted or
+    /// edited it) is queued; the worker brings it back by its usual rules. Until then the queued key holds
+    /// the position below it. Only once the kind's initial LIST is applied.
+    fn repair(&mut self, sources: &[DynamicObject], copies: &[DynamicObject], now: Duration) {
+        if !matches!(self.initial, Initial::Recorded | Initial::Applied(_)) {
+            return; // until the initial LIST is applied, it queues every object itself
+        }
+        let copies: HashMap<Key, &DynamicObject> = copies.iter().map(|c| (key_of(c), c)).collect();
+        let src = self.ctx.source.clone();
+        let mut queued = Vec::new();
+        for o in sources.iter().filter(|o| self.in_scope(o)) {
+            let k = key_of(o);
+            let Some(orv) = o
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let ok = copies.get(&k).is_some_and(|c| {
+                let held = c
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(super::plan::SOURCE_RV));
+                let same = super::rv::marker_rv(held.map(String::as_str), &src)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|h| h >= orv);
+                let untouched = self
+                    .last_written
+                    .get(&k)
+                    .is_none_or(|w| c.metadata.resource_version.as_deref() == Some(w));
+                same && untouched
+            });
+            if !ok && !self.queue.contains(&k) {
+                queued.push((k, orv));
+            }
+        }
+        for (k, orv) in queued {
+            info!(kind = %self.kind, ns = %k.0, name = %k.1, "mirror: repair: the copy is missing or not the source's; queued");
+            self.status.repairs += 1;
+            self.queue.push(k, orv, now);
+        }
     }
 
     async fn work(&mut self) {

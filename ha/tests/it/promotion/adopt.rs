@@ -406,3 +406,39 @@ async fn failback_with_keep_divergent_reports_and_never_deletes() {
         .unwrap();
     assert_eq!(promotable(&div).unwrap_err().0.len(), 1);
 }
+
+/// Failback deletes (after the grace) only divergent objects kube-shard wrote — with a fence stamp or a
+/// mirror marker. One nobody stamped (a person's, another controller's) is reported as never written by
+/// kube-shard and left for a person; it keeps the cluster from being a promotion target meanwhile.
+#[tokio::test(start_paused = true)]
+async fn failback_never_deletes_a_divergent_object_kube_shard_never_wrote() {
+    let (a, b) = pair().await;
+    both(&a, &b, "stamped", None).await;
+    widgets(&a, APPS)
+        .create(&PostParams::default(), &widget("unstamped", 1))
+        .await
+        .unwrap();
+    let cfg = config_on_a();
+    let opts = FailbackOptions::default().prune_grace(Duration::from_secs(60));
+    let mut f = Failback::new(
+        cfg.clone(),
+        a.client("failback"),
+        b.client("failback"),
+        opts,
+    );
+    f.run_once().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let r = f.run_once().await.unwrap();
+    let names = |v: &[kube_shard_ha::adoption::ObjRef]| {
+        v.iter().map(|o| o.name.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&r.deleted), ["stamped"], "{r:?}");
+    assert_eq!(names(&r.never_written), ["unstamped"], "{r:?}");
+    assert!(widgets(&a, APPS)
+        .get_opt("unstamped")
+        .await
+        .unwrap()
+        .is_some());
+    let div = divergent_objects(&cfg, &a.client("check")).await.unwrap();
+    assert_eq!(promotable(&div).unwrap_err().0.len(), 1, "{div:?}");
+}
