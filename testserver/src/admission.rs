@@ -3,29 +3,57 @@
 //! answer: **422, reason `Invalid`** (or the validation's `reason`), message `<plural>.<group> "<name>" is
 //! forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied request: <message>`.
 //!
-//! Served: `matchConstraints.resourceRules` and `excludeResourceRules` (apiGroups, apiVersions, resources incl.
-//! `plural/subresource`, `*` and `*/status`, operations, resourceNames), `variables` (evaluated in order, bound
-//! as `variables.<name>`), `validations` (`expression`, `message`, `messageExpression`, `reason`),
-//! `failurePolicy`, bindings with `validationActions` (`Deny` refuses; `Warn`/`Audit` alone do not).
-//! Parameters: `paramKind` ConfigMap (`v1`) with a binding's `paramRef` by `name` or `selector` (`matchLabels`,
-//! `matchExpressions`), in `paramRef.namespace` or else the request's namespace; the policy is evaluated once
-//! per parameter found (bound as `params`), and refuses when any evaluation fails; none found with
-//! `parameterNotFoundAction: Deny` (or unset) refuses as kube-apiserver v1.36.2 does (`failed to configure
-//! binding: no params found for policy binding with `Deny` parameterNotFoundAction`), with `Allow` the binding
-//! is skipped. CEL: the `cel` interpreter with kube-cel's Kubernetes string, list and regex libraries;
-//! `object`, `oldObject`, `params`, `request` (operation, name, namespace, dryRun, subResource, kind, resource,
-//! userInfo.username) are bound.
-//! Not served (a binding that needs them is skipped): another `paramKind` than ConfigMap, a `paramKind`
-//! without `paramRef` or the reverse, `matchConditions`, namespace and object selectors, a binding's own
-//! `matchResources`, `auditAnnotations`; no type checking of expressions. Policies and parameters take effect
-//! at once (the real server loads policies asynchronously, in about a second, and parameters through an
-//! informer: see `docs/fence-policy.md` for the measured lag). Compiled expressions are cached per thread.
+//! Served, matching (in [`matching`], as kube-apiserver v1.36.2 matches, checked against it): a binding
+//! applies when its policy's `matchConstraints` and the binding's own `matchResources` (if any) both select
+//! the write. Each has `namespaceSelector` and `objectSelector` (`matchLabels`, `matchExpressions` with `In`,
+//! `NotIn`, `Exists`, `DoesNotExist`; absent or empty: everything), `resourceRules` (none in a binding's
+//! `matchResources`: whatever the policy selects) and `excludeResourceRules`. The namespace selector sees a
+//! namespaced object's Namespace as stored, a Namespace's own new labels on its create or update (the stored
+//! ones on its delete), and always selects other cluster-scoped objects; the object selector selects when
+//! the object's or the old object's labels match (a create has no old object, a delete no object). Rules:
+//! apiGroups, apiVersions, resources (`plural/subresource`, `*`, `*/status`, `plural/*` which includes the
+//! main resource), operations, `scope`, resourceNames. Writes of admission configuration (webhook
+//! configurations, admission policies and their bindings) are never subject to policies.
+//! Served, evaluation: `variables` (evaluated in order, bound as `variables.<name>`), `validations`
+//! (`expression`, `message`, `messageExpression`, `reason`), `failurePolicy`, bindings with
+//! `validationActions` (`Deny` refuses; `Warn`/`Audit` alone do not).
+//! Parameters: `paramKind` ConfigMap (`v1`) with a binding's `paramRef` by `name` or `selector`, in
+//! `paramRef.namespace` or else the request's namespace; the policy is evaluated once per parameter found
+//! (bound as `params`), and refuses when any evaluation fails; none found with `Allow` passes. CEL: the `cel`
+//! interpreter with kube-cel's Kubernetes string, list and regex libraries; `object`, `oldObject`, `params`,
+//! `request` (operation, name, namespace, dryRun, subResource, kind, resource, userInfo.username) are bound.
+//!
+//! Configuration errors refuse as the real server's do: under `failurePolicy: Fail` (the default), whatever
+//! the binding's `validationActions`, 422 `Invalid` with `ValidatingAdmissionPolicy '<policy>' denied request:
+//! failed to configure policy: <error>` (or `… with binding '<binding>' denied request: failed to configure
+//! binding: <error>`); under `Ignore` the policy or binding is skipped. They are: a selector needing a
+//! Namespace the store lacks (`namespaces "<ns>" not found`; an error only when the rest of the criteria
+//! select the write), a `Deny` `parameterNotFoundAction` with no parameter found (`no params found for policy
+//! binding with `Deny` parameterNotFoundAction`), a `paramRef` without namespace for a cluster-scoped object,
+//! and what the real server refuses to store but testserver stores as sent: a policy without
+//! `matchConstraints`, a malformed selector (an unknown operator, invalid key or value, `In` without values,
+//! a wrong JSON type; message `Internal error occurred: <testserver's wording>`). None of these panics.
+//! Once a binding applies to a namespaced write whose Namespace is missing (the real server then reads it,
+//! for CEL's `namespaceObject`), the answer is that Namespace's 404 `namespaces "<ns>" not found`, whatever
+//! the failurePolicy or any refusal before (on the real server only deletes get there: NamespaceLifecycle
+//! refuses creates and updates in a missing namespace first).
+//!
+//! Not served: another `paramKind` than ConfigMap and a `paramKind` without `paramRef` or the reverse (such a
+//! binding is skipped); `matchConditions` and `auditAnnotations` (ignored: the validations run as if every
+//! condition held); `matchPolicy: Equivalent` (rules match the request's own group, version and resource
+//! only); CEL's `namespaceObject` and `authorizer`; type checking of expressions. Policies and parameters
+//! take effect at once (the real server loads policies asynchronously, in about a second, and parameters
+//! through an informer: see `docs/fence-policy.md` for the measured lag). Compiled expressions are cached
+//! per thread.
+
+mod matching;
 
 use std::collections::HashMap;
 
 use kube_cel::{cel, KubeCelExt};
 use serde_json::{json, Value};
 
+use self::matching::Match;
 use crate::{
     labels::LabelSelector,
     resources::{store_key, ResourceInfo},
@@ -62,57 +90,152 @@ pub(crate) fn admit_logged(
 
 /// Refuse `attempt` when a bound policy denies it.
 pub(crate) fn admit(store: &Store, attempt: &Attempt<'_>) -> ApiResult<()> {
+    if exempt(attempt) {
+        return Ok(());
+    }
     let bindings = store.current(&store_key(GROUP, "validatingadmissionpolicybindings"), None);
     if bindings.is_empty() {
         return Ok(());
     }
     let policies = store.current(&store_key(GROUP, "validatingadmissionpolicies"), None);
-    for binding in &bindings {
-        let b = &binding.value;
-        let Some(pname) = b["spec"]["policyName"].as_str() else {
-            continue;
+    let mut walk = Walk {
+        store,
+        attempt,
+        gone: matching::missing_namespace(store, attempt),
+        first: None,
+    };
+    for policy in &policies {
+        let bound: Vec<&Value> = bindings
+            .iter()
+            .map(|b| &b.value)
+            .filter(|b| b["spec"]["policyName"].as_str() == Some(policy.name()))
+            .collect();
+        if !bound.is_empty() {
+            walk.policy(&policy.value, &bound)?;
+        }
+    }
+    walk.first.map_or(Ok(()), Err)
+}
+
+/// Writes of admission configuration (webhook configurations, admission policies and their bindings) are
+/// never subject to policies, as on the real server.
+fn exempt(attempt: &Attempt<'_>) -> bool {
+    const KINDS: [&str; 6] = [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ];
+    attempt.info.group == GROUP && KINDS.contains(&attempt.info.kind.as_str())
+}
+
+/// kube-apiserver v1.36.2's error when a `Deny` binding finds no parameter.
+const NO_PARAMS: &str = "no params found for policy binding with `Deny` parameterNotFoundAction";
+
+/// One admission of a write over the policies that have bindings (kube-apiserver's validating dispatcher).
+struct Walk<'a> {
+    store: &'a Store,
+    attempt: &'a Attempt<'a>,
+    /// The request's namespace when the store lacks it: the first binding that applies ends the request
+    /// with that Namespace's 404, whatever was refused before.
+    gone: Option<&'a str>,
+    /// The first refusal, kept while a 404 may still come (`gone`).
+    first: Option<ApiError>,
+}
+
+impl Walk<'_> {
+    fn policy(&mut self, policy: &Value, bindings: &[&Value]) -> ApiResult<()> {
+        let (spec, name) = (
+            &policy["spec"],
+            policy["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        let constraints = &spec["matchConstraints"];
+        let matched = if constraints.is_null() {
+            Match::Error("policy contained no match constraints, a required field".to_owned())
+        } else {
+            matching::matches(self.store, constraints, self.attempt)
         };
-        let deny = b["spec"]["validationActions"]
+        match matched {
+            Match::No => Ok(()),
+            Match::Error(e) => self.config_error(spec, name, None, &e),
+            Match::Yes => bindings
+                .iter()
+                .try_for_each(|b| self.binding(spec, name, b)),
+        }
+    }
+
+    fn binding(&mut self, spec: &Value, policy: &str, binding: &Value) -> ApiResult<()> {
+        let name = binding["metadata"]["name"].as_str().unwrap_or_default();
+        let b = &binding["spec"];
+        if !b["matchResources"].is_null() {
+            match matching::matches(self.store, &b["matchResources"], self.attempt) {
+                Match::No => return Ok(()),
+                Match::Error(e) => return self.config_error(spec, policy, Some(name), &e),
+                Match::Yes => {}
+            }
+        }
+        let params = match params_for(self.store, spec, b, self.attempt) {
+            Params::Found(p) => p,
+            Params::Skip => return Ok(()),
+            Params::Error(e) => return self.config_error(spec, policy, Some(name), &e),
+        };
+        if let Some(ns) = self.gone {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        }
+        let deny = b["validationActions"]
             .as_array()
             .is_some_and(|a| a.iter().any(|x| x == "Deny"));
         if !deny {
-            continue;
+            return Ok(());
         }
-        let Some(policy) = policies.iter().find(|p| p.name() == pname) else {
-            continue;
-        };
-        let spec = &policy.value["spec"];
-        if !matches(&spec["matchConstraints"], attempt) {
-            continue;
-        }
-        let bname = b["metadata"]["name"].as_str().unwrap_or_default();
-        let params = match params_for(store, spec, &b["spec"], attempt) {
-            Params::Found(p) => p,
-            Params::Skip => continue,
-            Params::NotFound => {
-                return Err(denied(attempt, pname, bname, "Invalid", NO_PARAMS));
-            }
-        };
         for param in &params {
-            if let Some((reason, msg)) = evaluate(spec, attempt, param) {
-                return Err(denied(attempt, pname, bname, &reason, &msg));
+            if let Some((reason, msg)) = evaluate(spec, self.attempt, param) {
+                return self.refuse(denied(self.attempt, policy, Some(name), &reason, &msg));
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// A configuration error (the real server's `addConfigError`): under `failurePolicy: Ignore` nothing,
+    /// else a refusal, reason `Invalid`, whatever the binding's `validationActions`.
+    fn config_error(
+        &mut self,
+        spec: &Value,
+        policy: &str,
+        binding: Option<&str>,
+        err: &str,
+    ) -> ApiResult<()> {
+        if spec["failurePolicy"] == "Ignore" {
+            return Ok(());
+        }
+        let what = if binding.is_some() {
+            "binding"
+        } else {
+            "policy"
+        };
+        let msg = format!("failed to configure {what}: {err}");
+        self.refuse(denied(self.attempt, policy, binding, "Invalid", &msg))
+    }
+
+    /// The refusal is the answer, unless a Namespace 404 may still come (kept as the first).
+    fn refuse(&mut self, e: ApiError) -> ApiResult<()> {
+        if self.gone.is_none() {
+            return Err(e);
+        }
+        self.first.get_or_insert(e);
+        Ok(())
+    }
 }
 
-/// kube-apiserver v1.36.2's message when a `Deny` binding finds no parameter.
-const NO_PARAMS: &str =
-    "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction";
-
 enum Params {
-    /// Evaluate once per parameter (`Null`: the policy takes none).
+    /// Evaluate once per parameter (`Null`: the policy takes none; none at all: none found, `Allow`).
     Found(Vec<Value>),
-    /// The binding does not apply (`Allow` and none found, or a form not served).
+    /// A form not served: the binding is skipped.
     Skip,
-    /// None found, `Deny`: refuse.
-    NotFound,
+    /// The real server's configuration error for the binding.
+    Error(String),
 }
 
 /// The parameters a binding selects for `attempt`.
@@ -129,67 +252,56 @@ fn params_for(store: &Store, policy: &Value, binding: &Value, attempt: &Attempt<
     let ns = pref["namespace"]
         .as_str()
         .filter(|n| !n.is_empty())
-        .or(attempt.namespace);
-    let key = store_key("", "configmaps");
-    let found: Vec<Value> = if let Some(name) = pref["name"].as_str().filter(|n| !n.is_empty()) {
-        store
-            .get(&key, &obj_key(ns, name))
-            .map(|o| o.value.clone())
-            .into_iter()
-            .collect()
-    } else {
-        let Some(selector) = label_selector(&pref["selector"]) else {
-            return Params::Skip;
-        };
-        store
-            .current(&key, ns)
-            .iter()
-            .filter(|o| selector.matches(&o.value))
-            .map(|o| o.value.clone())
-            .collect()
+        .or(matching::request_namespace(attempt));
+    let Some(ns) = ns else {
+        return Params::Error(
+            "cannot use namespaced paramRef in policy binding that matches cluster-scoped resources"
+                .to_owned(),
+        );
     };
-    if !found.is_empty() {
-        Params::Found(found)
-    } else if pref["parameterNotFoundAction"] == "Allow" {
-        Params::Skip
+    let found = match configmaps(store, ns, pref) {
+        Ok(found) => found,
+        Err(e) => return Params::Error(e),
+    };
+    if found.is_empty() && pref["parameterNotFoundAction"] != "Allow" {
+        Params::Error(NO_PARAMS.to_owned())
     } else {
-        Params::NotFound
+        Params::Found(found)
     }
 }
 
-/// A `metav1.LabelSelector` object as a parsed selector (`None`: malformed).
-fn label_selector(sel: &Value) -> Option<LabelSelector> {
-    let mut parts: Vec<String> = Vec::new();
-    if let Some(m) = sel["matchLabels"].as_object() {
-        for (k, v) in m {
-            parts.push(format!("{k}={}", v.as_str()?));
-        }
+/// The ConfigMaps in `ns` a `paramRef` names or selects (`Err`: a malformed selector).
+fn configmaps(store: &Store, ns: &str, pref: &Value) -> Result<Vec<Value>, String> {
+    let key = store_key("", "configmaps");
+    if let Some(name) = pref["name"].as_str().filter(|n| !n.is_empty()) {
+        let found = store.get(&key, &obj_key(Some(ns), name));
+        return Ok(found.map(|o| o.value.clone()).into_iter().collect());
     }
-    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
-        let key = e["key"].as_str()?;
-        let values: Vec<&str> = e["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        parts.push(match e["operator"].as_str()? {
-            "In" => format!("{key} in ({})", values.join(",")),
-            "NotIn" => format!("{key} notin ({})", values.join(",")),
-            "Exists" => key.to_owned(),
-            "DoesNotExist" => format!("!{key}"),
-            _ => return None,
-        });
-    }
-    LabelSelector::parse(&parts.join(",")).ok()
+    let selector = LabelSelector::from_object(&pref["selector"])?;
+    Ok(store
+        .current(&key, Some(ns))
+        .iter()
+        .filter(|o| selector.matches(&o.value))
+        .map(|o| o.value.clone())
+        .collect())
 }
 
-/// The refusal, as kube-apiserver words it (checked against v1.36.2).
-fn denied(attempt: &Attempt<'_>, policy: &str, binding: &str, reason: &str, msg: &str) -> ApiError {
+/// The refusal, as kube-apiserver words it (checked against v1.36.2); `binding` is `None` for an error of
+/// the policy itself.
+fn denied(
+    attempt: &Attempt<'_>,
+    policy: &str,
+    binding: Option<&str>,
+    reason: &str,
+    msg: &str,
+) -> ApiError {
     let info = attempt.info;
-    let inner = format!(
-        "ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request: {msg}"
-    );
+    let inner = match binding {
+        Some(b) => {
+            format!("ValidatingAdmissionPolicy '{policy}' with binding '{b}' denied request: {msg}")
+        }
+        None => format!("ValidatingAdmissionPolicy '{policy}' denied request: {msg}"),
+    };
     let (code, reason) = match reason {
         "Forbidden" => (403, "Forbidden"),
         "Unauthorized" => (401, "Unauthorized"),
@@ -208,44 +320,6 @@ fn denied(attempt: &Attempt<'_>, policy: &str, binding: &str, reason: &str, msg:
         format!("{what} \"{}\" is forbidden: {inner}", attempt.name),
     )
     .with_details(details)
-}
-
-fn matches(constraints: &Value, attempt: &Attempt<'_>) -> bool {
-    let hit = |rules: &Value| {
-        rules
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|rule| rule_matches(rule, attempt))
-    };
-    hit(&constraints["resourceRules"]) && !hit(&constraints["excludeResourceRules"])
-}
-
-fn rule_matches(rule: &Value, attempt: &Attempt<'_>) -> bool {
-    let info = attempt.info;
-    let resource = match attempt.subresource {
-        Some(sub) => format!("{}/{sub}", info.plural),
-        None => info.plural.clone(),
-    };
-    let any = |list: &Value, want: &dyn Fn(&str) -> bool| {
-        list.as_array()
-            .is_some_and(|a| a.iter().filter_map(Value::as_str).any(want))
-    };
-    let named = rule["resourceNames"]
-        .as_array()
-        .is_none_or(|a| a.is_empty() || a.iter().any(|n| n == attempt.name));
-    any(&rule["apiGroups"], &|g| g == "*" || g == info.group)
-        && any(&rule["apiVersions"], &|v| v == "*" || v == info.version)
-        && any(&rule["operations"], &|o| o == "*" || o == attempt.operation)
-        && any(&rule["resources"], &|r| resource_matches(r, &resource))
-        && named
-}
-
-/// `*` (main resources), `*/*`, `*/status`, `plural/*`, or exact.
-fn resource_matches(rule: &str, resource: &str) -> bool {
-    let (rp, rs) = rule.split_once('/').unwrap_or((rule, ""));
-    let (p, s) = resource.split_once('/').unwrap_or((resource, ""));
-    (rp == "*" || rp == p) && (rs == s || (rs == "*" && !s.is_empty()) || (rule == "*/*"))
 }
 
 /// The first failing validation's `(reason, message)`, or `None` when all pass.
@@ -367,23 +441,4 @@ fn request(attempt: &Attempt<'_>) -> Value {
         "resource": {"group": info.group, "version": info.version, "resource": info.plural},
         "userInfo": {"username": attempt.identity},
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resource_matches;
-
-    #[test]
-    fn resource_rules() {
-        assert!(resource_matches("widgets", "widgets"));
-        assert!(!resource_matches("widgets", "widgets/status"));
-        assert!(resource_matches("widgets/status", "widgets/status"));
-        assert!(resource_matches("*", "widgets"));
-        assert!(!resource_matches("*", "widgets/status"));
-        assert!(resource_matches("*/status", "widgets/status"));
-        assert!(resource_matches("*/*", "widgets/scale"));
-        assert!(resource_matches("widgets/*", "widgets/status"));
-        assert!(!resource_matches("widgets/*", "widgets"));
-        assert!(!resource_matches("gadgets", "widgets"));
-    }
 }

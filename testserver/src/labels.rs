@@ -55,6 +55,97 @@ impl LabelSelector {
     pub(crate) fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }
+
+    /// A `metav1.LabelSelector` object, converted as apimachinery's `LabelSelectorAsSelector` does:
+    /// `matchLabels` as equalities and `matchExpressions` (`In`, `NotIn`, `Exists`, `DoesNotExist`), all
+    /// ANDed; null or `{}` selects everything. `Err` says what is malformed (an unknown operator, an
+    /// invalid key or value, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values, a wrong
+    /// JSON type). The real server refuses such a selector when the object carrying it is written, so the
+    /// wording is testserver's own.
+    pub(crate) fn from_object(sel: &Value) -> Result<Self, String> {
+        if !(sel.is_null() || sel.is_object()) {
+            return Err(format!("label selector {sel} is not an object"));
+        }
+        let mut reqs = match_labels(&sel["matchLabels"])?;
+        for e in json_list(&sel["matchExpressions"], "matchExpressions")? {
+            reqs.push(match_expression(e)?);
+        }
+        Ok(LabelSelector { reqs })
+    }
+}
+
+/// The items of a JSON list (null: none).
+fn json_list<'a>(v: &'a Value, what: &str) -> Result<&'a [Value], String> {
+    match v {
+        Value::Null => Ok(&[]),
+        Value::Array(a) => Ok(a),
+        other => Err(format!("{what}: {other} is not a list")),
+    }
+}
+
+fn match_labels(m: &Value) -> Result<Vec<(String, Op)>, String> {
+    let map = match m {
+        Value::Null => return Ok(Vec::new()),
+        Value::Object(map) => map,
+        other => return Err(format!("matchLabels: {other} is not a map")),
+    };
+    map.iter()
+        .map(|(k, v)| -> Result<(String, Op), String> {
+            let v = v
+                .as_str()
+                .ok_or_else(|| format!("matchLabels[{k}]: {v} is not a string"))?;
+            checked_requirement(k, std::iter::once(v))?;
+            Ok((k.clone(), Op::Eq(v.to_owned())))
+        })
+        .collect()
+}
+
+fn match_expression(e: &Value) -> Result<(String, Op), String> {
+    let key = e["key"]
+        .as_str()
+        .ok_or_else(|| format!("matchExpressions: {e} has no string key"))?;
+    let values = json_list(&e["values"], "values")?
+        .iter()
+        .map(|v| v.as_str().map(str::to_owned))
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(|| format!("values of {key:?}: not all strings"))?;
+    let op = e["operator"].as_str().unwrap_or_default();
+    let set = match op {
+        "In" | "NotIn" => true,
+        "Exists" | "DoesNotExist" => false,
+        _ => return Err(format!("{op:?} is not a valid label selector operator")),
+    };
+    checked_requirement(key, values.iter().map(String::as_str))?;
+    if set == values.is_empty() {
+        return Err(if set {
+            format!("values of {key:?}: for 'in', 'notin' operators, values set can't be empty")
+        } else {
+            format!("values of {key:?}: values set must be empty for exists and does not exist")
+        });
+    }
+    Ok((
+        key.to_owned(),
+        match op {
+            "In" => Op::In(values),
+            "NotIn" => Op::NotIn(values),
+            "Exists" => Op::Exists,
+            _ => Op::DoesNotExist,
+        },
+    ))
+}
+
+/// apimachinery's `NewRequirement` checks of a key and its values.
+fn checked_requirement<'a>(
+    key: &str,
+    mut values: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
+    if !valid_key(key) {
+        return Err(format!("invalid label key {key:?}"));
+    }
+    match values.find(|v| !valid_value(v)) {
+        Some(v) => Err(format!("invalid label value {v:?} for key {key:?}")),
+        None => Ok(()),
+    }
 }
 
 fn bad_label(text: &str, why: &str) -> ApiError {
@@ -331,6 +422,69 @@ mod tests {
         }
         for bad in ["app=(", "a b", "app in a", "=x", "app=a,,"] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_selector_objects() {
+        let o = json!({"metadata": {"labels": {"app": "a", "tier": "web"}}});
+        let bare = json!({"metadata": {}});
+        for (sel, on_o, on_bare) in [
+            (json!(null), true, true),
+            (json!({}), true, true),
+            (
+                json!({"matchLabels": {}, "matchExpressions": []}),
+                true,
+                true,
+            ),
+            (json!({"matchLabels": {"app": "a"}}), true, false),
+            (json!({"matchLabels": {"app": "b"}}), false, false),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["x", "a"]}]}),
+                true,
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["a"]}]}),
+                false,
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}),
+                true,
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist", "values": []}]}),
+                false,
+                true,
+            ),
+            (
+                json!({"matchLabels": {"app": "a"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["web"]}]}),
+                false,
+                false,
+            ),
+        ] {
+            let parsed = LabelSelector::from_object(&sel).unwrap();
+            assert_eq!(
+                (parsed.matches(&o), parsed.matches(&bare)),
+                (on_o, on_bare),
+                "{sel}"
+            );
+        }
+        for bad in [
+            json!("app=a"),
+            json!({"matchLabels": {"app": 1}}),
+            json!({"matchLabels": {"bad key": "a"}}),
+            json!({"matchLabels": {"app": "a,b"}}),
+            json!({"matchExpressions": [{"key": "app", "operator": "Foo", "values": ["a"]}]}),
+            json!({"matchExpressions": [{"key": "app", "operator": "In", "values": []}]}),
+            json!({"matchExpressions": [{"key": "app", "operator": "In"}]}),
+            json!({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["a"]}]}),
+            json!({"matchExpressions": [{"operator": "Exists"}]}),
+            json!({"matchExpressions": {"key": "app"}}),
+        ] {
+            assert!(LabelSelector::from_object(&bad).is_err(), "{bad}");
         }
     }
 

@@ -17,7 +17,8 @@ use crate::common::cm;
 const PREFIX: &str =
     "ValidatingAdmissionPolicy 'kube-shard-fence' with binding 'kube-shard-fence' denied request: ";
 
-async fn install(server: &TestServer, docs: Vec<Value>) {
+/// Create policies and bindings (JSON documents) as `admin`.
+pub(crate) async fn install(server: &TestServer, docs: Vec<Value>) {
     let client = server.client("admin");
     for doc in docs {
         let kind = doc["kind"].as_str().unwrap();

@@ -3,6 +3,7 @@
 
 mod admission;
 mod admission_failover;
+mod admission_selectors;
 mod admission_status;
 mod audit;
 mod builtins;
