@@ -2,7 +2,7 @@
 //!
 //! Per mirrored kind (label `kind`): `kube_shard_mirror_position`, `_lag_ms` (since the latest probe the
 //! position passed; absent until one is confirmed), `_pending`, `_failed_objects`, `_stopped`, and the
-//! counters `_lists`, `_resumes`, `_catchups`, `_writes`, `_prunes` (carried over mirror restarts). For the duty:
+//! counters `_lists`, `_resumes`, `_catchups`, `_writes`, `_prunes`, `_repairs` (carried over mirror restarts). For the duty:
 //! `kube_shard_mirror_phase{phase}` (1 for the current phase), `_divergent_objects` (held by failback),
 //! `_adopted_epoch`, and the counter `_starts`.
 
@@ -39,6 +39,7 @@ pub(crate) struct Carried {
     pub(crate) catchups: u64,
     pub(crate) writes: u64,
     pub(crate) prunes: u64,
+    pub(crate) repairs: u64,
 }
 
 impl Carried {
@@ -48,6 +49,7 @@ impl Carried {
         self.catchups += k.catchups;
         self.writes += k.writes;
         self.prunes += k.prunes;
+        self.repairs += k.repairs;
     }
 }
 
@@ -132,6 +134,11 @@ const KIND_COUNTERS: &[(&str, &str, KindRead)] = &[
         "kube_shard_mirror_prunes",
         "Copies the prune backstop found without their source (a grace apart) and handed to the worker",
         |k, c, _| Some(c.prunes + k.prunes),
+    ),
+    (
+        "kube_shard_mirror_repairs",
+        "Copies the reverse sweep queued again: missing on the Standby, another version, or edited there",
+        |k, c, _| Some(c.repairs + k.repairs),
     ),
 ];
 
