@@ -59,15 +59,18 @@ async fn namespace(s: &TestServer, name: &str) {
         .unwrap();
 }
 
-async fn install(s: &TestServer) {
+/// Install the CRD of `kind` (plural: lowercase + "s") in group `example.kube-shard.io`, with a status
+/// subresource; `scope`: "Namespaced" or "Cluster".
+pub(crate) async fn install_crd(s: &TestServer, kind: &str, scope: &str) {
+    let plural = format!("{}s", kind.to_lowercase());
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": WIDGETS},
+        "metadata": {"name": format!("{plural}.example.kube-shard.io")},
         "spec": {
             "group": "example.kube-shard.io",
-            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
-            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "scope": scope,
             "versions": [{
                 "name": "v1", "served": true, "storage": true,
                 "subresources": {"status": {}},
@@ -80,6 +83,10 @@ async fn install(s: &TestServer) {
         .create(&PostParams::default(), &crd)
         .await
         .unwrap();
+}
+
+async fn install(s: &TestServer) {
+    install_crd(s, "Widget", "Namespaced").await;
     namespace(s, HA_NS).await;
 }
 

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::Api;
 use kube_shard_ha::mirror::{KindSet, MirrorConfig};
@@ -12,7 +11,7 @@ use kube_shard_ha::switchover::Kind;
 use kube_shard_testserver::TestServer;
 use serde_json::json;
 
-use super::{cms, config, eventually, ha, pair, start, APPS, HA_NS};
+use super::{cms, config, eventually, ha, install_crd, pair, start, APPS, HA_NS};
 
 const GADGETS: &str = "gadgets.example.kube-shard.io";
 
@@ -30,28 +29,6 @@ fn gadgets(s: &TestServer) -> Api<DynamicObject> {
     Api::all_with(s.client("admin"), &gadget_resource())
 }
 
-async fn install_gadgets(s: &TestServer) {
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": GADGETS},
-        "spec": {
-            "group": "example.kube-shard.io",
-            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList"},
-            "scope": "Cluster",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-            }]
-        }
-    }))
-    .unwrap();
-    Api::<CustomResourceDefinition>::all(s.client("admin"))
-        .create(&PostParams::default(), &crd)
-        .await
-        .unwrap();
-}
-
 /// A cluster-scoped kind mirrored under a namespace scope is copied whole: the scope names namespaces,
 /// which a cluster-scoped object has none of, so leaving the kind out would lose it at failover while
 /// its position said "synced".
@@ -59,7 +36,7 @@ async fn install_gadgets(s: &TestServer) {
 async fn a_namespace_scope_never_leaves_a_cluster_scoped_kind_out() {
     let (a, b) = pair().await;
     for s in [&a, &b] {
-        install_gadgets(s).await;
+        install_crd(s, "Gadget", "Cluster").await;
     }
     let mut g = DynamicObject::new("g1", &gadget_resource());
     g.data = json!({"spec": {"v": 1}});
