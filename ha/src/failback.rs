@@ -232,7 +232,7 @@ async fn to_copy(
     let tgt = local.at(old.metadata.namespace.as_deref());
     match update(sides, &tgt, ctx, p, old).await {
         Outcome::Applied(_) | Outcome::Gone => Ok(()),
-        Outcome::Retry(w) | Outcome::Poison(w) => Err(w),
+        Outcome::Retry(w) | Outcome::Poison(w) => Err(w.text),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Per mirrored kind (label `kind`): `kube_shard_mirror_position`, `_lag_ms` (since the latest probe the
 //! position passed; absent until one is confirmed), `_pending`, `_failed_objects`, `_stopped`, and the
-//! counters `_lists`, `_resumes`, `_catchups`, `_writes`, `_prunes`, `_repairs` (carried over mirror restarts). For the duty:
+//! counters `_lists`, `_resumes`, `_catchups`, `_writes`, `_prunes`, `_repairs`, and `_errors{kind,operation}` (carried over mirror restarts). For the duty:
 //! `kube_shard_mirror_phase{phase}` (1 for the current phase), `_divergent_objects` (held by failback),
 //! `_adopted_epoch`, and the counter `_starts`.
 
@@ -32,7 +32,7 @@ const PHASES: [&str; 6] = [
 ];
 
 /// Per-kind counts of mirrors that ran before the current one (a restart starts its counts at 0).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Carried {
     pub(crate) lists: u64,
     pub(crate) resumes: u64,
@@ -40,6 +40,7 @@ pub(crate) struct Carried {
     pub(crate) writes: u64,
     pub(crate) prunes: u64,
     pub(crate) repairs: u64,
+    pub(crate) errors: BTreeMap<&'static str, u64>,
 }
 
 impl Carried {
@@ -50,6 +51,9 @@ impl Carried {
         self.writes += k.writes;
         self.prunes += k.prunes;
         self.repairs += k.repairs;
+        for (op, n) in &k.errors {
+            *self.errors.entry(op).or_default() += n;
+        }
     }
 }
 
@@ -172,7 +176,7 @@ impl Collector for MirrorMetrics {
         for (name, help, read) in KIND_GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (key, k) in kinds.iter().filter(|(k, _)| running.contains(k.as_str())) {
-                let c = carried.get(key).copied().unwrap_or_default();
+                let c = carried.get(key).cloned().unwrap_or_default();
                 if let Some(v) = read(k, &c, now) {
                     gauge(v).encode(family.encode_family(&[("kind", key.as_str())])?)?;
                 }
@@ -181,11 +185,30 @@ impl Collector for MirrorMetrics {
         for (name, help, read) in KIND_COUNTERS {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (key, k) in &kinds {
-                let c = carried.get(key).copied().unwrap_or_default();
+                let c = carried.get(key).cloned().unwrap_or_default();
                 if let Some(v) = read(k, &c, now) {
                     ConstCounter::new(v)
                         .encode(family.encode_family(&[("kind", key.as_str())])?)?;
                 }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "kube_shard_mirror_errors",
+            "Failed copy attempts by operation (retried, or put on the failed list)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (key, k) in &kinds {
+            let mut by_op = carried
+                .get(key)
+                .map(|c| c.errors.clone())
+                .unwrap_or_default();
+            for (op, n) in &k.errors {
+                *by_op.entry(op).or_default() += n;
+            }
+            for (op, n) in by_op {
+                ConstCounter::new(n)
+                    .encode(family.encode_family(&[("kind", key.as_str()), ("operation", op)])?)?;
             }
         }
         let mut family = encoder.encode_descriptor(
@@ -242,6 +265,7 @@ mod tests {
                 confirmed_at: Some(Duration::from_secs(10)),
                 lists: 1,
                 writes: 7,
+                errors: BTreeMap::from([("create", 2)]),
                 ..KindStatus::default()
             }],
             mirror_starts: 2,
@@ -253,6 +277,7 @@ mod tests {
                 Carried {
                     lists: 2,
                     writes: 3,
+                    errors: BTreeMap::from([("create", 1), ("conflict", 4)]),
                     ..Carried::default()
                 },
             ),
@@ -282,6 +307,8 @@ mod tests {
             "kube_shard_mirror_phase{phase=\"mirroring\"} 1",
             "kube_shard_mirror_phase{phase=\"active\"} 0",
             "kube_shard_mirror_starts_total 2",
+            "kube_shard_mirror_errors_total{kind=\"widgets.example.com\",operation=\"create\"} 3",
+            "kube_shard_mirror_errors_total{kind=\"widgets.example.com\",operation=\"conflict\"} 4",
         ] {
             assert!(text.contains(want), "{want} missing in\n{text}");
         }

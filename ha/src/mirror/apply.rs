@@ -29,9 +29,66 @@ pub(crate) enum Outcome {
     /// The copy was deleted (or there was none to delete).
     Gone,
     /// A retryable failure (409, a missing namespace, 429, 5xx, transport).
-    Retry(String),
+    Retry(Failure),
     /// A permanent failure (an object not made by the mirror, 422, 400): the failed list.
-    Poison(String),
+    Poison(Failure),
+}
+
+/// What a failed attempt was doing: the `operation` label of `kube_shard_mirror_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Op {
+    /// Reading the source object or the source collection's version.
+    ReadSource,
+    /// Reading the copy.
+    ReadCopy,
+    /// Planning the copy (an unparseable version, a bad marker).
+    Plan,
+    /// An object of that name the mirror may not touch (the conflict guard).
+    Conflict,
+    /// Creating the copy.
+    Create,
+    /// Writing the copy's main resource.
+    Update,
+    /// Writing the copy's `/status`.
+    UpdateStatus,
+    /// Deleting the copy.
+    Delete,
+}
+
+impl Op {
+    /// The metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Op::ReadSource => "read_source",
+            Op::ReadCopy => "read_copy",
+            Op::Plan => "plan",
+            Op::Conflict => "conflict",
+            Op::Create => "create",
+            Op::Update => "update",
+            Op::UpdateStatus => "update_status",
+            Op::Delete => "delete",
+        }
+    }
+}
+
+/// A failed attempt: what it was doing, and the error as a person reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub(crate) op: Op,
+    pub(crate) text: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn failed(op: Op, text: impl Into<String>) -> Failure {
+    Failure {
+        op,
+        text: text.into(),
+    }
 }
 
 /// The kind's two sides.
@@ -57,11 +114,11 @@ impl Sides {
     }
 }
 
-fn classify(what: &str, e: kube::Error) -> Outcome {
-    let text = format!("{what}: {e}");
+fn classify(op: Op, what: &str, e: kube::Error) -> Outcome {
+    let f = failed(op, format!("{what}: {e}"));
     match &e {
-        kube::Error::Api(s) if matches!(s.code, 400 | 422) => Outcome::Poison(text),
-        _ => Outcome::Retry(text),
+        kube::Error::Api(s) if matches!(s.code, 400 | 422) => Outcome::Poison(f),
+        _ => Outcome::Retry(f),
     }
 }
 
@@ -76,12 +133,12 @@ pub(super) async fn apply(
     let (ns, name) = (key.0.as_str(), key.1.as_str());
     let src = match s.api(&s.source, ns).get_opt(name).await {
         Ok(o) => o,
-        Err(e) => return classify("reading the source", e),
+        Err(e) => return classify(Op::ReadSource, "reading the source", e),
     };
     let tgt = s.api(&s.target, ns);
     let copy = match tgt.get_opt(name).await {
         Ok(o) => o,
-        Err(e) => return classify("reading the copy", e),
+        Err(e) => return classify(Op::ReadCopy, "reading the copy", e),
     };
     let src = match src {
         None => {
@@ -98,11 +155,11 @@ pub(super) async fn apply(
     };
     let p = match plan(&src, ctx) {
         Ok(p) => p,
-        Err(e) => return Outcome::Poison(e.to_string()),
+        Err(e) => return Outcome::Poison(failed(Op::Plan, e.to_string())),
     };
     let action = match decide(&p, copy.as_ref(), &ctx.source, last_written) {
         Ok(a) => a,
-        Err(e) => return Outcome::Poison(e.to_string()),
+        Err(e) => return Outcome::Poison(failed(Op::Plan, e.to_string())),
     };
     let action = match action {
         Action::Ahead { held } => match collection_rv(s).await {
@@ -113,9 +170,12 @@ pub(super) async fn apply(
     };
     match (action, copy) {
         (Action::Skip | Action::Ahead { .. }, _) => Outcome::Applied(None),
-        (Action::NotOurs, _) => Outcome::Poison(format!(
+        (Action::NotOurs, _) => Outcome::Poison(failed(
+            Op::Conflict,
+            format!(
             "{ns}/{name} exists on the Standby and was not made by the mirror from {}: not touched",
             ctx.source.cluster
+        ),
         )),
         (Action::Create, _) => create(s, &tgt, ctx, &p).await,
         (Action::Update { alarm }, Some(c)) => {
@@ -126,8 +186,9 @@ pub(super) async fn apply(
         }
         (Action::Recreate, Some(c)) => {
             if !may_delete(&c, &ctx.source, &SourceNow::Uid(p.source_uid.clone())) {
-                return Outcome::Poison(format!(
-                    "{ns}/{name}: re-created source, copy not deletable"
+                return Outcome::Poison(failed(
+                    Op::Conflict,
+                    format!("{ns}/{name}: re-created source, copy not deletable"),
                 ));
             }
             match delete(&tgt, &c).await {
@@ -135,7 +196,7 @@ pub(super) async fn apply(
                 other => other,
             }
         }
-        (_, None) => Outcome::Retry("the copy vanished".into()),
+        (_, None) => Outcome::Retry(failed(Op::ReadCopy, "the copy vanished")),
     }
 }
 
@@ -145,12 +206,12 @@ async fn collection_rv(s: &Sides) -> Result<u64, Outcome> {
     let l = api
         .list(&ListParams::default().limit(1))
         .await
-        .map_err(|e| classify("reading the source's current version", e))?;
+        .map_err(|e| classify(Op::ReadSource, "reading the source's current version", e))?;
     parse_rv(
         l.metadata.resource_version.as_deref().unwrap_or(""),
         "the source's current version",
     )
-    .map_err(|e| Outcome::Poison(e.to_string()))
+    .map_err(|e| Outcome::Poison(failed(Op::Plan, e.to_string())))
 }
 
 async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
@@ -168,7 +229,7 @@ async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
     {
         Ok(_) => Outcome::Gone,
         Err(kube::Error::Api(e)) if e.code == 404 => Outcome::Gone,
-        Err(e) => classify("deleting the copy", e),
+        Err(e) => classify(Op::Delete, "deleting the copy", e),
     }
 }
 
@@ -208,7 +269,7 @@ async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Plan
     // without a status subresource the status is part of the main resource
     let created = match tgt.create(&pp, &object(s, first, p, !s.has_status)).await {
         Ok(c) => c,
-        Err(e) => return classify("creating the copy", e),
+        Err(e) => return classify(Op::Create, "creating the copy", e),
     };
     let created = match write_status(s, tgt, p, &created).await {
         Ok(c) => c,
@@ -268,7 +329,7 @@ async fn write_status(
     let name = c.metadata.name.as_deref().unwrap_or("");
     tgt.replace_status(name, &PostParams::default(), &o)
         .await
-        .map_err(|e| classify("writing the copy's status", e))
+        .map_err(|e| classify(Op::UpdateStatus, "writing the copy's status", e))
 }
 
 async fn replace_main(
@@ -287,6 +348,6 @@ async fn replace_main(
         .await
     {
         Ok(o) => Outcome::Applied(o.metadata.resource_version),
-        Err(e) => classify("writing the copy", e),
+        Err(e) => classify(Op::Update, "writing the copy", e),
     }
 }

@@ -38,6 +38,9 @@ pub struct KindStatus {
     /// Copies the reverse sweep queued again: missing on the Standby, holding another version than the
     /// source's, or changed there since the mirror's own last write.
     pub repairs: u64,
+    /// Failed attempts by operation (`read_source`, `read_copy`, `plan`, `conflict`, `create`, `update`,
+    /// `update_status`, `delete`): retried or put on the failed list.
+    pub errors: std::collections::BTreeMap<&'static str, u64>,
     /// Copies found out of scope at the last LIST (reported, never deleted).
     pub out_of_scope: usize,
     /// Why the kind stopped (an unparseable version, a regression).

@@ -356,12 +356,14 @@ impl KindTask {
                 self.queue.done(&key, now);
             }
             Outcome::Retry(e) => {
-                info!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: retrying");
-                self.queue.retry(&key, now, e);
+                info!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: retrying");
+                *self.status.errors.entry(e.op.label()).or_default() += 1;
+                self.queue.retry(&key, now, e.text);
             }
             Outcome::Poison(e) => {
-                warn!(kind = %self.kind, ns = %key.0, name = %key.1, error = %e, "mirror: failed object");
-                self.queue.fail(&key, e);
+                warn!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: failed object");
+                *self.status.errors.entry(e.op.label()).or_default() += 1;
+                self.queue.fail(&key, e.text);
             }
         }
     }

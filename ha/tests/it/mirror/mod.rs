@@ -457,6 +457,11 @@ async fn scope_own_objects_and_the_conflict_guard() {
         s.position.unwrap() < rv_of(&taken_src),
         "the watermark stops at a failed object"
     );
+    assert!(
+        s.errors.get("conflict").is_some_and(|n| *n >= 1),
+        "the conflict counted by operation: {:?}",
+        s.errors
+    );
     assert!(rv_of(&later) > rv_of(&taken_src));
     let t = cms(&b, APPS).get("taken").await.unwrap();
     assert_eq!(t.data.unwrap()["k"], "taken");
