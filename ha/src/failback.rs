@@ -28,6 +28,10 @@ pub struct FailbackOptions {
     pub keep_divergent: bool,
     /// A divergent object is deleted only once it has been seen divergent (same uid) for this long.
     pub prune_grace: Duration,
+    /// A person's decision that this cluster's divergent objects kube-shard never wrote (no fence stamp,
+    /// no mirror marker) may be deleted too, after the grace: off by default, when they are reported in
+    /// [`FailbackReport::never_written`] and left alone.
+    pub delete_unstamped: bool,
 }
 
 impl Default for FailbackOptions {
@@ -35,6 +39,7 @@ impl Default for FailbackOptions {
         FailbackOptions {
             keep_divergent: false,
             prune_grace: Duration::from_secs(300),
+            delete_unstamped: false,
         }
     }
 }
@@ -44,6 +49,13 @@ impl FailbackOptions {
     #[must_use]
     pub fn keep_divergent(mut self, keep: bool) -> Self {
         self.keep_divergent = keep;
+        self
+    }
+
+    /// Delete divergent objects kube-shard never wrote as well (see [`FailbackOptions::delete_unstamped`]).
+    #[must_use]
+    pub fn delete_unstamped(mut self, yes: bool) -> Self {
+        self.delete_unstamped = yes;
         self
     }
 
@@ -177,7 +189,7 @@ impl Failback {
                         if !ours {
                             rep.never_written.push(d.at.clone());
                         }
-                        if ours
+                        if (ours || self.opts.delete_unstamped)
                             && !self.opts.keep_divergent
                             && first.elapsed() >= self.opts.prune_grace
                         {

@@ -441,4 +441,15 @@ async fn failback_never_deletes_a_divergent_object_kube_shard_never_wrote() {
         .is_some());
     let div = divergent_objects(&cfg, &a.client("check")).await.unwrap();
     assert_eq!(promotable(&div).unwrap_err().0.len(), 1, "{div:?}");
+    // a person decides they may go: the next pass past the grace deletes them too
+    let mut f = Failback::new(
+        cfg.clone(),
+        a.client("failback"),
+        b.client("failback"),
+        opts.delete_unstamped(true),
+    );
+    f.run_once().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let r = f.run_once().await.unwrap();
+    assert_eq!(names(&r.deleted), ["unstamped"], "{r:?}");
 }
