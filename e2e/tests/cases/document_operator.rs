@@ -44,6 +44,7 @@ use kube_shard_harness::process::{Launch, ReplicaProcess};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::support::workdir::WorkDir;
 use crate::support::{client, drop_namespace, namespace, report};
 
 /// The Documents the scenario creates.
@@ -316,20 +317,19 @@ fn free_port() -> u16 {
 /// directory with each one's log and the shared fence log (removed after a passing run).
 struct Operator {
     namespace: String,
-    dir: PathBuf,
     fence_log: PathBuf,
     replicas: Vec<ReplicaProcess>,
     killed: BTreeSet<String>,
     lines: Arc<Mutex<Vec<Line>>>,
-    passed: bool,
+    /// Last: removed (after a passing run) once the processes, killed as `replicas` drops, are gone.
+    work: WorkDir,
 }
 
 impl Operator {
     /// Start the replicas at once, each with the environment a Deployment would give it.
     fn start(bin: &Path, ns: &str) -> Operator {
-        let dir = std::env::temp_dir().join(format!("kshard-e2e-{ns}"));
-        std::fs::create_dir_all(&dir).expect("create the work directory");
-        let fence_log = dir.join("fences.log");
+        let work = WorkDir::for_namespace(ns);
+        let fence_log = work.join("fences.log");
         let kubeconfig = std::env::var_os("KUBECONFIG").expect("KUBECONFIG");
         let lines: Arc<Mutex<Vec<Line>>> = Arc::default();
         let replicas = REPLICAS
@@ -342,8 +342,8 @@ impl Operator {
                     .env("POD_NAMESPACE", ns)
                     .env("RUST_LOG", "info")
                     .env(kube_shard::testing::fence_log::ENV, &fence_log);
-                let stderr = dir.join(format!("{name}.stderr.log"));
-                let stdout = std::fs::File::create(dir.join(format!("{name}.log")))
+                let stderr = work.join(format!("{name}.stderr.log"));
+                let stdout = std::fs::File::create(work.join(format!("{name}.log")))
                     .expect("create a replica's log");
                 let on_line = collect(name, &lines, stdout);
                 ReplicaProcess::start_with_lines(name, &launch, &stderr, on_line)
@@ -352,12 +352,11 @@ impl Operator {
             .collect();
         Operator {
             namespace: ns.to_owned(),
-            dir,
             fence_log,
             replicas,
             killed: BTreeSet::new(),
             lines,
-            passed: false,
+            work,
         }
     }
 
@@ -414,20 +413,6 @@ fn collect(
             text: text.to_owned(),
             at: Instant::now(),
         });
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        // the processes are SIGKILLed as `replicas` drops
-        if self.passed {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!(
-                "e2e: replica logs and fence log kept in {}",
-                self.dir.display()
-            );
-        }
     }
 }
 
@@ -502,7 +487,7 @@ async fn wait_reconciled_by_owners(
         match problem {
             Ok(last) => return (snap, last),
             Err(e) if start.elapsed() > limit => {
-                panic!("after {limit:?}: {e}; logs in {}", op.dir.display())
+                panic!("after {limit:?}: {e}; logs in {}", op.work.path().display())
             }
             Err(_) => tokio::time::sleep(POLL).await,
         }
@@ -671,7 +656,7 @@ async fn sharded_example_splits_documents_and_takes_over_a_killed_replica() {
         "build_seconds": secs(built), "settled_seconds": secs(settled_after),
         "total_seconds": secs(began.elapsed()),
     }));
-    op.passed = true;
+    op.work.passed();
     drop(op);
     let _ = std::fs::remove_file(&bin);
     drop_namespace(&client, &ns).await;

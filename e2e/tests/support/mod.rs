@@ -5,6 +5,7 @@
 pub mod fences;
 pub mod links;
 pub mod replicas;
+pub mod workdir;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -27,6 +27,7 @@ use kube_shard_harness::process::{ProcessError, ProcessSignal, ReplicaProcess};
 use tokio::time::Instant;
 
 use super::fences::{fence_log, FenceLogCheck};
+use super::workdir::WorkDir;
 use super::{http_get, kshard_binary, sample, ReadPath, WidgetView};
 
 /// Short leases: a member not seen renewing for `LEASE + GRACE` is taken over.
@@ -73,12 +74,12 @@ pub struct Replicas {
     pub key: ShardKey,
     pub shards: ShardCount,
     expected: u32,
-    pub dir: PathBuf,
     pub fence_log: PathBuf,
     pub members: Vec<Replica>,
     /// The assignment's versions since before the first replica started.
     pub assignments: AssignmentLog,
-    passed: bool,
+    /// Last: removed (after a passing run) once the processes are gone.
+    pub work: WorkDir,
 }
 
 impl Replicas {
@@ -92,8 +93,7 @@ impl Replicas {
         expected: u32,
     ) -> Replicas {
         let kubeconfig = std::env::var_os("KUBECONFIG").expect("KUBECONFIG").into();
-        let dir = std::env::temp_dir().join(format!("kshard-e2e-{namespace}"));
-        std::fs::create_dir_all(&dir).expect("create the work directory");
+        let work = WorkDir::for_namespace(namespace);
         let shards = ShardCount::new(256).unwrap();
         let assignments = AssignmentLog::start(client, namespace, "g", shards, key);
         Replicas {
@@ -105,11 +105,10 @@ impl Replicas {
             key,
             shards,
             expected,
-            fence_log: dir.join("fences.log"),
-            dir,
+            fence_log: work.join("fences.log"),
             members: Vec::new(),
             assignments,
-            passed: false,
+            work,
         }
     }
 
@@ -140,7 +139,7 @@ impl Replicas {
         flags.shards = self.shards;
         flags.fence_log = Some(self.fence_log.clone());
         let launch = ReplicaProgram::new(kshard_binary(), &["operator"]).launch(&flags);
-        let log = self.dir.join(format!("{name}.log"));
+        let log = self.work.join(format!("{name}.log"));
         ReplicaProcess::start(name, &launch, &log, Duration::from_secs(30)).await
     }
 
@@ -277,7 +276,7 @@ impl Replicas {
                 panic!(
                     "timed out after {limit:?} waiting for {what}; last seen: {}; logs in {}",
                     g.describe(),
-                    self.dir.display()
+                    self.work.path().display()
                 );
             }
             tokio::time::sleep(POLL).await;
@@ -315,7 +314,7 @@ impl Replicas {
                 Ok(()) => return (widgets, g),
                 Err(e) if start.elapsed() > limit => panic!(
                     "after {limit:?} the Widgets are not all reconciled by their owners: {e}; logs in {}",
-                    self.dir.display()
+                    self.work.path().display()
                 ),
                 Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
             }
@@ -345,23 +344,10 @@ impl Replicas {
         fence_log(&self.fence_log, &self.assignments.fences(), stops)
     }
 
-    /// The scenario passed: the work directory is removed on drop.
+    /// The scenario passed: the work directory is removed on drop (after the processes, SIGKILLed as
+    /// `members` drops).
     pub fn passed(&mut self) {
-        self.passed = true;
-    }
-}
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        // the processes are SIGKILLed as `members` drops (a stopped one too)
-        if self.passed {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!(
-                "e2e: replica logs and fence log kept in {}",
-                self.dir.display()
-            );
-        }
+        self.work.passed();
     }
 }
 
