@@ -533,13 +533,7 @@ async fn resource_rules_read_subresource_wildcards_and_scope_like_the_real_serve
         ),
     ];
     table(&c, rows).await;
-    let all = json!([{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"],
-                      "operations": ["*"], "scope": "Cluster"}]);
-    let all = vec![
-        policy("vap-all", "Fail", json!({ "resourceRules": all }), "all"),
-        binding("vap-all", "vap-all", &["Deny"], None),
-    ];
-    let (_server, c) = cluster(vec![], all).await;
+    let (_server, c) = cluster(vec![], refuse_every_cluster_scoped_write()).await;
     let no = |what, name| refused(what, name, "vap-all", "vap-all", "all");
     let rows = vec![
         (
@@ -552,16 +546,20 @@ async fn resource_rules_read_subresource_wildcards_and_scope_like_the_real_serve
     table(&c, rows).await;
 }
 
+/// A policy and binding refusing every write of a cluster-scoped object (`vap-all`, message "all").
+fn refuse_every_cluster_scoped_write() -> Vec<Value> {
+    let all = json!([{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"],
+                      "operations": ["*"], "scope": "Cluster"}]);
+    vec![
+        policy("vap-all", "Fail", json!({ "resourceRules": all }), "all"),
+        binding("vap-all", "vap-all", &["Deny"], None),
+    ]
+}
+
 /// Writes of admission configuration are never subject to policies, not even to one selecting everything.
 #[tokio::test]
 async fn admission_configuration_is_exempt_from_policies() {
-    let all = json!([{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"],
-                      "operations": ["*"], "scope": "Cluster"}]);
-    let all = vec![
-        policy("vap-all", "Fail", json!({ "resourceRules": all }), "all"),
-        binding("vap-all", "vap-all", &["Deny"], None),
-    ];
-    let (_server, c) = cluster(vec![], all).await;
+    let (_server, c) = cluster(vec![], refuse_every_cluster_scoped_write()).await;
     let group = "/apis/admissionregistration.k8s.io/v1";
     let policy_uri = format!("{group}/validatingadmissionpolicies/vap-all");
     let binding_uri = format!("{group}/validatingadmissionpolicybindings/vap-all");
