@@ -292,9 +292,9 @@ impl KindTask {
                 .metadata
                 .resource_version
                 .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(|v| parse_rv(v, "a listed object").ok())
             else {
-                continue;
+                continue; // unparseable: the source loop's LIST stops the kind on it
             };
             let ok = copies.get(&k).is_some_and(|c| {
                 let held = c
