@@ -17,7 +17,7 @@ use crate::mirror::apply::{update, Outcome, Sides};
 use crate::mirror::error::{api_err, MirrorError};
 use crate::mirror::plan::{CopyContext, Planned};
 use crate::mirror::rv::SourceId;
-use crate::mirror::task::in_scope;
+use crate::mirror::scope::in_scope;
 use crate::mirror::MirrorConfig;
 
 /// Failback's options.

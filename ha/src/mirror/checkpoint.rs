@@ -26,7 +26,8 @@ pub const MIRROR_KEY: &str = "mirror";
 pub const SYNCED_KEY: &str = "synced";
 
 /// The mirror as it records itself in the checkpoint:
-/// `v1 source=<cluster> kinds=<kind/version>,… namespaces=<ns>,…|* own=<ns>/<name>,…|-`.
+/// `v1 source=<cluster> kinds=<kind/version>,… namespaces=<ns>,…|* own=<ns>/<name>,…|-`, then
+/// ` labels=<selector>` (the rest of the line) when the mirror has a label selector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MirrorRecord {
@@ -38,6 +39,8 @@ pub struct MirrorRecord {
     pub namespaces: Option<BTreeSet<String>>,
     /// ConfigMaps (namespace, name) never copied beyond the checkpoint itself (the group's assignment).
     pub own_configmaps: Vec<(String, String)>,
+    /// The label selector (`None`: every object).
+    pub labels: Option<String>,
 }
 
 impl MirrorRecord {
@@ -54,6 +57,7 @@ impl MirrorRecord {
             source: cfg.source_cluster.clone(),
             kinds: cfg.kinds.mirrored().cloned().collect(),
             namespaces: cfg.namespaces.clone(),
+            labels: cfg.labels.as_ref().map(ToString::to_string),
             own_configmaps: cfg
                 .own
                 .configmaps
@@ -78,6 +82,9 @@ impl MirrorRecord {
         let mut m = MirrorConfig::new(ha, &self.source, set);
         if let Some(ns) = &self.namespaces {
             m = m.namespaces(ns.iter().cloned());
+        }
+        if let Some(l) = &self.labels {
+            m = m.labels(l)?;
         }
         for (ns, name) in &self.own_configmaps {
             m = m.assignment(ns, name);
@@ -116,7 +123,11 @@ impl fmt::Display for MirrorRecord {
             "v1 source={} kinds={} namespaces={ns} own={own}",
             self.source,
             list(&self.kinds, "-")
-        )
+        )?;
+        match &self.labels {
+            Some(l) => write!(f, " labels={l}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -125,7 +136,14 @@ impl FromStr for MirrorRecord {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("the mirror record {s:?} does not decode: {why}");
-        let mut words = s.split_whitespace();
+        let (head, labels) = match s.split_once(" labels=") {
+            Some((h, l)) => (h, Some(l.trim())),
+            None => (s, None),
+        };
+        if let Some(l) = labels {
+            super::scope::parse_labels(l).map_err(|e| bad(&e.to_string()))?;
+        }
+        let mut words = head.split_whitespace();
         if words.next() != Some("v1") {
             return Err(bad("not v1"));
         }
@@ -164,11 +182,15 @@ impl FromStr for MirrorRecord {
         if source.is_empty() || kinds.is_empty() {
             return Err(bad("no source or no kind"));
         }
+        if words.next().is_some() {
+            return Err(bad("unknown words after own="));
+        }
         Ok(MirrorRecord {
             source: source.to_string(),
             kinds,
             namespaces: (ns != "*").then(|| items(ns).into_iter().collect()),
             own_configmaps,
+            labels: labels.map(str::to_string),
         })
     }
 }
@@ -334,6 +356,7 @@ mod tests {
             ],
             namespaces: Some(BTreeSet::from(["apps".to_string(), "ops".to_string()])),
             own_configmaps: vec![("ops".into(), "g-assignment".into())],
+            labels: None,
         }
     }
 
@@ -352,6 +375,16 @@ mod tests {
             ..r
         };
         assert_eq!(all.to_string().parse::<MirrorRecord>().unwrap(), all);
+        let labelled = MirrorRecord {
+            labels: Some("app=shop,tier in (api,web)".into()),
+            ..all.clone()
+        };
+        let text = labelled.to_string();
+        assert!(
+            text.ends_with(" own=- labels=app=shop,tier in (api,web)"),
+            "{text}"
+        );
+        assert_eq!(text.parse::<MirrorRecord>().unwrap(), labelled);
         for bad in [
             "",
             "v2 source=a kinds=configmaps/v1 namespaces=* own=-",
@@ -359,6 +392,8 @@ mod tests {
             "v1 source=a kinds=configmaps namespaces=* own=-",
             "v1 source=a kinds=configmaps/v1 namespaces=*",
             "v1 source=a kinds=configmaps/v1 namespaces=* own=nons",
+            "v1 source=a kinds=configmaps/v1 namespaces=* own=- extra",
+            "v1 source=a kinds=configmaps/v1 namespaces=* own=- labels=a in (b",
         ] {
             assert!(bad.parse::<MirrorRecord>().is_err(), "{bad:?}");
         }

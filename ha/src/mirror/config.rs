@@ -3,6 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use kube::core::Selector;
+
+use super::error::MirrorError;
 use super::kinds::{KindSet, OwnObjects};
 use super::queue::Backoff;
 use crate::HaConfig;
@@ -21,6 +24,16 @@ pub struct MirrorConfig {
     pub own: OwnObjects,
     /// Only these namespaces (`None`: all). Copies that fall out of scope are reported, not deleted.
     pub namespaces: Option<BTreeSet<String>>,
+    /// Only objects whose labels match (`None`: every object). Required for built-in kinds
+    /// ([`super::scope::check_builtin_selectors`]).
+    pub labels: Option<Selector>,
+    /// A person's decision that every object of the mirrored built-in kinds in scope is the operator's:
+    /// they are mirrored without a label selector.
+    pub whole_builtin_kinds: bool,
+    /// Copy writes in flight at once per kind (at least 1); one object's writes stay in order.
+    pub workers: usize,
+    /// The most copy requests per second over every kind (`None`: no limit).
+    pub rate_limit: Option<f64>,
     /// The source term's failover epoch (wire form) for the fence `<f>:mirror`; `None`: read from the
     /// source's HA Lease at start.
     pub epoch: Option<u64>,
@@ -41,7 +54,7 @@ pub struct MirrorConfig {
 
 impl MirrorConfig {
     /// Mirror `kinds` from the cluster `source_cluster` into the Standby of `ha`. Defaults: every
-    /// namespace, a 10 s probe period, a 1 s checkpoint period, 290 s watches, the default backoff, a
+    /// namespace, no label selector, 8 workers per kind, no rate limit, a 10 s probe period, a 1 s checkpoint period, 290 s watches, the default backoff, a
     /// prune backstop every 5 min with a 60 s confirmation grace.
     #[must_use]
     pub fn new(ha: HaConfig, source_cluster: impl Into<String>, kinds: KindSet) -> Self {
@@ -52,6 +65,10 @@ impl MirrorConfig {
             kinds,
             own,
             namespaces: None,
+            labels: None,
+            whole_builtin_kinds: false,
+            workers: 8,
+            rate_limit: None,
             epoch: None,
             backoff: Backoff::default(),
             probe_period: Duration::from_secs(10),
@@ -73,6 +90,36 @@ impl MirrorConfig {
     #[must_use]
     pub fn namespaces<I: IntoIterator<Item = S>, S: Into<String>>(mut self, ns: I) -> Self {
         self.namespaces = Some(ns.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Only objects whose labels match `selector` (`kubectl -l` syntax: `app=shop,tier in (web,api)`).
+    /// With a selector that selects everything (empty text), no selector.
+    pub fn labels(mut self, selector: &str) -> Result<Self, MirrorError> {
+        let s = super::scope::parse_labels(selector)?;
+        self.labels = (!s.selects_all()).then_some(s);
+        Ok(self)
+    }
+
+    /// Mirror built-in kinds without a label selector: every object of them in scope is the operator's
+    /// (the per-cluster objects every cluster makes for itself stay out of scope).
+    #[must_use]
+    pub fn whole_builtin_kinds(mut self, yes: bool) -> Self {
+        self.whole_builtin_kinds = yes;
+        self
+    }
+
+    /// Copy writes in flight at once per kind (clamped to 1..=64).
+    #[must_use]
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.clamp(1, 64);
+        self
+    }
+
+    /// At most `per_second` copy requests per second over every kind (`None`: no limit).
+    #[must_use]
+    pub fn rate_limit(mut self, per_second: Option<f64>) -> Self {
+        self.rate_limit = per_second.filter(|r| r.is_finite() && *r > 0.0);
         self
     }
 

@@ -39,6 +39,9 @@ pub enum MirrorError {
     /// The kind is not served (or served differently) on one side.
     #[error("kind {0}: {1}")]
     Kind(String, String),
+    /// A setting that does not parse or is out of range (a label selector, a worker count).
+    #[error("{0}")]
+    Input(String),
     /// A request failed where no retry applies (start-up, the checkpoint).
     #[error("{what}: {source}")]
     Api {

@@ -18,6 +18,7 @@ pub mod plan;
 pub mod queue;
 pub mod rv;
 pub mod schema;
+pub mod scope;
 pub mod status;
 pub mod watermark;
 
@@ -169,6 +170,7 @@ impl Mirror {
         target: Client,
         wiring: MirrorWiring,
     ) -> Result<Mirror, MirrorError> {
+        scope::check_builtin_selectors(&cfg)?;
         let uid = kube_system_uid(&source).await?;
         let epoch = source_epoch(&cfg, &source).await;
         let cm: Api<ConfigMap> = Api::namespaced(target.clone(), &cfg.ha.namespace);

@@ -21,6 +21,7 @@ use super::lag::Confirmations;
 use super::plan::{CopyContext, MIRRORED_FROM};
 use super::queue::{Key, RetryQueue};
 use super::rv::{check_regression, parse_rv};
+use super::scope::in_scope;
 use super::source::Delivery;
 use super::status::KindStatus;
 use super::watermark::Watermark;
@@ -65,25 +66,6 @@ pub(super) enum Initial {
     Listed { rv: u64, objects: usize },
     /// Applied: recorded with the next checkpoint.
     Applied(Synced),
-}
-
-/// In the configured namespaces, and neither kube-shard's own nor an object every cluster makes for
-/// itself ([`super::kinds::per_cluster`]). Under a namespace scope a Namespace is in scope by its name, and
-/// every other cluster-scoped object is in scope: the scope names namespaces, and a cluster-scoped kind
-/// has none (it is mirrored whole, never silently left out).
-pub(crate) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
-    let m = &o.metadata;
-    let ns_ok = cfg
-        .namespaces
-        .as_ref()
-        .is_none_or(|set| match &m.namespace {
-            Some(n) => set.contains(n),
-            None if kind.group.is_empty() && kind.plural == "namespaces" => {
-                m.name.as_ref().is_some_and(|n| set.contains(n))
-            }
-            None => true,
-        });
-    ns_ok && !cfg.own.is_own(kind, m) && !super::kinds::per_cluster(kind, m)
 }
 
 fn key_of(o: &DynamicObject) -> Key {

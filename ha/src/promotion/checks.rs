@@ -102,6 +102,8 @@ pub struct PromotionChecks {
     pub source: Option<String>,
     /// The mirror's scope the command names (`--mirror-namespace`).
     pub namespaces: Option<BTreeSet<String>>,
+    /// The mirror's label selector the command names (`--mirror-labels`), as the mirror records it.
+    pub labels: Option<String>,
     /// The overrides.
     pub overrides: Overrides,
 }
@@ -126,6 +128,18 @@ impl PromotionChecks {
     pub fn namespaces(mut self, namespaces: Vec<String>) -> Self {
         self.namespaces = (!namespaces.is_empty()).then(|| namespaces.into_iter().collect());
         self
+    }
+
+    /// Cross-check the mirror's label selector against `selector` (`None` or empty: none named).
+    pub fn labels(mut self, selector: Option<&str>) -> Result<Self, crate::mirror::MirrorError> {
+        self.labels = match selector {
+            Some(t) => {
+                let s = crate::mirror::scope::parse_labels(t)?;
+                (!s.selects_all()).then(|| s.to_string())
+            }
+            None => None,
+        };
+        Ok(self)
     }
 
     /// The overrides.
@@ -241,6 +255,21 @@ fn recorded_mirror(
             overridden.push(format!("--allow-kind-mismatch: --mirror-namespace differs from the mirror's scope ({recorded}); the checkpoint's scope is checked"));
         }
     }
+    if let Some(given) = checks.labels.as_ref() {
+        if record.labels.as_ref() != Some(given) {
+            let recorded = record
+                .labels
+                .clone()
+                .unwrap_or_else(|| "every object".into());
+            if !o.allow_kind_mismatch {
+                return Err(TargetRefused::ScopeMismatch {
+                    given: format!("labels {given:?}"),
+                    recorded: format!("labels {recorded:?}"),
+                });
+            }
+            overridden.push(format!("--allow-kind-mismatch: --mirror-labels differs from the mirror's selector ({recorded}); the checkpoint's selector is checked"));
+        }
+    }
     Ok(Some(record.config(ha.clone())?))
 }
 
@@ -258,6 +287,7 @@ fn named_mirror(
         kinds: kinds.clone(),
         namespaces: checks.namespaces.clone(),
         own_configmaps: Vec::new(),
+        labels: checks.labels.clone(),
     };
     Ok(Some(record.config(ha.clone())?))
 }

@@ -15,7 +15,7 @@ use crate::failback::{divergent_objects, promotable, NotPromotable};
 use crate::mirror::checkpoint::{position_entry, synced_from, KindDiff, Synced};
 use crate::mirror::error::{api_err, MirrorError};
 use crate::mirror::rv::parse_rv;
-use crate::mirror::task::in_scope;
+use crate::mirror::scope::in_scope;
 use crate::mirror::MirrorConfig;
 
 /// One mirrored kind as the target's checkpoint records it.

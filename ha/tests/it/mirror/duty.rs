@@ -50,6 +50,7 @@ fn mirror_cfg(id: &str, rank: u64, peer: &str, extra: &[&str]) -> MirrorConfig {
         .unwrap();
     MirrorConfig::new(ha_cfg(id, rank, HaMode::Standby), peer, set)
         .namespaces([APPS])
+        .whole_builtin_kinds(true)
         .probe_period(Duration::from_secs(2))
 }
 

@@ -130,6 +130,7 @@ pub(crate) fn config() -> MirrorConfig {
         .unwrap();
     MirrorConfig::new(ha(), "a", set)
         .epoch(2001)
+        .whole_builtin_kinds(true)
         .assignment(HA_NS, "g-assignment")
         .probe_period(Duration::from_secs(2))
 }

@@ -291,6 +291,7 @@ fn config_on_a() -> MirrorConfig {
     }
     MirrorConfig::new(ha, "b", set.build(&kinds).unwrap())
         .epoch(1002)
+        .whole_builtin_kinds(true)
         .assignment(HA_NS, "g-assignment")
 }
 

@@ -719,6 +719,7 @@ async fn real_mirror_of(p: &Pair, mirrored: &[Kind]) -> kube_shard_ha::mirror::M
         .unwrap();
     let cfg = MirrorConfig::new(ha_config("b", 2, HaMode::Standby), "a", set)
         .namespaces([CP_NS])
+        .whole_builtin_kinds(true)
         .assignment(CP_NS, format!("{}-assignment", crate::harness::GROUP));
     Mirror::start(
         cfg,
