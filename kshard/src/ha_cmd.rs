@@ -10,7 +10,9 @@ use kube_shard_ha::promotion::{
     check_promotion, mirror_report, MirrorReport, Overrides, PromotionChecks, PromotionPath,
 };
 use kube_shard_ha::status::PairStatus;
-use kube_shard_ha::switchover::{self, DemoteOptions, DemotionToken, Kind, PromoteOptions};
+use kube_shard_ha::switchover::{
+    self, DemoteOptions, DemotionToken, FreezeScope, Kind, PromoteOptions,
+};
 use kube_shard_ha::{HaClients, HaConfig, HaMode, Timings};
 
 use crate::cli::CliError;
@@ -62,6 +64,14 @@ struct DemoteFlags {
     /// Give up (no token) when a member has not acknowledged within this time.
     #[arg(long = "drain-timeout", value_parser = parse_duration, default_value = "60s")]
     drain_timeout: Duration,
+    /// The freeze's namespaces when the peer's checkpoint records no mirror (repeat; otherwise the
+    /// recorded mirror's scope is frozen, and these must be it).
+    #[arg(long = "mirror-namespace")]
+    mirror_namespaces: Vec<String>,
+    /// The freeze's label selector when the peer's checkpoint records no mirror (otherwise the
+    /// recorded mirror's selector is frozen, and this must be it).
+    #[arg(long = "mirror-labels")]
+    mirror_labels: Option<String>,
 }
 
 /// The `--kind` words (`<plural>.<group>/<version>`), a usage error naming the first bad one.
@@ -120,19 +130,28 @@ async fn planned_kinds(
     peer: &kube::Client,
     flags: &DemoteFlags,
     overrides: Overrides,
-) -> Result<Vec<Kind>, CliError> {
+) -> Result<(Vec<Kind>, FreezeScope), CliError> {
     let given = parse_kinds(&flags.kinds)?;
     let checks = PromotionChecks::default()
         .kinds(given.clone())
         .source(Some(cfg.cluster_id.clone()))
+        .namespaces(flags.mirror_namespaces.clone())
+        .labels(flags.mirror_labels.as_deref())
+        .map_err(|e| CliError::Usage(e.to_string()))?
         .overrides(overrides);
     let checked = check_promotion(cfg, peer, &checks, PromotionPath::BeforeDemotion).await?;
     for o in &checked.overridden {
         say(&format!("override {o}"));
     }
     match checked.mirror {
-        Some(m) => Ok(m.kinds.mirrored().cloned().collect()),
-        None if !given.is_empty() => Ok(given),
+        Some(m) => Ok((m.kinds.mirrored().cloned().collect(), FreezeScope::of(&m))),
+        None if !given.is_empty() => Ok((
+            given,
+            FreezeScope::new(
+                flags.mirror_namespaces.clone(),
+                flags.mirror_labels.as_deref(),
+            )?,
+        )),
         None => Err(CliError::Usage(
             "--kind is required: the peer's checkpoint records no mirror".into(),
         )),
@@ -140,8 +159,9 @@ async fn planned_kinds(
 }
 
 impl DemoteFlags {
-    fn options(&self, kinds: Vec<Kind>) -> DemoteOptions {
+    fn options(&self, (kinds, scope): (Vec<Kind>, FreezeScope)) -> DemoteOptions {
         let mut o = DemoteOptions::new(kinds)
+            .scope(scope)
             .drain_timeout(self.drain_timeout)
             .freeze_exempt(self.freeze_exempt.clone());
         if let Some(g) = &self.group {
@@ -264,6 +284,14 @@ struct MirrorFlags {
     /// The mirror's namespaces (repeat; default: every namespace).
     #[arg(long = "mirror-namespace")]
     mirror_namespaces: Vec<String>,
+    /// The mirror's label selector (`kubectl -l` syntax); required for built-in kinds unless
+    /// `--mirror-whole-builtin-kinds`.
+    #[arg(long = "mirror-labels")]
+    mirror_labels: Option<String>,
+    /// Mirror built-in kinds without a label selector: every object of them in scope is the
+    /// operator's.
+    #[arg(long = "mirror-whole-builtin-kinds")]
+    mirror_whole_builtin_kinds: bool,
     /// The peer's cluster id, the mirror's source (with `promote --token` the token names it).
     #[arg(long = "peer-cluster-id")]
     peer_cluster_id: Option<String>,
@@ -291,7 +319,10 @@ impl MirrorFlags {
         if !self.mirror_namespaces.is_empty() {
             m = m.namespaces(self.mirror_namespaces.clone());
         }
-        Ok(Some(m))
+        if let Some(l) = &self.mirror_labels {
+            m = m.labels(l).map_err(|e| CliError::Usage(e.to_string()))?;
+        }
+        Ok(Some(m.whole_builtin_kinds(self.mirror_whole_builtin_kinds)))
     }
 }
 
@@ -470,7 +501,7 @@ fn switch(
             clients.witness.clone(),
         );
         let checks = PromotionChecks::default()
-            .kinds(kinds)
+            .kinds(kinds.0)
             .source(Some(a.pair.cluster_id.clone()))
             .overrides(overrides);
         let epoch = switchover::promote_with_token(
@@ -539,6 +570,8 @@ impl PromoteArgs {
             .kinds(parse_kinds(&self.mirror.kinds)?)
             .source(self.mirror.peer_cluster_id.clone())
             .namespaces(self.mirror.mirror_namespaces.clone())
+            .labels(self.mirror.mirror_labels.as_deref())
+            .map_err(|e| CliError::Usage(e.to_string()))?
             .overrides(self.overrides.overrides(self.allow_unsynced)))
     }
 

@@ -11,10 +11,10 @@
 //! needs a label selector ([`check_builtin_selectors`]) unless a person says the whole kind in scope is the
 //! operator's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ObjectMeta};
 use kube::core::{Expression, Selector, SelectorExt};
 
 use super::config::MirrorConfig;
@@ -28,19 +28,26 @@ const MAX_SELECTOR: usize = 4096;
 /// every cluster makes for itself.
 pub(crate) fn in_scope(cfg: &MirrorConfig, kind: &Kind, o: &DynamicObject) -> bool {
     let m = &o.metadata;
-    let ns_ok = cfg
-        .namespaces
-        .as_ref()
-        .is_none_or(|set| match &m.namespace {
-            Some(n) => set.contains(n),
-            None if is_namespace_kind(kind) => m.name.as_ref().is_some_and(|n| set.contains(n)),
-            None => true,
-        });
-    let labels_ok = cfg.labels.as_ref().is_none_or(|s| {
-        let empty = BTreeMap::new();
-        s.matches(m.labels.as_ref().unwrap_or(&empty))
+    selected(cfg.namespaces.as_ref(), cfg.labels.as_ref(), kind, m)
+        && !cfg.own.is_own(kind, m)
+        && !super::kinds::per_cluster(kind, m)
+}
+
+/// In `namespaces` (a Namespace by its name, another cluster-scoped object always) and matching
+/// `labels`, where `None` selects everything: the scope without its exclusions (the freeze's too).
+pub(crate) fn selected(
+    namespaces: Option<&BTreeSet<String>>,
+    labels: Option<&Selector>,
+    kind: &Kind,
+    m: &ObjectMeta,
+) -> bool {
+    let ns_ok = namespaces.is_none_or(|set| match &m.namespace {
+        Some(n) => set.contains(n),
+        None if is_namespace_kind(kind) => m.name.as_ref().is_some_and(|n| set.contains(n)),
+        None => true,
     });
-    ns_ok && labels_ok && !cfg.own.is_own(kind, m) && !super::kinds::per_cluster(kind, m)
+    let empty = BTreeMap::new();
+    ns_ok && labels.is_none_or(|s| s.matches(m.labels.as_ref().unwrap_or(&empty)))
 }
 
 fn is_namespace_kind(kind: &Kind) -> bool {

@@ -25,7 +25,7 @@ pub use crate::checkpoint::{
 pub use crate::config::checkpoint_name;
 use error::{api_err, report_text};
 pub use error::{KindProgress, SwitchError};
-pub use freeze::{freeze_objects, FREEZE_MARK};
+pub use freeze::{freeze_objects, FreezeScope, FREEZE_MARK};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -59,6 +59,9 @@ pub struct DemoteOptions {
     pub kinds: Vec<Kind>,
     /// Identities the freeze lets write (for example the garbage collector).
     pub freeze_exempt: Vec<String>,
+    /// What the freeze covers within the kinds: the peer's mirror's scope (default: the whole kinds,
+    /// refused for built-in kinds).
+    pub scope: FreezeScope,
     /// How long to wait for the acks.
     pub drain_timeout: Duration,
     /// How long to wait for the freeze probe to be refused.
@@ -77,6 +80,7 @@ impl DemoteOptions {
             group_namespace: None,
             kinds,
             freeze_exempt: Vec::new(),
+            scope: FreezeScope::default(),
             drain_timeout: Duration::from_secs(60),
             freeze_timeout: Duration::from_secs(30),
             skip_acks: false,
@@ -102,6 +106,13 @@ impl DemoteOptions {
     #[must_use]
     pub fn freeze_exempt(mut self, ids: Vec<String>) -> Self {
         self.freeze_exempt = ids;
+        self
+    }
+
+    /// Freeze only `scope` of the kinds: the scope of the mirror that copies them.
+    #[must_use]
+    pub fn scope(mut self, scope: FreezeScope) -> Self {
+        self.scope = scope;
         self
     }
 }
@@ -230,6 +241,16 @@ pub async fn demote(
     if opts.kinds.is_empty() {
         return Err(SwitchError::Input("no kind to cover (--kind)".into()));
     }
+    if let Some(k) = opts
+        .kinds
+        .iter()
+        .find(|k| opts.scope.is_whole() && crate::mirror::scope::is_builtin(k))
+    {
+        return Err(SwitchError::Input(format!(
+            "{k} is a built-in kind: freezing it without the mirror's scope (--mirror-namespace, \
+             --mirror-labels) would refuse every write of it in the whole cluster"
+        )));
+    }
     let name = cfg.lease_name();
     let own = lease_api(&clients.local, &cfg.namespace);
     let (epoch, state) = my_epoch(cfg, clients).await?;
@@ -271,14 +292,7 @@ pub async fn demote(
     }
     info!(waited = ?t0.elapsed(), "HA demote: drained");
     let resolved = resolve_all(&clients.local, &opts.kinds).await?;
-    freeze(
-        &clients.local,
-        cfg,
-        &resolved,
-        &opts.freeze_exempt,
-        opts.freeze_timeout,
-    )
-    .await?;
+    freeze(&clients.local, cfg, &resolved, opts).await?;
     progress("frozen: the covered kinds refuse writes");
     let token = take_token(&clients.local, cfg, epoch, &resolved).await?;
     let text = token.to_string();
@@ -389,18 +403,18 @@ async fn freeze(
     client: &Client,
     cfg: &HaConfig,
     kinds: &Resolved,
-    exempt: &[String],
-    timeout: Duration,
+    opts: &DemoteOptions,
 ) -> Result<(), SwitchError> {
+    let (timeout, scope) = (opts.freeze_timeout, &opts.scope);
     let name = freeze_name(cfg);
     let plain: Vec<Kind> = kinds.iter().map(|(k, _, _)| k.clone()).collect();
-    let (policy, binding) = freeze_objects(&name, &plain, exempt)?;
+    let (policy, binding) = freeze_objects(&name, &plain, &opts.freeze_exempt, scope)?;
     apply(&Api::all(client.clone()), &policy, &name).await?;
     apply(&Api::all(client.clone()), &binding, &name).await?;
     let t0 = tokio::time::Instant::now();
     for (k, ar, caps) in kinds {
         loop {
-            match probe(client, cfg, ar, caps).await {
+            match probe(client, cfg, (k, ar, caps), scope).await {
                 Ok(()) => break,
                 Err(why) if t0.elapsed() >= timeout => {
                     return Err(SwitchError::Freeze(format!("the probe write of {k} was not refused by the freeze within {timeout:?}: {why}")))
@@ -412,44 +426,48 @@ async fn freeze(
     Ok(())
 }
 
-/// A dry-run write of the kind (an update of an existing object, else a create): `Ok` when the freeze
-/// refuses it.
+/// A dry-run write of an object in the freeze's scope (an update of an existing one, else a create):
+/// `Ok` when the freeze refuses it.
 async fn probe(
     client: &Client,
     cfg: &HaConfig,
-    ar: &ApiResource,
-    caps: &ApiCapabilities,
+    (kind, ar, caps): (&Kind, &ApiResource, &ApiCapabilities),
+    scope: &FreezeScope,
 ) -> Result<(), String> {
-    let all: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let namespaced = caps.scope == Scope::Namespaced;
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    let first = all
-        .list(&ListParams::default().limit(1))
+    let ns = probe_namespace(cfg, scope, namespaced);
+    let api: Api<DynamicObject> = match &ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
+    };
+    let mut lp = ListParams::default().limit(50);
+    if let Some(l) = &scope.labels {
+        lp = lp.labels(&l.to_string());
+    }
+    let existing = api
+        .list(&lp)
         .await
         .map_err(|e| e.to_string())?
         .items
         .into_iter()
-        .next();
-    let res = match first {
+        .find(|o| freeze::covers(kind, scope, o));
+    let res = match existing {
         Some(o) => {
             let api: Api<DynamicObject> = match o.metadata.namespace.as_deref() {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
-                None => all.clone(),
+                None => Api::all_with(client.clone(), ar),
             };
             api.replace(&o.metadata.name.clone().unwrap_or_default(), &dry, &o)
                 .await
         }
         None => {
-            let namespaced = caps.scope == Scope::Namespaced;
-            let ns = namespaced.then(|| cfg.namespace.clone());
             let mut o = DynamicObject::new("kube-shard-freeze-probe", ar);
-            o.metadata.namespace = ns.clone();
-            let api: Api<DynamicObject> = match ns {
-                Some(ns) => Api::namespaced_with(client.clone(), &ns, ar),
-                None => all.clone(),
-            };
+            o.metadata.namespace = ns;
+            o.metadata.labels = scope.labels.as_ref().map(freeze::satisfying_labels);
             api.create(&dry, &o).await
         }
     };
@@ -458,6 +476,18 @@ async fn probe(
         Err(e) => Err(e.to_string()),
         Ok(_) => Err("the dry-run write was accepted".into()),
     }
+}
+
+/// Where the probe writes a namespaced kind: the first namespace of the scope, else the HA namespace
+/// (`None` for a cluster-scoped kind).
+fn probe_namespace(cfg: &HaConfig, scope: &FreezeScope, namespaced: bool) -> Option<String> {
+    namespaced.then(|| {
+        scope
+            .namespaces
+            .as_ref()
+            .and_then(|s| s.iter().next().cloned())
+            .unwrap_or_else(|| cfg.namespace.clone())
+    })
 }
 
 /// Lift the freeze (idempotent).

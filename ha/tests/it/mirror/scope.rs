@@ -132,3 +132,90 @@ async fn a_kind_an_aggregated_api_server_serves_is_refused() {
         "{text}"
     );
 }
+
+/// A built-in kind holds objects other tools make (Helm, cert-manager, the cluster's controllers), so it
+/// is mirrored only with a label selector: without one the mirror refuses to start; with one it copies
+/// the labelled objects and never touches an unlabelled one of the same name the Standby has.
+#[tokio::test(start_paused = true)]
+async fn a_built_in_kind_is_mirrored_only_through_a_label_selector() {
+    let (a, b) = pair().await;
+    let err = kube_shard_ha::mirror::Mirror::start(
+        config().whole_builtin_kinds(false),
+        a.client("mirror"),
+        b.client("mirror"),
+        kube_shard_ha::mirror::MirrorWiring::default(),
+    )
+    .await
+    .expect_err("started on configmaps without a selector");
+    assert!(err.to_string().contains("label selector"), "{err}");
+    let pp = PostParams::default();
+    let mut ours = cm("ours", "x");
+    ours.metadata.labels = Some([("app".to_string(), "shop".to_string())].into());
+    cms(&a, APPS).create(&pp, &ours).await.unwrap();
+    cms(&a, APPS)
+        .create(&pp, &cm("release", "a's"))
+        .await
+        .unwrap();
+    cms(&b, APPS)
+        .create(&pp, &cm("release", "b's"))
+        .await
+        .unwrap();
+    let cfg = config()
+        .whole_builtin_kinds(false)
+        .labels("app in (shop)")
+        .unwrap();
+    let m = start(&a, &b, cfg).await;
+    eventually(30, "the labelled ConfigMap copied", || async {
+        cms(&b, APPS).get_opt("ours").await.unwrap().is_some()
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let s = m.kind("configmaps").unwrap();
+    assert!(s.failed.is_empty(), "failed objects: {:?}", s.failed);
+    let r = cms(&b, APPS).get("release").await.unwrap();
+    assert_eq!(
+        r.data.unwrap()["k"],
+        "b's",
+        "an unlabelled object was touched"
+    );
+    m.stop().await;
+}
+
+/// Namespaces scoped by label, as the seed's users mirror them: a labelled Namespace is copied, an
+/// unlabelled one is not.
+#[tokio::test(start_paused = true)]
+async fn namespaces_are_mirrored_by_label() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (a, b) = pair().await;
+    let ks: Vec<Kind> = vec!["namespaces/v1".parse().unwrap()];
+    let set = KindSet::builder()
+        .mirrored(ks[0].clone())
+        .build(&ks)
+        .unwrap();
+    let cfg = MirrorConfig::new(ha(), "a", set)
+        .epoch(2001)
+        .probe_period(Duration::from_secs(2))
+        .labels("mirror.example.com/slice=green")
+        .unwrap();
+    let api = |s: &TestServer| Api::<Namespace>::all(s.client("admin"));
+    for (name, labelled) in [("team-a", true), ("team-b", false)] {
+        let mut ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        if labelled {
+            ns.metadata.labels =
+                Some([("mirror.example.com/slice".to_string(), "green".to_string())].into());
+        }
+        api(&a).create(&PostParams::default(), &ns).await.unwrap();
+    }
+    let m = start(&a, &b, cfg).await;
+    eventually(30, "the labelled namespace copied", || async {
+        api(&b).get_opt("team-a").await.unwrap().is_some()
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(api(&b).get_opt("team-b").await.unwrap().is_none());
+    assert!(m.kind("namespaces").unwrap().failed.is_empty());
+    m.stop().await;
+}

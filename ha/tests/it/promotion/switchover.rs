@@ -16,7 +16,7 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::Api;
 use kube_shard_ha::overlap::{HaOverlap, Violation};
 use kube_shard_ha::switchover::{
-    self, DemoteOptions, DemotionToken, Kind, PromoteOptions, SwitchError,
+    self, DemoteOptions, DemotionToken, FreezeScope, Kind, PromoteOptions, SwitchError,
 };
 use kube_shard_ha::{HaClients, HaConfig, HaMode};
 use kube_shard_testserver::TestServer;
@@ -32,8 +32,11 @@ fn kinds() -> Vec<Kind> {
     vec!["secrets/v1".parse().unwrap()]
 }
 
+/// The demotion of the mirrored kinds in the mirror's scope (the namespace `CP_NS`).
 fn demote_opts() -> DemoteOptions {
-    DemoteOptions::new(kinds()).group(crate::harness::GROUP, Some(CP_NS.into()))
+    DemoteOptions::new(kinds())
+        .group(crate::harness::GROUP, Some(CP_NS.into()))
+        .scope(FreezeScope::new(vec![CP_NS.into()], None).unwrap())
 }
 
 /// The commands' view of cluster `id` (rank) with `own` and `peer`.
@@ -1046,5 +1049,45 @@ async fn a_promotion_refuses_a_token_missing_a_mirrored_kind() {
     );
     assert_eq!(p.b_admitted(), 0, "nothing changed");
     m.stop().await;
+    p.kill();
+}
+
+/// The freeze covers what the mirror copies and nothing else: a built-in kind is not frozen without the
+/// mirror's scope; under the scope, a write in another namespace and a write of an object each cluster
+/// makes for itself (a service-account token Secret) are accepted, while the writer's Secrets in the
+/// scope are refused.
+#[tokio::test(start_paused = true)]
+async fn the_freeze_covers_only_the_mirrors_scope() {
+    let p = pair().await;
+    let whole = DemoteOptions::new(kinds()).group(crate::harness::GROUP, Some(CP_NS.into()));
+    let e = p.demote(&whole).await.unwrap_err();
+    assert!(e.to_string().contains("built-in kind"), "{e}");
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "elsewhere"}})).unwrap();
+    Api::<Namespace>::all(p.sa.client("admin"))
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let _token = p.demote(&demote_opts()).await.unwrap();
+    let refused_before = p.writer.refused.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(p.writer.refused.load(Ordering::SeqCst) > refused_before);
+    let other: Api<Secret> = Api::namespaced(p.sa.client("writer"), "elsewhere");
+    let mut out = secret("out-of-scope", 1);
+    out.metadata.namespace = Some("elsewhere".into());
+    put(&other, out)
+        .await
+        .expect("a write outside the mirror's scope is accepted");
+    let mut token_secret = secret("default-token-x", 1);
+    token_secret.metadata.annotations = Some(BTreeMap::from([(
+        "kubernetes.io/service-account.name".to_string(),
+        "default".to_string(),
+    )]));
+    let scoped: Api<Secret> = Api::namespaced(p.sa.client("writer"), CP_NS);
+    put(&scoped, token_secret)
+        .await
+        .expect("a token Secret (made by each cluster for itself) is accepted");
+    let e = put(&scoped, secret("w-0", 99)).await.unwrap_err();
+    assert!(e.to_string().contains(switchover::FREEZE_MARK), "{e}");
     p.kill();
 }
