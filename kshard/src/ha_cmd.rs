@@ -356,6 +356,10 @@ struct PromoteArgs {
     /// the peer (the objects not copied yet are lost).
     #[arg(long = "allow-unsynced")]
     allow_unsynced: bool,
+    /// With `--token`: promote although objects are on the mirror's failed list, once it caught up but
+    /// for them; the result (and a Warning Event) lists every object lost.
+    #[arg(long = "accept-failed")]
+    accept_failed: bool,
     #[command(flatten)]
     overrides: OverrideFlags,
     /// Cross-checks of this cluster's mirror, which the checks read from its checkpoint: a promotion
@@ -538,10 +542,12 @@ fn promote_token(
         .parse()
         .map_err(|e: kube_shard_ha::checkpoint::ParseError| CliError::Usage(e.to_string()))?;
     let cfg = a.pair.config(Some(a.timings()))?;
-    let opts = PromoteOptions::new(a.timeout).checks(a.checks()?);
-    let epoch = rt.block_on(async {
+    let opts = PromoteOptions::new(a.timeout)
+        .checks(a.checks()?)
+        .accept_failed(a.accept_failed);
+    let promoted = rt.block_on(async {
         let clients = a.pair.clients().await?;
-        switchover::promote_with_token(
+        switchover::promote_by_token(
             &cfg,
             clients,
             kube_shard::rt::Clock::system(),
@@ -552,6 +558,7 @@ fn promote_token(
         .await
         .map_err(CliError::from)
     })?;
+    let epoch = promoted.epoch;
     writeln!(
         out,
         "promoted: {} is Active at epoch {epoch} (n={}) with the demotion token{}",
@@ -559,6 +566,16 @@ fn promote_token(
         epoch.n(),
         override_note(&opts.checks.overrides)
     )?;
+    if !promoted.accepted.is_empty() {
+        writeln!(
+            out,
+            "accepted losing {} object(s) (--accept-failed; also in a Warning Event):",
+            promoted.accepted.len()
+        )?;
+        for l in &promoted.accepted {
+            writeln!(out, "  {l}")?;
+        }
+    }
     Ok(())
 }
 

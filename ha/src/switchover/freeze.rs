@@ -18,8 +18,9 @@ use serde_json::json;
 use super::error::SwitchError;
 use crate::checkpoint::Kind;
 use crate::mirror::scope::label_selector;
-use crate::mirror::MirrorConfig;
+use crate::mirror::{MirrorConfig, OwnObjects};
 use crate::record;
+use kube_shard::group::report::GROUP_LABEL;
 
 /// What the freeze covers within its kinds: the mirror's scope.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub struct FreezeScope {
     pub namespaces: Option<BTreeSet<String>>,
     /// Only objects whose labels match (`None`: every object).
     pub labels: Option<Selector>,
+    /// kube-shard's own objects (the HA Leases, the checkpoint and assignment ConfigMaps, objects with
+    /// the group label), never frozen: [`demote`](super::demote) adds the HA configuration's.
+    pub own: OwnObjects,
 }
 
 impl FreezeScope {
@@ -38,6 +42,7 @@ impl FreezeScope {
         FreezeScope {
             namespaces: m.namespaces.clone(),
             labels: m.labels.clone(),
+            own: m.own.clone(),
         }
     }
 
@@ -54,6 +59,7 @@ impl FreezeScope {
         Ok(FreezeScope {
             namespaces: (!namespaces.is_empty()).then(|| namespaces.into_iter().collect()),
             labels,
+            own: OwnObjects::default(),
         })
     }
 
@@ -64,10 +70,39 @@ impl FreezeScope {
     }
 }
 
-/// A CEL condition true for the objects each cluster makes for itself among `kinds` (the mirror never
-/// copies them: `crate::mirror::kinds::per_cluster`), which the freeze lets everyone write.
-fn per_cluster_cel(kinds: &[Kind]) -> String {
-    let mut any = vec!["request.namespace.startsWith('kube-')".to_string()];
+/// A CEL condition true for the objects the mirror never copies among `kinds` — those each cluster makes
+/// for itself (`crate::mirror::kinds::per_cluster`) and kube-shard's own — which the freeze lets everyone
+/// write.
+fn exceptions_cel(kinds: &[Kind], own: &OwnObjects) -> String {
+    let labelled = |o: &str| {
+        format!(
+            "({o} != null && has({o}.metadata.labels) && '{GROUP_LABEL}' in {o}.metadata.labels)"
+        )
+    };
+    let mut any = vec![
+        "request.namespace.startsWith('kube-')".to_string(),
+        labelled("object"),
+        labelled("oldObject"),
+    ];
+    let named = |group: &str, plural: &str, list: &[(String, String)]| {
+        let names: Vec<String> = list.iter().map(|(n, m)| format!("'{n}/{m}'")).collect();
+        format!(
+            "(request.resource.group == '{group}' && request.resource.resource == '{plural}' && \
+             (request.namespace + '/' + request.name) in [{}])",
+            names.join(", ")
+        )
+    };
+    for k in kinds {
+        match (k.group.as_str(), k.plural.as_str()) {
+            ("", "configmaps") if !own.configmaps.is_empty() => {
+                any.push(named("", "configmaps", &own.configmaps))
+            }
+            ("coordination.k8s.io", "leases") if !own.leases.is_empty() => {
+                any.push(named("coordination.k8s.io", "leases", &own.leases))
+            }
+            _ => {}
+        }
+    }
     let core = |plural: &str, cond: &str| {
         format!(
             "(request.resource.group == '' && request.resource.resource == '{plural}' && {cond})"
@@ -109,6 +144,13 @@ pub fn freeze_objects(
             "freeze-exempt identity {bad:?}"
         )));
     }
+    let own = scope.own.configmaps.iter().chain(&scope.own.leases);
+    if let Some((n, m)) = own
+        .clone()
+        .find(|(n, m)| format!("{n}{m}").contains(['\'', '\\']))
+    {
+        return Err(SwitchError::Input(format!("own object {n}/{m}")));
+    }
     let list: Vec<String> = exempt.iter().map(|e| format!("'{e}'")).collect();
     let rules: Vec<_> = kinds
         .iter()
@@ -127,7 +169,7 @@ pub fn freeze_objects(
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": rules},
             "validations": [{
-                "expression": format!("request.userInfo.username in [{}] || {}", list.join(", "), per_cluster_cel(kinds)),
+                "expression": format!("request.userInfo.username in [{}] || {}", list.join(", "), exceptions_cel(kinds, &scope.own)),
                 "message": format!("{FREEZE_MARK}: this cluster is being demoted (planned switchover); write to the new Active"),
                 "reason": "Forbidden",
             }],
@@ -193,9 +235,12 @@ mod tests {
         )
         .unwrap();
         let v = p.spec.unwrap().validations.unwrap();
-        assert_eq!(
-            v[0].expression,
-            "request.userInfo.username in ['system:gc'] || request.namespace.startsWith('kube-')"
+        assert!(
+            v[0].expression.starts_with(
+                "request.userInfo.username in ['system:gc'] || request.namespace.startsWith('kube-')"
+            ),
+            "{}",
+            v[0].expression
         );
         assert_eq!(b.spec.policy_name, "w-ha-freeze");
         assert!(b.spec.match_resources.is_none());
@@ -218,5 +263,12 @@ mod tests {
         );
         let e = &p.spec.unwrap().validations.unwrap()[0].expression;
         assert!(e.contains("request.name == 'kube-root-ca.crt'"), "{e}");
+        let mut own = scope.clone();
+        own.own = OwnObjects::new("w", "ops", "ops", None);
+        let (p, _) = freeze_objects("n", &["configmaps/v1".parse().unwrap()], &[], &own).unwrap();
+        let e = &p.spec.unwrap().validations.unwrap()[0].expression;
+        assert!(e.contains("in ['ops/w-ha-mirror']"), "{e}");
+        own.own.configmaps.push(("ops".into(), "x'y".into()));
+        assert!(freeze_objects("n", &[], &[], &own).is_err());
     }
 }

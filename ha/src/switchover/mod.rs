@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+mod accept;
 mod error;
 mod freeze;
 
@@ -23,6 +24,7 @@ pub use crate::checkpoint::{
     DemotionToken, Kind, CATCH_UP_KEY, CAUGHT_UP_KEY, HOLD_KEY, USED_TOKENS_KEY,
 };
 pub use crate::config::checkpoint_name;
+pub use accept::Lost;
 use error::{api_err, report_text};
 pub use error::{KindProgress, SwitchError};
 pub use freeze::{freeze_objects, FreezeScope, FREEZE_MARK};
@@ -405,7 +407,21 @@ async fn freeze(
     kinds: &Resolved,
     opts: &DemoteOptions,
 ) -> Result<(), SwitchError> {
-    let (timeout, scope) = (opts.freeze_timeout, &opts.scope);
+    let timeout = opts.freeze_timeout;
+    let mut scope = opts.scope.clone();
+    let own =
+        crate::mirror::OwnObjects::new(&cfg.name, &cfg.namespace, &cfg.witness_namespace, None);
+    for c in own.configmaps {
+        if !scope.own.configmaps.contains(&c) {
+            scope.own.configmaps.push(c);
+        }
+    }
+    for l in own.leases {
+        if !scope.own.leases.contains(&l) {
+            scope.own.leases.push(l);
+        }
+    }
+    let scope = &scope;
     let name = freeze_name(cfg);
     let plain: Vec<Kind> = kinds.iter().map(|(k, _, _)| k.clone()).collect();
     let (policy, binding) = freeze_objects(&name, &plain, &opts.freeze_exempt, scope)?;
@@ -581,6 +597,20 @@ pub struct PromoteOptions {
     /// mirror read from its checkpoint ([`check_promotion`]): no mirror, a token whose kinds are not
     /// the mirror's, or divergent objects → refused before anything is written.
     pub checks: PromotionChecks,
+    /// Promote although objects are on the mirror's failed list (poison): once the mirror caught up to
+    /// the token but for them, the promotion lists what it loses (in [`Promoted::accepted`] and a
+    /// Warning Event) and goes on. Without it, a failed object holds the position below the token.
+    pub accept_failed: bool,
+}
+
+/// A token promotion's result.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Promoted {
+    /// The new failover epoch.
+    pub epoch: FailoverEpoch,
+    /// With `accept_failed`: the objects not copied at their demotion-time version (empty otherwise).
+    pub accepted: Vec<Lost>,
 }
 
 impl PromoteOptions {
@@ -590,7 +620,15 @@ impl PromoteOptions {
         PromoteOptions {
             timeout,
             checks: PromotionChecks::default(),
+            accept_failed: false,
         }
+    }
+
+    /// Promote although objects failed, listing them ([`PromoteOptions::accept_failed`]).
+    #[must_use]
+    pub fn accept_failed(mut self, yes: bool) -> Self {
+        self.accept_failed = yes;
+        self
     }
 
     /// The checks' cross-checks and overrides.
@@ -606,9 +644,10 @@ async fn check_token(
     cfg: &HaConfig,
     clients: &HaClients,
     token: &DemotionToken,
-    timeout: Duration,
+    (opts, mirror): (&PromoteOptions, Option<&crate::mirror::MirrorConfig>),
     progress: &mut impl FnMut(&str),
-) -> Result<(), SwitchError> {
+) -> Result<Vec<Lost>, SwitchError> {
+    let timeout = opts.timeout;
     let cm_api: Api<ConfigMap> = Api::namespaced(clients.local.clone(), &cfg.namespace);
     let cp_name = checkpoint_name(cfg);
     let data = |cm: Option<ConfigMap>| cm.and_then(|c| c.data).unwrap_or_default();
@@ -682,6 +721,27 @@ async fn check_token(
             .iter()
             .all(|r| r.position.is_some_and(|p| p >= r.token_rv));
         let held = cp.get(CAUGHT_UP_KEY).and_then(|a| caught_up(a, &token.id));
+        if let (false, Some(failed @ 1..), true, Some(m)) =
+            (reached, held, opts.accept_failed, mirror)
+        {
+            // caught up but for its failed objects, which hold the position below the token
+            let lost = accept::lost_objects(&clients.local, &clients.peer, m, token).await?;
+            progress(&format!(
+                "--accept-failed: the mirror caught up but for {failed} failed object(s); promoting \
+                 without {} object(s):\n{}",
+                lost.len(),
+                lost.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+            ));
+            ahead_of_token(&clients.peer, token).await?;
+            return Ok(lost);
+        }
+        if let (false, Some(failed @ 1..)) = (reached, held) {
+            return Err(SwitchError::Refused(format!(
+                "the mirror caught up to the token but for {failed} failed object(s), which hold its \
+                 position below the token (`kshard ha status --kind` lists them); `--accept-failed` \
+                 promotes without them and lists what is lost"
+            )));
+        }
         if let (true, Some(failed)) = (reached, held) {
             if failed > 0 {
                 progress(&format!(
@@ -712,7 +772,8 @@ async fn check_token(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    ahead_of_token(&clients.peer, token).await
+    ahead_of_token(&clients.peer, token).await?;
+    Ok(Vec::new())
 }
 
 /// A forced promotion's hold (HA.md "Promotion and adoption": stop the mirror before the new epoch): ask
@@ -837,8 +898,22 @@ pub async fn promote_with_token(
     clock: Clock,
     token: &DemotionToken,
     opts: &PromoteOptions,
-    mut progress: impl FnMut(&str),
+    progress: impl FnMut(&str),
 ) -> Result<FailoverEpoch, SwitchError> {
+    promote_by_token(cfg, clients, clock, token, opts, progress)
+        .await
+        .map(|p| p.epoch)
+}
+
+/// [`promote_with_token`], with what `--accept-failed` accepted losing.
+pub async fn promote_by_token(
+    cfg: &HaConfig,
+    clients: HaClients,
+    clock: Clock,
+    token: &DemotionToken,
+    opts: &PromoteOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<Promoted, SwitchError> {
     let checked = check_promotion(
         cfg,
         &clients.local,
@@ -849,10 +924,14 @@ pub async fn promote_with_token(
     for o in &checked.overridden {
         progress(&format!("override {o}"));
     }
-    if let Err(e) = check_token(cfg, &clients, token, opts.timeout, &mut progress).await {
-        withdraw(&clients.local, cfg, token).await;
-        return Err(e);
-    }
+    let mirror = checked.mirror.as_ref();
+    let accepted = match check_token(cfg, &clients, token, (opts, mirror), &mut progress).await {
+        Ok(l) => l,
+        Err(e) => {
+            withdraw(&clients.local, cfg, token).await;
+            return Err(e);
+        }
+    };
     let id = token.id.clone();
     edit_checkpoint(&clients.local, cfg, |d| {
         let used = d.entry(USED_TOKENS_KEY.into()).or_default();
@@ -920,7 +999,10 @@ pub async fn promote_with_token(
                 &mut progress,
             )
             .await;
-            return Ok(epoch);
+            if !accepted.is_empty() {
+                accepted_event(cfg, &local, epoch, &accepted);
+            }
+            return Ok(Promoted { epoch, accepted });
         }
         if st.role == "standby" || t0.elapsed() >= opts.timeout {
             return Err(SwitchError::Promote(format!(
@@ -930,6 +1012,29 @@ pub async fn promote_with_token(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A Warning Event on the new Active naming what `--accept-failed` lost (the first 20 objects; the
+/// result lists them all).
+fn accepted_event(cfg: &HaConfig, local: &Client, epoch: FailoverEpoch, lost: &[Lost]) {
+    let names: Vec<String> = lost.iter().take(20).map(ToString::to_string).collect();
+    let more = lost.len().saturating_sub(names.len());
+    let events = crate::events::HaEvents::new(
+        local.clone(),
+        &cfg.namespace,
+        &cfg.lease_name(),
+        &cfg.cluster_id,
+    );
+    events.emit(
+        true,
+        "PromotedAcceptingLoss",
+        format!(
+            "promoted at epoch {epoch} with --accept-failed, without {} object(s) the mirror had not copied: {}{}",
+            lost.len(),
+            names.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        ),
+    );
 }
 
 /// `kshard ha demote --cancel` on the demoting Active: refused once the peer promoted; else the Lease a

@@ -1091,3 +1091,74 @@ async fn the_freeze_covers_only_the_mirrors_scope() {
     assert!(e.to_string().contains(switchover::FREEZE_MARK), "{e}");
     p.kill();
 }
+
+/// A failed object (one the Standby's cluster refuses to store: here its admission policy) holds the
+/// mirror's position below the token, so a token promotion is refused and says why; `--accept-failed`
+/// promotes once the mirror caught up but for it, and lists exactly what is lost (read from both
+/// clusters, not taken from the mirror).
+#[tokio::test(start_paused = true)]
+async fn a_token_promotion_accepts_failed_objects_only_when_asked_and_lists_them() {
+    let p = pair_with(false).await;
+    refuse_secret_on(&p.sb, "blocked").await;
+    put(&Api::namespaced(p.sa.client("admin"), CP_NS), secret("blocked", 1))
+        .await
+        .unwrap();
+    let m = real_mirror(&p).await;
+    until(
+        Duration::from_secs(300),
+        "the refused Secret on the failed list",
+        || m.kind("secrets").is_some_and(|k| k.failed.len() == 1),
+    )
+    .await;
+    let token = p.demote(&demote_opts()).await.unwrap();
+    let e = p.promote(&token, Duration::from_secs(30)).await.unwrap_err();
+    assert!(e.to_string().contains("--accept-failed"), "{e}");
+    let (cfg, clients) = cmd("b", 2, &p.sb, &p.sa);
+    let promoted = switchover::promote_by_token(
+        &cfg,
+        clients,
+        kube_shard::rt::Clock::system(),
+        &token,
+        &PromoteOptions::new(Duration::from_secs(60)).accept_failed(true),
+        |l| eprintln!("[promote] {l}"),
+    )
+    .await
+    .unwrap();
+    let lost: Vec<String> = promoted.accepted.iter().map(ToString::to_string).collect();
+    assert_eq!(lost, [format!("secrets {CP_NS}/blocked (not copied)")]);
+    m.stop().await;
+    p.kill();
+}
+
+/// An admission policy on `s` refusing every write of the Secret `name`.
+async fn refuse_secret_on(s: &TestServer, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "refuse"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets"],
+                "operations": ["CREATE", "UPDATE"],
+            }]},
+            "validations": [{"expression": format!("request.name != '{name}'")}],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "refuse"},
+        "spec": {"policyName": "refuse", "validationActions": ["Deny"]},
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(s.client("admin"))
+        .create(&pp, &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(s.client("admin"))
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+}

@@ -26,6 +26,7 @@
 //!
 //! [`run`] returns the report ([`HaDemoReport`]); a violated invariant is in it, not an error.
 
+mod cluster_objects;
 mod lag;
 mod measure;
 pub mod oracle;
@@ -176,6 +177,13 @@ pub struct HaDemoReport {
     pub two_actives_seconds: f64,
     pub epochs: Vec<String>,
     pub lost: Vec<LostIn>,
+    /// What each cluster holds for itself (`kube-root-ca.crt`, the `default` ServiceAccount, another
+    /// tool's ConfigMap) kept its own content through every phase, and the operator's labelled ConfigMaps
+    /// (mirrored under the label scope) are the same on both sides at the end.
+    pub cluster_objects_kept: Option<bool>,
+    /// After the planned switchover the frozen old Active accepted writes outside the mirror's scope
+    /// (its controllers', another tool's) and refused one inside it.
+    pub freeze_kept_to_the_mirrors_scope: Option<bool>,
     pub duration_seconds: f64,
     pub invariants_held: bool,
     pub failures: Vec<String>,
@@ -567,6 +575,8 @@ impl<'a> Demo<'a> {
             .seed(&targets, self.args.objects)
             .await
             .map_err(DemoError::failed)?;
+        cluster_objects::make(&self.a, &ns, true).await?;
+        cluster_objects::make(&self.b, &ns, false).await?;
         self.set_phase("b mirrors a: the mirror's first LIST");
         let mirror = phases::start_mirror(&self.b, &self.a, &ns, clock.clone()).await?;
         let tracker = Tracker::start(&self.writer, "a", self.standby_api(&self.b));
@@ -603,6 +613,9 @@ impl<'a> Demo<'a> {
             .lost("planned", "b", self.args.plant_lost_write)
             .await?;
         report.lost_planned = Some(self.record_lost(report, "planned", 0, lost));
+        let refused = cluster_objects::freeze_scope(&self.a, &ns).await;
+        report.freeze_kept_to_the_mirrors_scope = Some(refused.is_empty());
+        report.failures.extend(refused);
         self.set_phase("a rejoins as Standby and mirrors b");
         let r = self.rejoin("a").await?;
         report.divergent_objects_after_planned = Some(r.divergent.len() as u64);
@@ -683,6 +696,9 @@ impl<'a> Demo<'a> {
         tokio::time::sleep(self.pace(2, 1)).await;
         let lost = self.lost("failback", "b", false).await?;
         report.lost_failback = Some(self.record_lost(report, "failback", 2, lost));
+        let touched = cluster_objects::check(&self.a, &self.b, &ns).await;
+        report.cluster_objects_kept = Some(touched.is_empty());
+        report.failures.extend(touched);
         self.set_phase("done");
         Ok(())
     }

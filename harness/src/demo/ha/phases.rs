@@ -12,20 +12,26 @@ use kube_shard_ha::failback::{Failback, FailbackOptions};
 use kube_shard_ha::failover::ForceOptions;
 use kube_shard_ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
 use kube_shard_ha::promotion::PromotionChecks;
-use kube_shard_ha::switchover::{self, DemoteOptions, Kind, PromoteOptions};
+use kube_shard_ha::switchover::{self, DemoteOptions, FreezeScope, Kind, PromoteOptions};
 use kube_shard_ha::{FailoverEpoch, HaClients, HaMode};
 use kube_shard_testserver::Scope;
 use tokio::time::Instant;
 
+use super::cluster_objects::selector;
 use super::setup::{ha_config, Backend, Cluster, EXEMPT};
 use crate::demo::DemoError;
 use kube_shard_example_operator::widget::Widget;
 
-/// The one mirrored kind.
+/// The Widget kind, whose writes the demo counts.
 pub(crate) fn kind() -> Kind {
     "widgets.example.kube-shard.io/v1"
         .parse()
         .expect("a valid kind")
+}
+
+/// The mirrored kinds: the Widgets, and ConfigMaps (a built-in kind: scoped by the demo's label).
+fn kinds() -> Vec<Kind> {
+    vec![kind(), "configmaps/v1".parse().expect("a valid kind")]
 }
 
 fn failed(what: &str) -> impl FnOnce(String) -> DemoError + '_ {
@@ -34,18 +40,24 @@ fn failed(what: &str) -> impl FnOnce(String) -> DemoError + '_ {
 
 /// The mirror configuration of `standby` (source `active`): the demo's Widgets in `ns`.
 fn mirror_config(standby: &Cluster, active: &Cluster, ns: &str) -> Result<MirrorConfig, DemoError> {
-    let set = KindSet::builder()
-        .mirrored(kind())
-        .build(&[kind()])
+    let ks = kinds();
+    let set = ks
+        .iter()
+        .fold(KindSet::builder(), |b, k| b.mirrored(k.clone()))
+        .build(&ks)
         .map_err(|e| failed("the mirror's kinds")(e.to_string()))?;
-    Ok(MirrorConfig::new(
+    MirrorConfig::new(
         ha_config(standby.id, standby.rank, HaMode::Standby, ns)?,
         active.id,
         set,
     )
     .namespaces([ns])
-    .probe_period(Duration::from_secs(1))
-    .checkpoint_period(Duration::from_millis(250)))
+    .labels(&selector())
+    .map(|m| {
+        m.probe_period(Duration::from_secs(1))
+            .checkpoint_period(Duration::from_millis(250))
+    })
+    .map_err(|e| failed("the mirror's scope")(e.to_string()))
 }
 
 /// Start the mirror of `active`'s Widgets into `standby` (run by the Standby, identity
@@ -68,7 +80,10 @@ pub(crate) async fn start_mirror(
     .await
     .map_err(|e| failed("starting the mirror")(e.to_string()))?;
     let t0 = Instant::now();
-    while m.kind(&kind().key()).and_then(|k| k.synced).is_none() {
+    while kinds()
+        .iter()
+        .any(|k| m.kind(&k.key()).and_then(|k| k.synced).is_none())
+    {
         if t0.elapsed() > Duration::from_secs(30) {
             return Err(DemoError::failed(
                 "the mirror did not complete its first LIST in 30 s",
@@ -96,7 +111,10 @@ pub(crate) async fn switchover(
     let who = format!("{}-cmd", from.id);
     let cfg = ha_config(from.id, from.rank, HaMode::Standby, ns)?;
     let clients = HaClients::new(from.client(&who), to.client(&who), None);
-    let opts = DemoteOptions::new(vec![kind()])
+    let scope = FreezeScope::new(vec![ns.to_owned()], Some(&selector()))
+        .map_err(|e| failed("the freeze's scope")(e.to_string()))?;
+    let opts = DemoteOptions::new(kinds())
+        .scope(scope)
         .freeze_exempt(EXEMPT.iter().map(|s| (*s).to_owned()).collect());
     let token = switchover::demote(&cfg, &clients, &opts, |l| {
         tracing::info!("demote {}: {l}", from.id)
@@ -111,7 +129,7 @@ pub(crate) async fn switchover(
         clients,
         clock,
         &token,
-        &PromoteOptions::new(Duration::from_secs(60)).checks(cross_checks(from, ns)),
+        &PromoteOptions::new(Duration::from_secs(60)).checks(cross_checks(from, ns)?),
         |l| tracing::info!("promote {}: {l}", to.id),
     )
     .await
@@ -159,7 +177,7 @@ pub(crate) async fn force_promote(
     // the demo stops the mirror beside the promotion: a short wait for its hold acknowledgement
     let opts = ForceOptions::new(Duration::from_secs(60))
         .hold_mirror(Duration::from_secs(2))
-        .checks(cross_checks(old, ns));
+        .checks(cross_checks(old, ns)?);
     kube_shard_ha::failover::force_promote_with(&cfg, clients, clock, &opts, |l| {
         tracing::info!("promote --force {}: {l}", standby.id);
     })
@@ -169,11 +187,13 @@ pub(crate) async fn force_promote(
 
 /// What the demo's commands name of the promoting cluster's mirror (the checks read the mirror from
 /// its checkpoint and compare): the Widgets of `ns` from `source`.
-fn cross_checks(source: &Cluster, ns: &str) -> PromotionChecks {
+fn cross_checks(source: &Cluster, ns: &str) -> Result<PromotionChecks, DemoError> {
     PromotionChecks::default()
-        .kinds(vec![kind()])
+        .kinds(kinds())
         .source(Some(source.id.to_owned()))
         .namespaces(vec![ns.to_owned()])
+        .labels(Some(&selector()))
+        .map_err(|e| failed("the promotion's cross-checks")(e.to_string()))
 }
 
 /// The new Active's Widgets: name → `spec.size`. A Terminating Widget counts as deleted (on a cluster

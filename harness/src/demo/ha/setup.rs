@@ -323,7 +323,7 @@ pub(crate) async fn cleanup_real(c: &Backend, ns: &str, cfg: &HaConfig) -> Vec<S
     let mut failed = Vec::new();
     if let Err(e) = kube_shard_ha::switchover::unfreeze(&admin, cfg).await {
         failed.push(format!("lifting the freeze: {e}"));
-    } else if !freeze_lifted(c).await {
+    } else if !freeze_lifted(c, ns).await {
         failed.push("the freeze still refused writes 10 s after it was deleted".into());
     }
     let leases: Api<Lease> = Api::namespaced(admin.clone(), ns);
@@ -343,19 +343,21 @@ pub(crate) async fn cleanup_real(c: &Backend, ns: &str, cfg: &HaConfig) -> Vec<S
 }
 
 /// kube-apiserver enforces a deleted ValidatingAdmissionPolicy until its admission plugin's informer
-/// sees the delete: probe (a dry-run create by the writer's identity) until the freeze no longer refuses,
-/// so that whatever runs next on the cluster is not refused by a policy already gone. At most 10 s.
-async fn freeze_lifted(c: &Backend) -> bool {
-    let api: Api<Widget> = Api::namespaced(c.client("writer"), "default");
+/// sees the delete: probe (a dry-run create in the freeze's scope by the writer's identity) until the
+/// freeze no longer refuses, so that whatever runs next on the cluster is not refused by a policy already
+/// gone. At most 10 s.
+async fn freeze_lifted(c: &Backend, ns: &str) -> bool {
+    let api: Api<Widget> = Api::namespaced(c.client("writer"), ns);
     let pp = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    let probe = Widget::new(
+    let mut probe = Widget::new(
         "kshard-demo-ha-freeze-probe",
-        "default",
+        ns,
         kube_shard_example_operator::widget::WidgetSpec::default(),
     );
+    probe.metadata.labels = Some(super::cluster_objects::labels());
     for _ in 0..50 {
         match api.create(&pp, &probe).await {
             // accepted, or refused by something other than the freeze: the freeze is gone

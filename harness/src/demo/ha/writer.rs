@@ -241,7 +241,7 @@ async fn write_once(
     match cur {
         None if delete => Ok(None),
         None => {
-            let w = Widget::new(
+            let mut w = Widget::new(
                 name,
                 api_ns(api),
                 WidgetSpec {
@@ -249,6 +249,8 @@ async fn write_once(
                     ..WidgetSpec::default()
                 },
             );
+            // in the mirror's scope (a label selector, as a real deployment scopes it)
+            w.metadata.labels = Some(super::cluster_objects::labels());
             let got = api
                 .create(&PostParams::default(), &w)
                 .await
