@@ -1,5 +1,6 @@
 //! The HA demo (`kshard-dev demo ha`) on two real clusters: the whole demo (mirror lag, planned switchover,
-//! unplanned failover through the demo's own proxies, heal, failback) with `--active-kubeconfig` and
+//! unplanned failover through the demo's own proxies, heal, failback; Widgets and, under a label scope,
+//! ConfigMaps mirrored beside the objects each cluster holds for itself) with `--active-kubeconfig` and
 //! `--standby-kubeconfig`, its invariants read from its report; the lost-write oracle shown
 //! catching a planted loss on real clusters; and the refusal of a pair that already holds the demo's HA
 //! Lease.
@@ -59,6 +60,12 @@ async fn kshard_demo_ha_on_two_real_clusters() {
         .expect("unmirrored_at_failure");
     assert!(lost <= unmirrored, "{v}");
     assert_eq!(v["epochs"].as_array().map(Vec::len), Some(4), "{v}");
+    // ConfigMaps mirrored under a label scope beside what each cluster holds for itself
+    // (kube-root-ca.crt, the default ServiceAccount, another tool's ConfigMap, made before the mirror
+    // started): those kept their own content through every phase, and the frozen old Active took
+    // writes outside the mirror's scope while refusing one inside it
+    assert_eq!(v["cluster_objects_kept"], true, "{v}");
+    assert_eq!(v["freeze_kept_to_the_mirrors_scope"], true, "{v}");
 
     // the lost-write oracle on real clusters: one mirrored write dropped on the new Active is reported
     let (held, v) = demo_ha(&a, &b, true).await;

@@ -57,9 +57,19 @@ where
     }
 }
 
-/// Create on `c` what its controller manager and another tool would hold in `ns`, and on the Active the
-/// operator's labelled ConfigMaps.
-pub(crate) async fn make(c: &Cluster, ns: &str, active: bool) -> Result<(), DemoError> {
+/// The content of each cluster's own ConfigMaps as they were before the mirror started:
+/// (cluster, name) → data.
+pub(crate) type Kept = BTreeMap<(String, String), Option<BTreeMap<String, String>>>;
+
+/// Create on `c` what its controller manager and another tool would hold in `ns` (a real cluster's
+/// controller manager may have made `kube-root-ca.crt` and `default` already: kept as they are), and on
+/// the Active the operator's labelled ConfigMaps; record the own ConfigMaps' content in `kept`.
+pub(crate) async fn make(
+    c: &Cluster,
+    ns: &str,
+    active: bool,
+    kept: &mut Kept,
+) -> Result<(), DemoError> {
     let client = c.client("kube-controller-manager");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     create(&cms, &cm("kube-root-ca.crt", ns, &ca(c.id), false)).await?;
@@ -83,8 +93,18 @@ pub(crate) async fn make(c: &Cluster, ns: &str, active: bool) -> Result<(), Demo
             .await?;
         }
     }
+    for name in OWN {
+        let now = cms
+            .get(name)
+            .await
+            .map_err(|e| DemoError::failed(format!("reading {name} on {}: {e}", c.id)))?;
+        kept.insert((c.id.to_owned(), name.to_owned()), now.data);
+    }
     Ok(())
 }
+
+/// Each cluster's own ConfigMaps: its controller manager's and another tool's.
+const OWN: [&str; 2] = ["kube-root-ca.crt", "helm-release"];
 
 fn ca(id: &str) -> String {
     format!("the CA of cluster {id}")
@@ -94,23 +114,21 @@ fn owner(id: &str) -> String {
     format!("helm on cluster {id}")
 }
 
-/// Every object each cluster holds for itself still has that cluster's content, and the operator's
-/// labelled ConfigMaps are on both sides with the same content: the failures.
-pub(crate) async fn check(a: &Cluster, b: &Cluster, ns: &str) -> Vec<String> {
+/// Every object each cluster holds for itself still has the content it had before the mirror started
+/// (`kept`), and the operator's labelled ConfigMaps are on both sides with the same content: the
+/// failures.
+pub(crate) async fn check(a: &Cluster, b: &Cluster, ns: &str, kept: &Kept) -> Vec<String> {
     let mut f = Vec::new();
     let mut settings = Vec::new();
     for c in [a, b] {
         let cms: Api<ConfigMap> = Api::namespaced(c.client("demo-oracle"), ns);
-        for (name, want) in [
-            ("kube-root-ca.crt", ca(c.id)),
-            ("helm-release", owner(c.id)),
-        ] {
+        for name in OWN {
+            let want = kept.get(&(c.id.to_owned(), name.to_owned()));
             match cms.get_opt(name).await {
-                Ok(Some(m)) if value(&m) == Some(want.as_str()) => {}
+                Ok(Some(m)) if Some(&m.data) == want => {}
                 Ok(Some(m)) => f.push(format!(
-                    "{}: {name} was changed by the HA contract: {:?}",
-                    c.id,
-                    value(&m)
+                    "{}: {name} was changed by the HA contract: {:?} (was {want:?})",
+                    c.id, m.data
                 )),
                 Ok(None) => f.push(format!("{}: {name} was deleted", c.id)),
                 Err(e) => f.push(format!("{}: reading {name}: {e}", c.id)),

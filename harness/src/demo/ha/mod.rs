@@ -575,8 +575,9 @@ impl<'a> Demo<'a> {
             .seed(&targets, self.args.objects)
             .await
             .map_err(DemoError::failed)?;
-        cluster_objects::make(&self.a, &ns, true).await?;
-        cluster_objects::make(&self.b, &ns, false).await?;
+        let mut kept = cluster_objects::Kept::new();
+        cluster_objects::make(&self.a, &ns, true, &mut kept).await?;
+        cluster_objects::make(&self.b, &ns, false, &mut kept).await?;
         self.set_phase("b mirrors a: the mirror's first LIST");
         let mirror = phases::start_mirror(&self.b, &self.a, &ns, clock.clone()).await?;
         let tracker = Tracker::start(&self.writer, "a", self.standby_api(&self.b));
@@ -696,7 +697,7 @@ impl<'a> Demo<'a> {
         tokio::time::sleep(self.pace(2, 1)).await;
         let lost = self.lost("failback", "b", false).await?;
         report.lost_failback = Some(self.record_lost(report, "failback", 2, lost));
-        let touched = cluster_objects::check(&self.a, &self.b, &ns).await;
+        let touched = cluster_objects::check(&self.a, &self.b, &ns, &kept).await;
         report.cluster_objects_kept = Some(touched.is_empty());
         report.failures.extend(touched);
         self.set_phase("done");
