@@ -41,6 +41,22 @@ enum HaCommand {
     /// Both clusters' (and the witness's) HA settings compared: one cluster id or one rank on both
     /// sides, an identity from another cluster, witness, timings and mirrored kinds; exit 1 on any.
     Check(crate::ha_check::CheckArgs),
+    /// Take this cluster out of HA: mark it (never a promotion target again, no mirror starts) and lift
+    /// its switchover freeze. Refused while it leads the pair, and while its mirror duty is recorded
+    /// mirroring unless `--operator-stopped`.
+    Leave(LeaveArgs),
+}
+
+#[derive(Debug, Args)]
+struct LeaveArgs {
+    #[command(flatten)]
+    pair: Pair,
+    /// Assert that this cluster's operator (its elector and mirror duty) is stopped.
+    #[arg(long = "operator-stopped")]
+    operator_stopped: bool,
+    /// Why (recorded in the checkpoint's mark).
+    #[arg(long)]
+    reason: String,
 }
 
 /// What a demotion covers and waits for.
@@ -433,6 +449,23 @@ pub(crate) fn run(args: &HaArgs, out: &mut impl Write) -> Result<(), CliError> {
         HaCommand::Demote(a) => demote(&rt, a, out),
         HaCommand::Switchover(a) => switch(&rt, a, out),
         HaCommand::Check(a) => crate::ha_check::run(a, out),
+        HaCommand::Leave(a) => {
+            let cfg = a.pair.config(None)?;
+            let opts =
+                switchover::LeaveOptions::new(&a.reason).operator_stopped(a.operator_stopped);
+            rt.block_on(async {
+                let clients = a.pair.clients().await?;
+                switchover::leave(&cfg, &clients, &opts)
+                    .await
+                    .map_err(CliError::from)
+            })?;
+            writeln!(
+                out,
+                "left HA: {} is never a promotion target again, and its freeze is lifted",
+                a.pair.cluster_id
+            )?;
+            Ok(())
+        }
     }
 }
 

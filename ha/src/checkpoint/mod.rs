@@ -31,6 +31,9 @@ pub const WAS_ACTIVE_KEY: &str = "was-active";
 /// The checkpoint ConfigMap key where the [`MirrorDuty`](crate::duty::MirrorDuty) records its phase (for
 /// `kshard ha status`, run from another process).
 pub const DUTY_KEY: &str = "duty";
+/// The checkpoint ConfigMap key marking a cluster taken out of HA (`kshard ha leave`): `<time> <reason>`.
+/// Such a cluster is never a promotion target and runs no mirror; its freeze was lifted.
+pub const LEFT_HA_KEY: &str = "left-ha";
 
 /// Text that is not a kind or a demotion token.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

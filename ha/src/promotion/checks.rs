@@ -304,6 +304,9 @@ pub async fn check_promotion(
     path: PromotionPath<'_>,
 ) -> Result<Checked, TargetRefused> {
     let cp = read(ha, local).await?;
+    if let Some(mark) = cp.get(crate::checkpoint::LEFT_HA_KEY) {
+        return Err(TargetRefused::LeftHa(mark.clone()));
+    }
     let mut overridden = Vec::new();
     let mirror = match recorded_mirror(ha, &cp, checks, path, &mut overridden)? {
         Some(m) => Some(m),

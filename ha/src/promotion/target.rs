@@ -60,6 +60,9 @@ pub enum TargetRefused {
         "{0} (`--allow-divergent` to promote anyway: they become live objects of the new Active)"
     )]
     Divergent(#[from] NotPromotable),
+    /// The cluster was taken out of HA (`kshard ha leave`): never a promotion target again.
+    #[error("this cluster was taken out of HA ({0}): it is never a promotion target again (its freeze was lifted, and writes may have been made to it since)")]
+    LeftHa(String),
     /// No mirror ever ran here: its checkpoint records none.
     #[error("no mirror ever ran on this cluster: its checkpoint {checkpoint} records no mirrored kinds, so nothing shows what it holds of the peer's objects; run the mirror (the operator's `--ha-mirror`) until it has synced, or `--allow-no-mirror` to promote anyway (every object the peer holds may be lost)")]
     NoMirror {

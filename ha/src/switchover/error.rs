@@ -58,6 +58,9 @@ pub enum SwitchError {
     /// Cancel refused.
     #[error("cancel refused: {0}")]
     Cancel(String),
+    /// Leaving HA refused.
+    #[error("leaving HA refused: {0}")]
+    Leave(String),
     /// The Standby's elector did not take the Leases over.
     #[error("promotion: {0}")]
     Promote(String),

@@ -17,6 +17,7 @@ use std::time::Duration;
 mod accept;
 mod error;
 mod freeze;
+mod leave;
 
 use crate::checkpoint::edit::edit_checkpoint;
 use crate::checkpoint::{caught_up, parse_hold, position};
@@ -36,6 +37,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{ApiCapabilities, Scope};
 use kube::{Api, Client};
+pub use leave::{leave, LeaveOptions};
 use tracing::{info, warn};
 
 use crate::config::HaConfig;

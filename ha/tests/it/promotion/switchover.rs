@@ -1100,9 +1100,12 @@ async fn the_freeze_covers_only_the_mirrors_scope() {
 async fn a_token_promotion_accepts_failed_objects_only_when_asked_and_lists_them() {
     let p = pair_with(false).await;
     refuse_secret_on(&p.sb, "blocked").await;
-    put(&Api::namespaced(p.sa.client("admin"), CP_NS), secret("blocked", 1))
-        .await
-        .unwrap();
+    put(
+        &Api::namespaced(p.sa.client("admin"), CP_NS),
+        secret("blocked", 1),
+    )
+    .await
+    .unwrap();
     let m = real_mirror(&p).await;
     until(
         Duration::from_secs(300),
@@ -1111,7 +1114,10 @@ async fn a_token_promotion_accepts_failed_objects_only_when_asked_and_lists_them
     )
     .await;
     let token = p.demote(&demote_opts()).await.unwrap();
-    let e = p.promote(&token, Duration::from_secs(30)).await.unwrap_err();
+    let e = p
+        .promote(&token, Duration::from_secs(30))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("--accept-failed"), "{e}");
     let (cfg, clients) = cmd("b", 2, &p.sb, &p.sa);
     let promoted = switchover::promote_by_token(
@@ -1161,4 +1167,58 @@ async fn refuse_secret_on(s: &TestServer, name: &str) {
         .create(&pp, &binding)
         .await
         .unwrap();
+}
+
+/// The freeze stays on an old Active for as long as it is the Standby; only taking the cluster out of HA
+/// lifts it: refused while the cluster leads the pair and while its mirror duty is recorded mirroring
+/// (unless its operator is asserted stopped); then the cluster is marked, its writers are accepted again,
+/// and it is never a promotion target again.
+#[tokio::test(start_paused = true)]
+async fn only_leaving_ha_lifts_the_freeze_of_a_standby_and_it_is_never_promoted_again() {
+    let p = pair().await;
+    let (cfg_a, clients_a) = cmd("a", 1, &p.sa, &p.sb);
+    let opts = switchover::LeaveOptions::new("decommissioned");
+    let e = switchover::leave(&cfg_a, &clients_a, &opts)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("leads the pair"), "{e}");
+    let token = p.demote(&demote_opts()).await.unwrap();
+    p.promote(&token, Duration::from_secs(60)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let refused = p.writer.refused.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        p.writer.refused.load(Ordering::SeqCst) > refused,
+        "the old Active is frozen"
+    );
+    let cm: Api<ConfigMap> = Api::namespaced(p.sa.client("admin"), &cfg_a.namespace);
+    let recorded: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": switchover::checkpoint_name(&cfg_a)},
+        "data": {"duty": "mirroring"},
+    }))
+    .unwrap();
+    cm.create(&PostParams::default(), &recorded).await.unwrap();
+    let e = switchover::leave(&cfg_a, &clients_a, &opts)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("--operator-stopped"), "{e}");
+    switchover::leave(&cfg_a, &clients_a, &opts.clone().operator_stopped(true))
+        .await
+        .unwrap();
+    let ok = p.writer.ok.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        p.writer.ok.load(Ordering::SeqCst) > ok,
+        "the freeze was not lifted"
+    );
+    let checks = kube_shard_ha::promotion::check_promotion(
+        &cfg_a,
+        &p.sa.client("admin"),
+        &kube_shard_ha::promotion::PromotionChecks::default(),
+        kube_shard_ha::promotion::PromotionPath::Forced,
+    )
+    .await
+    .unwrap_err();
+    assert!(checks.to_string().contains("taken out of HA"), "{checks}");
+    p.kill();
 }
