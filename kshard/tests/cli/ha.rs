@@ -914,3 +914,32 @@ fn ha_check_names_each_mismatch_and_passes_a_consistent_pair() {
     let (ok, out) = check(&ka, &ka);
     assert!(!ok && out.contains("MISMATCH two clusters"), "{out}");
 }
+
+/// The mirror's scope flags refuse bad input before any request: a malformed label selector is named, and
+/// a built-in kind in `kshard ha status --kind` parses with a selector; `leave` needs a reason.
+#[test]
+fn ha_scope_flags_refuse_a_malformed_label_selector_by_name() {
+    let none = Path::new("/nonexistent/kubeconfig");
+    let out = ha(
+        &[
+            "status",
+            "--kind",
+            "configmaps/v1",
+            "--peer-cluster-id",
+            "a",
+            "--mirror-labels",
+            "app in (shop",
+        ],
+        none,
+        none,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("\"app in (shop\"") && err.contains("unclosed parenthesis"),
+        "{err}"
+    );
+    let out = ha(&["leave"], none, none);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--reason"), "{err}");
+}
