@@ -3,7 +3,8 @@
 //! resourceVersion as read: a 409 means re-read and compare again). The marker is written last: an update
 //! writes `/status` first, then the main resource with the marker; a create writes the main resource without
 //! it, then `/status`, then the marker. A re-created source is a delete (preconditions) then a create; copies
-//! are deleted with `propagationPolicy: Orphan`, only when [`may_delete`] allows.
+//! are deleted with `propagationPolicy: Orphan`, only when [`may_delete`] allows. Each request awaits the
+//! mirror's global rate limit first ([`RateLimit`]).
 
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams, Preconditions,
@@ -17,6 +18,7 @@ use super::plan::{
     ahead, decide, may_delete, plan, Action, CopyContext, Planned, SourceNow, SOURCE_RV,
 };
 use super::queue::Key;
+use super::rate::RateLimit;
 use super::rv::marker;
 use super::rv::parse_rv;
 
@@ -32,6 +34,13 @@ pub(crate) enum Outcome {
     Retry(Failure),
     /// A permanent failure (an object not made by the mirror, 422, 400): the failed list.
     Poison(Failure),
+}
+
+/// One apply's requests: the kind's sides and the global rate limit each request awaits.
+#[derive(Clone, Copy)]
+struct Req<'a> {
+    s: &'a Sides,
+    rate: &'a RateLimit,
 }
 
 /// What a failed attempt was doing: the `operation` label of `kube_shard_mirror_errors_total`.
@@ -53,6 +62,8 @@ pub(crate) enum Op {
     UpdateStatus,
     /// Deleting the copy.
     Delete,
+    /// The worker running the apply ended without an answer (it panicked).
+    Worker,
 }
 
 impl Op {
@@ -67,6 +78,7 @@ impl Op {
             Op::Update => "update",
             Op::UpdateStatus => "update_status",
             Op::Delete => "delete",
+            Op::Worker => "worker",
         }
     }
 }
@@ -122,20 +134,29 @@ fn classify(op: Op, what: &str, e: kube::Error) -> Outcome {
     }
 }
 
-/// One attempt for `key`.
+/// A failure of the worker itself (see [`Op::Worker`]): retried.
+pub(super) fn worker_ended(why: impl std::fmt::Display) -> Outcome {
+    Outcome::Retry(failed(Op::Worker, format!("the worker ended: {why}")))
+}
+
+/// One attempt for `key`, each request after its turn under `rate`.
 pub(super) async fn apply(
     s: &Sides,
+    rate: &RateLimit,
     ctx: &CopyContext,
     key: &Key,
     last_written: Option<&str>,
     in_scope: impl Fn(&DynamicObject) -> bool,
 ) -> Outcome {
+    let r = Req { s, rate };
     let (ns, name) = (key.0.as_str(), key.1.as_str());
+    rate.acquire().await;
     let src = match s.api(&s.source, ns).get_opt(name).await {
         Ok(o) => o,
         Err(e) => return classify(Op::ReadSource, "reading the source", e),
     };
     let tgt = s.api(&s.target, ns);
+    rate.acquire().await;
     let copy = match tgt.get_opt(name).await {
         Ok(o) => o,
         Err(e) => return classify(Op::ReadCopy, "reading the copy", e),
@@ -144,7 +165,7 @@ pub(super) async fn apply(
         None => {
             return match copy {
                 Some(c) if may_delete(&c, &ctx.source, &SourceNow::Missing) => {
-                    delete(&tgt, &c).await
+                    delete(r, &tgt, &c).await
                 }
                 _ => Outcome::Gone,
             }
@@ -162,7 +183,7 @@ pub(super) async fn apply(
         Err(e) => return Outcome::Poison(failed(Op::Plan, e.to_string())),
     };
     let action = match action {
-        Action::Ahead { held } => match collection_rv(s).await {
+        Action::Ahead { held } => match collection_rv(r).await {
             Ok(now) => ahead(held, now),
             Err(o) => return o,
         },
@@ -177,12 +198,12 @@ pub(super) async fn apply(
             ctx.source.cluster
         ),
         )),
-        (Action::Create, _) => create(s, &tgt, ctx, &p).await,
+        (Action::Create, _) => create(r, &tgt, ctx, &p).await,
         (Action::Update { alarm }, Some(c)) => {
             if let Some(a) = alarm {
                 warn!(kind = %ctx.source.resource, ns, name, alarm = %a, "mirror: re-applying a copy");
             }
-            update(s, &tgt, ctx, &p, &c).await
+            update_with(r, &tgt, ctx, &p, &c).await
         }
         (Action::Recreate, Some(c)) => {
             if !may_delete(&c, &ctx.source, &SourceNow::Uid(p.source_uid.clone())) {
@@ -191,8 +212,8 @@ pub(super) async fn apply(
                     format!("{ns}/{name}: re-created source, copy not deletable"),
                 ));
             }
-            match delete(&tgt, &c).await {
-                Outcome::Gone => create(s, &tgt, ctx, &p).await,
+            match delete(r, &tgt, &c).await {
+                Outcome::Gone => create(r, &tgt, ctx, &p).await,
                 other => other,
             }
         }
@@ -201,8 +222,9 @@ pub(super) async fn apply(
 }
 
 /// The source collection's current resourceVersion: a `limit=1` LIST, as the lag probe reads it.
-async fn collection_rv(s: &Sides) -> Result<u64, Outcome> {
-    let api: Api<DynamicObject> = Api::all_with(s.source.clone(), &s.ar);
+async fn collection_rv(r: Req<'_>) -> Result<u64, Outcome> {
+    let api: Api<DynamicObject> = Api::all_with(r.s.source.clone(), &r.s.ar);
+    r.rate.acquire().await;
     let l = api
         .list(&ListParams::default().limit(1))
         .await
@@ -214,7 +236,7 @@ async fn collection_rv(s: &Sides) -> Result<u64, Outcome> {
     .map_err(|e| Outcome::Poison(failed(Op::Plan, e.to_string())))
 }
 
-async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
+async fn delete(r: Req<'_>, tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Orphan),
         preconditions: Some(Preconditions {
@@ -223,6 +245,7 @@ async fn delete(tgt: &Api<DynamicObject>, c: &DynamicObject) -> Outcome {
         }),
         ..DeleteParams::default()
     };
+    r.rate.acquire().await;
     match tgt
         .delete(c.metadata.name.as_deref().unwrap_or(""), &dp)
         .await
@@ -259,7 +282,8 @@ fn preconditioned(mut meta: ObjectMeta, c: &DynamicObject) -> ObjectMeta {
     meta
 }
 
-async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Planned) -> Outcome {
+async fn create(r: Req<'_>, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Planned) -> Outcome {
+    let s = r.s;
     let pp = PostParams::default();
     let first = if s.marker_last {
         p.meta.clone()
@@ -267,18 +291,20 @@ async fn create(s: &Sides, tgt: &Api<DynamicObject>, ctx: &CopyContext, p: &Plan
         with_marker(p.meta.clone(), ctx, p.source_rv)
     };
     // without a status subresource the status is part of the main resource
+    r.rate.acquire().await;
     let created = match tgt.create(&pp, &object(s, first, p, !s.has_status)).await {
         Ok(c) => c,
         Err(e) => return classify(Op::Create, "creating the copy", e),
     };
-    let created = match write_status(s, tgt, p, &created).await {
+    let created = match write_status(r, tgt, p, &created).await {
         Ok(c) => c,
         Err(o) => return o,
     };
     let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &created);
-    replace_main(s, tgt, meta, p).await
+    replace_main(r, tgt, meta, p).await
 }
 
+/// Bring copy `c` up to `p` (no rate limit: the failback's writes).
 pub(crate) async fn update(
     s: &Sides,
     tgt: &Api<DynamicObject>,
@@ -286,34 +312,45 @@ pub(crate) async fn update(
     p: &Planned,
     c: &DynamicObject,
 ) -> Outcome {
+    let none = RateLimit::default();
+    update_with(Req { s, rate: &none }, tgt, ctx, p, c).await
+}
+
+async fn update_with(
+    r: Req<'_>,
+    tgt: &Api<DynamicObject>,
+    ctx: &CopyContext,
+    p: &Planned,
+    c: &DynamicObject,
+) -> Outcome {
     let mut cur = c.clone();
-    if !s.marker_last {
+    if !r.s.marker_last {
         let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &cur);
-        match replace_main(s, tgt, meta, p).await {
+        match replace_main(r, tgt, meta, p).await {
             Outcome::Applied(Some(rv)) => cur.metadata.resource_version = Some(rv),
             other => return other,
         }
-        return match write_status(s, tgt, p, &cur).await {
+        return match write_status(r, tgt, p, &cur).await {
             Ok(o) => Outcome::Applied(o.metadata.resource_version),
             Err(o) => o,
         };
     }
-    cur = match write_status(s, tgt, p, &cur).await {
+    cur = match write_status(r, tgt, p, &cur).await {
         Ok(o) => o,
         Err(o) => return o,
     };
     let meta = preconditioned(with_marker(p.meta.clone(), ctx, p.source_rv), &cur);
-    replace_main(s, tgt, meta, p).await
+    replace_main(r, tgt, meta, p).await
 }
 
 /// `/status` when the kind has it and it differs; returns the copy as written (or as it was).
 async fn write_status(
-    s: &Sides,
+    r: Req<'_>,
     tgt: &Api<DynamicObject>,
     p: &Planned,
     c: &DynamicObject,
 ) -> Result<DynamicObject, Outcome> {
-    if !s.has_status || c.data.get("status") == p.status.as_ref() {
+    if !r.s.has_status || c.data.get("status") == p.status.as_ref() {
         return Ok(c.clone());
     }
     let mut o = c.clone();
@@ -327,23 +364,25 @@ async fn write_status(
         _ => {}
     }
     let name = c.metadata.name.as_deref().unwrap_or("");
+    r.rate.acquire().await;
     tgt.replace_status(name, &PostParams::default(), &o)
         .await
         .map_err(|e| classify(Op::UpdateStatus, "writing the copy's status", e))
 }
 
 async fn replace_main(
-    s: &Sides,
+    r: Req<'_>,
     tgt: &Api<DynamicObject>,
     meta: ObjectMeta,
     p: &Planned,
 ) -> Outcome {
     let name = meta.name.clone().unwrap_or_default();
+    r.rate.acquire().await;
     match tgt
         .replace(
             &name,
             &PostParams::default(),
-            &object(s, meta, p, !s.has_status),
+            &object(r.s, meta, p, !r.s.has_status),
         )
         .await
     {

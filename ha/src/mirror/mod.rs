@@ -4,8 +4,11 @@
 //! Pure parts: [`kinds`] (mirrored or derived, [`KindSet`]), [`rv`] (versions compared within one
 //! [`SourceId`]), [`plan`] (the copy, and the write that updates it), [`queue`] (the retry queue),
 //! [`watermark`] (the position), [`lag`] and [`checkpoint`]. At start, [`schema`] compares the CRDs.
-//! The loops: `source` (list/watch per kind), `apply` (the worker), `task` (queue, watermark, probes,
-//! checkpoint, prune backstop), `catchup` and `hold` (catch-up to a demotion token, then no copy writes).
+//! The loops: `source` (list/watch per kind), `apply` (one object's copy), `pool` (up to `workers`
+//! applies in flight per kind, never two of one object), `rate` (the global rate limit over every
+//! kind's copy requests), `task` (queue, watermark, probes, checkpoint, prune backstop), `failures`
+//! (a rate-limited Event per failed object), `catchup` and `hold` (catch-up to a demotion token, then no
+//! copy writes; the hold waits for the applies in flight).
 //!
 //! See `docs/ha.md#the-mirror-kube_shard_hamirror`.
 
@@ -24,7 +27,10 @@ pub mod watermark;
 
 pub(crate) mod apply;
 mod catchup;
+mod failures;
 mod hold;
+mod pool;
+mod rate;
 mod source;
 pub(crate) mod task;
 
@@ -208,6 +214,8 @@ impl Mirror {
         record_mirror(&target, &cfg, &kinds, &recorded).await?;
         let shared: Shared = Arc::new(Mutex::new(BTreeMap::new()));
         let hold = hold::Hold::default();
+        // one limit over every kind's copy requests
+        let rate = rate::RateLimit::new(cfg.rate_limit);
         let (stop, _) = watch::channel(false);
         let mut m = Mirror {
             shared: shared.clone(),
@@ -288,6 +296,9 @@ impl Mirror {
                 } else {
                     task::Initial::Awaited
                 },
+                pool: pool::Pool::new(cfg.workers),
+                rate: rate.clone(),
+                failures: failures::FailureEvents::on_lease(&target, &cfg.ha),
             };
             let (ctx, crx) = mpsc::channel(8);
             m.catchup.insert(t.kind.key(), ctx);

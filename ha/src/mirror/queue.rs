@@ -192,6 +192,14 @@ impl RetryQueue {
         }
     }
 
+    /// Whether `key` is on the failed list.
+    #[must_use]
+    pub fn is_failed(&self, key: &Key) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| matches!(e.state, State::Failed { .. }))
+    }
+
     /// The oldest unapplied change's resourceVersion over every key: queued, in flight or failed.
     #[must_use]
     pub fn oldest_pending(&self) -> Option<u64> {

@@ -17,6 +17,8 @@ pub struct KindStatus {
     pub checkpointed: Option<u64>,
     /// Keys pending (queued, in flight, retrying or failed).
     pub pending: usize,
+    /// Applies in flight (at most [`super::MirrorConfig::workers`]).
+    pub in_flight: usize,
     /// The failed (poison) objects.
     pub failed: Vec<Failed>,
     /// The local-clock time of the latest probe the watermark has passed.
@@ -39,7 +41,7 @@ pub struct KindStatus {
     /// source's, or changed there since the mirror's own last write.
     pub repairs: u64,
     /// Failed attempts by operation (`read_source`, `read_copy`, `plan`, `conflict`, `create`, `update`,
-    /// `update_status`, `delete`): retried or put on the failed list.
+    /// `update_status`, `delete`, `worker`): retried or put on the failed list.
     pub errors: std::collections::BTreeMap<&'static str, u64>,
     /// Copies found out of scope at the last LIST (reported, never deleted).
     pub out_of_scope: usize,

@@ -1,6 +1,7 @@
 //! The task of one mirrored kind: it consumes the source loop's deliveries into the retry queue and the
-//! watermark, runs the worker on due keys, probes the source for lag, checkpoints the position, and
-//! publishes its [`KindStatus`].
+//! watermark, starts applies of due keys in its worker pool ([`super::pool`], up to `workers` at once,
+//! never two of one key), probes the source for lag, checkpoints the position, and publishes its
+//! [`KindStatus`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,10 +17,13 @@ use super::catchup::CatchUp;
 use super::checkpoint::{position_text, put_synced, Synced};
 use super::config::MirrorConfig;
 use super::error::MirrorError;
+use super::failures::FailureEvents;
 use super::hold::Hold;
 use super::lag::Confirmations;
 use super::plan::{CopyContext, MIRRORED_FROM};
+use super::pool::Pool;
 use super::queue::{Key, RetryQueue};
+use super::rate::RateLimit;
 use super::rv::{check_regression, parse_rv};
 use super::scope::in_scope;
 use super::source::Delivery;
@@ -53,6 +57,12 @@ pub(super) struct KindTask {
     pub(super) waiting: Vec<(u64, tokio::sync::oneshot::Sender<usize>)>,
     /// The kind's initial full LIST, until its completion is recorded in the checkpoint.
     pub(super) initial: Initial,
+    /// The applies in flight.
+    pub(super) pool: Pool,
+    /// The global rate limit, shared by every kind; each apply's requests await it.
+    pub(super) rate: RateLimit,
+    /// The Warning Events of objects put on the failed list.
+    pub(super) failures: FailureEvents,
 }
 
 /// A kind's initial full LIST (what "synced" means: [`super::checkpoint`]).
@@ -100,10 +110,13 @@ impl KindTask {
         });
         loop {
             let due = self.queue.next_due().map(|d| d.saturating_sub(self.now()));
+            let (room, busy) = (self.pool.has_room(), !self.pool.is_empty());
             tokio::select! {
                 // the stop first, then the periodic ticks (ready at most once a period: missed ticks
-                // are delayed), catch-up requests, due work (it drains what is due, a bounded queue),
-                // and last the deliveries, which a busy source can keep ready
+                // are delayed), catch-up requests, ended applies (before new ones: each frees a worker
+                // and may queue its key again; at most `workers` of them), due work (it starts what is
+                // due up to the free workers, a bounded queue), and last the deliveries, which a busy
+                // source can keep ready
                 biased;
                 _ = stop.changed() => break,
                 _ = probe.tick() => if let Err(e) = self.probe().await {
@@ -116,7 +129,8 @@ impl KindTask {
                     self.stop_with(e);
                     break;
                 },
-                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && !self.hold.held() => self.work().await,
+                Some((key, out)) = self.pool.next(), if busy => self.finish(key, out),
+                () = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() && room && !self.hold.held() => self.start_due(),
                 d = rx.recv() => match d {
                     Some(d) => if let Err(e) = self.deliver(d).await {
                         self.stop_with(e);
@@ -127,7 +141,11 @@ impl KindTask {
             }
             self.advance().await;
         }
-        self.publish();
+        // the applies in flight end before the task does (stop waits for the workers' requests)
+        while let Some((key, out)) = self.pool.next().await {
+            self.finish(key, out);
+        }
+        self.advance().await;
     }
 
     fn stop_with(&mut self, e: MirrorError) {
@@ -305,23 +323,30 @@ impl KindTask {
         }
     }
 
-    async fn work(&mut self) {
-        let hold = self.hold.clone();
-        let Some(_writing) = hold.writing().await else {
-            return; // held at a token: nothing is written
-        };
-        let now = self.now();
-        let Some(key) = self.queue.pop(now) else {
-            return;
-        };
-        let sides = self.sides.clone();
-        let last = self.last_written.get(&key).cloned();
-        let cfg = self.cfg.clone();
-        let kind = self.kind.clone();
-        let out = apply(&sides, &self.ctx, &key, last.as_deref(), |o| {
-            in_scope(&cfg, &kind, o)
-        })
-        .await;
+    /// Start applies of the due keys while a worker is free and the mirror is not held.
+    fn start_due(&mut self) {
+        while self.pool.has_room() {
+            let Some(writing) = self.hold.try_writing() else {
+                return; // held at a token (or being held): nothing new is written
+            };
+            let Some(key) = self.queue.pop(self.now()) else {
+                return;
+            };
+            let (sides, rate, ctx) = (self.sides.clone(), self.rate.clone(), self.ctx.clone());
+            let (cfg, kind) = (self.cfg.clone(), self.kind.clone());
+            let last = self.last_written.get(&key).cloned();
+            let k = key.clone();
+            self.pool.start(key, writing, async move {
+                apply(&sides, &rate, &ctx, &k, last.as_deref(), |o| {
+                    in_scope(&cfg, &kind, o)
+                })
+                .await
+            });
+        }
+    }
+
+    /// An apply of `key` ended.
+    fn finish(&mut self, key: Key, out: Outcome) {
         let now = self.now();
         match out {
             Outcome::Applied(rv) => {
@@ -340,12 +365,22 @@ impl KindTask {
             Outcome::Retry(e) => {
                 info!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: retrying");
                 *self.status.errors.entry(e.op.label()).or_default() += 1;
-                self.queue.retry(&key, now, e.text);
+                self.queue.retry(&key, now, e.text.clone());
+                if self.queue.is_failed(&key) {
+                    let kind = self.kind.key();
+                    self.failures
+                        .failed(&kind, &key, e.op.label(), &e.text, now);
+                }
             }
             Outcome::Poison(e) => {
                 warn!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: failed object");
                 *self.status.errors.entry(e.op.label()).or_default() += 1;
-                self.queue.fail(&key, e.text);
+                self.queue.fail(&key, e.text.clone());
+                if self.queue.is_failed(&key) {
+                    let kind = self.kind.key();
+                    self.failures
+                        .failed(&kind, &key, e.op.label(), &e.text, now);
+                }
             }
         }
     }
@@ -413,6 +448,7 @@ impl KindTask {
         self.conf.passed(pos);
         self.status.position = pos;
         self.status.pending = self.queue.len();
+        self.status.in_flight = self.pool.len();
         self.status.failed = self.queue.failed();
         self.status.confirmed_at = self.conf.confirmed();
         self.publish();

@@ -81,6 +81,44 @@ mod tests {
     }
 
     #[test]
+    fn the_position_never_passes_an_in_flight_apply() {
+        // eight workers take eight keys; the later ones end first, the bookmark is far above
+        let t = Duration::ZERO;
+        let mut q = RetryQueue::new(Backoff::default());
+        let mut w = Watermark::resume(Some(90));
+        for i in 0..8 {
+            q.push(("ns".into(), format!("o{i}")), 100 + i, t);
+            w.delivered(100 + i);
+        }
+        w.delivered(1000);
+        let in_flight: Vec<_> = (0..8).map_while(|_| q.pop(t)).collect();
+        assert_eq!(in_flight.len(), 8);
+        assert_eq!(
+            w.advance(q.oldest_pending()),
+            Some(99),
+            "all eight in flight"
+        );
+        // every apply but the oldest one's ends
+        for k in in_flight.iter().filter(|k| k.1 != "o0") {
+            q.done(k, t);
+            assert_eq!(
+                w.advance(q.oldest_pending()),
+                Some(99),
+                "o0's change at 100 is still in flight"
+            );
+        }
+        // a change of a key in flight is re-queued after it, and holds the position at its version
+        q.push(("ns".into(), "o0".into()), 1001, t);
+        w.delivered(1001);
+        q.done(&in_flight[0], t);
+        assert_eq!(w.advance(q.oldest_pending()), Some(1000));
+        let again = q.pop(t).unwrap();
+        assert_eq!(w.advance(q.oldest_pending()), Some(1000), "in flight again");
+        q.done(&again, t);
+        assert_eq!(w.advance(q.oldest_pending()), Some(1001));
+    }
+
+    #[test]
     fn bookmarks_move_a_quiet_kind_and_the_position_never_goes_back() {
         let mut w = Watermark::resume(None);
         assert_eq!(w.advance(None), None, "nothing delivered yet");

@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 pub(crate) const APPS: &str = "apps";
 pub(crate) const HA_NS: &str = "control";
-const SOURCE_RV_START: u64 = 1_000_000_000;
-const WIDGETS: &str = "widgets.example.kube-shard.io";
+pub(crate) const SOURCE_RV_START: u64 = 1_000_000_000;
+pub(crate) const WIDGETS: &str = "widgets.example.kube-shard.io";
 
 pub(crate) fn widget_resource() -> ApiResource {
     ApiResource {
@@ -45,7 +45,7 @@ pub(crate) fn cms(s: &TestServer, ns: &str) -> Api<ConfigMap> {
     Api::namespaced(s.client("admin"), ns)
 }
 
-async fn namespace(s: &TestServer, name: &str) {
+pub(crate) async fn namespace(s: &TestServer, name: &str) {
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -85,7 +85,7 @@ pub(crate) async fn install_crd(s: &TestServer, kind: &str, scope: &str) {
         .unwrap();
 }
 
-async fn install(s: &TestServer) {
+pub(crate) async fn install(s: &TestServer) {
     install_crd(s, "Widget", "Namespaced").await;
     namespace(s, HA_NS).await;
 }
@@ -162,7 +162,7 @@ where
     Ok(())
 }
 
-fn rv_of<K: kube::Resource>(o: &K) -> u64 {
+pub(crate) fn rv_of<K: kube::Resource>(o: &K) -> u64 {
     o.meta()
         .resource_version
         .as_deref()
@@ -1303,5 +1303,6 @@ async fn a_kind_counts_as_synced_only_once_its_initial_list_is_applied() {
 
 mod duty;
 mod lag;
+mod pool;
 mod repair;
 mod scope;
