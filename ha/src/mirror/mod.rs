@@ -186,6 +186,11 @@ impl Mirror {
             .map_err(api_err("reading the checkpoint"))?
             .and_then(|c| c.data)
             .unwrap_or_default();
+        if let Some(mark) = cp.get(crate::checkpoint::LEFT_HA_KEY) {
+            return Err(MirrorError::Input(format!(
+                "this cluster was taken out of HA ({mark}): no mirror runs here"
+            )));
+        }
         let clock = wiring.clock.clone().unwrap_or_else(Clock::system);
         let cfg = Arc::new(cfg);
         let kinds: Vec<Kind> = cfg.kinds.mirrored().cloned().collect();

@@ -462,6 +462,10 @@ impl KindTask {
     /// A catch-up is applied once the position reached its LIST's version and nothing but failed
     /// objects is left in the queue (the LIST queued every object, and the position alone may already
     /// have passed the version by a bookmark).
+    ///
+    /// With failed objects the position stays below them, so the catch-up is also applied once every
+    /// change at or below its version was applied or failed: it acknowledges with the failed count, and the
+    /// promotion decides (`--accept-failed`) whether to go on without them.
     fn settle_catch_ups(&mut self, pos: Option<u64>) {
         if self.waiting.is_empty() {
             return;
@@ -471,9 +475,10 @@ impl KindTask {
             return;
         }
         let pos = pos.unwrap_or(0);
+        let queue = &self.queue;
         let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
-            .partition(|(v, _)| pos >= *v);
+            .partition(|(v, _)| pos >= *v || (failed > 0 && queue.settled_through(*v).is_some()));
         self.waiting = rest;
         for (_, done) in ready {
             let _ = done.send(failed);

@@ -1220,5 +1220,23 @@ async fn only_leaving_ha_lifts_the_freeze_of_a_standby_and_it_is_never_promoted_
     .await
     .unwrap_err();
     assert!(checks.to_string().contains("taken out of HA"), "{checks}");
+    use kube_shard_ha::mirror::{KindSet, Mirror, MirrorConfig, MirrorWiring};
+    let set = KindSet::builder()
+        .mirrored(kinds()[0].clone())
+        .allow_secrets(true)
+        .build(&kinds())
+        .unwrap();
+    let cfg = MirrorConfig::new(ha_config("a", 1, HaMode::Standby), "b", set)
+        .namespaces([CP_NS])
+        .whole_builtin_kinds(true);
+    let e = Mirror::start(
+        cfg,
+        p.sb.client("mirror"),
+        p.sa.client("mirror"),
+        MirrorWiring::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("taken out of HA"), "{e}");
     p.kill();
 }
