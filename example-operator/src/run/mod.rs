@@ -155,6 +155,16 @@ pub struct OperatorArgs {
     /// the freeze must exempt the operator, and loses its use as a backstop).
     #[arg(long, value_name = "PATH", requires = "ha_mirror")]
     ha_mirror_kubeconfig: Option<PathBuf>,
+    /// The mirror's label selector (`kubectl -l` syntax): only Widgets that match are mirrored (and
+    /// frozen at a switchover).
+    #[arg(long, value_name = "SELECTOR", requires = "ha_mirror")]
+    ha_mirror_labels: Option<String>,
+    /// Copy writes in flight at once per kind (1–64; an object's writes stay in order).
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "ha_mirror")]
+    ha_mirror_workers: usize,
+    /// At most this many copy requests per second over every kind (default: no limit).
+    #[arg(long, value_name = "PER_SECOND", requires = "ha_mirror")]
+    ha_mirror_rate_limit: Option<f64>,
     /// Witness mode: promote automatically only while the mirror's lag (time since the latest source
     /// probe its position passed, every kind) is below this; before the mirror's first confirmation,
     /// never. Needs `--ha-mirror` (the mirror confirms) and `--ha-witness-kubeconfig`. Choose it above
@@ -298,9 +308,30 @@ fn mirror_duty(
         .build(&[widgets, cms])
         .map_err(|e| RunError::Usage(format!("HA mirror: {e}")))?;
     let peer = args.ha_peer_cluster_id.clone().unwrap_or_default();
-    let mut m = MirrorConfig::new(cfg.clone(), peer, set);
+    if !(1..=64).contains(&args.ha_mirror_workers) {
+        return Err(RunError::Usage(format!(
+            "--ha-mirror-workers {}: give 1 to 64",
+            args.ha_mirror_workers
+        )));
+    }
+    if let Some(r) = args
+        .ha_mirror_rate_limit
+        .filter(|r| !(r.is_finite() && *r > 0.0))
+    {
+        return Err(RunError::Usage(format!(
+            "--ha-mirror-rate-limit {r}: give a positive number of requests per second"
+        )));
+    }
+    let mut m = MirrorConfig::new(cfg.clone(), peer, set)
+        .workers(args.ha_mirror_workers)
+        .rate_limit(args.ha_mirror_rate_limit);
     if let Some(ns) = &args.watch_namespace {
         m = m.namespaces([ns.clone()]);
+    }
+    if let Some(l) = &args.ha_mirror_labels {
+        m = m
+            .labels(l)
+            .map_err(|e| RunError::Usage(format!("--ha-mirror-labels: {e}")))?;
     }
     let adopt = AdoptConfig::new(m).shard(ShardSpec {
         key: args.hash_key,
