@@ -28,6 +28,7 @@ pub mod failover;
 pub mod handoff;
 mod members;
 pub mod memory;
+pub mod mirror;
 pub mod movement;
 pub mod read;
 pub mod recovery;
@@ -60,11 +61,13 @@ pub enum Scenario {
     Coordination,
     /// Read amplification, bytes and objects held per replica: server mode, fallback, static, unsharded.
     Read,
+    /// The HA mirror's initial sync at one worker and at eight, every request delayed 50 ms.
+    Mirror,
 }
 
 impl Scenario {
     /// The scenarios `all` runs, in order (pure and fast first).
-    pub const IMPLEMENTED: [Scenario; 7] = [
+    pub const IMPLEMENTED: [Scenario; 8] = [
         Scenario::Movement,
         Scenario::Scale,
         Scenario::Read,
@@ -72,6 +75,7 @@ impl Scenario {
         Scenario::Failover,
         Scenario::Handoff,
         Scenario::Coordination,
+        Scenario::Mirror,
     ];
 
     /// The scenario's name on the command line.
@@ -86,6 +90,7 @@ impl Scenario {
             Scenario::Handoff => "handoff",
             Scenario::Coordination => "coordination",
             Scenario::Read => "read",
+            Scenario::Mirror => "mirror",
         }
     }
 }
@@ -103,6 +108,7 @@ impl FromStr for Scenario {
             "handoff" => Ok(Scenario::Handoff),
             "coordination" => Ok(Scenario::Coordination),
             "read" => Ok(Scenario::Read),
+            "mirror" => Ok(Scenario::Mirror),
             other => Err(BenchError::UnknownScenario(other.to_owned())),
         }
     }
@@ -112,7 +118,8 @@ impl FromStr for Scenario {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Options {
-    /// Objects (recovery); `None`: the scenario's default (10 000; 2 000 with `quick`).
+    /// Objects (recovery, mirror); `None`: the scenario's default (10 000; 2 000 with `quick`, 1 000
+    /// for mirror).
     pub objects: Option<usize>,
     /// kube-shard replicas (recovery); `None`: N = 2 and 4.
     pub replicas: Option<usize>,
@@ -174,7 +181,7 @@ impl Report {
 #[non_exhaustive]
 pub enum BenchError {
     /// Not a scenario name.
-    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read")]
+    #[error("unknown scenario {0:?}: one of all, recovery, movement, scale, failover, handoff, coordination, read, mirror")]
     UnknownScenario(String),
     /// An option out of range.
     #[error("{0}")]
@@ -222,6 +229,7 @@ pub fn run_each(
             Scenario::Handoff => handoff::run(opts)?,
             Scenario::Coordination => coordination::run(opts)?,
             Scenario::Read => read::run(opts)?,
+            Scenario::Mirror => mirror::run(opts)?,
             Scenario::All => unreachable!("expanded above"),
         };
         each(&report);

@@ -10,13 +10,13 @@ use crate::DevError;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// The scenario: all, movement, scale, read, recovery, failover, handoff or coordination.
+    /// The scenario: all, movement, scale, read, recovery, failover, handoff, coordination or mirror.
     #[arg(default_value = "all")]
     scenario: String,
     /// Print one JSON object per scenario (one per line) instead of tables.
     #[arg(long)]
     json: bool,
-    /// Objects (recovery; default 10000, 2000 with --quick).
+    /// Objects (recovery: default 10000, 2000 with --quick; mirror: default 10000, 1000 with --quick).
     #[arg(long)]
     objects: Option<usize>,
     /// kube-shard replicas (recovery; default: N = 2 and 4).

@@ -321,3 +321,69 @@ async fn the_rate_limit_bounds_requests_per_second_over_every_kind() {
     let rate = sent.len() as f64 / took.as_secs_f64();
     assert!(rate > 8.0, "{rate:.1} requests a second over {took:?}");
 }
+
+/// Twelve objects whose copy writes the Standby refuses for good (422): each goes to the failed list,
+/// and a Warning Event `MirrorSyncFailed` names the kind, the object and the operation — ten of them
+/// (at most ten per kind per minute); one object failing again within the minute posts none.
+#[tokio::test(start_paused = true)]
+async fn a_failed_objects_event_is_rate_limited() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube_shard_testserver::FailRule;
+    let (a, b, _log) = tapped_pair().await;
+    b.faults().fail_next(
+        Scope::identity("mirror")
+            .verb(Verb::Update)
+            .resource("widgets"),
+        FailRule::status(422).times(u32::MAX),
+    );
+    widgets_in_source(&a, 12).await;
+    let m = start(&a, &b, config().workers(8)).await;
+    eventually(30, "twelve objects on the failed list", || {
+        let n = m.kind(WIDGETS).map_or(0, |k| k.failed.len());
+        async move { n == 12 }
+    })
+    .await
+    .unwrap();
+    let events = || async {
+        kube::Api::<Event>::namespaced(b.client("admin"), HA_NS)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("MirrorSyncFailed"))
+            .collect::<Vec<_>>()
+    };
+    eventually(5, "ten Events", || async { events().await.len() == 10 })
+        .await
+        .unwrap();
+    let e = &events().await[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    let text = e.message.clone().unwrap_or_default();
+    assert!(
+        text.contains(WIDGETS) && text.contains("apps/w0") && text.contains("(update)"),
+        "{text}"
+    );
+    // a newer change of a failed object: tried again, failed again within the minute: no Event
+    widgets(&a, APPS)
+        .patch(
+            "w000",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"v": 2}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(m.kind(WIDGETS).unwrap().failed.len(), 12);
+    assert_eq!(events().await.len(), 10);
+    assert!(
+        m.kind(WIDGETS)
+            .unwrap()
+            .errors
+            .get("update")
+            .copied()
+            .unwrap_or(0)
+            >= 13
+    );
+    m.stop().await;
+}
