@@ -1,6 +1,7 @@
 //! Kubernetes Events for HA transitions (`BecameActive`, `BecameStandby`, `SteppedDown`, `Promoted`, and
-//! `HaAlarm`) and the mirror duty's (`MirrorStarted`, `MirrorKindStopped`, `FailbackDivergent`,
-//! `FailbackDone`, `Adopted`, `AdoptionFailed`), on this cluster's HA Lease. Fire-and-forget: an Event never delays a renewal.
+//! `HaAlarm`), the mirror's and its duty's (`MirrorStarted`, `MirrorKindStopped`, `MirrorSyncFailed`,
+//! `FailbackDivergent`, `FailbackDone`, `Adopted`, `AdoptionFailed`) and a promotion's
+//! (`PromotedAcceptingLoss`), on this cluster's HA Lease. Fire-and-forget: an Event never delays a renewal.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -32,6 +33,12 @@ pub mod reason {
     pub const ADOPTED: &str = "Adopted";
     /// Adoption failed (retried; admission stays closed).
     pub const ADOPTION_FAILED: &str = "AdoptionFailed";
+    /// An object went to the mirror's failed list (rate-limited: one per object and ten per kind a
+    /// minute).
+    pub const MIRROR_SYNC_FAILED: &str = "MirrorSyncFailed";
+    /// `promote --token --accept-failed` promoted without objects the mirror had not copied (it names
+    /// them).
+    pub const PROMOTED_ACCEPTING_LOSS: &str = "PromotedAcceptingLoss";
 }
 
 #[derive(Clone)]

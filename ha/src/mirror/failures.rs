@@ -12,8 +12,7 @@ use kube::Client;
 use crate::events::HaEvents;
 use crate::HaConfig;
 
-/// The Event reason of an object put on the failed list.
-pub(crate) const MIRROR_SYNC_FAILED: &str = "MirrorSyncFailed";
+use crate::events::reason::MIRROR_SYNC_FAILED;
 
 /// Events per kind per [`WINDOW`].
 pub(super) const PER_KIND: usize = 10;

@@ -1029,7 +1029,7 @@ fn accepted_event(cfg: &HaConfig, local: &Client, epoch: FailoverEpoch, lost: &[
     );
     events.emit(
         true,
-        "PromotedAcceptingLoss",
+        crate::events::reason::PROMOTED_ACCEPTING_LOSS,
         format!(
             "promoted at epoch {epoch} with --accept-failed, without {} object(s) the mirror had not copied: {}{}",
             lost.len(),
