@@ -4,7 +4,7 @@
 //! cluster-scoped object always: a namespace scope names namespaces, and a cluster-scoped kind has none,
 //! so it is mirrored whole, never silently left out), its labels match the configured label selector,
 //! and it is neither kube-shard's own nor an object every cluster makes for itself
-//! ([`super::kinds::per_cluster`]).
+//! (`kinds::per_cluster`).
 //!
 //! Built-in kinds (the core group and the `*.k8s.io` groups, and the unqualified groups such as `apps`)
 //! hold objects the cluster's own controllers and other tools create in every namespace; a mirror of one
