@@ -2,7 +2,7 @@
 //! memory table). The embedded API server serves plain HTTP on a loopback port; N group members and
 //! one stock unsharded reflector run as `kshard-bench-replica` processes, beside the same binary with
 //! **zero objects** (N members of a second group and one unsharded reflector reading an empty
-//! namespace). Every process has 2 tokio workers and the same `MALLOC_ARENA_MAX`. After every replica
+//! namespace). Every process has 2 tokio workers and the same allocator ([`ALLOCATOR`]). After every replica
 //! has synced (members balanced, nothing moving) and a quiet period, each process's RSS is read from
 //! `/proc/PID/smaps_rollup` and its allocator's live bytes from its last status line; a replica's
 //! *object memory* is its figure minus the zero-object figure of the same kind.
@@ -20,8 +20,9 @@ use crate::recovery::cluster::{self, Ledger, NS};
 use crate::replica::{ReplicaMode, ReplicaSpec, Status};
 use crate::BenchError;
 
-/// `MALLOC_ARENA_MAX` of every replica process (glibc; one value for all, so RSS compares).
-pub const ARENA_MAX: &str = "2";
+/// Every replica process's allocator (`kshard-bench-replica`'s global allocator: one for all, so RSS
+/// compares).
+pub const ALLOCATOR: &str = "jemalloc, background purge";
 /// The namespace the zero-object replicas read (no `Item` in it).
 const EMPTY_NS: &str = "bench-empty";
 
@@ -117,8 +118,7 @@ fn spawn(
         serde_json::to_string(spec).map_err(|e| BenchError::Cluster(format!("spec: {e}")))?;
     let launch = Launch::new(&cmd.program)
         .args(&cmd.args)
-        .arg(json)
-        .env("MALLOC_ARENA_MAX", ARENA_MAX);
+        .arg(json);
     let last = Arc::new(Mutex::new(None));
     let sink = last.clone();
     let log = dir.join(format!("{name}.log"));

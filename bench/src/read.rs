@@ -362,10 +362,10 @@ fn memory_table(
     n: usize,
     objects: usize,
 ) -> (Table, serde_json::Value, bool) {
-    use crate::memory::{Usage, ARENA_MAX};
+    use crate::memory::{Usage, ALLOCATOR};
     let mut table = Table::new(
         format!(
-            "read: memory per replica in server mode, replicas as processes (kshard-bench-replica, 2 tokio workers, MALLOC_ARENA_MAX={ARENA_MAX}), {objects} objects, N={n}; after sync + {} s quiet; \"objects\" = minus the same binary with zero objects",
+            "read: memory per replica in server mode, replicas as processes (kshard-bench-replica, 2 tokio workers, {ALLOCATOR}), {objects} objects, N={n}; after sync + {} s quiet; \"objects\" = minus the same binary with zero objects",
             m.quiet.as_secs()
         ),
         &["replica", "objects held", "index copies", "threads", "RSS MiB", "RSS objects MiB", "live MiB", "live objects MiB"],
@@ -419,7 +419,7 @@ fn memory_table(
     ]);
     let u = |u: &Usage| json!({"held": u.held, "index_copies": u.index_copies, "rss": u.rss, "anonymous": u.anonymous, "live": u.live, "threads": u.threads});
     let j = json!({
-        "quiet_s": m.quiet.as_secs(), "malloc_arena_max": ARENA_MAX,
+        "quiet_s": m.quiet.as_secs(), "allocator": ALLOCATOR,
         "members": m.members.iter().map(u).collect::<Vec<_>>(),
         "members_zero": m.members_zero.iter().map(u).collect::<Vec<_>>(),
         "unsharded": u(&m.unsharded), "unsharded_zero": u(&m.unsharded_zero),
