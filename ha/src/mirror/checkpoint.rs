@@ -141,7 +141,7 @@ impl FromStr for MirrorRecord {
             None => (s, None),
         };
         if let Some(l) = labels {
-            super::scope::parse_labels(l).map_err(|e| bad(&e.to_string()))?;
+            super::labels::parse_labels(l).map_err(|e| bad(&e.to_string()))?;
         }
         let mut words = head.split_whitespace();
         if words.next() != Some("v1") {

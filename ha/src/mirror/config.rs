@@ -96,7 +96,7 @@ impl MirrorConfig {
     /// Only objects whose labels match `selector` (`kubectl -l` syntax: `app=shop,tier in (web,api)`).
     /// With a selector that selects everything (empty text), no selector.
     pub fn labels(mut self, selector: &str) -> Result<Self, MirrorError> {
-        let s = super::scope::parse_labels(selector)?;
+        let s = super::labels::parse_labels(selector)?;
         self.labels = (!s.selects_all()).then_some(s);
         Ok(self)
     }

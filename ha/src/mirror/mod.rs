@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod kinds;
+pub mod labels;
 pub mod lag;
 pub mod plan;
 pub mod queue;

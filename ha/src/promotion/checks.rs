@@ -134,7 +134,7 @@ impl PromotionChecks {
     pub fn labels(mut self, selector: Option<&str>) -> Result<Self, crate::mirror::MirrorError> {
         self.labels = match selector {
             Some(t) => {
-                let s = crate::mirror::scope::parse_labels(t)?;
+                let s = crate::mirror::labels::parse_labels(t)?;
                 (!s.selects_all()).then(|| s.to_string())
             }
             None => None,

@@ -111,14 +111,16 @@ pub(crate) async fn lost_objects(
         if !token.kinds.contains_key(&kind.key()) {
             continue;
         }
-        let (ar, _) = super::resolve(kind, local).await?;
+        let (ar, _) = super::io::resolve(kind, local).await?;
         let read = |c: &Client| {
             let api: Api<DynamicObject> = Api::all_with(c.clone(), &ar);
             async move { api.list(&ListParams::default()).await }
         };
         let what = format!("listing {} for --accept-failed", kind.key());
-        let sources = read(peer).await.map_err(super::api_err(what.clone()))?;
-        let copies = read(local).await.map_err(super::api_err(what))?;
+        let sources = read(peer)
+            .await
+            .map_err(super::error::api_err(what.clone()))?;
+        let copies = read(local).await.map_err(super::error::api_err(what))?;
         let source = SourceId {
             cluster: token.cluster.clone(),
             uid: token.uid.clone(),

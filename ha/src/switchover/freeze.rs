@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::error::SwitchError;
 use crate::checkpoint::Kind;
-use crate::mirror::scope::label_selector;
+use crate::mirror::labels::label_selector;
 use crate::mirror::{MirrorConfig, OwnObjects};
 use crate::record;
 use kube_shard::group::report::GROUP_LABEL;
@@ -50,7 +50,7 @@ impl FreezeScope {
     pub fn new(namespaces: Vec<String>, labels: Option<&str>) -> Result<Self, SwitchError> {
         let labels = match labels {
             Some(t) => {
-                let s = crate::mirror::scope::parse_labels(t)
+                let s = crate::mirror::labels::parse_labels(t)
                     .map_err(|e| SwitchError::Input(e.to_string()))?;
                 (!s.selects_all()).then_some(s)
             }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
 use super::error::{api_err, SwitchError};
-use super::{my_epoch, unfreeze};
+use super::io::{my_epoch, unfreeze};
 use crate::checkpoint::edit::edit_checkpoint;
 use crate::checkpoint::{DUTY_KEY, LEFT_HA_KEY};
 use crate::config::checkpoint_name;

@@ -17,6 +17,7 @@ use std::time::Duration;
 mod accept;
 mod error;
 mod freeze;
+mod io;
 mod leave;
 
 use crate::checkpoint::edit::edit_checkpoint;
@@ -29,12 +30,11 @@ pub use accept::Lost;
 use error::{api_err, report_text};
 pub use error::{KindProgress, SwitchError};
 pub use freeze::{freeze_objects, FreezeScope, FREEZE_MARK};
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
+pub use io::{freeze_name, unfreeze};
+use io::{lease_api, my_epoch, read_lease, resolve};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::discovery::{ApiCapabilities, Scope};
 use kube::{Api, Client};
 pub use leave::{leave, LeaveOptions};
@@ -46,7 +46,7 @@ use crate::elector::TokenTakeover;
 use crate::epoch::FailoverEpoch;
 use crate::metrics::HaMetrics;
 use crate::promotion::{check_promotion, PromotionChecks, PromotionPath};
-use crate::record::{self, HaState, Record, STATE_ANNOTATION};
+use crate::record::{HaState, Record, STATE_ANNOTATION};
 use kube_shard::group::report::{GATE_DRAINED, GROUP_LABEL, ROLE_LABEL};
 use kube_shard::rt::Clock;
 
@@ -121,21 +121,6 @@ impl DemoteOptions {
     }
 }
 
-fn lease_api(c: &Client, ns: &str) -> Api<Lease> {
-    Api::namespaced(c.clone(), ns)
-}
-
-/// The decoded Lease `name`, with the Lease itself.
-async fn read_lease(api: &Api<Lease>, name: &str) -> Result<(Lease, Record), SwitchError> {
-    let l = api
-        .get(name)
-        .await
-        .map_err(api_err(format!("reading HA Lease {name}")))?;
-    let r = record::decode(&l)
-        .map_err(|e| SwitchError::NotActive(format!("HA Lease {name} does not decode: {e}")))?;
-    Ok((l, r))
-}
-
 /// Set the state of the Lease `name` that names `cluster` at `epoch`: `next(current)` gives the new state
 /// (`None`: leave it). Conditional writes; on a conflict re-read and retry only while it still names them.
 async fn set_state(
@@ -200,38 +185,6 @@ async fn set_state_all(
         }
     }
     Ok(own)
-}
-
-/// The epoch this cluster leads (its own Lease names it, nothing higher in the peer's or the witness's).
-async fn my_epoch(
-    cfg: &HaConfig,
-    clients: &HaClients,
-) -> Result<(FailoverEpoch, HaState), SwitchError> {
-    let name = cfg.lease_name();
-    let (_, own) = read_lease(&lease_api(&clients.local, &cfg.namespace), &name).await?;
-    if own.cluster != cfg.cluster_id {
-        return Err(SwitchError::NotActive(format!(
-            "this cluster's HA Lease names {}",
-            own.holder()
-        )));
-    }
-    let mut others = vec![lease_api(&clients.peer, &cfg.namespace)];
-    if let Some(w) = &clients.witness {
-        others.push(lease_api(w, &cfg.witness_namespace));
-    }
-    for api in others {
-        if let Ok(Some(l)) = api.get_opt(&name).await {
-            if let Ok(r) = record::decode(&l) {
-                if r.epoch > own.epoch {
-                    return Err(SwitchError::NotActive(format!(
-                        "{} holds a higher epoch ({})",
-                        r.cluster, r.epoch
-                    )));
-                }
-            }
-        }
-    }
-    Ok((own.epoch, own.state))
 }
 
 /// `kshard ha demote`: the mark, the acks, the freeze, then the token (recorded in the Lease). Run again
@@ -376,12 +329,6 @@ async fn resolve_all(client: &Client, kinds: &[Kind]) -> Result<Resolved, Switch
     Ok(out)
 }
 
-/// The freeze policy's and binding's name.
-#[must_use]
-pub fn freeze_name(cfg: &HaConfig) -> String {
-    format!("{}-ha-freeze", cfg.name)
-}
-
 async fn apply<K>(api: &Api<K>, obj: &K, name: &str) -> Result<(), SwitchError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + fmt::Debug,
@@ -506,24 +453,6 @@ fn probe_namespace(cfg: &HaConfig, scope: &FreezeScope, namespaced: bool) -> Opt
             .and_then(|s| s.iter().next().cloned())
             .unwrap_or_else(|| cfg.namespace.clone())
     })
-}
-
-/// Lift the freeze (idempotent).
-pub async fn unfreeze(client: &Client, cfg: &HaConfig) -> Result<(), SwitchError> {
-    let name = freeze_name(cfg);
-    let b: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let p: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    for r in [
-        b.delete(&name, &DeleteParams::default()).await.map(|_| ()),
-        p.delete(&name, &DeleteParams::default()).await.map(|_| ()),
-    ] {
-        match r {
-            Ok(()) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(api_err(format!("deleting {name}"))(e)),
-        }
-    }
-    Ok(())
 }
 
 async fn kube_system_uid(client: &Client) -> Result<String, SwitchError> {
@@ -1123,18 +1052,6 @@ impl Drop for Abort {
 #[must_use]
 pub fn token_kinds(t: &DemotionToken) -> BTreeSet<String> {
     t.kinds.keys().cloned().collect()
-}
-
-async fn resolve(k: &Kind, client: &Client) -> Result<(ApiResource, ApiCapabilities), SwitchError> {
-    let gv = kube::core::GroupVersion::gv(&k.group, &k.version);
-    let group = kube::discovery::oneshot::pinned_group(client, &gv)
-        .await
-        .map_err(api_err(format!("discovering {k}")))?;
-    group
-        .versioned_resources(&k.version)
-        .into_iter()
-        .find(|(r, _)| r.plural == k.plural)
-        .ok_or_else(|| SwitchError::Input(format!("{k}: not served")))
 }
 
 #[cfg(test)]
