@@ -116,9 +116,7 @@ fn spawn(
 ) -> Result<Proc, BenchError> {
     let json =
         serde_json::to_string(spec).map_err(|e| BenchError::Cluster(format!("spec: {e}")))?;
-    let launch = Launch::new(&cmd.program)
-        .args(&cmd.args)
-        .arg(json);
+    let launch = Launch::new(&cmd.program).args(&cmd.args).arg(json);
     let last = Arc::new(Mutex::new(None));
     let sink = last.clone();
     let log = dir.join(format!("{name}.log"));
