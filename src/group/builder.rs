@@ -139,6 +139,13 @@ impl ShardGroupBuilder {
         self
     }
 
+    /// This member's Pod (default: from `POD_NAMESPACE`, `POD_NAME`, `POD_UID`; see
+    /// [`GroupConfig::pod`](super::config::GroupConfig::pod)); `None` publishes none.
+    pub fn pod(mut self, pod: Option<super::PodRef>) -> Self {
+        self.config.pod = pod;
+        self
+    }
+
     /// The key objects are placed by (default `uid`; immutable for the group).
     pub fn key(mut self, key: ShardKey) -> Self {
         self.config.key = key;

@@ -29,7 +29,7 @@ mod term_gate;
 mod wiring;
 
 pub use builder::ShardGroupBuilder;
-pub use config::{default_member_name, ConfigError, GroupConfig};
+pub use config::{default_member_name, ConfigError, GroupConfig, PodRef};
 pub use handle::GroupHandle;
 pub use metrics::{GroupMetrics, GroupSnapshot};
 pub use moves::optimal_moves;

@@ -30,6 +30,11 @@ pub const ASSIGNMENT_HINT: &str = "kube-shard.io/assignment-hint";
 /// issued under it has ended. Cross-cluster HA's planned demotion asks for it (HA.md contract 2,
 /// `ha-drained(epoch)`: the wire name is HA's) and `kshard ha demote` waits for it on every member.
 pub const GATE_DRAINED: &str = "kube-shard.io/ha-drained";
+/// Member Lease annotation: the member's Pod, `<namespace>/<name>/<uid>` ([`GroupConfig::pod`](super::config::GroupConfig::pod)).
+/// A member whose Lease expired and whose Pod is observed deleted or replaced (another uid under the name)
+/// is gone by that evidence, as one whose Lease was deleted: it is not taken over, so it counts against no
+/// takeover budget.
+pub const POD: &str = "kube-shard.io/pod";
 /// The label every Lease of a group carries (value: the group name).
 pub const GROUP_LABEL: &str = "kube-shard.io/group";
 /// The label that tells member Leases (`member`) from the coordinator Lease (`coordinator`).

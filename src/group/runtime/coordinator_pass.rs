@@ -141,6 +141,7 @@ impl Runtime {
             // a ConfigMap we never decoded: `may_coordinate` refused it
             (None, false) => return,
         };
+        self.confirm_pods_gone(now).await;
         let mut members = self.step_members(now, &current);
         if !absent && self.rolled_back(&current, &members).await {
             return;

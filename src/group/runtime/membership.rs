@@ -70,6 +70,10 @@ impl Runtime {
             .annotations
             .get_or_insert_with(Default::default);
         ann.insert(INCARNATION.into(), self.me.incarnation.to_string());
+        match &self.cfg.pod {
+            Some(p) => ann.insert(POD.into(), p.text()),
+            None => ann.remove(POD),
+        };
         ann.insert(REPORT.into(), self.report().encode());
         ann.remove(TAKEN_OVER);
         match self.ownership.gate_drained() {

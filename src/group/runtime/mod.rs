@@ -32,7 +32,7 @@ use super::coordinator::{self, Observed, StepInput};
 use super::events::{Events, Kind};
 use super::metrics::GroupMetrics;
 use super::report::{
-    MemberReport, GATE_DRAINED, GROUP_LABEL, INCARNATION, REPORT, ROLE_LABEL, TAKEN_OVER,
+    MemberReport, GATE_DRAINED, GROUP_LABEL, INCARNATION, POD, REPORT, ROLE_LABEL, TAKEN_OVER,
 };
 use super::singleton::{LeaderTerm, TERM_ANNOTATION};
 use super::status::{GroupStatus, Health};
@@ -52,6 +52,7 @@ mod membership;
 mod observe;
 mod parts;
 mod permissions;
+mod pods;
 mod publish;
 
 use parts::{Coordination, Election, Gates, Membership, Obs, Observations, Permissions, Rebuild};
@@ -262,6 +263,7 @@ impl Runtime {
                 origin: now,
                 invalid_leases: BTreeSet::new(),
                 foreign_formats: BTreeMap::new(),
+                pods_forbidden: false,
                 observed: BTreeMap::new(),
                 last_membership_change: now,
             },

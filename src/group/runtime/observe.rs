@@ -128,6 +128,7 @@ impl Runtime {
                             .insert(old, (o.last_change, o.taken_over));
                     }
                     o.id = new_id;
+                    o.pod_gone = false;
                     o.first_seen = now;
                     o.last_change = o.last_change.max(now);
                     self.observations.last_membership_change =
@@ -137,6 +138,8 @@ impl Runtime {
                 if o.renew_time != renew_time {
                     o.renew_time = renew_time;
                     o.last_change = o.last_change.max(now);
+                    // a renewal: whatever was observed of its Pod before says nothing now
+                    o.pod_gone = false;
                 }
                 o.rv = rv;
                 o.report = report;
@@ -163,6 +166,7 @@ impl Runtime {
                         role_coordinator: coordinator,
                         holder,
                         lease: l,
+                        pod_gone: false,
                     },
                 );
                 true
@@ -312,7 +316,8 @@ impl Runtime {
                 id: o.id.clone(),
                 alive: me || (!deleted && !o.taken_over && since < lease_period),
                 expired: !me && since >= expiry,
-                gone: o.taken_over || (deleted && since >= expiry),
+                // gone by evidence once expired: its Lease deleted, or its Pod deleted or replaced
+                gone: o.taken_over || ((deleted || o.pod_gone) && since >= expiry),
                 report: if me {
                     self.committed_report()
                 } else {

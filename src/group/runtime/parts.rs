@@ -49,6 +49,8 @@ pub(super) struct Observations {
     pub(super) invalid_leases: BTreeSet<String>,
     /// Group Leases whose member report is of another format (another build): why, per Lease name.
     pub(super) foreign_formats: BTreeMap<String, String>,
+    /// Reading members' Pods was refused: the Pod evidence is not used (`pods.rs`).
+    pub(super) pods_forbidden: bool,
 }
 
 /// The coordinator Lease: whether this member leads, its term, its writes (`election.rs`).
@@ -129,6 +131,9 @@ pub(super) struct Obs {
     pub(super) role_coordinator: bool,
     pub(super) holder: Option<String>,
     pub(super) lease: Lease,
+    /// The Pod this incarnation published was observed deleted or replaced since its last renewal
+    /// (evidence it is gone: [`crate::group::report::POD`]).
+    pub(super) pod_gone: bool,
 }
 
 /// A rebuilt assignment the coordinator waits on before planning: its generation, and since when every live

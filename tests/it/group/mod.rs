@@ -1395,4 +1395,5 @@ mod admin;
 mod permissions;
 mod realtime;
 pub(crate) mod recovery;
+mod restart;
 mod slow_api;
