@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{predicates, watcher, Controller, WatchStreamExt};
-use kube_shard::group::{GroupHandle, ShardGroup};
+use kube_shard::group::{GroupHandle, PodRef, ShardGroup};
 use kube_shard::ownership::fenced_write::{self, FencedApi};
 use kube_shard::ownership::{reconcile, FenceError};
 use kube_shard::{Permit, ShardedWatcher};
@@ -210,6 +211,8 @@ pub(crate) struct Replica {
     pub(crate) ctx: Arc<Ctx>,
     tasks: Vec<JoinHandle<()>>,
     group: Option<GroupHandle>,
+    /// A member's Pod (its name in [`NS`]): created at its start, deleted at its kill, as a Deployment's.
+    pod: Option<String>,
 }
 
 /// Self-fences of every kube-shard replica so far (a renewal delayed past `renew_deadline`, e.g. by a
@@ -284,6 +287,7 @@ pub(crate) async fn start(
                 ctx,
                 tasks: vec![task],
                 group: None,
+                pod: None,
             }])
         }
         Side::Sharded { replicas } => {
@@ -297,10 +301,10 @@ pub(crate) async fn start(
                     identity.clone()
                 };
                 let ctx = new_ctx(server, &identity, ledger, work, since);
+                let pod = create_pod(server, &name).await?;
                 let (tasks, group) = start_member(
                     server,
-                    &identity,
-                    &name,
+                    (&identity, &name, pod),
                     replicas,
                     timings,
                     ctx.clone(),
@@ -311,6 +315,7 @@ pub(crate) async fn start(
                     ctx,
                     tasks,
                     group: Some(group),
+                    pod: Some(name),
                 });
             }
             Ok(out)
@@ -353,10 +358,23 @@ async fn run_leader(api: Api<DynamicObject>, concurrency: u16, ctx: Arc<Ctx>, pr
     }
 }
 
+/// The member's Pod `name` in [`NS`] (what the downward API would tell it: its uid).
+async fn create_pod(server: &TestServer, name: &str) -> Result<PodRef, BenchError> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "operator", "image": "bench/operator:1"}]},
+    }))
+    .map_err(|e| BenchError::Library(format!("a Pod: {e}")))?;
+    let made = Api::<Pod>::namespaced(server.client("bench-kubelet"), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| BenchError::Cluster(format!("creating Pod {name}: {e}")))?;
+    Ok(PodRef::new(NS, name, made.metadata.uid.unwrap_or_default()))
+}
+
 fn start_member(
     server: &TestServer,
-    identity: &str,
-    name: &str,
+    (identity, name, pod): (&str, &str, PodRef),
     replicas: usize,
     t: Timings,
     ctx: Arc<Ctx>,
@@ -365,6 +383,7 @@ fn start_member(
     let client = server.client(identity);
     let group = ShardGroup::builder(client.clone(), "bench", NS)
         .member(name)
+        .pod(Some(pod))
         .timings(t.lease, t.renew, t.retry)
         .takeover_grace(t.grace)
         .fence_margin(Duration::from_millis(500))
@@ -414,8 +433,10 @@ fn start_member(
 }
 
 /// SIGKILL, in process: abort every task and cut the old identity off for good, so whatever the aborted
-/// tasks left running (spawned streams) can no longer reach the server — as with a dead process.
-pub(crate) fn kill(server: &TestServer, replicas: Vec<Replica>) {
+/// tasks left running (spawned streams) can no longer reach the server — as with a dead process; and
+/// delete the members' Pods, as a restart of a Deployment (a rollout, a node pool replaced) does.
+pub(crate) async fn kill(server: &TestServer, replicas: Vec<Replica>) {
+    let pods: Api<Pod> = Api::namespaced(server.client("bench-kubelet"), NS);
     for r in replicas {
         for t in r.tasks {
             t.abort();
@@ -423,6 +444,9 @@ pub(crate) fn kill(server: &TestServer, replicas: Vec<Replica>) {
         server
             .faults()
             .partition(Scope::identity(r.identity.clone()), true);
+        if let Some(p) = r.pod {
+            let _ = pods.delete(&p, &DeleteParams::default()).await;
+        }
     }
 }
 

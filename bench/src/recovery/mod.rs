@@ -189,7 +189,7 @@ pub async fn measure(
         out.no_change_self_fences = deploy::self_fences(&replicas) - fences_before;
     }
     if phases.restart_same_names {
-        deploy::kill(&server, replicas);
+        deploy::kill(&server, replicas).await;
         cluster::bump_all(&server, objects, 3, &ledger).await?;
         let restarted = Instant::now();
         replicas = deploy::start(side, &server, &ledger, how, 2, true).await?;
@@ -203,12 +203,12 @@ pub async fn measure(
             out.same_names_limit = Some(same_limit.as_secs_f64());
             // nothing else can be measured on this server: its members never rejoined
             out.unreconciled = 0;
-            deploy::kill(&server, replicas);
+            deploy::kill(&server, replicas).await;
             return Ok(out);
         }
     }
     if phases.restart {
-        deploy::kill(&server, replicas);
+        deploy::kill(&server, replicas).await;
         cluster::bump_all(&server, objects, 2, &ledger).await?;
         let restarted = Instant::now();
         if matches!(side, Side::Leader { .. }) {
@@ -231,7 +231,7 @@ pub async fn measure(
     out.unreconciled = cluster::unreconciled_on_server(&server);
     out.reconciles = ledger.reconciles();
     out.writes = ledger.writes.load(std::sync::atomic::Ordering::Relaxed);
-    deploy::kill(&server, replicas);
+    deploy::kill(&server, replicas).await;
     Ok(out)
 }
 
@@ -515,7 +515,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
     }
     let mut timeline = Table::new(
         format!(
-            "recovery: restart timeline of kube-shard (seconds from the restart; lease {:?}, grace {:?}, takeovers at most max(1, ⌈members/2⌉ − 1) per lease period)",
+            "recovery: restart timeline of kube-shard (seconds from the restart; lease {:?}, grace {:?}, dead members whose Pods were deleted are gone at once; others are taken over at most max(1, ⌈members/2⌉ − 1) per lease period)",
             t.lease, t.grace
         ),
         &["configuration", "a coordinator", "half the shards owned", "every shard owned", "first reconcile per replica", "every object reconciled"],
@@ -593,7 +593,7 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
     let notes = vec![
         format!("burst at N=4: speedup ÷ N ≥ 0.9 vs the leader at concurrency 4 and > 1 vs the leader at concurrency 16: {}", verdict(met_all)),
         format!("kube-shard: objects left unreconciled on the server at the end of its configurations: {unreconciled} (must be 0); the stock leader missed {leader_missed} objects in total (see 'missed')"),
-        "restart: kube-shard members come back under new names (a Deployment) and take the dead members' shards over (lease_duration + grace, at most max(1, ⌈members/2⌉ − 1) takeovers per lease period); the stock leader is modelled as waiting lease_duration for the killed holder's Lease".into(),
+        "restart: kube-shard members come back under new names (a Deployment: the old Pods deleted, new ones created) and take the dead members' shards over once their Leases expired (lease_duration + grace): a member whose Pod is gone is gone at once, outside the takeover budget of max(1, ⌈members/2⌉ − 1) per lease period; the stock leader is modelled as waiting lease_duration for the killed holder's Lease".into(),
         "missed: objects still behind when progress stopped for 2 × lease_duration (the time is then until the last object that was reconciled); a stock Controller can miss objects after a relist: its reflector buffers the relist until InitDone, a reconcile triggered by an InitApply that starts before then reads the old object from the store, and predicate_filter(generation) lets no second trigger through".into(),
         "relist per replica: seconds from the heal until the LISTs that replica received delivered at least half its share of the objects (the server's per-identity accounting)".into(),
     ];
