@@ -669,14 +669,14 @@ async fn check_token(
         if let (false, Some(failed @ 1..)) = (reached, held) {
             return Err(SwitchError::Refused(format!(
                 "the mirror caught up to the token but for {failed} failed object(s), which hold its \
-                 position below the token (`kshard ha status --kind` lists them); `--accept-failed` \
+                 position below the token (the `MirrorSyncFailed` Events on the HA Lease name them); `--accept-failed` \
                  promotes without them and lists what is lost"
             )));
         }
         if let (true, Some(failed)) = (reached, held) {
             if failed > 0 {
                 progress(&format!(
-                    "the mirror caught up and holds, with {failed} object(s) on its failed list                      (not copied: see `kshard ha status --kind`)"
+                    "the mirror caught up and holds, with {failed} object(s) on its failed list (not copied: the `MirrorSyncFailed` Events name them)"
                 ));
             }
             break;
