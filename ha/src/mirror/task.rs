@@ -12,7 +12,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::apply::{apply, Outcome, Sides};
+use super::apply::{apply, Failure, Outcome, Sides};
 use super::catchup::CatchUp;
 use super::checkpoint::{position_text, put_synced, Synced};
 use super::config::MirrorConfig;
@@ -366,22 +366,23 @@ impl KindTask {
                 info!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: retrying");
                 *self.status.errors.entry(e.op.label()).or_default() += 1;
                 self.queue.retry(&key, now, e.text.clone());
-                if self.queue.is_failed(&key) {
-                    let kind = self.kind.key();
-                    self.failures
-                        .failed(&kind, &key, e.op.label(), &e.text, now);
-                }
+                self.event_if_failed(&key, &e, now);
             }
             Outcome::Poison(e) => {
                 warn!(kind = %self.kind, ns = %key.0, name = %key.1, operation = e.op.label(), error = %e, "mirror: failed object");
                 *self.status.errors.entry(e.op.label()).or_default() += 1;
                 self.queue.fail(&key, e.text.clone());
-                if self.queue.is_failed(&key) {
-                    let kind = self.kind.key();
-                    self.failures
-                        .failed(&kind, &key, e.op.label(), &e.text, now);
-                }
+                self.event_if_failed(&key, &e, now);
             }
+        }
+    }
+
+    /// The Warning Event of `key` when the failure `e` put it on the failed list (a change that arrived
+    /// while it was in flight queues it again instead).
+    fn event_if_failed(&mut self, key: &Key, e: &Failure, now: Duration) {
+        if self.queue.is_failed(key) {
+            let kind = self.kind.key();
+            self.failures.failed(&kind, key, e.op.label(), &e.text, now);
         }
     }
 
@@ -475,10 +476,11 @@ impl KindTask {
             return;
         }
         let pos = pos.unwrap_or(0);
-        let queue = &self.queue;
+        // only failed objects are left (above), so with any of them every change at or below each
+        // catch-up's version (delivered by its LIST) is applied or failed
         let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
-            .partition(|(v, _)| pos >= *v || (failed > 0 && queue.settled_through(*v).is_some()));
+            .partition(|(v, _)| pos >= *v || failed > 0);
         self.waiting = rest;
         for (_, done) in ready {
             let _ = done.send(failed);
