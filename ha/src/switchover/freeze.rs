@@ -63,6 +63,22 @@ impl FreezeScope {
         })
     }
 
+    /// Also never freeze `own` (the HA configuration's own objects beside those the mirror recorded).
+    #[must_use]
+    pub fn with_own(mut self, own: OwnObjects) -> Self {
+        for (list, more) in [
+            (&mut self.own.configmaps, own.configmaps),
+            (&mut self.own.leases, own.leases),
+        ] {
+            for o in more {
+                if !list.contains(&o) {
+                    list.push(o);
+                }
+            }
+        }
+        self
+    }
+
     /// Neither a namespace nor a label selector: the whole kind.
     #[must_use]
     pub fn is_whole(&self) -> bool {

@@ -357,20 +357,12 @@ async fn freeze(
     opts: &DemoteOptions,
 ) -> Result<(), SwitchError> {
     let timeout = opts.freeze_timeout;
-    let mut scope = opts.scope.clone();
-    let own =
-        crate::mirror::OwnObjects::new(&cfg.name, &cfg.namespace, &cfg.witness_namespace, None);
-    for c in own.configmaps {
-        if !scope.own.configmaps.contains(&c) {
-            scope.own.configmaps.push(c);
-        }
-    }
-    for l in own.leases {
-        if !scope.own.leases.contains(&l) {
-            scope.own.leases.push(l);
-        }
-    }
-    let scope = &scope;
+    let scope = &opts.scope.clone().with_own(crate::mirror::OwnObjects::new(
+        &cfg.name,
+        &cfg.namespace,
+        &cfg.witness_namespace,
+        None,
+    ));
     let name = freeze_name(cfg);
     let plain: Vec<Kind> = kinds.iter().map(|(k, _, _)| k.clone()).collect();
     let (policy, binding) = freeze_objects(&name, &plain, &opts.freeze_exempt, scope)?;
