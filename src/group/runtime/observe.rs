@@ -167,6 +167,7 @@ impl Runtime {
                         holder,
                         lease: l,
                         pod_gone: false,
+                        pod_read_at: None,
                     },
                 );
                 true

@@ -134,6 +134,9 @@ pub(super) struct Obs {
     /// The Pod this incarnation published was observed deleted or replaced since its last renewal
     /// (evidence it is gone: [`crate::group::report::POD`]).
     pub(super) pod_gone: bool,
+    /// When its Pod was last read (at most once a lease period: a brownout's stalled members keep their
+    /// Pods, and reading each at every pass would slow the pass that must take them over).
+    pub(super) pod_read_at: Option<Instant>,
 }
 
 /// A rebuilt assignment the coordinator waits on before planning: its generation, and since when every live

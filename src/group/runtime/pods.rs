@@ -3,8 +3,9 @@
 //! the name) confirms the member gone, like a deleted Lease. A restart of every replica under new Pod
 //! names then needs no takeover per dead member, so none waits for the takeover budget (which limits
 //! churn after correlated transient failures: a member whose Pod still exists gets no such evidence, and
-//! is taken over at the budget's pace as before). Reading Pods is optional: a refusal (401, 403) is
-//! logged once and the evidence is not used; any other failure is retried at the next pass.
+//! is taken over at the budget's pace as before). Each suspect's Pod is read at most once a lease period.
+//! Reading Pods is optional: a refusal (401, 403) is logged once and the evidence is not used; any other
+//! failure is retried a lease period later.
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -49,6 +50,8 @@ impl Runtime {
                     && !o.pod_gone
                     && o.deleted_at.is_none()
                     && now.duration_since(o.last_change) >= expiry
+                    && o.pod_read_at
+                        .is_none_or(|t| now.duration_since(t) >= self.cfg.lease_duration)
             })
             .filter_map(|(name, o)| {
                 let text = o.lease.metadata.annotations.as_ref()?.get(POD)?;
@@ -57,6 +60,9 @@ impl Runtime {
             .collect();
         for (lease, pod) in suspects {
             let api: Api<Pod> = Api::namespaced(self.leases.clone().into_client(), &pod.namespace);
+            if let Some(o) = self.observations.observed.get_mut(&lease) {
+                o.pod_read_at = Some(now);
+            }
             let read = self.bounded(api.get_opt(&pod.name)).await;
             match read {
                 Ok(p) => {
