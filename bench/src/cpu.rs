@@ -65,6 +65,23 @@ pub fn machine_busy_seconds(stat: &str) -> Option<f64> {
     Some((total - idle) / USER_HZ)
 }
 
+/// Profiling hook: with `KSHARD_PERF_CTL` naming `perf record --control fifo:`'s control FIFO (started
+/// with `-D -1`, disabled), `perf_control("enable")` / `perf_control("disable")` bracket a phase, so the
+/// profile holds that phase alone. Without the variable it does nothing.
+pub fn perf_control(command: &str) {
+    let Some(path) = std::env::var_os("KSHARD_PERF_CTL") else {
+        return;
+    };
+    // perf holds the FIFO open for reading for its whole run, so this write does not block
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{command}\n").as_bytes()));
+    if let Err(e) = written {
+        eprintln!("KSHARD_PERF_CTL={}: {e}", path.to_string_lossy());
+    }
+}
+
 fn read(path: &str, f: fn(&str) -> Option<f64>) -> f64 {
     std::fs::read_to_string(path)
         .ok()

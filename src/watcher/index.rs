@@ -95,8 +95,9 @@ pub(crate) struct Relist<K> {
     pub(crate) rv: Option<u64>,
 }
 
-/// Reads the consumer's store (reflector mode).
-pub(crate) type Lookup<K> = Box<dyn Fn(&RefKey) -> Option<K> + Send + Sync>;
+/// Reads the consumer's store (reflector mode): the store's own shared copy, so that checking what it
+/// holds (uid and version, once per emitted object) copies nothing.
+pub(crate) type Lookup<K> = Box<dyn Fn(&RefKey) -> Option<Arc<K>> + Send + Sync>;
 
 /// The index and its projection.
 pub(crate) struct Index<K> {
@@ -176,6 +177,11 @@ impl<K: Resource + Clone> Index<K> {
         !self.pending_drop.is_empty()
     }
 
+    /// How many copies wait for the consumer to apply them.
+    pub(crate) fn pending_handover(&self) -> usize {
+        self.pending_drop.len()
+    }
+
     /// Drop the index's copy of every emitted object the consumer's store now holds at the same version.
     pub(crate) fn confirm_handover(&mut self) {
         let Some(lookup) = self.lookup.as_ref() else {
@@ -193,7 +199,7 @@ impl<K: Resource + Clone> Index<K> {
                 continue;
             }
             match lookup(&entry.key) {
-                Some(held) if held_is(&held, &uid, rv) => {
+                Some(held) if held_is(&*held, &uid, rv) => {
                     if entry.obj.take().is_some() {
                         self.handed += 1;
                     }
@@ -215,7 +221,8 @@ impl<K: Resource + Clone> Index<K> {
         self.lookup
             .as_ref()
             .and_then(|l| l(&e.key))
-            .filter(|held| held_is(held, uid, e.rv))
+            .filter(|held| held_is(&**held, uid, e.rv))
+            .map(|held| K::clone(&held))
     }
 
     /// Take back the store's copy of `uid` before the store stops holding it.
@@ -543,7 +550,8 @@ impl<K: Resource + Clone> Index<K> {
             self.lookup
                 .as_ref()
                 .and_then(|l| l(&entry.key))
-                .filter(|held| held_is(held, uid, entry.rv))
+                .filter(|held| held_is(&**held, uid, entry.rv))
+                .map(|held| K::clone(&held))
         });
         self.reproject(&key, last);
     }
@@ -816,7 +824,7 @@ mod tests {
         let mut ix: Index<ConfigMap> = Index::with_store(
             ShardKey::Uid,
             s,
-            Box::new(move |k| reader.lock().unwrap().get(k).cloned()),
+            Box::new(move |k| reader.lock().unwrap().get(k).cloned().map(Arc::new)),
         );
         ix.set_projected(all(s));
         for i in 0..2_000 {
@@ -1160,7 +1168,7 @@ mod tests {
         let mut ix: Index<ConfigMap> = Index::with_store(
             ShardKey::Uid,
             s,
-            Box::new(move |k| reader.lock().unwrap().get(k).cloned()),
+            Box::new(move |k| reader.lock().unwrap().get(k).cloned().map(Arc::new)),
         );
         // the consumer: applies every event to the store; returns what it saw
         let consume = |ix: &mut Index<ConfigMap>, store: &Fake| -> Vec<String> {

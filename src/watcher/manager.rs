@@ -38,6 +38,9 @@ use crate::range::{HashRange, RangeSet};
 use crate::selector::ShardSelector;
 use crate::shard::ShardCount;
 
+/// Copies waiting for the consumer's store before [`Manager::settle`] confirms which it applied.
+const HANDOVER_BATCH: usize = 64;
+
 /// A user transform applied to every object before it is indexed.
 pub(crate) type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
 
@@ -208,17 +211,25 @@ where
             detector: ModeDetector::new(settings.probe_interval, settings.probe_max),
             index: match store {
                 Some(store) => {
-                    let dyntype = settings.dyntype.clone();
+                    // one reference reused for every read (its type is cloned once, not per read)
+                    let probe =
+                        std::sync::Mutex::new(ObjectRef::new_with("", settings.dyntype.clone()));
                     Index::with_store(
                         config.key,
                         config.shards,
                         Box::new(move |(ns, name)| {
-                            let r = ObjectRef::new_with(name, dyntype.clone());
-                            let r = match ns {
-                                Some(ns) => r.within(ns),
-                                None => r,
-                            };
-                            store.get(&r).map(|held| (*held).clone())
+                            let mut r = probe.lock().unwrap_or_else(|p| p.into_inner());
+                            r.name.clear();
+                            r.name.push_str(name);
+                            match (ns, r.namespace.as_mut()) {
+                                (Some(ns), Some(held)) => {
+                                    held.clear();
+                                    held.push_str(ns);
+                                }
+                                (Some(ns), None) => r.namespace = Some(ns.to_string()),
+                                (None, _) => r.namespace = None,
+                            }
+                            store.get(&r)
                         }),
                     )
                 }
@@ -1127,6 +1138,7 @@ where
     }
 
     fn on_timer(&mut self) {
+        self.index.confirm_handover();
         let now = Instant::now();
         let due: Vec<(u32, u64, u64)> = self
             .barriers
@@ -1174,7 +1186,12 @@ where
             self.index.initialize();
             self.stats.initialized.store(true, Ordering::Relaxed);
         }
-        self.index.confirm_handover();
+        // a confirmation reads the consumer's store, and the first copy it finds not applied yet ends it:
+        // confirm once a batch waits, not after every event (the handover timer confirms the rest once
+        // the stream goes quiet)
+        if self.index.pending_handover() >= HANDOVER_BATCH {
+            self.index.confirm_handover();
+        }
         while let Some(ev) = self.index.pop() {
             self.outq.push(Out::Event(ev));
         }

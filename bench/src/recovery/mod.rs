@@ -147,6 +147,7 @@ pub async fn measure(
         )
         .await?;
         let healed = Instant::now();
+        crate::cpu::perf_control("enable");
         let cpu = crate::cpu::CpuClock::now();
         let reconciles = ledger.reconciles();
         deploy::reset_clocks(&replicas, healed);
@@ -158,6 +159,7 @@ pub async fn measure(
         );
         out.burst = Some(done.secs);
         out.burst_cpu = Some(cpu.since());
+        crate::cpu::perf_control("disable");
         out.burst_reconciles = ledger.reconciles() - reconciles;
         out.burst_missed = done.missed;
         out.burst_first = deploy::firsts(&replicas);
@@ -366,6 +368,17 @@ async fn run_async(opts: &Options) -> Result<Report, BenchError> {
         burst_only,
     ));
     plan.push((Side::Sharded { replicas: nmax }, true, cpu, burst_only));
+    // profiling (see `cpu::perf_control`): one side's burst alone, `leader` (concurrency 4) or `sharded`
+    match std::env::var("KSHARD_BENCH_BURST_ONLY").as_deref() {
+        Ok("leader") => plan = vec![(Side::Leader { concurrency: 4 }, true, io, burst_only)],
+        Ok("sharded") => plan = vec![(Side::Sharded { replicas: nmax }, true, io, burst_only)],
+        Ok(other) => {
+            return Err(BenchError::BadOption(format!(
+                "KSHARD_BENCH_BURST_ONLY={other}: expected leader or sharded"
+            )))
+        }
+        Err(_) => {}
+    }
     let mut rows = Vec::new();
     for (side, predicate, work, phases) in plan {
         eprintln!(
