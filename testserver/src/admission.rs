@@ -327,14 +327,31 @@ fn evaluate(spec: &Value, attempt: &Attempt<'_>, params: &Value) -> Option<(Stri
     let fail_closed = spec["failurePolicy"].as_str() != Some("Ignore");
     let mut ctx = cel::Context::default();
     ctx.register_all();
+    ctx.add_function("matches", matches_cached);
+    // Binding converts the whole JSON tree into CEL values, twice (the interpreter's two value forms): the
+    // cost of an admission on every write. Bind only what an expression of the policy names, and leave
+    // out `managedFields` unless one names it — what no expression reads cannot change a result.
+    let names = Referenced::of(spec);
     let bind = |ctx: &mut cel::Context<'_>, name: &str, v: &Value| {
-        let value = cel::to_value(v).unwrap_or(cel::Value::Null);
-        ctx.add_variable_from_value(name.to_owned(), value);
+        let value = if names.managed_fields {
+            cel::to_value(v)
+        } else {
+            cel::to_value(without_managed_fields(v).as_ref())
+        };
+        ctx.add_variable_from_value(name.to_owned(), value.unwrap_or(cel::Value::Null));
     };
-    bind(&mut ctx, "object", attempt.object);
-    bind(&mut ctx, "oldObject", attempt.old.unwrap_or(&Value::Null));
-    bind(&mut ctx, "request", &request(attempt));
-    bind(&mut ctx, "params", params);
+    if names.object {
+        bind(&mut ctx, "object", attempt.object);
+    }
+    if names.old_object {
+        bind(&mut ctx, "oldObject", attempt.old.unwrap_or(&Value::Null));
+    }
+    if names.request {
+        bind(&mut ctx, "request", &request(attempt));
+    }
+    if names.params {
+        bind(&mut ctx, "params", params);
+    }
     let mut variables: HashMap<String, cel::Value> = HashMap::new();
     for var in spec["variables"].as_array().into_iter().flatten() {
         let (Some(name), Some(expr)) = (var["name"].as_str(), var["expression"].as_str()) else {
@@ -379,6 +396,81 @@ fn message(ctx: &cel::Context<'_>, validation: &Value, expr: &str) -> String {
         Some(m) if !m.is_empty() => m.to_owned(),
         _ => format!("failed expression: {expr}"),
     }
+}
+
+/// Which of the request's variables a policy's expressions name (by text: a name that only appears
+/// inside a string literal binds a variable needlessly, never the reverse).
+struct Referenced {
+    object: bool,
+    old_object: bool,
+    request: bool,
+    params: bool,
+    managed_fields: bool,
+}
+
+impl Referenced {
+    fn of(spec: &Value) -> Referenced {
+        let mut all = String::new();
+        for key in [
+            "variables",
+            "validations",
+            "matchConditions",
+            "auditAnnotations",
+        ] {
+            for item in spec[key].as_array().into_iter().flatten() {
+                for field in ["expression", "messageExpression", "valueExpression"] {
+                    if let Some(e) = item[field].as_str() {
+                        all.push_str(e);
+                        all.push('\n');
+                    }
+                }
+            }
+        }
+        Referenced {
+            // `oldObject` does not contain `object` (case-sensitive), so each is found on its own
+            object: all.contains("object"),
+            old_object: all.contains("oldObject"),
+            request: all.contains("request"),
+            params: all.contains("params"),
+            managed_fields: all.contains("managedFields"),
+        }
+    }
+}
+
+/// `v` without `metadata.managedFields` (borrowed when it has none).
+fn without_managed_fields(v: &Value) -> std::borrow::Cow<'_, Value> {
+    if v["metadata"].get("managedFields").is_none() {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    let mut owned = v.clone();
+    if let Some(meta) = owned["metadata"].as_object_mut() {
+        meta.remove("managedFields");
+    }
+    std::borrow::Cow::Owned(owned)
+}
+
+/// CEL's `matches`, with the compiled pattern kept per thread (the interpreter's own compiles the regular
+/// expression on every call: a fence policy matches two patterns on every write).
+fn matches_cached(
+    ftx: &cel::FunctionContext<'_, '_>,
+    cel::extractors::This(this): cel::extractors::This<std::sync::Arc<String>>,
+    pattern: std::sync::Arc<String>,
+) -> Result<bool, cel::ExecutionError> {
+    thread_local! {
+        static PATTERNS: std::cell::RefCell<HashMap<String, regex::Regex>> = Default::default();
+    }
+    PATTERNS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if !cache.contains_key(pattern.as_str()) {
+            let re = regex::Regex::new(&pattern)
+                .map_err(|err| ftx.error(format!("'{pattern}' not a valid regex:\n{err}")))?;
+            if cache.len() >= PROGRAM_CACHE {
+                cache.clear();
+            }
+            cache.insert(pattern.to_string(), re);
+        }
+        Ok(cache[pattern.as_str()].is_match(&this))
+    })
 }
 
 thread_local! {
@@ -441,4 +533,84 @@ fn request(attempt: &Attempt<'_>) -> Value {
         "resource": {"group": info.group, "version": info.version, "resource": info.plural},
         "userInfo": {"username": attempt.identity},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configmaps() -> ResourceInfo {
+        let kind = crate::kinds::KINDS
+            .iter()
+            .find(|k| k.group.is_empty() && k.plural == "configmaps")
+            .expect("configmaps are built in");
+        ResourceInfo::builtin(kind)
+    }
+
+    fn verdict(spec: Value, object: &Value, params: &Value) -> Option<(String, String)> {
+        let info = configmaps();
+        let attempt = Attempt {
+            info: &info,
+            operation: "UPDATE",
+            subresource: None,
+            namespace: Some("ns"),
+            name: "cm",
+            identity: "tester",
+            dry_run: false,
+            object,
+            old: Some(object),
+            fence_header: None,
+        };
+        evaluate(&spec, &attempt, params)
+    }
+
+    fn spec(expr: &str) -> Value {
+        json!({"validations": [{"expression": expr, "message": "refused"}]})
+    }
+
+    #[test]
+    fn an_expression_that_names_managed_fields_still_reads_them() {
+        let object = json!({"metadata": {"name": "cm", "managedFields": [{"manager": "kubectl"}]}});
+        let params = Value::Null;
+        let reads = "object.metadata.managedFields[0].manager == 'kubectl'";
+        assert_eq!(verdict(spec(reads), &object, &params), None);
+        // and one that does not name them is evaluated without them, with the same answer
+        assert_eq!(
+            verdict(spec("object.metadata.name == 'cm'"), &object, &params),
+            None
+        );
+        assert!(verdict(spec("object.metadata.name == 'other'"), &object, &params).is_some());
+    }
+
+    #[test]
+    fn params_and_old_object_are_bound_when_named() {
+        let object = json!({"metadata": {"name": "cm"}, "data": {"k": "v"}});
+        let params = json!({"data": {"17": "4"}});
+        let both =
+            "params.data['17'] == '4' && oldObject.data.k == 'v' && request.operation == 'UPDATE'";
+        assert_eq!(verdict(spec(both), &object, &params), None);
+    }
+
+    #[test]
+    fn matches_keeps_its_answers_and_its_error_for_a_bad_pattern() {
+        let object = json!({"metadata": {"name": "cm-17"}});
+        let params = Value::Null;
+        for _ in 0..2 {
+            // the second round reads the kept pattern
+            assert_eq!(
+                verdict(
+                    spec("object.metadata.name.matches('^cm-[0-9]+$')"),
+                    &object,
+                    &params
+                ),
+                None
+            );
+            assert!(
+                verdict(spec("object.metadata.name.matches('^x')"), &object, &params).is_some()
+            );
+        }
+        let (_, message) = verdict(spec("object.metadata.name.matches('(')"), &object, &params)
+            .expect("a pattern that does not compile fails the expression (fail closed)");
+        assert!(message.contains("not a valid regex"), "{message}");
+    }
 }

@@ -43,7 +43,7 @@ impl ResourceInfo {
         }
     }
 
-    fn builtin(k: &crate::kinds::Kind) -> Self {
+    pub(crate) fn builtin(k: &crate::kinds::Kind) -> Self {
         let strings = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         ResourceInfo {
             group: k.group.into(),
