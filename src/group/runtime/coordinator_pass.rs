@@ -653,6 +653,9 @@ impl Runtime {
                 self.coordination.takeovers_done += 1;
                 self.coordination.takeovers.push_back(now);
                 self.observe_lease(l);
+                // the member is gone now: plan its shards at the next turn of the loop, not a retry
+                // period later (this pass's plan was made while it was only expired)
+                self.coordination.coordinate_soon = true;
             }
             Err(err) if is_conflict(&err) => {
                 debug!(member = %victim, "takeover conflicted: it renewed; re-observing");

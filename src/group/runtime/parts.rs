@@ -103,7 +103,7 @@ pub(super) struct Coordination {
     pub(super) lag_since: BTreeMap<MemberId, (Instant, u64)>,
     /// Coordinator: when we last told each lagging member through its Lease.
     pub(super) nudged: BTreeMap<MemberId, Instant>,
-    /// Something the lease watch delivered asks the coordinator to look again.
+    /// Something the lease watch delivered, or a takeover just written, asks the coordinator to look again.
     pub(super) coordinate_soon: bool,
 }
 

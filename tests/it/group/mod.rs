@@ -281,6 +281,57 @@ async fn killed_member_is_taken_over_within_the_bound_and_never_before_its_fence
     assert_eq!(takeovers, 1);
 }
 
+/// The pass that takes a dead member over planned while it was only expired; once the takeover is
+/// written, its shards are planned at the coordinator's next turn, not a retry period later.
+#[tokio::test(start_paused = true)]
+async fn a_dead_members_shards_are_planned_right_after_its_takeover_is_written() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_shard::group::report::TAKEN_OVER;
+    let (server, log) = crate::support::group_server().await;
+    let ms = settled(&server, &["a", "b", "c"], &log).await;
+    tokio::time::sleep(LEASE * 2).await;
+    let victim = &ms[2];
+    let victim_shards: BTreeSet<u32> = victim.handle.status().owned.iter().collect();
+    assert!(!victim_shards.is_empty());
+    victim.kill();
+    let others: Vec<&Member> = ms[..2].iter().collect();
+    let leases: Api<Lease> = Api::namespaced(server.client("admin"), CP_NS);
+    let name = format!("{GROUP}-c");
+    let start = Instant::now();
+    let mut taken_at = None;
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(60), "no takeover");
+        if taken_at.is_none() {
+            let marked = leases.get_opt(&name).await.unwrap().is_none_or(|l| {
+                l.metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .contains_key(TAKEN_OVER)
+            });
+            if marked {
+                taken_at = Some(Instant::now());
+            }
+        }
+        let o = owners(&others);
+        if victim_shards
+            .iter()
+            .all(|s| o.get(s).is_some_and(|v| v.len() == 1))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gap = taken_at
+        .expect("the victim was taken over before its shards moved")
+        .elapsed();
+    eprintln!("shards owned again {gap:?} after the takeover was written");
+    assert!(
+        gap < RETRY,
+        "planned {gap:?} after the takeover (retry period {RETRY:?})"
+    );
+    crate::support::ends_owned_once(&others, &log).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn paused_member_self_fences_and_its_fences_never_overlap_its_successor() {
     let (server, log) = crate::support::group_server().await;
