@@ -13,14 +13,11 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use kube::Resource;
 
-use super::types::{parse_rv, release_idle, RefKey};
+use super::handover::{self, Handover};
+use super::types::{parse_rv, release_idle, Out, RefKey, SharedKey};
 use crate::hash::ShardKey;
 use crate::range::RangeSet;
 use crate::shard::ShardCount;
-
-/// A [`RefKey`] held once per uid and shared by the index's maps (`entries`, `names`): one copy of the
-/// namespace and name strings per object.
-type SharedKey = Arc<RefKey>;
 
 /// What the index knows of one name: the uids held under it and what the consumer holds. Kept while
 /// either is there.
@@ -33,8 +30,9 @@ struct Name {
 }
 
 struct Entry<K> {
-    /// `None` once the consumer's store holds this very version (reflector mode): it is taken back from
-    /// the store when needed, so a projected object is not held twice. Boxed: an entry handed over keeps
+    /// `None` once this very version was handed to a reflecting consumer (moved into its handover slot,
+    /// or seen in its store after the initial sync): it is taken back from the slot or the store when
+    /// needed, so a projected object is not held twice. Boxed: an entry handed over keeps
     /// only a pointer's width, not the object's inline size, in the index's B-tree nodes.
     obj: Option<Box<K>>,
     rv: Option<u64>,
@@ -100,11 +98,16 @@ pub(crate) struct Relist<K> {
 pub(crate) type Lookup<K> = Box<dyn Fn(&RefKey) -> Option<Arc<K>> + Send + Sync>;
 
 /// The index and its projection.
-pub(crate) struct Index<K> {
+pub(crate) struct Index<K: Resource> {
     lookup: Option<Lookup<K>>,
+    /// Where an `Apply` for a reflecting consumer waits, moved out of the index (with `lookup`).
+    handover: Option<Arc<Handover<K>>>,
+    /// The number of the last emission into `handover`.
+    handed_seq: u64,
     placement: Option<Placement<K>>,
     observer: Option<Observer<K>>,
-    /// Emitted `(uid, rv)`s whose copy may be dropped once the store is seen holding them, in emission order.
+    /// `(uid, rv)`s of the initial sync whose copy may be dropped once the store is seen holding them (it
+    /// shows them only once the sync is complete), in emission order. Later emissions move the object.
     pending_drop: VecDeque<(Arc<str>, Option<u64>)>,
     /// Entries whose only copy is in the store.
     handed: usize,
@@ -122,7 +125,7 @@ pub(crate) struct Index<K> {
     /// Names the consumer holds (those with `emitted` set).
     emitted_len: usize,
     initialized: bool,
-    out: VecDeque<Event<K>>,
+    out: VecDeque<Out<K>>,
     /// Objects dropped because their key could not be computed (no uid under the uid key).
     pub(crate) unplaceable: u64,
 }
@@ -131,6 +134,8 @@ impl<K: Resource + Clone> Index<K> {
     pub(crate) fn new(key: ShardKey, count: ShardCount) -> Self {
         Index {
             lookup: None,
+            handover: None,
+            handed_seq: 0,
             placement: None,
             observer: None,
             pending_drop: VecDeque::new(),
@@ -150,10 +155,17 @@ impl<K: Resource + Clone> Index<K> {
         }
     }
 
-    /// An index that hands projected objects over to the consumer's store, read through `lookup`.
-    pub(crate) fn with_store(key: ShardKey, count: ShardCount, lookup: Lookup<K>) -> Self {
+    /// An index that hands projected objects over to the consumer's store, read through `lookup`: an
+    /// `Apply` moves the object into `handover`, where the consumer takes it (see `handover.rs`).
+    pub(crate) fn with_store(
+        key: ShardKey,
+        count: ShardCount,
+        lookup: Lookup<K>,
+        handover: Arc<Handover<K>>,
+    ) -> Self {
         let mut index = Self::new(key, count);
         index.lookup = Some(lookup);
+        index.handover = Some(handover);
         index
     }
 
@@ -182,7 +194,8 @@ impl<K: Resource + Clone> Index<K> {
         self.pending_drop.len()
     }
 
-    /// Drop the index's copy of every emitted object the consumer's store now holds at the same version.
+    /// Drop the index's copy of every object of the initial sync the consumer's store now holds at the same
+    /// version.
     pub(crate) fn confirm_handover(&mut self) {
         let Some(lookup) = self.lookup.as_ref() else {
             return;
@@ -199,7 +212,7 @@ impl<K: Resource + Clone> Index<K> {
                 continue;
             }
             match lookup(&entry.key) {
-                Some(held) if held_is(&*held, &uid, rv) => {
+                Some(held) if handover::is(&*held, &uid, rv) => {
                     if entry.obj.take().is_some() {
                         self.handed += 1;
                     }
@@ -212,23 +225,51 @@ impl<K: Resource + Clone> Index<K> {
         release_idle(&mut self.pending_drop);
     }
 
-    /// The object of `uid`: the index's copy, or the store's when it was handed over.
+    /// A copy of the object of `uid`: the index's own, or the one handed over (waiting in its handover
+    /// slot, else in the store — looked up in that order, see `handover.rs`).
     fn object_of(&self, uid: &Arc<str>) -> Option<K> {
         let e = self.entries.get(uid)?;
         if let Some(obj) = &e.obj {
             return Some(K::clone(obj));
         }
+        self.handed_copy(&e.key, uid, e.rv)
+    }
+
+    /// A copy of the handed-over object of `uid` at `rv`: from its handover slot, else from the store
+    /// (in that order: the consumer moves it from one to the other under the slot's lock).
+    fn handed_copy(&self, key: &RefKey, uid: &str, rv: Option<u64>) -> Option<K> {
+        match self.handover.as_ref().and_then(|h| h.copy_of(key, uid, rv)) {
+            Some(obj) => Some(obj),
+            None => self.store_copy(key, uid, rv),
+        }
+    }
+
+    /// The handed-over object of `uid` at `rv`, taken back: out of its slot if the consumer has not taken
+    /// it yet (no copy), else a copy of the store's.
+    fn take_back(&self, key: &RefKey, uid: &str, rv: Option<u64>) -> Option<K> {
+        match self
+            .handover
+            .as_ref()
+            .and_then(|h| h.take_back(key, uid, rv))
+        {
+            Some(obj) => Some(obj),
+            None => self.store_copy(key, uid, rv),
+        }
+    }
+
+    /// A copy of the consumer's store's object of `uid` at `rv`.
+    fn store_copy(&self, key: &RefKey, uid: &str, rv: Option<u64>) -> Option<K> {
         self.lookup
             .as_ref()
-            .and_then(|l| l(&e.key))
-            .filter(|held| held_is(&**held, uid, e.rv))
+            .and_then(|l| l(key))
+            .filter(|held| handover::is(&**held, uid, rv))
             .map(|held| K::clone(&held))
     }
 
-    /// Take back the store's copy of `uid` before the store stops holding it.
+    /// Take the object of `uid` back from the consumer before the consumer stops holding it.
     fn restore(&mut self, uid: &Arc<str>) {
-        if self.entries.get(uid).is_some_and(|e| e.obj.is_none()) {
-            let obj = self.object_of(uid);
+        if let Some(e) = self.entries.get(uid).filter(|e| e.obj.is_none()) {
+            let obj = self.take_back(&e.key, uid, e.rv);
             if let Some(e) = self.entries.get_mut(uid) {
                 if obj.is_some() {
                     self.handed -= 1;
@@ -546,13 +587,9 @@ impl<K: Resource + Clone> Index<K> {
             observer(Observed::Remove { uid });
         }
         let key = entry.key.clone();
-        let last = last.or(entry.obj.map(|b| *b)).or_else(|| {
-            self.lookup
-                .as_ref()
-                .and_then(|l| l(&entry.key))
-                .filter(|held| held_is(&**held, uid, entry.rv))
-                .map(|held| K::clone(&held))
-        });
+        let last = last
+            .or(entry.obj.map(|b| *b))
+            .or_else(|| self.take_back(&key, uid, entry.rv));
         self.reproject(&key, last);
     }
 
@@ -660,21 +697,23 @@ impl<K: Resource + Clone> Index<K> {
         }
         self.names.retain(|_, n| !n.uids.is_empty());
         self.emitted_len = 0;
-        self.out.push_back(Event::Init);
+        self.out.push_back(Out::Event(Event::Init));
         let keys: Vec<SharedKey> = self.names.keys().cloned().collect();
         for key in keys {
             if let Some(uid) = self.winner(&key) {
                 let rv = self.entries[&uid].rv;
                 if let Some(obj) = self.object_of(&uid) {
                     self.set_emitted(&key, Some((uid.clone(), rv)));
-                    self.out.push_back(Event::InitApply(obj));
+                    // the consumer's store shows an initial sync only once it is done: until then the index
+                    // keeps its copy (`confirm_handover` drops it)
+                    self.out.push_back(Out::Event(Event::InitApply(obj)));
                     if self.lookup.is_some() {
                         self.pending_drop.push_back((uid, rv));
                     }
                 }
             }
         }
-        self.out.push_back(Event::InitDone);
+        self.out.push_back(Out::Event(Event::InitDone));
     }
 
     /// Whether the initial sync was emitted.
@@ -682,8 +721,8 @@ impl<K: Resource + Clone> Index<K> {
         self.initialized
     }
 
-    /// The next output event.
-    pub(crate) fn pop(&mut self) -> Option<Event<K>> {
+    /// The next output item: an event, or the name of an object waiting in its handover slot.
+    pub(crate) fn pop(&mut self) -> Option<Out<K>> {
         let ev = self.out.pop_front();
         release_idle(&mut self.out);
         ev
@@ -719,36 +758,56 @@ impl<K: Resource + Clone> Index<K> {
                             self.restore(old);
                         }
                     }
-                    if let Some(obj) = self.object_of(&uid) {
-                        self.set_emitted(key, Some((uid.clone(), rv)));
-                        self.out.push_back(Event::Apply(obj));
-                        if self.lookup.is_some() {
-                            self.pending_drop.push_back((uid, rv));
-                        }
-                    }
+                    self.emit_apply(key, uid, rv);
                 }
             }
             (None, Some((uid, _))) => {
                 self.restore(&uid);
                 self.set_emitted(key, None);
+                if let Some(h) = &self.handover {
+                    // an older object of this name may still wait: the consumer is to hold none
+                    h.discard(key);
+                }
                 let obj = self
                     .entries
                     .get(&uid)
                     .and_then(|e| e.obj.as_deref().cloned())
                     .or(last);
                 if let Some(obj) = obj {
-                    self.out.push_back(Event::Delete(obj));
+                    self.out.push_back(Out::Event(Event::Delete(obj)));
                 }
             }
             (None, None) => {}
         }
     }
-}
 
-/// Whether `held` is the object `uid` at `rv`.
-fn held_is<K: Resource>(held: &K, uid: &str, rv: Option<u64>) -> bool {
-    held.meta().uid.as_deref() == Some(uid)
-        && parse_rv(held.meta().resource_version.as_deref()) == rv
+    /// Emit `uid` at `rv` as what the consumer holds for `key`. To a reflecting consumer the index's own
+    /// copy is moved into the handover slot (the index keeps none: it reads the object back from the slot
+    /// or the store); otherwise the consumer gets a copy.
+    fn emit_apply(&mut self, key: &SharedKey, uid: Arc<str>, rv: Option<u64>) {
+        let Some(handover) = self.handover.clone() else {
+            if let Some(obj) = self.object_of(&uid) {
+                self.set_emitted(key, Some((uid, rv)));
+                self.out.push_back(Out::Event(Event::Apply(obj)));
+            }
+            return;
+        };
+        let own = self.entries.get_mut(&uid).and_then(|e| e.obj.take());
+        let obj = match own {
+            Some(obj) => {
+                self.handed += 1;
+                Some(*obj)
+            }
+            None => self.object_of(&uid),
+        };
+        if let Some(obj) = obj {
+            self.handed_seq += 1;
+            handover.put(key, self.handed_seq, obj);
+            self.set_emitted(key, Some((uid, rv)));
+            self.out
+                .push_back(Out::Handed(key.clone(), self.handed_seq));
+        }
+    }
 }
 
 /// `held` is strictly newer than `incoming` (unknown versions never win).
@@ -790,22 +849,88 @@ mod tests {
 
     fn drain(ix: &mut Index<ConfigMap>) -> Vec<String> {
         std::iter::from_fn(|| ix.pop())
-            .map(|e| match e {
-                Event::Init => "init".to_owned(),
-                Event::InitApply(o) => format!(
-                    "initapply {}@{}",
-                    o.metadata.uid.unwrap(),
-                    o.metadata.resource_version.unwrap()
-                ),
-                Event::InitDone => "initdone".to_owned(),
-                Event::Apply(o) => format!(
-                    "apply {}@{}",
-                    o.metadata.uid.unwrap(),
-                    o.metadata.resource_version.unwrap()
-                ),
-                Event::Delete(o) => format!("delete {}", o.metadata.uid.unwrap()),
+            .map(|item| match item {
+                Out::Event(e) => show(e),
+                Out::Handed(key, _) => format!("handed {}", key.1),
+                Out::Reenqueue(_) | Out::Error(_) => unreachable!("the index emits neither"),
             })
             .collect()
+    }
+
+    fn show(e: Event<ConfigMap>) -> String {
+        match e {
+            Event::Init => "init".to_owned(),
+            Event::InitApply(o) => format!(
+                "initapply {}@{}",
+                o.metadata.uid.unwrap(),
+                o.metadata.resource_version.unwrap()
+            ),
+            Event::InitDone => "initdone".to_owned(),
+            Event::Apply(o) => format!(
+                "apply {}@{}",
+                o.metadata.uid.unwrap(),
+                o.metadata.resource_version.unwrap()
+            ),
+            Event::Delete(o) => format!("delete {}", o.metadata.uid.unwrap()),
+        }
+    }
+
+    /// A reflecting consumer as the event stream is one: a real store's writer and the handover slots,
+    /// and an index reading both.
+    struct Reflecting {
+        writer: kube::runtime::reflector::store::Writer<ConfigMap>,
+        handover: Arc<Handover<ConfigMap>>,
+    }
+
+    impl Reflecting {
+        fn new(s: ShardCount) -> (Self, Index<ConfigMap>) {
+            use kube::runtime::reflector::ObjectRef;
+            let writer = kube::runtime::reflector::store::Writer::default();
+            let store = writer.as_reader();
+            let handover = Arc::new(Handover::default());
+            let ix = Index::with_store(
+                ShardKey::Uid,
+                s,
+                Box::new(move |(ns, name): &RefKey| {
+                    let mut r = ObjectRef::new(name);
+                    r.namespace = ns.clone();
+                    store.get(&r)
+                }),
+                handover.clone(),
+            );
+            (Reflecting { writer, handover }, ix)
+        }
+
+        /// Take every item as the event stream does: apply, then yield (what is yielded is returned).
+        fn consume(&mut self, ix: &mut Index<ConfigMap>) -> Vec<Event<ConfigMap>> {
+            std::iter::from_fn(|| ix.pop())
+                .filter_map(|item| self.take(item))
+                .collect()
+        }
+
+        /// Take one item as the event stream does.
+        fn take(&mut self, item: Out<ConfigMap>) -> Option<Event<ConfigMap>> {
+            match item {
+                Out::Event(ev) => {
+                    self.writer.apply_watcher_event(&ev);
+                    Some(ev)
+                }
+                Out::Handed(key, seq) => self.handover.deliver(&key, seq, &mut self.writer),
+                Out::Reenqueue(_) | Out::Error(_) => unreachable!("the index emits neither"),
+            }
+        }
+
+        fn store(&self) -> Vec<ConfigMap> {
+            let mut objs: Vec<ConfigMap> = self
+                .writer
+                .as_reader()
+                .state()
+                .iter()
+                .map(|o| ConfigMap::clone(o))
+                .collect();
+            objs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            objs
+        }
     }
 
     fn all(s: ShardCount) -> Vec<u32> {
@@ -817,29 +942,15 @@ mod tests {
     #[test]
     fn after_the_initial_sync_queues_are_released_and_names_shared() {
         use crate::watcher::types::IDLE_CAPACITY;
-        use std::sync::Mutex;
-        let store: Arc<Mutex<BTreeMap<RefKey, ConfigMap>>> = Arc::default();
-        let reader = store.clone();
         let s = ShardCount::new(4).unwrap();
-        let mut ix: Index<ConfigMap> = Index::with_store(
-            ShardKey::Uid,
-            s,
-            Box::new(move |k| reader.lock().unwrap().get(k).cloned().map(Arc::new)),
-        );
+        let (mut consumer, mut ix) = Reflecting::new(s);
         ix.set_projected(all(s));
         for i in 0..2_000 {
             ix.upsert(cm(&format!("o{i}"), &format!("u{i}"), i + 1));
         }
         ix.initialize();
         assert!(ix.out.capacity() > 2_000 && ix.pending_drop.capacity() >= 2_000);
-        while let Some(ev) = ix.pop() {
-            if let Event::InitApply(o) = ev {
-                store
-                    .lock()
-                    .unwrap()
-                    .insert(Index::<ConfigMap>::ref_of(&o), o);
-            }
-        }
+        consumer.consume(&mut ix);
         ix.confirm_handover();
         assert_eq!(ix.handed_over(), 2_000);
         assert!(
@@ -1155,90 +1266,278 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), ["+u1[0]", "+u2[0]", "-u1", "-u2"]);
     }
 
-    #[test]
-    fn reflector_mode_hands_objects_over_and_takes_them_back() {
-        use std::sync::Mutex;
-        type Fake = Arc<Mutex<BTreeMap<RefKey, ConfigMap>>>;
-        let s = ShardCount::new(2).unwrap();
+    fn with_data(name: &str, uid: &str, rv: u64) -> ConfigMap {
+        let mut c = cm(name, uid, rv);
+        c.data = Some([("k".to_owned(), format!("{uid}@{rv}"))].into());
+        c
+    }
+
+    /// `uid` and what its object says of itself, for a store's content or an event.
+    fn label(o: &ConfigMap) -> String {
+        format!(
+            "{} {}",
+            o.metadata.name.as_deref().unwrap_or_default(),
+            o.data
+                .as_ref()
+                .map(|d| d["k"].as_str())
+                .unwrap_or("no data")
+        )
+    }
+
+    fn names(evs: &[Event<ConfigMap>]) -> Vec<String> {
+        evs.iter()
+            .map(|e| match e {
+                Event::InitApply(o) | Event::Apply(o) => format!("apply {}", label(o)),
+                Event::Delete(o) => format!("delete {}", label(o)),
+                Event::Init => "init".into(),
+                Event::InitDone => "initdone".into(),
+            })
+            .collect()
+    }
+
+    fn uids_in(s: ShardCount) -> (String, String) {
         let uids: Vec<String> = (0..64).map(|i| format!("{i}-uid")).collect();
         let in0 = uids.iter().find(|u| shard_of(u, s) == 0).unwrap().clone();
         let in1 = uids.iter().find(|u| shard_of(u, s) == 1).unwrap().clone();
-        let store: Fake = Arc::default();
-        let reader = store.clone();
-        let mut ix: Index<ConfigMap> = Index::with_store(
-            ShardKey::Uid,
-            s,
-            Box::new(move |k| reader.lock().unwrap().get(k).cloned().map(Arc::new)),
-        );
-        // the consumer: applies every event to the store; returns what it saw
-        let consume = |ix: &mut Index<ConfigMap>, store: &Fake| -> Vec<String> {
-            let mut seen = Vec::new();
-            while let Some(ev) = ix.pop() {
-                let mut st = store.lock().unwrap();
-                match ev {
-                    Event::InitApply(o) | Event::Apply(o) => {
-                        seen.push(format!("apply {}", o.metadata.uid.clone().unwrap()));
-                        st.insert(Index::<ConfigMap>::ref_of(&o), o);
-                    }
-                    Event::Delete(o) => {
-                        assert!(o.data.is_some(), "a Delete carries the whole object");
-                        seen.push(format!("delete {}", o.metadata.uid.clone().unwrap()));
-                        st.remove(&Index::<ConfigMap>::ref_of(&o));
-                    }
-                    _ => {}
-                }
-            }
-            seen
-        };
-        let with_data = |name: &str, uid: &str, rv: u64| {
-            let mut c = cm(name, uid, rv);
-            c.data = Some([("k".to_owned(), uid.to_owned())].into());
-            c
-        };
+        (in0, in1)
+    }
+
+    #[test]
+    fn reflector_mode_hands_objects_over_and_takes_them_back() {
+        let s = ShardCount::new(2).unwrap();
+        let (in0, in1) = uids_in(s);
+        let (mut consumer, mut ix) = Reflecting::new(s);
         ix.set_projected([0, 1]);
         ix.upsert(with_data("a", &in0, 1));
         ix.initialize();
         assert!(ix.has_pending_handover());
         ix.confirm_handover();
         assert_eq!(ix.handed_over(), 0, "not applied yet: the copy stays");
-        consume(&mut ix, &store);
+        consumer.consume(&mut ix);
         ix.confirm_handover();
         assert_eq!(ix.handed_over(), 1, "the store holds it: one copy only");
         // unprojecting it (fallback keeps the cache) takes the object back and deletes it whole
         ix.set_projected([1]);
-        assert_eq!(consume(&mut ix, &store), [format!("delete {in0}")]);
+        assert_eq!(
+            names(&consumer.consume(&mut ix)),
+            [format!("delete a {in0}@1")]
+        );
         assert_eq!(ix.handed_over(), 0);
         assert_eq!(ix.len(), 1);
         // name reuse: the old uid is handed over, a newer uid replaces it, then the newer one is deleted
         ix.set_projected([0, 1]);
-        consume(&mut ix, &store);
-        ix.confirm_handover();
+        consumer.consume(&mut ix);
         assert_eq!(ix.handed_over(), 1);
         ix.upsert(with_data("a", &in1, 5));
-        assert_eq!(consume(&mut ix, &store), [format!("apply {in1}")]);
-        ix.confirm_handover();
+        assert_eq!(
+            names(&consumer.consume(&mut ix)),
+            [format!("apply a {in1}@5")]
+        );
         ix.delete(with_data("a", &in1, 6));
         assert_eq!(
-            consume(&mut ix, &store),
-            [format!("apply {in0}")],
+            names(&consumer.consume(&mut ix)),
+            [format!("apply a {in0}@1")],
             "the old uid comes back whole"
         );
         assert_eq!(
-            store
-                .lock()
-                .unwrap()
-                .values()
-                .next()
-                .unwrap()
-                .data
-                .as_ref()
-                .unwrap()["k"],
-            in0
+            consumer.store().iter().map(label).collect::<Vec<_>>(),
+            [format!("a {in0}@1")]
         );
         assert_eq!(
             ix.handed_over(),
             ix.entries.values().filter(|e| e.obj.is_none()).count(),
             "the counter follows the entries"
         );
+    }
+
+    /// An object changed after the initial sync reaches a reflecting consumer without being copied: the
+    /// event it yields carries the very allocations the index was given, and while the object waits the
+    /// index holds no copy of it.
+    #[test]
+    fn an_apply_to_a_reflecting_consumer_moves_the_object_without_a_copy() {
+        let s = ShardCount::new(2).unwrap();
+        let (in0, _) = uids_in(s);
+        let (mut consumer, mut ix) = Reflecting::new(s);
+        ix.set_projected([0, 1]);
+        ix.initialize();
+        consumer.consume(&mut ix);
+        let obj = with_data("a", &in0, 2);
+        let given = obj.data.as_ref().unwrap()["k"].as_ptr();
+        ix.upsert(obj);
+        assert_eq!(ix.handed_over(), 1, "waiting: the index holds no copy");
+        assert!(!ix.has_pending_handover(), "nothing to confirm later");
+        let seen = consumer.consume(&mut ix);
+        let [Event::Apply(got)] = &seen[..] else {
+            panic!("{:?}", names(&seen))
+        };
+        assert_eq!(
+            got.data.as_ref().unwrap()["k"].as_ptr(),
+            given,
+            "moved, not copied"
+        );
+        assert_eq!(consumer.handover.len(), 0);
+        assert_eq!(
+            consumer.store().iter().map(label).collect::<Vec<_>>(),
+            [format!("a {in0}@2")]
+        );
+    }
+
+    /// A shard released while its object still waits for the consumer: the index takes the object back
+    /// whole (it is served again on regain), and the consumer ends without it.
+    #[test]
+    fn an_object_released_before_the_consumer_took_it_is_taken_back_whole() {
+        let s = ShardCount::new(2).unwrap();
+        let (in0, _) = uids_in(s);
+        let (mut consumer, mut ix) = Reflecting::new(s);
+        ix.set_projected([0, 1]);
+        ix.upsert(with_data("a", &in0, 1));
+        ix.initialize();
+        consumer.consume(&mut ix);
+        ix.upsert(with_data("a", &in0, 2));
+        ix.set_projected([1]);
+        assert_eq!(ix.handed_over(), 0, "taken back");
+        assert_eq!(consumer.handover.len(), 0, "nothing waits any more");
+        assert_eq!(
+            names(&consumer.consume(&mut ix)),
+            [format!("delete a {in0}@2")]
+        );
+        assert!(consumer.store().is_empty());
+        ix.set_projected([0, 1]);
+        assert_eq!(
+            names(&consumer.consume(&mut ix)),
+            [format!("apply a {in0}@2")]
+        );
+        assert_eq!(
+            consumer.store().iter().map(label).collect::<Vec<_>>(),
+            [format!("a {in0}@2")]
+        );
+    }
+
+    /// Deleted while a newer version still waits: the consumer ends without the object and nothing is
+    /// left waiting.
+    #[test]
+    fn a_deletion_leaves_nothing_waiting() {
+        let s = ShardCount::new(2).unwrap();
+        let (in0, _) = uids_in(s);
+        let (mut consumer, mut ix) = Reflecting::new(s);
+        ix.set_projected([0, 1]);
+        ix.upsert(with_data("a", &in0, 1));
+        ix.initialize();
+        consumer.consume(&mut ix);
+        ix.upsert(with_data("a", &in0, 2));
+        ix.upsert(with_data("a", &in0, 3));
+        ix.delete(with_data("a", &in0, 4));
+        assert_eq!(consumer.handover.len(), 0);
+        let seen = names(&consumer.consume(&mut ix));
+        assert_eq!(seen.last(), Some(&format!("delete a {in0}@4")), "{seen:?}");
+        assert!(consumer.store().is_empty());
+        assert_eq!(ix.handed_over(), 0);
+    }
+
+    /// Random updates, deletions, name reuse and shard changes, with the consumer taking only part of
+    /// the output between steps: once it has taken everything, its store holds exactly the index's
+    /// projection — every object whole, at its newest version — nothing waits in a slot, and the handed
+    /// counter follows the entries.
+    #[test]
+    fn a_reflecting_consumer_always_ends_with_the_projection() {
+        let s = ShardCount::new(4).unwrap();
+        for seed in 0..300u64 {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let (mut consumer, mut ix) = Reflecting::new(s);
+            let mut outq = crate::watcher::outq::OutQueue::default();
+            let mut channel = VecDeque::new();
+            ix.set_projected(all(s));
+            let mut rv = 1;
+            // (name, uid generation): a deletion makes the next write of the name a new uid
+            let mut generation = [0u64; 6];
+            for step in 0..120 {
+                rv += 1;
+                let name = next(6) as usize;
+                let uid = format!("n{name}-g{}", generation[name]);
+                match next(10) {
+                    0..=4 => ix.upsert(with_data(&format!("o{name}"), &uid, rv)),
+                    5 => {
+                        ix.delete(with_data(&format!("o{name}"), &uid, rv));
+                        generation[name] += 1;
+                    }
+                    6 => {
+                        // a recreate seen before the deletion of the old uid
+                        generation[name] += 1;
+                        let new = format!("n{name}-g{}", generation[name]);
+                        ix.upsert(with_data(&format!("o{name}"), &new, rv));
+                    }
+                    7 | 8 => ix.set_projected((0..4).filter(|_| next(3) > 0)),
+                    _ if step > 10 => ix.initialize(),
+                    _ => {}
+                }
+                // as the manager and the event stream: the index's output into the coalescing queue,
+                // some of that into the channel, and some of the channel taken by the consumer
+                while let Some(item) = ix.pop() {
+                    outq.push(item);
+                }
+                for _ in 0..next(4) {
+                    match outq.pop() {
+                        Some(item) => channel.push_back(item),
+                        None => break,
+                    }
+                }
+                for _ in 0..next(4) {
+                    match channel.pop_front() {
+                        Some(item) => drop(consumer.take(item)),
+                        None => break,
+                    }
+                }
+                ix.confirm_handover();
+            }
+            ix.initialize();
+            while let Some(item) = ix.pop() {
+                outq.push(item);
+            }
+            for item in channel.drain(..).chain(std::iter::from_fn(|| outq.pop())) {
+                consumer.take(item);
+            }
+            let want: Vec<String> = ix
+                .names
+                .keys()
+                .filter_map(|k| ix.winner(k))
+                .map(|u| {
+                    let e = &ix.entries[&u];
+                    label(&ix.object_of(&u).unwrap_or_else(|| {
+                        panic!(
+                            "seed {seed}: the index cannot read {u}@{:?} (own {}), store {:?}, slots {}",
+                            e.rv,
+                            e.obj.is_some(),
+                            consumer.store().iter().map(label).collect::<Vec<_>>(),
+                            consumer.handover.len()
+                        )
+                    }))
+                })
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let have: Vec<String> = consumer.store().iter().map(label).collect();
+            assert_eq!(have, want, "seed {seed}");
+            assert_eq!(consumer.handover.len(), 0, "seed {seed}: left waiting");
+            assert_eq!(
+                ix.handed_over(),
+                ix.entries.values().filter(|e| e.obj.is_none()).count(),
+                "seed {seed}"
+            );
+            for (uid, e) in &ix.entries {
+                if let Some(o) = &e.obj {
+                    assert_eq!(
+                        label(o),
+                        format!("{} {uid}@{}", e.key.1, e.rv.unwrap()),
+                        "seed {seed}"
+                    );
+                }
+            }
+        }
     }
 }

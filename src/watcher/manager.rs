@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::dependent::{ChangedFn, MapShared};
+use super::handover::Handover;
 use super::index::{Index, Observer, Placement, Relist};
 use super::mode::{FlipCause, ModeDetector, ReadMode};
 use super::outq::OutQueue;
@@ -197,7 +198,7 @@ where
         settings: Settings<K>,
         stats: Arc<Stats>,
         out: mpsc::Sender<Out<K>>,
-        store: Option<Store<K>>,
+        store: Option<(Store<K>, Arc<Handover<K>>)>,
     ) -> Self {
         let config = ownership.config().clone();
         let (sub_tx, sub_rx) = mpsc::channel(256);
@@ -210,7 +211,7 @@ where
             count: config.shards,
             detector: ModeDetector::new(settings.probe_interval, settings.probe_max),
             index: match store {
-                Some(store) => {
+                Some((store, handover)) => {
                     // one reference reused for every read (its type is cloned once, not per read)
                     let probe =
                         std::sync::Mutex::new(ObjectRef::new_with("", settings.dyntype.clone()));
@@ -231,6 +232,7 @@ where
                             }
                             store.get(&r)
                         }),
+                        handover,
                     )
                 }
                 None => Index::new(config.key, config.shards),
@@ -1192,8 +1194,8 @@ where
         if self.index.pending_handover() >= HANDOVER_BATCH {
             self.index.confirm_handover();
         }
-        while let Some(ev) = self.index.pop() {
-            self.outq.push(Out::Event(ev));
+        while let Some(item) = self.index.pop() {
+            self.outq.push(item);
         }
         if !self.index.is_initialized() {
             return;

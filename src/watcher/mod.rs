@@ -17,6 +17,7 @@
 mod dependent;
 mod depkey;
 mod gained;
+mod handover;
 mod index;
 mod manager;
 mod metrics;
@@ -45,6 +46,7 @@ use tokio::sync::mpsc;
 
 pub use dependent::{owner_shard, Dependency, DependencyMap, DependentError};
 pub use depkey::{shard_of_parent, stamp_shard_label, LABEL_MAX_SHARDS, SHARD_LABEL};
+use handover::Handover;
 use manager::{Manager, Settings};
 pub use metrics::ReadPathMetrics;
 pub use mode::ReadMode;
@@ -477,6 +479,7 @@ where
             metrics.track(&stats_handle);
         }
         let (tx, rx) = mpsc::channel(256);
+        let handover = writer.as_ref().map(|_| Arc::new(Handover::default()));
         let mut requests = request::Requests::new(&self.api_url, self.config, self.metadata);
         if self.settings.shard_label {
             requests = requests.with_shard_label(self.ownership.config().shards);
@@ -488,7 +491,7 @@ where
             self.settings,
             stats.clone(),
             tx,
-            writer.as_ref().map(|w| w.as_reader()),
+            writer.as_ref().map(|w| w.as_reader()).zip(handover.clone()),
         );
         let (re_tx, re_rx) = mpsc::unbounded_channel();
         Sharded {
@@ -496,6 +499,7 @@ where
                 manager: Some(Box::new(manager)),
                 rx,
                 writer: writer.map(Box::new),
+                handover,
                 reenqueue: re_tx,
             },
             reenqueue: ReenqueueStream {
@@ -540,6 +544,8 @@ where
     manager: Option<Box<Manager<K>>>,
     rx: mpsc::Receiver<Out<K>>,
     writer: Option<Box<Writer<K>>>,
+    /// Where the manager leaves the objects of `Out::Handed` (with `writer`).
+    handover: Option<Arc<Handover<K>>>,
     reenqueue: mpsc::UnboundedSender<ObjectRef<K>>,
 }
 
@@ -573,6 +579,16 @@ where
                         w.apply_watcher_event(&ev);
                     }
                     return Poll::Ready(Some(Ok(ev)));
+                }
+                Poll::Ready(Some(Out::Handed(key, seq))) => {
+                    // applied to the store under the slot's lock, then yielded; nothing waits when the
+                    // manager took it back or replaced it by a `Delete` meanwhile
+                    let (Some(h), Some(w)) = (this.handover.as_ref(), this.writer.as_mut()) else {
+                        continue;
+                    };
+                    if let Some(ev) = h.deliver(&key, seq, w) {
+                        return Poll::Ready(Some(Ok(ev)));
+                    }
                 }
                 Poll::Ready(Some(Out::Reenqueue(refs))) => {
                     // every event before this marker was yielded (and reflected): the store holds them

@@ -35,6 +35,7 @@ impl<K: Resource> Default for OutQueue<K> {
 
 fn coalescing_key<K: Resource>(item: &Out<K>) -> Option<RefKey> {
     match item {
+        Out::Handed(key, _) => Some(RefKey::clone(key)),
         Out::Event(Event::Apply(o) | Event::Delete(o)) => {
             let meta = o.meta();
             Some((
@@ -122,6 +123,7 @@ mod tests {
             Out::Event(Event::InitApply(o)) => format!("initapply {}", rv(o)),
             Out::Event(Event::Init) => "init".into(),
             Out::Event(Event::InitDone) => "initdone".into(),
+            Out::Handed(key, _) => format!("handed {}", key.1),
             Out::Reenqueue(refs) => format!("reenqueue {}", refs.len()),
             Out::Error(_) => "error".into(),
         }

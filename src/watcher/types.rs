@@ -22,6 +22,9 @@ pub enum StreamRole {
 /// What the manager hands to the consumer side, in order.
 pub(crate) enum Out<K: Resource> {
     Event(watcher::Event<K>),
+    /// Apply the object of this emission (numbered) waiting in the consumer's handover slot of this name,
+    /// if it still waits there (a watcher with a store: see `handover.rs`).
+    Handed(SharedKey, u64),
     /// Re-enqueue these: their shard became admitted and the events before this marker hold them.
     Reenqueue(Vec<ObjectRef<K>>),
     /// An informational, rate-limited error item.
@@ -30,6 +33,9 @@ pub(crate) enum Out<K: Resource> {
 
 /// `(namespace, name)`: what kube's store keys by (within one resource type).
 pub(crate) type RefKey = (Option<String>, String);
+
+/// A [`RefKey`] held once per object and shared by the index's maps and the output.
+pub(crate) type SharedKey = std::sync::Arc<RefKey>;
 
 /// A parsed resourceVersion. Kubernetes calls them opaque, but kube-apiserver's are etcd revisions; a
 /// non-numeric one is treated as "unknown" and never wins a comparison against a known one.
