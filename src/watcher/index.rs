@@ -1302,6 +1302,23 @@ mod tests {
         (in0, in1)
     }
 
+    /// A reflecting consumer holding object `a` (in shard 0 of 2) after the initial sync: its uid, the
+    /// consumer and the index.
+    fn one_object_synced() -> (String, Reflecting, Index<ConfigMap>) {
+        let s = ShardCount::new(2).unwrap();
+        let (in0, _) = uids_in(s);
+        let (mut consumer, mut ix) = Reflecting::new(s);
+        ix.set_projected([0, 1]);
+        ix.upsert(with_data("a", &in0, 1));
+        ix.initialize();
+        consumer.consume(&mut ix);
+        (in0, consumer, ix)
+    }
+
+    fn stored(consumer: &Reflecting) -> Vec<String> {
+        consumer.store().iter().map(label).collect()
+    }
+
     #[test]
     fn reflector_mode_hands_objects_over_and_takes_them_back() {
         let s = ShardCount::new(2).unwrap();
@@ -1339,10 +1356,7 @@ mod tests {
             [format!("apply a {in0}@1")],
             "the old uid comes back whole"
         );
-        assert_eq!(
-            consumer.store().iter().map(label).collect::<Vec<_>>(),
-            [format!("a {in0}@1")]
-        );
+        assert_eq!(stored(&consumer), [format!("a {in0}@1")]);
         assert_eq!(
             ix.handed_over(),
             ix.entries.values().filter(|e| e.obj.is_none()).count(),
@@ -1376,23 +1390,14 @@ mod tests {
             "moved, not copied"
         );
         assert_eq!(consumer.handover.len(), 0);
-        assert_eq!(
-            consumer.store().iter().map(label).collect::<Vec<_>>(),
-            [format!("a {in0}@2")]
-        );
+        assert_eq!(stored(&consumer), [format!("a {in0}@2")]);
     }
 
     /// A shard released while its object still waits for the consumer: the index takes the object back
     /// whole (it is served again on regain), and the consumer ends without it.
     #[test]
     fn an_object_released_before_the_consumer_took_it_is_taken_back_whole() {
-        let s = ShardCount::new(2).unwrap();
-        let (in0, _) = uids_in(s);
-        let (mut consumer, mut ix) = Reflecting::new(s);
-        ix.set_projected([0, 1]);
-        ix.upsert(with_data("a", &in0, 1));
-        ix.initialize();
-        consumer.consume(&mut ix);
+        let (in0, mut consumer, mut ix) = one_object_synced();
         ix.upsert(with_data("a", &in0, 2));
         ix.set_projected([1]);
         assert_eq!(ix.handed_over(), 0, "taken back");
@@ -1407,23 +1412,14 @@ mod tests {
             names(&consumer.consume(&mut ix)),
             [format!("apply a {in0}@2")]
         );
-        assert_eq!(
-            consumer.store().iter().map(label).collect::<Vec<_>>(),
-            [format!("a {in0}@2")]
-        );
+        assert_eq!(stored(&consumer), [format!("a {in0}@2")]);
     }
 
     /// Deleted while a newer version still waits: the consumer ends without the object and nothing is
     /// left waiting.
     #[test]
     fn a_deletion_leaves_nothing_waiting() {
-        let s = ShardCount::new(2).unwrap();
-        let (in0, _) = uids_in(s);
-        let (mut consumer, mut ix) = Reflecting::new(s);
-        ix.set_projected([0, 1]);
-        ix.upsert(with_data("a", &in0, 1));
-        ix.initialize();
-        consumer.consume(&mut ix);
+        let (in0, mut consumer, mut ix) = one_object_synced();
         ix.upsert(with_data("a", &in0, 2));
         ix.upsert(with_data("a", &in0, 3));
         ix.delete(with_data("a", &in0, 4));
@@ -1513,7 +1509,7 @@ mod tests {
                             "seed {seed}: the index cannot read {u}@{:?} (own {}), store {:?}, slots {}",
                             e.rv,
                             e.obj.is_some(),
-                            consumer.store().iter().map(label).collect::<Vec<_>>(),
+                            stored(&consumer),
                             consumer.handover.len()
                         )
                     }))
