@@ -39,7 +39,8 @@ use crate::range::{HashRange, RangeSet};
 use crate::selector::ShardSelector;
 use crate::shard::ShardCount;
 
-/// Copies waiting for the consumer's store before [`Manager::settle`] confirms which it applied.
+/// Copies of the initial sync waiting for the consumer's store before [`Manager::settle`] confirms which
+/// it applied (later emissions keep no copy: they move through the handover slots).
 const HANDOVER_BATCH: usize = 64;
 
 /// A user transform applied to every object before it is indexed.
@@ -1188,9 +1189,9 @@ where
             self.index.initialize();
             self.stats.initialized.store(true, Ordering::Relaxed);
         }
-        // a confirmation reads the consumer's store, and the first copy it finds not applied yet ends it:
-        // confirm once a batch waits, not after every event (the handover timer confirms the rest once
-        // the stream goes quiet)
+        // the initial sync's copies: a confirmation reads the consumer's store, and the first copy it finds
+        // not applied yet ends it (kube's store shows none until the sync is done): confirm once a batch
+        // waits, not after every event (the handover timer confirms the rest once the stream goes quiet)
         if self.index.pending_handover() >= HANDOVER_BATCH {
             self.index.confirm_handover();
         }
