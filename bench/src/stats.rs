@@ -32,6 +32,18 @@ pub fn f2(x: f64) -> String {
     }
 }
 
+/// The build these figures come from: `release`, or `debug` — where the workspace's dev profile compiles
+/// kube-shard's own code at `opt-level` 1 and every dependency (kube-runtime's `Controller`, the stock
+/// leader's code) at 2, which makes CPU comparisons with the leader lean its way.
+#[must_use]
+pub fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
 /// `ok` or `MISSED` for a target check.
 #[must_use]
 pub fn verdict(met: bool) -> &'static str {
