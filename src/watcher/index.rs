@@ -246,14 +246,14 @@ impl<K: Resource + Clone> Index<K> {
 
     /// The handed-over object of `uid` at `rv`, taken back: out of its slot if the consumer has not taken
     /// it yet (no copy), else a copy of the store's.
-    fn take_back(&self, key: &RefKey, uid: &str, rv: Option<u64>) -> Option<K> {
+    fn take_back(&self, key: &RefKey, uid: &str, rv: Option<u64>) -> Option<Box<K>> {
         match self
             .handover
             .as_ref()
             .and_then(|h| h.take_back(key, uid, rv))
         {
             Some(obj) => Some(obj),
-            None => self.store_copy(key, uid, rv),
+            None => self.store_copy(key, uid, rv).map(Box::new),
         }
     }
 
@@ -274,7 +274,7 @@ impl<K: Resource + Clone> Index<K> {
                 if obj.is_some() {
                     self.handed -= 1;
                 }
-                e.obj = obj.map(Box::new);
+                e.obj = obj;
             }
         }
     }
@@ -589,7 +589,7 @@ impl<K: Resource + Clone> Index<K> {
         let key = entry.key.clone();
         let last = last
             .or(entry.obj.map(|b| *b))
-            .or_else(|| self.take_back(&key, uid, entry.rv));
+            .or_else(|| self.take_back(&key, uid, entry.rv).map(|b| *b));
         self.reproject(&key, last);
     }
 
@@ -796,9 +796,9 @@ impl<K: Resource + Clone> Index<K> {
         let obj = match own {
             Some(obj) => {
                 self.handed += 1;
-                Some(*obj)
+                Some(obj)
             }
-            None => self.object_of(&uid),
+            None => self.object_of(&uid).map(Box::new),
         };
         if let Some(obj) = obj {
             self.handed_seq += 1;
