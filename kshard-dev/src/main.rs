@@ -14,6 +14,11 @@
 //!   first stdout line is `metrics http://ADDR`.
 //!
 //! `kshard demo|testserver|bench` run this binary when it sits beside `kshard`.
+//!
+//! Its global allocator is jemalloc, as for the bench's replica processes (`kshard-bench-replica`): the
+//! in-process benchmarks allocate and free a whole server's objects per configuration, and with glibc's
+//! allocator a configuration's CPU depended on the ones run before it in the same process (the same
+//! configuration ran ≈ 15 % slower in a second position); both sides of every comparison use it alike.
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -21,6 +26,9 @@ mod demo;
 mod testserver;
 
 use std::process::ExitCode;
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::{Parser, Subcommand};
 use kube_shard_example_operator::run::{OperatorArgs, RunError};
