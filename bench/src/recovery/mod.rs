@@ -368,13 +368,18 @@ async fn run_async(opts: &Options) -> Result<Report, BenchError> {
         burst_only,
     ));
     plan.push((Side::Sharded { replicas: nmax }, true, cpu, burst_only));
-    // profiling (see `cpu::perf_control`): one side's burst alone, `leader` (concurrency 4) or `sharded`
+    // profiling (see `cpu::perf_control`): one side's burst alone, `leader` (concurrency 4) or `sharded`;
+    // `alternate`: leader, sharded, sharded, leader in one process (does a configuration's CPU depend on
+    // what ran before it in the process?)
+    let leader = (Side::Leader { concurrency: 4 }, true, io, burst_only);
+    let sharded = (Side::Sharded { replicas: nmax }, true, io, burst_only);
     match std::env::var("KSHARD_BENCH_BURST_ONLY").as_deref() {
-        Ok("leader") => plan = vec![(Side::Leader { concurrency: 4 }, true, io, burst_only)],
-        Ok("sharded") => plan = vec![(Side::Sharded { replicas: nmax }, true, io, burst_only)],
+        Ok("leader") => plan = vec![leader],
+        Ok("sharded") => plan = vec![sharded],
+        Ok("alternate") => plan = vec![leader, sharded, sharded, leader],
         Ok(other) => {
             return Err(BenchError::BadOption(format!(
-                "KSHARD_BENCH_BURST_ONLY={other}: expected leader or sharded"
+                "KSHARD_BENCH_BURST_ONLY={other}: expected leader, sharded or alternate"
             )))
         }
         Err(_) => {}
