@@ -27,11 +27,11 @@ mod testserver;
 
 use std::process::ExitCode;
 
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use clap::{Parser, Subcommand};
 use kube_shard_example_operator::run::{OperatorArgs, RunError};
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// kube-shard's developer tool: the demo, the benchmarks, the embedded API server.
 #[derive(Debug, Parser)]

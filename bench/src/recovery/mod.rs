@@ -612,9 +612,9 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
         .map(|r| r.out.burst_missed + r.out.restart_missed)
         .sum();
     let nmax = ns.iter().copied().max().unwrap_or(1);
-    let per_reconcile = |o: Option<&Outcome>| {
-        o.and_then(|o| o.burst_cpu.map(|c| ratio(c.own, o.burst_reconciles as f64)))
-            .unwrap_or(f64::NAN)
+    let per_reconcile = |o: &Outcome| {
+        o.burst_cpu
+            .map_or(f64::NAN, |c| ratio(c.own, o.burst_reconciles as f64))
     };
     // the leader at concurrency 4 runs first and again right after kube-shard N = nmax: the mean of both
     let leader_cpu: Vec<f64> = rows
@@ -622,12 +622,12 @@ fn report(objects: usize, ns: &[usize], t: Timings, rows: &[Row]) -> Report {
         .filter(|r| {
             r.side == Side::Leader { concurrency: 4 } && r.predicate && r.work.cpu.is_zero()
         })
-        .map(|r| per_reconcile(Some(&r.out)))
+        .map(|r| per_reconcile(&r.out))
         .filter(|x| !x.is_nan())
         .collect();
     let leader_cpu_mean = ratio(leader_cpu.iter().sum(), leader_cpu.len() as f64);
     let cpu_ratio = ratio(
-        per_reconcile(find(rows, Side::Sharded { replicas: nmax }, true, true)),
+        find(rows, Side::Sharded { replicas: nmax }, true, true).map_or(f64::NAN, per_reconcile),
         leader_cpu_mean,
     );
     let cpu_met = cpu_ratio <= 1.05;
