@@ -5,8 +5,6 @@
 //!
 //! [`Health`]: kube_shard::group::Health
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,47 +14,6 @@ use kube_shard_testserver::{FailRule, Scope, Verb};
 use tokio::time::Instant;
 
 use super::*;
-
-/// Log lines written while it is the thread's default subscriber (the paused-time runtime runs every task
-/// of the test on this thread).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let sub = tracing_subscriber::fmt()
-            .with_writer(self.clone())
-            .with_ansi(false) // plain text to match, whatever the terminal
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        tracing::subscriber::set_default(sub)
-    }
-
-    fn errors(&self) -> Vec<String> {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines()
-            .filter(|l| l.contains("ERROR"))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 /// Refuse `verb` of `member` on `resource` with 403, for good: on the object `name`, or (`None`) on any —
 /// a create names its object in its body, which a fault cannot match.

@@ -113,15 +113,23 @@ async fn a_restored_assignment_read_by_a_fresh_coordinator_moves_no_shard_withou
     check_fences(&log);
 }
 
-/// An older assignment written back while the coordinator runs: members ignore it, and the coordinator
-/// writes over it rather than conflict on every pass — a member that dies afterwards is still taken over
+/// An older assignment written back while the coordinator runs: an alarm, members ignore it, and the
+/// coordinator writes over it rather than conflict on every pass — a member that dies afterwards is still taken over
 /// and its shards owned again.
 #[tokio::test(start_paused = true)]
 async fn an_older_assignment_written_back_never_stops_the_coordinator() {
+    let logs = crate::harness::Logs::default();
+    let _capture = logs.capture();
     let (server, log, mut ms, backup) = owners_moved_since_a_backup().await;
     let newer = assignment(&server).await.unwrap().view.generation;
     write_back(&server, backup).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !logs
+            .lines_with("older assignment was written over")
+            .is_empty(),
+        "no alarm for an older assignment written back"
+    );
     // kill a member that is not the coordinator
     let i = coordinator(&ms).expect("a coordinator");
     let victim = ms.remove((i + 1) % ms.len());
@@ -263,4 +271,41 @@ async fn a_rebuild_written_by_another_coordinator_holds_planning_until_every_mem
     .await;
     check_fences(&log);
     crate::oracle_support::check_ownership_history(&server);
+}
+
+/// The coordinator's own earlier writes of the assignment, delivered by its watch only after later writes
+/// of its own succeeded (a watch lagging behind its writer), are not an older assignment written over the
+/// current one: no alarm, the coordinator keeps its view, and the group settles with the newcomer's share.
+#[tokio::test(start_paused = true)]
+async fn the_coordinators_own_earlier_writes_arriving_late_are_no_rollback() {
+    use kube_shard_testserver::{Scope, Target};
+    let logs = crate::harness::Logs::default();
+    let _capture = logs.capture();
+    let (server, log) = crate::support::group_server().await;
+    let mut ms = settled(&server, &["a", "b"], &log).await;
+    tokio::time::sleep(LEASE * 2).await;
+    let lead = coordinator(&ms).expect("a coordinator");
+    let before = assignment(&server).await.unwrap().view.generation;
+    let lagging = Target::from(Scope::identity(ms[lead].name.as_str())).resource("configmaps");
+    server.faults().freeze_watches(lagging.clone(), true);
+    ms.push(spawn(&server, "c", &log));
+    until(Duration::from_secs(60), "c owns its share", || {
+        each_shard_owned_once(&ms.iter().collect::<Vec<_>>()) && owned_count(&ms[2]) > 0
+    })
+    .await;
+    let written = assignment(&server).await.unwrap().view.generation;
+    assert!(
+        written > before,
+        "the coordinator wrote no assignment while its watch lagged"
+    );
+    server.faults().freeze_watches(lagging, false);
+    tokio::time::sleep(LEASE * 3).await;
+    let alarms = logs.lines_with("older assignment was written over");
+    assert!(alarms.is_empty(), "a false alarm: {alarms:#?}");
+    assert_eq!(coordinator(&ms), Some(lead), "the coordinator changed");
+    until(Duration::from_secs(60), "every shard owned once", || {
+        each_shard_owned_once(&ms.iter().collect::<Vec<_>>())
+    })
+    .await;
+    check_fences(&log);
 }
