@@ -102,7 +102,8 @@ pub(crate) struct HaDemoArgs {
     #[arg(long, value_name = "PATH", requires = "active_kubeconfig")]
     standby_kubeconfig: Option<PathBuf>,
     /// PLANTED BUG for the tests: after the planned switchover, drop one mirrored write on the new
-    /// Active (delete one Widget it should hold), so the lost-write oracle must report it.
+    /// Active (delete one Widget it should hold), so the lost-write oracle must report it; the run
+    /// ends after that phase.
     #[arg(long, hide = true)]
     plant_lost_write: bool,
 }
