@@ -51,7 +51,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DynamicObject, ObjectMeta, PostParams, WatchEvent, WatchParams};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_shard::ownership::{MemberId, Ownership, OwnershipConfig};
@@ -111,11 +111,37 @@ async fn raw_list(
     (items, rv, echoed)
 }
 
+/// Creates objects one at a time until one lands in the upper half, and returns its uid: a watch delivers
+/// in resourceVersion order, so a watch of the upper half (filtered or not) that delivered this marker has
+/// delivered every event of the objects created before it.
+async fn inside_marker(
+    api: &Api<DynamicObject>,
+    ar: &ApiResource,
+    prefix: &str,
+    data: serde_json::Value,
+) -> String {
+    for i in 0..64 {
+        let mut o = DynamicObject::new(&format!("{prefix}-marker-{i}"), ar);
+        o.data = data.clone();
+        let made = api
+            .create(&PostParams::default(), &o)
+            .await
+            .expect("create a marker");
+        let uid = made.metadata.uid.expect("a created object has a uid");
+        if upper_half().contains(fnv1a64(uid.as_bytes())) {
+            return uid;
+        }
+    }
+    panic!("64 markers created, none in the upper half");
+}
+
 /// What the suite's own probes say the server does for a collection: (LIST filtered, WATCH filtered).
+/// `create_more` creates objects and then an [`inside_marker`], whose uid it returns: the probe's watch
+/// reads until it delivers the marker.
 async fn probe<F, Fut>(client: &Client, url: &str, create_more: F) -> (bool, bool, bool)
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = String>,
 {
     let sel = ShardSelector::new(ShardKey::Uid, &upper_half()).unwrap();
     let (items, rv, echoed) = raw_list(client, url, &sel).await;
@@ -129,30 +155,41 @@ where
         .request_events::<DynamicObject>(req)
         .await
         .expect("sharded WATCH");
-    create_more().await;
+    let marker = create_more().await;
     let mut outside = 0usize;
     let mut inside = 0usize;
     let mut stream = std::pin::pin!(stream);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut marked = false;
     while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, stream.next()).await {
         if let Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) = ev {
-            let h = fnv1a64(o.metadata.uid.unwrap_or_default().as_bytes());
-            if upper_half().contains(h) {
+            let uid = o.metadata.uid.unwrap_or_default();
+            if upper_half().contains(fnv1a64(uid.as_bytes())) {
                 inside += 1;
             } else {
                 outside += 1;
             }
+            if uid == marker {
+                marked = true;
+                break;
+            }
         }
     }
+    assert!(
+        marked,
+        "the probe watch did not deliver the marker within 10 s"
+    );
     assert!(inside + outside > 0, "the probe watch saw no event at all");
     (list_filtered, outside == 0, echoed)
 }
 
-/// Runs kube-shard's watcher owning the upper half and returns the mode it settles in.
+/// Runs kube-shard's watcher owning the upper half and returns the mode it settles in. `touch` creates
+/// objects and then an [`inside_marker`]: the mode is read once the watcher falls back or its store holds
+/// the marker (every event before it was read).
 async fn detected_mode<K>(
     api: Api<K>,
     dyntype: K::DynamicType,
-    touch: impl std::future::Future<Output = ()>,
+    touch: impl std::future::Future<Output = String>,
 ) -> ReadMode
 where
     K: kube::Resource
@@ -172,14 +209,26 @@ where
     .unwrap();
     let sharded = ShardedWatcher::new_with(api, watcher::Config::default(), ownership, dyntype)
         .build_reflector();
-    let stats = sharded.stats.clone();
+    let (stats, store) = (sharded.stats.clone(), sharded.store.clone());
     let task = tokio::spawn(sharded.events.for_each(|_| async {}));
     let start = tokio::time::Instant::now();
     while !stats.initialized() && start.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    touch.await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let marker = touch.await;
+    let start = tokio::time::Instant::now();
+    while stats.mode() != ReadMode::Fallback
+        && !store
+            .state()
+            .iter()
+            .any(|o| o.meta().uid.as_deref() == Some(marker.as_str()))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the watcher neither fell back nor read the marker within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mode = stats.mode();
     task.abort();
     mode
@@ -193,6 +242,17 @@ fn cm(name: &str) -> ConfigMap {
         },
         ..ConfigMap::default()
     }
+}
+
+async fn configmap_marker(client: &Client, ns: &str, prefix: &str) -> String {
+    let ar = ApiResource::erase::<ConfigMap>(&());
+    let api = Api::namespaced_with(client.clone(), ns, &ar);
+    inside_marker(&api, &ar, prefix, serde_json::json!({})).await
+}
+
+async fn widget_marker(widgets: &Api<DynamicObject>, prefix: &str) -> String {
+    let data = serde_json::json!({"spec": {"size": 0}});
+    inside_marker(widgets, &widget_resource(), prefix, data).await
 }
 
 async fn create_configmaps(client: &Client, ns: &str, prefix: &str, n: usize) {
@@ -216,7 +276,8 @@ async fn mode_detection_matches_raw_probes() {
     let url = format!("/api/v1/namespaces/{ns}/configmaps");
     let (c2, ns2) = (client.clone(), ns.clone());
     let (list_f, watch_f, echoed) = probe(&client, &url, || async move {
-        create_configmaps(&c2, &ns2, "b", 30).await
+        create_configmaps(&c2, &ns2, "b", 30).await;
+        configmap_marker(&c2, &ns2, "b").await
     })
     .await;
     let expected = if list_f && watch_f {
@@ -228,7 +289,10 @@ async fn mode_detection_matches_raw_probes() {
     let mode = detected_mode(
         Api::<ConfigMap>::namespaced(client.clone(), &ns),
         (),
-        async move { create_configmaps(&c3, &ns3, "c", 30).await },
+        async move {
+            create_configmaps(&c3, &ns3, "c", 30).await;
+            configmap_marker(&c3, &ns3, "c").await
+        },
     )
     .await;
     report(
@@ -244,7 +308,8 @@ async fn mode_detection_matches_raw_probes() {
     let url = widgets.resource_url().to_owned();
     let w2 = widgets.clone();
     let (list_f, watch_f, echoed) = probe(&client, &url, || async move {
-        create_widgets(&w2, "b", 30).await
+        create_widgets(&w2, "b", 30).await;
+        widget_marker(&w2, "b").await
     })
     .await;
     let expected = if list_f && watch_f {
@@ -254,7 +319,8 @@ async fn mode_detection_matches_raw_probes() {
     };
     let w3 = widgets.clone();
     let mode = detected_mode(widgets.clone(), widget_resource(), async move {
-        create_widgets(&w3, "c", 30).await
+        create_widgets(&w3, "c", 30).await;
+        widget_marker(&w3, "c").await
     })
     .await;
     report(
