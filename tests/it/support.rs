@@ -1,6 +1,7 @@
-//! Shared preambles of the group, safety and read-path tests.
+//! Shared preambles of the group, safety and read-path tests, and the log capture some of them assert on.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use kube_shard_testserver::TestServer;
 
@@ -82,5 +83,51 @@ pub(crate) fn group_lease(
             renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
             ..LeaseSpec::default()
         }),
+    }
+}
+
+/// Log lines written while it is the thread's default subscriber (the paused-time runtime runs every task
+/// of the test on this thread).
+#[derive(Clone, Default)]
+pub(crate) struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    pub(crate) fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let sub = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false) // plain text to match, whatever the terminal
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(sub)
+    }
+
+    pub(crate) fn errors(&self) -> Vec<String> {
+        self.lines_with("ERROR")
+    }
+
+    /// The lines captured so far that contain `text`.
+    pub(crate) fn lines_with(&self, text: &str) -> Vec<String> {
+        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        all.lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
     }
 }

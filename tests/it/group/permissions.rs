@@ -14,6 +14,7 @@ use kube_shard_testserver::{FailRule, Scope, Verb};
 use tokio::time::Instant;
 
 use super::*;
+use crate::support::Logs;
 
 /// Refuse `verb` of `member` on `resource` with 403, for good: on the object `name`, or (`None`) on any —
 /// a create names its object in its body, which a fault cannot match.

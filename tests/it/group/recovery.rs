@@ -118,7 +118,7 @@ async fn a_restored_assignment_read_by_a_fresh_coordinator_moves_no_shard_withou
 /// and its shards owned again.
 #[tokio::test(start_paused = true)]
 async fn an_older_assignment_written_back_never_stops_the_coordinator() {
-    let logs = crate::harness::Logs::default();
+    let logs = crate::support::Logs::default();
     let _capture = logs.capture();
     let (server, log, mut ms, backup) = owners_moved_since_a_backup().await;
     let newer = assignment(&server).await.unwrap().view.generation;
@@ -279,7 +279,7 @@ async fn a_rebuild_written_by_another_coordinator_holds_planning_until_every_mem
 #[tokio::test(start_paused = true)]
 async fn the_coordinators_own_earlier_writes_arriving_late_are_no_rollback() {
     use kube_shard_testserver::{Scope, Target};
-    let logs = crate::harness::Logs::default();
+    let logs = crate::support::Logs::default();
     let _capture = logs.capture();
     let (server, log) = crate::support::group_server().await;
     let mut ms = settled(&server, &["a", "b"], &log).await;
