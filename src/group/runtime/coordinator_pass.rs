@@ -30,12 +30,6 @@ impl Runtime {
     /// The assignment ConfigMap as read (from the watch, or directly after a hint in our Lease).
     pub(super) fn assignment_seen(&mut self, cm: ConfigMap) {
         self.coordination.assignment_missing = false;
-        if self.superseded_own_write(&cm) {
-            debug!(
-                "the watch delivered an assignment we wrote before our last write: already past it"
-            );
-            return;
-        }
         let text = cm
             .data
             .as_ref()
@@ -58,26 +52,6 @@ impl Runtime {
                 self.coordination.assignment_refused = Some(err);
                 self.coordination.assignment_cm = Some(cm);
             }
-        }
-    }
-
-    /// `cm` is one of our writes of the assignment with a later one of ours after it.
-    fn superseded_own_write(&self, cm: &ConfigMap) -> bool {
-        let Some(rv) = cm.metadata.resource_version.as_deref() else {
-            return false;
-        };
-        let writes = &self.coordination.assignment_writes;
-        let pos = writes.iter().position(|w| w == rv);
-        pos.is_some_and(|p| p + 1 < writes.len())
-    }
-
-    fn wrote_assignment(&mut self, cm: &ConfigMap) {
-        if let Some(rv) = cm.metadata.resource_version.clone() {
-            let writes = &mut self.coordination.assignment_writes;
-            if writes.len() >= 8 {
-                writes.pop_front();
-            }
-            writes.push_back(rv);
         }
     }
 
@@ -773,7 +747,6 @@ impl Runtime {
         match result {
             Ok(written) => {
                 debug!(generation = next.view.generation, "assignment written");
-                self.wrote_assignment(&written);
                 self.membership.seen_generation =
                     self.membership.seen_generation.max(next.view.generation);
                 self.ownership.apply_view(&next.view);

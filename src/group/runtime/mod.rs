@@ -291,7 +291,6 @@ impl Runtime {
                 rebuild: None,
                 rebuild_served: 0,
                 stored_behind: false,
-                assignment_writes: VecDeque::new(),
                 rollbacks: 0,
                 reports_refused: BTreeSet::new(),
                 move_first_seen: BTreeMap::new(),

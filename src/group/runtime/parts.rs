@@ -80,10 +80,6 @@ pub(super) struct Coordination {
     pub(super) rebuild_served: u64,
     /// The stored assignment is older than our view (written back over it): our view goes back over it.
     pub(super) stored_behind: bool,
-    /// resourceVersions of our recent writes of the assignment, newest last: the watch may deliver an
-    /// earlier one after a later one succeeded, which is our own past, not an older assignment written
-    /// over ours.
-    pub(super) assignment_writes: VecDeque<String>,
     /// Times we found a rolled-back assignment (metric).
     pub(super) rollbacks: u64,
     /// Members whose reported generations were refused as out of reach (alarmed once each).
